@@ -1,0 +1,45 @@
+//! Generates libfabric bindings against the installed headers (found with
+//! pkg-config), and compiles C wrappers for the header's `static inline` calls
+//! (`fi_tsend`, `fi_cq_read`, ...), which have no symbol to link against.
+//! Without feature `fabric` (e.g. the no_std core) nothing here runs.
+use std::{env, path::PathBuf};
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/fabric/wrapper.h");
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
+    if env::var_os("CARGO_FEATURE_FABRIC").is_none() {
+        return;
+    }
+    let lib = match pkg_config::Config::new().atleast_version("1.14").probe("libfabric") {
+        Ok(lib) => lib,
+        Err(e) => panic!(
+            "libfabric >= 1.14 development files not found ({e}).\n\
+             Debian/Ubuntu: `make deps` (apt-get install libfabric-dev).\n\
+             AWS EFA installer: PKG_CONFIG_PATH=/opt/amazon/efa/lib64/pkgconfig"
+        ),
+    };
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let header = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("src/fabric/wrapper.h");
+    let includes: Vec<String> = lib.include_paths.iter().map(|p| format!("-I{}", p.display())).collect();
+    let bindings = bindgen::Builder::default()
+        .header(header.to_str().unwrap())
+        .clang_args(&includes)
+        .allowlist_function("fi_.*")
+        .allowlist_type("fi_.*")
+        .allowlist_var("FI_.*")
+        .wrap_static_fns(true)
+        .wrap_static_fns_path(out.join("fabric_static"))
+        .derive_default(true)
+        .layout_tests(false)
+        .generate_comments(false)
+        .generate()
+        .expect("bindgen failed on the libfabric headers");
+    bindings.write_to_file(out.join("fabric_sys.rs")).unwrap();
+    let mut cc = cc::Build::new();
+    cc.file(out.join("fabric_static.c")).include(header.parent().unwrap()).warnings(false);
+    for p in &lib.include_paths {
+        cc.include(p);
+    }
+    cc.compile("tally_fabric_static");
+}
