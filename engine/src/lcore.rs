@@ -1,1 +1,279 @@
-//! placeholder: being written.
+//! Lcores: one pinned worker thread per core, each running its own loop.
+//!
+//! The DPDK model: an lcore is a thread pinned to one core that owns its
+//! resources outright (endpoint, completion queue, slab). It is built *on*
+//! its thread, after pinning, so its memory is touched by the core that will
+//! use it (NUMA-local) and nothing else ever holds a reference to it. Other
+//! threads see an lcore only through its [`LcoreStats`] (cache-padded
+//! counters that only the lcore writes) and the shared stop flag.
+//!
+//! The loop is run-to-completion: [`Worker::poll_once`] polls the CQ and
+//! does whatever the completions ask for (reduce, send, repost). The poll
+//! mode decides what happens when a poll finds nothing:
+//! - `busy`: spin (production, one lcore per isolated core);
+//! - `adaptive`: spin for a bounded number of empty polls, then sleep on the
+//!   CQ's wait object (or briefly, on providers without one) until the next
+//!   completion or the stop request. Tests and small machines use this: a
+//!   busy poller on an oversubscribed machine starves everything else.
+use crate::cpuset::{self, CoreList};
+use crossbeam_utils::CachePadded;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+/// What an lcore does when a poll finds no completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    Busy,
+    Adaptive { spin_polls: u32, sleep_ms: i32 },
+}
+
+impl PollMode {
+    pub const ADAPTIVE: PollMode = PollMode::Adaptive { spin_polls: 4096, sleep_ms: 10 };
+
+    pub fn parse(s: &str) -> Option<PollMode> {
+        match s {
+            "busy" => Some(PollMode::Busy),
+            "adaptive" => Some(PollMode::ADAPTIVE),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            PollMode::Busy => "busy",
+            PollMode::Adaptive { .. } => "adaptive",
+        }
+    }
+
+    /// Whether the CQ should be opened with a wait object.
+    pub fn wants_wait_object(&self) -> bool {
+        matches!(self, PollMode::Adaptive { .. })
+    }
+}
+
+/// Counters one lcore publishes. Only the lcore writes them (plain
+/// load + store, no read-modify-write); readers may see a value one update
+/// old. Padded so that two lcores' counters never share a cache line.
+#[derive(Default)]
+pub struct Counters {
+    pub polls: AtomicU64,
+    pub empty_polls: AtomicU64,
+    pub completions: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub errors: AtomicU64,
+    pub sleeps: AtomicU64,
+}
+
+pub type LcoreStats = CachePadded<Counters>;
+
+/// Adds to a counter that only the calling thread writes.
+#[inline(always)]
+pub fn bump(c: &AtomicU64, by: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
+}
+
+/// A copy of an lcore's counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub polls: u64,
+    pub empty_polls: u64,
+    pub completions: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub errors: u64,
+    pub sleeps: u64,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> Snapshot {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Snapshot {
+            polls: r(&self.polls),
+            empty_polls: r(&self.empty_polls),
+            completions: r(&self.completions),
+            bytes_in: r(&self.bytes_in),
+            bytes_out: r(&self.bytes_out),
+            errors: r(&self.errors),
+            sleeps: r(&self.sleeps),
+        }
+    }
+}
+
+/// The per-core work, built on its lcore's thread.
+pub trait Worker {
+    /// One turn of the loop: poll the CQ and handle what arrived. Returns the
+    /// number of completions handled (0 is an empty poll). Must not block,
+    /// allocate or log in the steady state.
+    fn poll_once(&mut self, stats: &Counters) -> usize;
+    /// Sleep until work may be ready or `timeout_ms` passes (adaptive mode).
+    fn wait(&mut self, timeout_ms: i32);
+    /// Called once when the lcore stops: cancel or drain what is in flight.
+    /// Resources are released when the worker is dropped right after.
+    fn shutdown(&mut self) {}
+}
+
+/// Where an lcore runs, handed to its set-up function.
+#[derive(Debug, Clone, Copy)]
+pub struct LcoreInfo {
+    /// Index within the core list: lcore k serves shard k.
+    pub id: usize,
+    /// The CPU it is pinned to.
+    pub core: usize,
+}
+
+#[derive(Debug)]
+pub enum LcoreError {
+    /// A core is outside this process's affinity mask, or pinning failed.
+    Pin { core: usize, reason: String },
+    /// The set-up function failed on lcore `id`.
+    Setup { id: usize, core: usize, reason: String },
+    Spawn(std::io::Error),
+}
+
+impl fmt::Display for LcoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LcoreError::Pin { core, reason } => write!(f, "cannot pin an lcore to core {core}: {reason}"),
+            LcoreError::Setup { id, core, reason } => write!(f, "lcore {id} (core {core}) failed to start: {reason}"),
+            LcoreError::Spawn(e) => write!(f, "cannot start an lcore thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LcoreError {}
+
+/// A running lcore, as seen from outside.
+pub struct LcoreHandle {
+    pub info: LcoreInfo,
+    pub stats: Arc<LcoreStats>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Every lcore of one launch, with their shared stop flag. Dropping it stops
+/// and joins them all.
+pub struct LcoreSet {
+    lcores: Vec<LcoreHandle>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Starts one lcore per core in `cores`. On each, after pinning, `setup`
+/// builds the worker and a value for the caller (e.g. the endpoint's name).
+/// Returns once every lcore has finished set-up, with those values in lcore
+/// order, or the first failure (after stopping the lcores that did start).
+pub fn launch<W, T, F>(cores: &CoreList, mode: PollMode, setup: F) -> Result<(LcoreSet, Vec<T>), LcoreError>
+where
+    W: Worker + 'static,
+    T: Send + 'static,
+    F: Fn(LcoreInfo) -> Result<(W, T), String> + Send + Sync + 'static,
+{
+    cores.validate_against_allowed().map_err(|e| LcoreError::Pin { core: cores.get(0).unwrap_or(0), reason: e.to_string() })?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let setup = Arc::new(setup);
+    let mut set = LcoreSet { lcores: Vec::new(), stop: stop.clone() };
+    let (tx, rx) = mpsc::channel::<(usize, Result<T, LcoreError>)>();
+    for (id, core) in cores.iter().enumerate() {
+        let info = LcoreInfo { id, core };
+        let stats: Arc<LcoreStats> = Arc::new(CachePadded::new(Counters::default()));
+        let (stats2, stop2, setup2, tx2) = (stats.clone(), stop.clone(), setup.clone(), tx.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("lcore-{id}"))
+            .spawn(move || {
+                if let Err(e) = cpuset::pin_current_thread(core) {
+                    let _ = tx2.send((id, Err(LcoreError::Pin { core, reason: e.to_string() })));
+                    return;
+                }
+                let mut worker = match setup2(info) {
+                    Ok((w, t)) => {
+                        let _ = tx2.send((id, Ok(t)));
+                        w
+                    }
+                    Err(reason) => {
+                        let _ = tx2.send((id, Err(LcoreError::Setup { id, core, reason })));
+                        return;
+                    }
+                };
+                drop(tx2);
+                run(&mut worker, mode, &stats2, &stop2);
+                worker.shutdown();
+            })
+            .map_err(LcoreError::Spawn)?;
+        set.lcores.push(LcoreHandle { info, stats, thread: Some(thread) });
+    }
+    drop(tx);
+    let mut out: Vec<Option<T>> = (0..cores.len()).map(|_| None).collect();
+    for _ in 0..cores.len() {
+        match rx.recv() {
+            Ok((id, Ok(t))) => out[id] = Some(t),
+            Ok((_, Err(e))) => return Err(e), // `set` drops here: stops the others
+            Err(_) => return Err(LcoreError::Spawn(std::io::Error::other("an lcore thread exited during set-up"))),
+        }
+    }
+    Ok((set, out.into_iter().map(|t| t.expect("every lcore reported")).collect()))
+}
+
+/// The steady state: poll, handle, repeat. Nothing here allocates, locks or
+/// makes a syscall, except the adaptive mode's sleep once the CQ went quiet.
+fn run<W: Worker>(worker: &mut W, mode: PollMode, stats: &Counters, stop: &AtomicBool) {
+    let mut empty_streak: u32 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let n = worker.poll_once(stats);
+        bump(&stats.polls, 1);
+        if n > 0 {
+            bump(&stats.completions, n as u64);
+            empty_streak = 0;
+            continue;
+        }
+        bump(&stats.empty_polls, 1);
+        match mode {
+            PollMode::Busy => std::hint::spin_loop(),
+            PollMode::Adaptive { spin_polls, sleep_ms } => {
+                empty_streak += 1;
+                if empty_streak >= spin_polls {
+                    worker.wait(sleep_ms);
+                    bump(&stats.sleeps, 1);
+                    empty_streak = 0;
+                }
+            }
+        }
+    }
+}
+
+impl LcoreSet {
+    pub fn lcores(&self) -> &[LcoreHandle] {
+        &self.lcores
+    }
+
+    /// Snapshot of every lcore's counters, in lcore order.
+    pub fn snapshot(&self) -> Vec<Snapshot> {
+        self.lcores.iter().map(|l| l.stats.snapshot()).collect()
+    }
+
+    /// Asks every lcore to stop (each finishes its current turn, runs
+    /// `shutdown`, drops its resources) and waits for all of them.
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    /// The shared flag, for signal handlers or supervisors.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    fn stop_and_join(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for l in &mut self.lcores {
+            if let Some(t) = l.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for LcoreSet {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}

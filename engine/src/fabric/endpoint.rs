@@ -1,0 +1,543 @@
+//! One endpoint with everything it needs, owned by one thread.
+//!
+//! An [`Endpoint`] bundles a fabric, a domain, an address vector, a
+//! completion queue and the RDM endpoint itself, plus the memory regions
+//! registered on its domain and a fixed table of operation contexts. Keeping
+//! them in one value gives the lcore model for free: the thread that owns the
+//! `Endpoint` is the only one that can touch any of it (the domain is opened
+//! with `FI_THREAD_DOMAIN`, so the provider takes no locks), and dropping it
+//! closes everything in the order libfabric requires.
+//!
+//! Operations are named by a context id, an index into the context table
+//! fixed at creation. The table holds the provider's scratch space
+//! (`fi_context2`) for each operation in flight, so posting and completing
+//! never allocate.
+use super::error::{CompletionError, FabricError, PollError, PostError};
+use super::info::{Hints, InfoList};
+use super::sys;
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// An address-vector entry: a peer endpoint this endpoint can reach.
+pub type PeerAddr = sys::fi_addr_t;
+
+/// Longest endpoint name tally carries (shm names are strings; EFA's are 32 bytes).
+pub const MAX_NAME_LEN: usize = 256;
+
+/// An endpoint's address as bytes, for exchange over the control plane.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EndpointName {
+    len: usize,
+    bytes: [u8; MAX_NAME_LEN],
+}
+
+impl EndpointName {
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        if b.is_empty() || b.len() > MAX_NAME_LEN {
+            return None;
+        }
+        let mut bytes = [0u8; MAX_NAME_LEN];
+        bytes[..b.len()].copy_from_slice(b);
+        Some(EndpointName { len: b.len(), bytes })
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::fmt::Debug for EndpointName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EndpointName(")?;
+        for b in self.as_bytes().iter().take(32) {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "{})", if self.len > 32 { "..." } else { "" })
+    }
+}
+
+/// How an [`Endpoint`] is built.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    pub hints: Hints,
+    /// Completion queue depth (0: provider default).
+    pub cq_size: usize,
+    /// Operations that may be in flight at once: the size of the context table.
+    pub contexts: u32,
+    /// Open the CQ with a wait object so an idle poller can sleep on it
+    /// (adaptive polling). Providers without wait objects (EFA) fall back to
+    /// a CQ without one; [`Endpoint::can_wait`] says which happened.
+    pub wait_object: bool,
+}
+
+impl EndpointConfig {
+    pub fn new(provider: &str) -> Self {
+        EndpointConfig { hints: Hints::new(provider), cq_size: 0, contexts: 1024, wait_object: false }
+    }
+}
+
+/// What a completed operation was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The context id given when the operation was posted.
+    pub context: u32,
+    /// True for a receive, false for a send.
+    pub is_recv: bool,
+    /// Bytes received (receives only).
+    pub len: usize,
+    /// The tag the message carried (receives only).
+    pub tag: u64,
+}
+
+/// A registration of memory on an endpoint's domain. Copyable: it is a
+/// handle; the registration itself is owned by the endpoint and lives until
+/// the endpoint is dropped or [`Endpoint::deregister`] is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryHandle {
+    index: u32,
+    desc: *mut c_void,
+    /// Start and length of the registered range.
+    pub addr: usize,
+    pub len: usize,
+}
+
+// SAFETY: the descriptor is an opaque token the provider hands back to itself;
+// it is only dereferenced by the provider on the endpoint's owning thread.
+unsafe impl Send for MemoryHandle {}
+
+#[repr(C)]
+struct OpContext {
+    /// Provider scratch space; must come first: libfabric gets a pointer to it.
+    fi: sys::fi_context2,
+    id: u32,
+    in_flight: bool,
+}
+
+/// Requested MR keys must be unique within a domain for tcp before 2.2 and for
+/// providers without FI_MR_PROV_KEY; one process-wide counter keeps them so.
+static NEXT_MR_KEY: AtomicU64 = AtomicU64::new(1);
+
+pub struct Endpoint {
+    info: InfoList,
+    fabric: *mut sys::fid_fabric,
+    domain: *mut sys::fid_domain,
+    av: *mut sys::fid_av,
+    cq: *mut sys::fid_cq,
+    ep: *mut sys::fid_ep,
+    mrs: Vec<*mut sys::fid_mr>,
+    contexts: Box<[OpContext]>,
+    in_flight: u32,
+    can_wait: bool,
+    provider: String,
+}
+
+// SAFETY: every libfabric object here belongs to one FI_THREAD_DOMAIN domain,
+// which requires that only one thread use it at a time. `Endpoint` is not
+// Sync and all data-path methods take &mut self, so moving it to another
+// thread (once, at lcore start-up) is the only way a second thread sees it.
+unsafe impl Send for Endpoint {}
+
+macro_rules! check {
+    ($call:literal, $e:expr) => {{
+        let ret = $e as isize;
+        if ret < 0 {
+            return Err(FabricError::from_ret($call, ret));
+        }
+        ret
+    }};
+}
+
+impl Endpoint {
+    /// Opens fabric, domain, AV, CQ and endpoint for the first interface the
+    /// hints match, and enables the endpoint.
+    pub fn open(cfg: &EndpointConfig) -> Result<Endpoint, FabricError> {
+        let info = InfoList::get(&cfg.hints)?;
+        let provider = info.provider_name();
+        let contexts: Box<[OpContext]> = (0..cfg.contexts)
+            .map(|id| OpContext { fi: sys::fi_context2::default(), id, in_flight: false })
+            .collect();
+        let mut me = Endpoint {
+            info,
+            fabric: ptr::null_mut(),
+            domain: ptr::null_mut(),
+            av: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            ep: ptr::null_mut(),
+            mrs: Vec::new(),
+            contexts,
+            in_flight: 0,
+            can_wait: false,
+            provider,
+        };
+        // On any failure `me` is dropped, closing whatever was opened so far.
+        me.open_objects(cfg)?;
+        Ok(me)
+    }
+
+    fn open_objects(&mut self, cfg: &EndpointConfig) -> Result<(), FabricError> {
+        let info = self.info.head;
+        // SAFETY: info is a valid fi_info from fi_getinfo; each out-pointer
+        // is a field of self that Drop closes if non-null; the objects are
+        // created in dependency order (fabric, domain, av/cq, ep).
+        unsafe {
+            check!("fi_fabric", sys::fi_fabric((*info).fabric_attr, &mut self.fabric, ptr::null_mut()));
+            check!("fi_domain", sys::fi_domain(self.fabric, info, &mut self.domain, ptr::null_mut()));
+            let mut av_attr = sys::fi_av_attr { type_: sys::fi_av_type_FI_AV_TABLE, ..Default::default() };
+            check!("fi_av_open", sys::fi_av_open(self.domain, &mut av_attr, &mut self.av, ptr::null_mut()));
+            let mut cq_attr = sys::fi_cq_attr {
+                size: cfg.cq_size,
+                format: sys::fi_cq_format_FI_CQ_FORMAT_TAGGED,
+                wait_obj: if cfg.wait_object { sys::fi_wait_obj_FI_WAIT_UNSPEC } else { sys::fi_wait_obj_FI_WAIT_NONE },
+                wait_cond: sys::fi_cq_wait_cond_FI_CQ_COND_NONE,
+                ..Default::default()
+            };
+            let ret = sys::fi_cq_open(self.domain, &mut cq_attr, &mut self.cq, ptr::null_mut());
+            if ret != 0 && cfg.wait_object {
+                // EFA has no CQ wait objects: an adaptive poller sleeps instead.
+                cq_attr.wait_obj = sys::fi_wait_obj_FI_WAIT_NONE;
+                self.cq = ptr::null_mut();
+                check!("fi_cq_open", sys::fi_cq_open(self.domain, &mut cq_attr, &mut self.cq, ptr::null_mut()));
+            } else {
+                check!("fi_cq_open", ret);
+                self.can_wait = cfg.wait_object;
+            }
+            check!("fi_endpoint", sys::fi_endpoint(self.domain, info, &mut self.ep, ptr::null_mut()));
+            check!("fi_ep_bind(av)", sys::fi_ep_bind(self.ep, &mut (*self.av).fid, 0));
+            check!(
+                "fi_ep_bind(cq)",
+                sys::fi_ep_bind(self.ep, &mut (*self.cq).fid, sys::FI_TRANSMIT as u64 | sys::FI_RECV as u64)
+            );
+            check!("fi_enable", sys::fi_enable(self.ep));
+        }
+        Ok(())
+    }
+
+    /// The provider actually in use (e.g. `tcp;ofi_rxm`).
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The domain (NIC) name.
+    pub fn domain_name(&self) -> String {
+        self.info.domain_name()
+    }
+
+    pub fn max_msg_size(&self) -> usize {
+        self.info.max_msg_size()
+    }
+
+    /// Whether the provider wants local buffers registered (`FI_MR_LOCAL`).
+    pub fn needs_local_mr(&self) -> bool {
+        self.info.mr_mode() & sys::FI_MR_LOCAL != 0
+    }
+
+    /// Whether the CQ has a wait object (see [`Endpoint::wait`]).
+    pub fn can_wait(&self) -> bool {
+        self.can_wait
+    }
+
+    /// Operations posted and not yet completed.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    pub fn context_capacity(&self) -> u32 {
+        self.contexts.len() as u32
+    }
+
+    /// This endpoint's address, to hand to peers.
+    pub fn name(&self) -> Result<EndpointName, FabricError> {
+        let mut buf = [0u8; MAX_NAME_LEN];
+        let mut len = MAX_NAME_LEN;
+        // SAFETY: buf has len bytes; fi_getname writes at most len and
+        // updates len (or fails with FI_ETOOSMALL).
+        unsafe {
+            check!("fi_getname", sys::fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr().cast(), &mut len));
+        }
+        Ok(EndpointName::from_bytes(&buf[..len.min(MAX_NAME_LEN)]).expect("non-empty endpoint name"))
+    }
+
+    /// Makes a peer reachable; the returned address is used to send to it and
+    /// to direct receives at it.
+    pub fn insert_peer(&mut self, name: &EndpointName) -> Result<PeerAddr, FabricError> {
+        let mut addr: sys::fi_addr_t = 0;
+        // SAFETY: name bytes are a provider address of the same format (the
+        // peer's fi_getname output); one address is inserted into addr.
+        let n = unsafe { sys::fi_av_insert(self.av, name.as_bytes().as_ptr().cast(), 1, &mut addr, 0, ptr::null_mut()) };
+        if n != 1 {
+            return Err(FabricError { call: "fi_av_insert", code: if n < 0 { -n } else { sys::FI_EINVAL as i32 } });
+        }
+        Ok(addr)
+    }
+
+    /// Registers `len` bytes at `addr` for sends and receives.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the endpoint is dropped or the
+    /// registration is removed with [`Endpoint::deregister`].
+    pub unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<MemoryHandle, FabricError> {
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        let key = NEXT_MR_KEY.fetch_add(1, Ordering::Relaxed);
+        let access = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE) as u64;
+        // SAFETY: the caller keeps [addr, addr+len) mapped while registered;
+        // the domain is open.
+        unsafe {
+            check!("fi_mr_reg", sys::fi_mr_reg(self.domain, addr.cast(), len, access, 0, key, 0, &mut mr, ptr::null_mut()));
+            let desc = sys::fi_mr_desc(mr);
+            self.mrs.push(mr);
+            Ok(MemoryHandle { index: (self.mrs.len() - 1) as u32, desc, addr: addr as usize, len })
+        }
+    }
+
+    /// Removes a registration. Operations on it must have completed.
+    pub fn deregister(&mut self, mh: MemoryHandle) -> Result<(), FabricError> {
+        let slot = self.mrs.get_mut(mh.index as usize).ok_or(FabricError { call: "fi_close(mr)", code: sys::FI_EINVAL as i32 })?;
+        if slot.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the MR is open (non-null) and closed exactly once.
+        let ret = unsafe { sys::fi_close(&mut (**slot).fid) };
+        *slot = ptr::null_mut();
+        if ret != 0 {
+            return Err(FabricError::from_ret("fi_close(mr)", ret as isize));
+        }
+        Ok(())
+    }
+
+    fn take_context(&mut self, id: u32) -> Result<*mut c_void, PostError> {
+        let ctx = self.contexts.get_mut(id as usize).ok_or(PostError::BadContext(id))?;
+        if ctx.in_flight {
+            return Err(PostError::ContextBusy(id));
+        }
+        Ok((ctx as *mut OpContext).cast())
+    }
+
+    fn desc_for(&self, mh: Option<MemoryHandle>, addr: usize, len: usize) -> Result<*mut c_void, PostError> {
+        match mh {
+            None => Ok(ptr::null_mut()),
+            Some(m) => {
+                let live = self.mrs.get(m.index as usize).is_some_and(|p| !p.is_null());
+                if !live || addr < m.addr || addr + len > m.addr + m.len {
+                    return Err(PostError::BadMemory);
+                }
+                Ok(m.desc)
+            }
+        }
+    }
+
+    fn posted(&mut self, id: u32, ret: isize, call: &'static str) -> Result<(), PostError> {
+        if ret == 0 {
+            self.contexts[id as usize].in_flight = true;
+            self.in_flight += 1;
+            Ok(())
+        } else if ret == -(sys::FI_EAGAIN as isize) {
+            Err(PostError::Again)
+        } else {
+            Err(PostError::Fabric(FabricError::from_ret(call, ret)))
+        }
+    }
+
+    /// Posts a tagged send of `len` bytes at `buf` to `dest`.
+    ///
+    /// # Safety
+    /// `[buf, buf+len)` must stay valid and unmodified until the completion
+    /// for `context` has been returned by [`Endpoint::poll`] (or the endpoint
+    /// is dropped).
+    pub unsafe fn send(&mut self, buf: *const u8, len: usize, mh: Option<MemoryHandle>, dest: PeerAddr, tag: u64, context: u32) -> Result<(), PostError> {
+        let ctx = self.take_context(context)?;
+        let desc = self.desc_for(mh, buf as usize, len)?;
+        // SAFETY: ep is open; the caller guarantees the buffer's lifetime;
+        // ctx points into the context table, which outlives the operation.
+        let ret = unsafe { sys::fi_tsend(self.ep, buf.cast(), len, desc, dest, tag, ctx) };
+        self.posted(context, ret, "fi_tsend")
+    }
+
+    /// Posts a tagged receive into `[buf, buf+len)` for messages whose tag
+    /// matches `tag` outside the bits set in `ignore`, from `src` (or anyone).
+    ///
+    /// # Safety
+    /// `[buf, buf+len)` must stay valid, and must not be read or written by
+    /// anyone else, until the completion for `context` has been returned by
+    /// [`Endpoint::poll`] (or the endpoint is dropped).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn recv(&mut self, buf: *mut u8, len: usize, mh: Option<MemoryHandle>, src: Option<PeerAddr>, tag: u64, ignore: u64, context: u32) -> Result<(), PostError> {
+        let ctx = self.take_context(context)?;
+        let desc = self.desc_for(mh, buf as usize, len)?;
+        // SAFETY: as for send; the caller guarantees exclusive access to the buffer.
+        let ret = unsafe { sys::fi_trecv(self.ep, buf.cast(), len, desc, src.unwrap_or(sys::FI_ADDR_UNSPEC), tag, ignore, ctx) };
+        self.posted(context, ret, "fi_trecv")
+    }
+
+    /// Reads up to `out.len()` completions (and drives the provider's
+    /// progress). Returns how many were written. An error completion is
+    /// returned as `Err(PollError::Completion)` after the completions read
+    /// before it; the endpoint stays usable.
+    pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize, PollError> {
+        const BATCH: usize = 16;
+        let mut entries = [sys::fi_cq_tagged_entry::default(); BATCH];
+        let want = out.len().min(BATCH);
+        if want == 0 {
+            return Ok(0);
+        }
+        // SAFETY: entries has room for `want` tagged entries (the CQ format).
+        let ret = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) };
+        if ret > 0 {
+            let n = ret as usize;
+            for (e, o) in entries[..n].iter().zip(out.iter_mut()) {
+                *o = Completion {
+                    context: self.finish(e.op_context).unwrap_or(u32::MAX),
+                    is_recv: e.flags & sys::FI_RECV as u64 != 0,
+                    len: e.len,
+                    tag: e.tag,
+                };
+            }
+            Ok(n)
+        } else if ret == -(sys::FI_EAGAIN as isize) {
+            Ok(0)
+        } else if ret == -(sys::FI_EAVAIL as isize) {
+            Err(PollError::Completion(self.read_error()))
+        } else {
+            Err(PollError::Fabric(FabricError::from_ret("fi_cq_read", ret)))
+        }
+    }
+
+    /// Marks the context behind an op_context pointer free; returns its id.
+    fn finish(&mut self, op_context: *mut c_void) -> Option<u32> {
+        if op_context.is_null() {
+            return None;
+        }
+        let base = self.contexts.as_ptr() as usize;
+        let off = (op_context as usize).wrapping_sub(base);
+        let i = off / size_of::<OpContext>();
+        if off % size_of::<OpContext>() != 0 || i >= self.contexts.len() {
+            return None;
+        }
+        let ctx = &mut self.contexts[i];
+        if ctx.in_flight {
+            ctx.in_flight = false;
+            self.in_flight -= 1;
+        }
+        Some(ctx.id)
+    }
+
+    fn read_error(&mut self) -> CompletionError {
+        let mut e = sys::fi_cq_err_entry::default();
+        // SAFETY: e is a properly sized err entry; with err_data_size 0 the
+        // provider may point err_data at its own buffer, valid until the next
+        // CQ call, and fi_cq_strerror reads it immediately below.
+        let ret = unsafe { sys::fi_cq_readerr(self.cq, &mut e, 0) };
+        if ret < 0 {
+            let fe = sys::fi_cq_err_entry { err: (-ret) as i32, ..Default::default() };
+            return CompletionError::new(&fe, None, b"fi_cq_readerr failed");
+        }
+        let mut text = [0u8; 160];
+        // SAFETY: text has text.len() bytes; fi_cq_strerror writes a NUL-terminated
+        // string of at most that length and returns a pointer to a string
+        // (ours or a static one) valid until the next CQ call.
+        let s = unsafe {
+            let p = sys::fi_cq_strerror(self.cq, e.prov_errno, e.err_data, text.as_mut_ptr().cast(), text.len());
+            if p.is_null() {
+                &b""[..]
+            } else {
+                std::ffi::CStr::from_ptr(p).to_bytes()
+            }
+        };
+        let owned: [u8; 160] = {
+            let mut b = [0u8; 160];
+            let n = s.len().min(160);
+            b[..n].copy_from_slice(&s[..n]);
+            b
+        };
+        let n = s.len().min(160);
+        let ctx = self.finish(e.op_context);
+        CompletionError::new(&e, ctx, &owned[..n])
+    }
+
+    /// Sleeps until a completion may be ready or `timeout_ms` passes.
+    /// Returns immediately if completions are already queued. Without a wait
+    /// object it just sleeps briefly (the caller bounds the latency it costs).
+    pub fn wait(&mut self, timeout_ms: i32) -> Result<(), FabricError> {
+        if !self.can_wait {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            return Ok(());
+        }
+        // fi_cq_sread with count 0 would be ideal but providers treat it
+        // inconsistently; read nothing-or-one into a scratch entry would lose
+        // it, so use the CQ's wait through fi_cq_sread on a peeked entry is not
+        // possible either. fi_trywait + the wait fd is the portable way.
+        let mut fid: *mut sys::fid = unsafe { &mut (*self.cq).fid };
+        // SAFETY: one fid pointer, to our open CQ.
+        let ret = unsafe { sys::fi_trywait(self.fabric, &mut fid, 1) };
+        if ret == -(sys::FI_EAGAIN as i32) {
+            return Ok(()); // completions pending: do not sleep
+        }
+        if ret != 0 {
+            // No fd-style wait on this provider: a short sleep instead.
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            return Ok(());
+        }
+        let mut fd: libc::c_int = -1;
+        // SAFETY: FI_GETWAIT on a CQ with an fd wait object writes an int fd.
+        let ret = unsafe { sys::fi_control(&mut (*self.cq).fid, sys::FI_GETWAIT as i32, (&mut fd as *mut libc::c_int).cast()) };
+        if ret != 0 || fd < 0 {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            return Ok(());
+        }
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        Ok(())
+    }
+
+    /// Cancels every operation in flight and drains their completions (bounded).
+    /// Used at stop so that no buffer is still owned by the provider.
+    pub fn cancel_all(&mut self) {
+        for i in 0..self.contexts.len() {
+            if self.contexts[i].in_flight {
+                let p: *mut c_void = (&mut self.contexts[i] as *mut OpContext).cast();
+                // SAFETY: ep is open; p is the context of an operation we posted.
+                unsafe { sys::fi_cancel(&mut (*self.ep).fid, p) };
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        let mut scratch = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 16];
+        while self.in_flight > 0 && std::time::Instant::now() < deadline {
+            match self.poll(&mut scratch) {
+                Ok(0) => std::thread::yield_now(),
+                Ok(_) | Err(PollError::Completion(_)) => {}
+                Err(PollError::Fabric(_)) => break,
+            }
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: each object is closed once, children before parents: the
+        // endpoint (which stops all access to posted buffers), then MRs, CQ,
+        // AV, domain, fabric. Null pointers were never opened.
+        unsafe {
+            if !self.ep.is_null() {
+                sys::fi_close(&mut (*self.ep).fid);
+            }
+            for mr in self.mrs.drain(..) {
+                if !mr.is_null() {
+                    sys::fi_close(&mut (*mr).fid);
+                }
+            }
+            if !self.cq.is_null() {
+                sys::fi_close(&mut (*self.cq).fid);
+            }
+            if !self.av.is_null() {
+                sys::fi_close(&mut (*self.av).fid);
+            }
+            if !self.domain.is_null() {
+                sys::fi_close(&mut (*self.domain).fid);
+            }
+            if !self.fabric.is_null() {
+                sys::fi_close(&mut (*self.fabric).fid);
+            }
+        }
+    }
+}

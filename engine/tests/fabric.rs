@@ -1,0 +1,219 @@
+//! Two real libfabric endpoints (shm, and tcp;ofi_rxm on loopback) exchange
+//! tagged messages from 0 B to 16 MiB with 64 in flight; every byte is
+//! checked. Error completions (a truncated receive) come back as typed errors
+//! and leave the endpoints usable.
+use std::time::{Duration, Instant};
+use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, Hints, MemoryHandle, PollError, PostError};
+
+const IN_FLIGHT: usize = 64;
+const SIZES: &[usize] = &[0, 1, 7, 64, 1000, 4096, 65_537, 1 << 20, (3 << 20) + 5, 16 << 20];
+
+fn config(provider: &str) -> EndpointConfig {
+    let node = if provider.starts_with("tcp") { Some("127.0.0.1") } else { None };
+    EndpointConfig { hints: Hints::new(provider).with_node(node), cq_size: 0, contexts: 256, wait_object: false }
+}
+
+fn pair(provider: &str) -> (Pair, u64, u64) {
+    let mut a = Endpoint::open(&config(provider)).expect("open a");
+    let mut b = Endpoint::open(&config(provider)).expect("open b");
+    let b_at_a = a.insert_peer(&b.name().unwrap()).unwrap();
+    let a_at_b = b.insert_peer(&a.name().unwrap()).unwrap();
+    (Pair { a, b, sends_done: 0, recvs: Vec::new() }, b_at_a, a_at_b)
+}
+
+fn pattern(msg: usize, i: usize, size: usize) -> u8 {
+    (msg.wrapping_mul(131) ^ i.wrapping_mul(7) ^ size) as u8
+}
+
+/// Both endpoints, polled together (manual progress: each side moves only
+/// when polled), with the completions seen so far.
+struct Pair {
+    a: Endpoint,
+    b: Endpoint,
+    sends_done: usize,
+    recvs: Vec<Completion>,
+}
+
+impl Pair {
+    fn progress(&mut self) -> usize {
+        let mut buf = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 16];
+        let n = self.a.poll(&mut buf).expect("poll a");
+        self.sends_done += buf[..n].iter().filter(|c| !c.is_recv).count();
+        let m = self.b.poll(&mut buf).expect("poll b");
+        self.recvs.extend(buf[..m].iter().copied());
+        n + m
+    }
+
+    /// Posts a send from a, progressing both sides while the provider says
+    /// "again" (connection set-up, full queues).
+    unsafe fn send(&mut self, buf: *const u8, len: usize, mh: Option<MemoryHandle>, dest: u64, tag: u64, ctx: u32) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // SAFETY: forwarded from the caller.
+            match unsafe { self.a.send(buf, len, mh, dest, tag, ctx) } {
+                Ok(()) => return,
+                Err(PostError::Again) => {
+                    assert!(Instant::now() < deadline, "send stuck in EAGAIN");
+                    self.progress();
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+    }
+
+    fn drain(&mut self, sends: usize, recvs: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.sends_done < sends || self.recvs.len() < recvs {
+            assert!(Instant::now() < deadline, "timed out: {}/{sends} sends, {}/{recvs} recvs", self.sends_done, self.recvs.len());
+            if self.progress() == 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+fn exchange_all_sizes(provider: &str) {
+    let (mut p, b_at_a, a_at_b) = pair(provider);
+    eprintln!("{provider}: provider in use {:?}, domain {:?}, local MR {}", p.a.provider(), p.a.domain_name(), p.a.needs_local_mr());
+    for &size in SIZES {
+        p.sends_done = 0;
+        p.recvs.clear();
+        let stride = size.max(1);
+        let mut src = vec![0u8; stride * IN_FLIGHT];
+        let mut dst = vec![0xEEu8; stride * IN_FLIGHT];
+        for m in 0..IN_FLIGHT {
+            for i in 0..size {
+                src[m * stride + i] = pattern(m, i, size);
+            }
+        }
+        // SAFETY: src and dst live until after every completion is drained below.
+        let smh = unsafe { p.a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+        let rmh = unsafe { p.b.register(dst.as_mut_ptr(), dst.len()) }.unwrap();
+        for m in 0..IN_FLIGHT {
+            // SAFETY: each receive gets its own disjoint stride of dst.
+            unsafe { p.b.recv(dst.as_mut_ptr().add(m * stride), size, Some(rmh), Some(a_at_b), 0x5000 + m as u64, 0, m as u32) }.unwrap();
+        }
+        // Send in reverse order: directed, exact-tag receives must still match.
+        for m in (0..IN_FLIGHT).rev() {
+            // SAFETY: src is untouched until the send completions are drained.
+            unsafe { p.send(src.as_ptr().add(m * stride), size, Some(smh), b_at_a, 0x5000 + m as u64, 100 + m as u32) };
+        }
+        p.drain(IN_FLIGHT, IN_FLIGHT);
+        let mut seen = [false; IN_FLIGHT];
+        for c in &p.recvs {
+            let m = c.context as usize;
+            assert!(c.is_recv && m < IN_FLIGHT, "{c:?}");
+            assert_eq!(c.tag, 0x5000 + m as u64, "tag for message {m}");
+            assert_eq!(c.len, size, "length of message {m}");
+            assert!(!std::mem::replace(&mut seen[m], true), "message {m} completed twice");
+        }
+        for m in 0..IN_FLIGHT {
+            for i in 0..size {
+                let got = dst[m * stride + i];
+                assert_eq!(got, pattern(m, i, size), "{provider}: size {size} message {m} byte {i}");
+            }
+        }
+        assert_eq!(p.a.in_flight(), 0);
+        assert_eq!(p.b.in_flight(), 0);
+        p.a.deregister(smh).unwrap();
+        p.b.deregister(rmh).unwrap();
+        eprintln!("{provider}: {IN_FLIGHT} x {size} B ok");
+    }
+}
+
+fn truncation_is_an_error(provider: &str) {
+    let (mut p, b_at_a, a_at_b) = pair(provider);
+    let mut src = vec![7u8; 1000];
+    let mut small = vec![0u8; 100];
+    let smh = unsafe { p.a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+    let rmh = unsafe { p.b.register(small.as_mut_ptr(), small.len()) }.unwrap();
+    // SAFETY: both buffers outlive the polling loops below.
+    unsafe { p.b.recv(small.as_mut_ptr(), 100, Some(rmh), Some(a_at_b), 9, 0, 1) }.unwrap();
+    unsafe { p.send(src.as_ptr(), 1000, Some(smh), b_at_a, 9, 2) };
+    let mut buf = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 16];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let err = loop {
+        assert!(Instant::now() < deadline, "{provider}: no error completion for a truncated receive");
+        let _ = p.a.poll(&mut buf);
+        match p.b.poll(&mut buf) {
+            Ok(n) => assert!(buf[..n].iter().all(|c| !c.is_recv), "{provider}: truncated receive completed successfully"),
+            Err(PollError::Completion(e)) => break e,
+            Err(PollError::Fabric(e)) => panic!("{e}"),
+        }
+    };
+    eprintln!("{provider}: truncated receive -> {err}");
+    assert!(err.is_truncation(), "{err}");
+    assert_eq!(err.context, Some(1));
+    assert_eq!(err.tag, 9);
+    assert_eq!(p.b.in_flight(), 0);
+    // Afterwards: with shm the same endpoints carry on. tcp;ofi_rxm 1.17
+    // leaves the connection's byte stream out of step after truncating an
+    // eager message (nothing more is ever received from that peer, even with
+    // a wildcard receive), so there the check is that new endpoints work:
+    // the error was contained. tally's protocol never posts a receive
+    // smaller than the message its peer sends, so it does not rely on either.
+    if provider.starts_with("tcp") {
+        drop(p);
+        let (p2, b_at_a, a_at_b) = pair(provider);
+        p = p2;
+        return check_one_message(&mut p, &mut src, b_at_a, a_at_b);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while p.a.in_flight() > 0 {
+        assert!(Instant::now() < deadline, "send of the truncated message never completed");
+        p.progress();
+    }
+    check_one_message(&mut p, &mut src, b_at_a, a_at_b);
+}
+
+fn check_one_message(p: &mut Pair, src: &mut [u8], b_at_a: u64, a_at_b: u64) {
+    let mut dst = vec![0u8; src.len()];
+    let smh = unsafe { p.a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+    let dmh = unsafe { p.b.register(dst.as_mut_ptr(), dst.len()) }.unwrap();
+    p.sends_done = 0;
+    p.recvs.clear();
+    // SAFETY: src and dst outlive the drain below.
+    unsafe { p.b.recv(dst.as_mut_ptr(), dst.len(), Some(dmh), Some(a_at_b), 10, 0, 3) }.unwrap();
+    unsafe { p.send(src.as_ptr(), src.len(), Some(smh), b_at_a, 10, 4) };
+    p.drain(1, 1);
+    assert_eq!(p.recvs[0].len, src.len());
+    assert_eq!(&dst[..], &src[..]);
+}
+
+#[test]
+fn shm_exchanges_0_to_16mib_with_64_in_flight() {
+    exchange_all_sizes("shm");
+}
+
+#[test]
+fn tcp_rxm_exchanges_0_to_16mib_with_64_in_flight() {
+    exchange_all_sizes("tcp");
+}
+
+#[test]
+fn shm_truncated_receive_is_an_error_completion() {
+    truncation_is_an_error("shm");
+}
+
+#[test]
+fn tcp_rxm_truncated_receive_is_an_error_completion() {
+    truncation_is_an_error("tcp");
+}
+
+#[test]
+fn context_misuse_is_refused() {
+    let (mut p, b_at_a, _) = pair("shm");
+    let src = [1u8; 8];
+    let r = unsafe { p.a.send(src.as_ptr(), 8, None, b_at_a, 1, 100_000) };
+    assert!(matches!(r, Err(PostError::BadContext(100_000))), "{r:?}");
+}
+
+#[test]
+fn unknown_provider_is_a_clear_error() {
+    let e = match Endpoint::open(&config("no-such-provider")) {
+        Err(e) => e,
+        Ok(_) => panic!("opened a nonexistent provider"),
+    };
+    assert_eq!(e.call, "fi_getinfo");
+    assert!(e.to_string().contains("fi_getinfo"), "{e}");
+}
