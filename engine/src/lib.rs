@@ -15,6 +15,8 @@ pub mod reduce;
 pub mod wire;
 
 #[cfg(feature = "std")]
+pub mod config;
+#[cfg(feature = "std")]
 pub mod cpuset;
 #[cfg(feature = "std")]
 pub mod units;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 mod bench_p2p;
 mod bench_reduce;
+mod host;
 
 #[derive(Parser)]
 #[command(name = "tally", version, about = "Gradient reduction-server dataplane over libfabric")]
@@ -16,6 +17,12 @@ struct Cli {
 enum Command {
     /// The main job on an embedded default (for now: the point-to-point benchmark over shm).
     Demo(bench_p2p::P2pArgs),
+    /// Hugepage pools and hugetlbfs mounts (what dpdk-hugepages does).
+    Hugepages(host::HugepagesArgs),
+    /// FI_EFA_FORK_SAFE and friends: check this host, print the settings a role needs.
+    EfaEnv(host::EfaEnvArgs),
+    /// Is this host ready to run a reduction server?
+    Doctor(host::DoctorArgs),
     /// Microbenchmarks: reduce kernels, point-to-point transport.
     #[command(subcommand)]
     Bench(Bench),
@@ -38,6 +45,13 @@ fn main() -> ExitCode {
         Command::Demo(args) => bench_p2p::run(args),
         Command::Bench(Bench::Reduce(args)) => bench_reduce::run(args),
         Command::Bench(Bench::P2p(args)) => bench_p2p::run(args),
+        Command::Hugepages(args) => host::run_hugepages(args),
+        Command::EfaEnv(args) => host::run_efa_env(args),
+        Command::Doctor(args) => match host::run_doctor(args) {
+            Ok(0) => Ok(()),
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
