@@ -30,7 +30,9 @@ pub enum PollMode {
 }
 
 impl PollMode {
-    pub const ADAPTIVE: PollMode = PollMode::Adaptive { spin_polls: 4096, sleep_ms: 10 };
+    /// Sleeps are short (1 ms) so that a quiet lcore wakes quickly even on
+    /// providers whose wait object the peer does not signal.
+    pub const ADAPTIVE: PollMode = PollMode::Adaptive { spin_polls: 4096, sleep_ms: 1 };
 
     pub fn parse(s: &str) -> Option<PollMode> {
         match s {

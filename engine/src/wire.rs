@@ -1,1 +1,573 @@
-//! placeholder: being written.
+//! The wire: control-plane messages and the dataplane tag layout.
+//!
+//! Control plane (TCP, once per job): a client sends one [`Hello`]; the
+//! server answers with an [`Accept`] header followed by one [`NameRecord`]
+//! per lcore (the fabric address each shard goes to), or with a [`Reject`]
+//! naming the field it refused. While the job runs the server may send a
+//! [`Reject`] with code [`RejectCode::JobFailed`] and close the connection;
+//! a client that finished sends a [`Header`] of kind [`Kind::Bye`] and closes.
+//! A connection that closes without a Bye means the rank died: the job fails
+//! at once for every rank, instead of leaving them to time out.
+//!
+//! Every message is a fixed-size `#[repr(C)]` plain-old-data struct whose
+//! size is pinned by a compile-time assertion, and starts with the same
+//! [`Header`]. Integers are little-endian (every supported target is).
+//! Nothing here trusts its input: [`Hello::check`] validates every field and
+//! says which one is wrong.
+//!
+//! Dataplane (libfabric tagged messages): the 64-bit tag of every chunk
+//! shard is `job (16) | slot (16) | sequence (32)`, see [`Tag`]. Receives
+//! match on job and slot and leave the sequence free, so that a message with
+//! a wrong sequence number still lands in its own job's slot and is caught
+//! there (an error for that job) instead of waiting unmatched forever.
+use bytemuck::{Pod, Zeroable};
+use core::fmt;
+use static_assertions::const_assert_eq;
+
+use crate::reduce::{DataType, ReduceOp};
+
+/// "TLLY" read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"TLLY");
+pub const VERSION: u16 = 1;
+/// Bytes of an endpoint name carried on the wire (shm names are paths; EFA's are 32 bytes).
+pub const NAME_BYTES: usize = 256;
+pub const TOKEN_BYTES: usize = 32;
+/// The largest `nranks` any server will accept, whatever its configuration.
+pub const MAX_RANKS: u32 = 1024;
+/// The largest window: slots are 16 bits in the tag.
+pub const MAX_WINDOW: u32 = 1 << 15;
+
+#[repr(u16)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Hello = 1,
+    Accept = 2,
+    Reject = 3,
+    /// The rank is done with the job (all its all-reduces completed).
+    Bye = 4,
+}
+
+/// The first 8 bytes of every control message.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct Header {
+    pub magic: u32,
+    pub version: u16,
+    pub kind: u16,
+}
+const_assert_eq!(core::mem::size_of::<Header>(), 8);
+
+impl Header {
+    pub const fn new(kind: Kind) -> Header {
+        Header { magic: MAGIC, version: VERSION, kind: kind as u16 }
+    }
+
+    /// Checks magic and version and returns the message kind.
+    pub fn check(&self) -> Result<Kind, WireError> {
+        if self.magic != MAGIC {
+            return Err(WireError::BadMagic(self.magic));
+        }
+        if self.version != VERSION {
+            return Err(WireError::BadVersion(self.version));
+        }
+        match self.kind {
+            1 => Ok(Kind::Hello),
+            2 => Ok(Kind::Accept),
+            3 => Ok(Kind::Reject),
+            4 => Ok(Kind::Bye),
+            k => Err(WireError::BadKind(k)),
+        }
+    }
+}
+
+/// A client's request to join a job.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct Hello {
+    pub header: Header,
+    /// Chosen by the job (all ranks agree, e.g. from rank 0's NCCL handle).
+    pub job_id: u64,
+    /// Shared secret; compared in constant time.
+    pub token: [u8; TOKEN_BYTES],
+    pub rank: u32,
+    pub nranks: u32,
+    /// NCCL data type code.
+    pub dtype: u8,
+    /// NCCL reduction op code.
+    pub op: u8,
+    pub _pad0: [u8; 2],
+    /// Elements per shard of a chunk: the size of one server slot piece.
+    pub chunk_elems: u32,
+    /// Chunks each lcore keeps in flight for this job.
+    pub window: u32,
+    /// How many of the server's lcores the job uses (0: all).
+    pub shards: u32,
+    pub name_len: u16,
+    pub _pad1: [u8; 6],
+    /// The client's fabric endpoint name (first `name_len` bytes).
+    pub name: [u8; NAME_BYTES],
+}
+const_assert_eq!(core::mem::size_of::<Hello>(), 336);
+
+/// The server's answer: `lcores` [`NameRecord`]s follow.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Accept {
+    pub header: Header,
+    /// The server's 16-bit tag for this job (the high bits of every [`Tag`]).
+    pub job_tag: u16,
+    pub _pad0: u16,
+    /// Number of lcore name records that follow (the shards this job uses).
+    pub lcores: u32,
+    /// Lcores the server has in all.
+    pub server_lcores: u32,
+    pub _pad1: u32,
+}
+const_assert_eq!(core::mem::size_of::<Accept>(), 24);
+
+/// One lcore's fabric endpoint name.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct NameRecord {
+    pub len: u16,
+    pub _pad: [u8; 6],
+    pub bytes: [u8; NAME_BYTES],
+}
+const_assert_eq!(core::mem::size_of::<NameRecord>(), 264);
+
+impl NameRecord {
+    pub fn new(name: &[u8]) -> Option<NameRecord> {
+        if name.is_empty() || name.len() > NAME_BYTES {
+            return None;
+        }
+        let mut r = NameRecord::zeroed();
+        r.len = name.len() as u16;
+        r.bytes[..name.len()].copy_from_slice(name);
+        Some(r)
+    }
+
+    pub fn name(&self) -> Result<&[u8], WireError> {
+        let n = self.len as usize;
+        if n == 0 || n > NAME_BYTES {
+            return Err(WireError::BadNameLength(self.len));
+        }
+        Ok(&self.bytes[..n])
+    }
+}
+
+/// Why a server refused a client or ended a job.
+#[repr(u16)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectCode {
+    /// A field of the Hello is malformed or out of range (see `field`).
+    BadField = 1,
+    /// Wrong or missing token.
+    Unauthorized = 2,
+    /// The Hello disagrees with other ranks of the same job.
+    JobMismatch = 3,
+    /// The rank already joined.
+    DuplicateRank = 4,
+    /// Not enough slab space on the server for this job.
+    NoCapacity = 5,
+    /// The server already runs its maximum number of jobs.
+    TooManyJobs = 6,
+    /// Not every rank joined in time, or the handshake was too slow.
+    Timeout = 7,
+    /// The job failed while running (a rank vanished, a bad chunk, a fabric error).
+    JobFailed = 8,
+    /// The server is shutting down.
+    Shutdown = 9,
+    Internal = 10,
+}
+
+impl RejectCode {
+    pub fn from_u16(v: u16) -> Option<RejectCode> {
+        use RejectCode::*;
+        Some(match v {
+            1 => BadField,
+            2 => Unauthorized,
+            3 => JobMismatch,
+            4 => DuplicateRank,
+            5 => NoCapacity,
+            6 => TooManyJobs,
+            7 => Timeout,
+            8 => JobFailed,
+            9 => Shutdown,
+            10 => Internal,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        use RejectCode::*;
+        match self {
+            BadField => "bad field",
+            Unauthorized => "unauthorized",
+            JobMismatch => "job mismatch",
+            DuplicateRank => "duplicate rank",
+            NoCapacity => "no capacity",
+            TooManyJobs => "too many jobs",
+            Timeout => "timeout",
+            JobFailed => "job failed",
+            Shutdown => "shutdown",
+            Internal => "internal error",
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct Reject {
+    pub header: Header,
+    pub code: u16,
+    pub _pad: [u8; 6],
+    /// The offending Hello field, NUL-padded (empty when not about a field).
+    pub field: [u8; 24],
+    /// Human-readable reason, NUL-padded.
+    pub message: [u8; 216],
+}
+const_assert_eq!(core::mem::size_of::<Reject>(), 256);
+
+impl Reject {
+    pub fn new(code: RejectCode, field: &str, message: &str) -> Reject {
+        let mut r = Reject::zeroed();
+        r.header = Header::new(Kind::Reject);
+        r.code = code as u16;
+        copy_truncated(&mut r.field, field.as_bytes());
+        copy_truncated(&mut r.message, message.as_bytes());
+        r
+    }
+
+    pub fn code(&self) -> Option<RejectCode> {
+        RejectCode::from_u16(self.code)
+    }
+
+    pub fn field(&self) -> &str {
+        nul_terminated(&self.field)
+    }
+
+    pub fn message(&self) -> &str {
+        nul_terminated(&self.message)
+    }
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let code = self.code().map(RejectCode::name).unwrap_or("unknown");
+        if self.field().is_empty() {
+            write!(f, "{code}: {}", self.message())
+        } else {
+            write!(f, "{code}: {}: {}", self.field(), self.message())
+        }
+    }
+}
+
+impl fmt::Debug for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+fn copy_truncated(dst: &mut [u8], src: &[u8]) {
+    // Keep at least one NUL, and cut on a char boundary so the text stays UTF-8.
+    let mut n = src.len().min(dst.len() - 1);
+    while n > 0 && core::str::from_utf8(&src[..n]).is_err() {
+        n -= 1;
+    }
+    dst[..n].copy_from_slice(&src[..n]);
+}
+
+fn nul_terminated(b: &[u8]) -> &str {
+    let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    core::str::from_utf8(&b[..n]).unwrap_or("<not utf-8>")
+}
+
+/// What a server will accept; the rest of a Hello is checked against these.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_ranks: u32,
+    pub max_window: u32,
+    /// Largest shard piece in bytes (chunk_elems x dtype size).
+    pub max_chunk_bytes: u64,
+    /// Lcores the server has.
+    pub lcores: u32,
+}
+
+/// A Hello that passed every check, with its fields typed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobSpec {
+    pub job_id: u64,
+    pub nranks: u32,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub chunk_elems: u32,
+    pub window: u32,
+    /// Lcores used (resolved: never 0).
+    pub shards: u32,
+}
+
+impl JobSpec {
+    /// Bytes of one shard piece.
+    pub fn piece_bytes(&self) -> usize {
+        self.chunk_elems as usize * self.dtype.size()
+    }
+}
+
+/// A field-level refusal: which field and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub reason: &'static str,
+}
+
+impl fmt::Debug for Hello {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hello")
+            .field("job_id", &self.job_id)
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("dtype", &self.dtype)
+            .field("op", &self.op)
+            .field("chunk_elems", &self.chunk_elems)
+            .field("window", &self.window)
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hello {
+    pub fn new(spec: &JobSpec, rank: u32, token: &[u8; TOKEN_BYTES], name: &[u8]) -> Option<Hello> {
+        if name.is_empty() || name.len() > NAME_BYTES {
+            return None;
+        }
+        let mut h = Hello::zeroed();
+        h.header = Header::new(Kind::Hello);
+        h.job_id = spec.job_id;
+        h.token = *token;
+        h.rank = rank;
+        h.nranks = spec.nranks;
+        h.dtype = spec.dtype as u8;
+        h.op = spec.op as u8;
+        h.chunk_elems = spec.chunk_elems;
+        h.window = spec.window;
+        h.shards = spec.shards;
+        h.name_len = name.len() as u16;
+        h.name[..name.len()].copy_from_slice(name);
+        Some(h)
+    }
+
+    /// Validates every field against `limits`; the token is checked by the
+    /// server separately (it needs constant-time comparison and logging).
+    pub fn check(&self, limits: &Limits) -> Result<JobSpec, FieldError> {
+        let bad = |field, reason| Err(FieldError { field, reason });
+        if self.header.magic != MAGIC {
+            return bad("magic", "not a tally handshake");
+        }
+        if self.header.version != VERSION {
+            return bad("version", "unsupported protocol version");
+        }
+        if self.header.kind != Kind::Hello as u16 {
+            return bad("kind", "expected a hello");
+        }
+        if self.nranks == 0 || self.nranks > limits.max_ranks.min(MAX_RANKS) {
+            return bad("nranks", "zero or above the server's rank limit");
+        }
+        if self.rank >= self.nranks {
+            return bad("rank", "must be below nranks");
+        }
+        let Some(dtype) = DataType::from_nccl(self.dtype as i32) else {
+            return bad("dtype", "unknown data type");
+        };
+        let Some(op) = ReduceOp::from_nccl(self.op as i32) else {
+            return bad("op", "unknown reduction op");
+        };
+        let piece = self.chunk_elems as u64 * dtype.size() as u64;
+        if self.chunk_elems == 0 || piece > limits.max_chunk_bytes {
+            return bad("chunk_elems", "zero or above the server's chunk limit");
+        }
+        if self.window == 0 || self.window > limits.max_window.min(MAX_WINDOW) {
+            return bad("window", "zero or above the server's window limit");
+        }
+        if self.shards > limits.lcores {
+            return bad("shards", "more shards than the server has lcores");
+        }
+        if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
+            return bad("name_len", "endpoint name empty or too long");
+        }
+        if self._pad0 != [0; 2] || self._pad1 != [0; 6] {
+            return bad("padding", "reserved bytes must be zero");
+        }
+        let shards = if self.shards == 0 { limits.lcores } else { self.shards };
+        Ok(JobSpec { job_id: self.job_id, nranks: self.nranks, dtype, op, chunk_elems: self.chunk_elems, window: self.window, shards })
+    }
+
+    pub fn name(&self) -> &[u8] {
+        &self.name[..(self.name_len as usize).min(NAME_BYTES)]
+    }
+}
+
+/// Why bytes could not be read as a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireError {
+    Short { need: usize, got: usize },
+    BadMagic(u32),
+    BadVersion(u16),
+    BadKind(u16),
+    BadNameLength(u16),
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Short { need, got } => write!(f, "message too short: {got} of {need} bytes"),
+            WireError::BadMagic(m) => write!(f, "bad magic {m:#010x} (not a tally peer)"),
+            WireError::BadVersion(v) => write!(f, "unsupported protocol version {v} (this build speaks {VERSION})"),
+            WireError::BadKind(k) => write!(f, "unknown message kind {k}"),
+            WireError::BadNameLength(n) => write!(f, "bad endpoint name length {n}"),
+        }
+    }
+}
+
+/// Reads a `T` from the front of `bytes` (any alignment).
+pub fn read<T: Pod>(bytes: &[u8]) -> Result<T, WireError> {
+    let need = core::mem::size_of::<T>();
+    if bytes.len() < need {
+        return Err(WireError::Short { need, got: bytes.len() });
+    }
+    Ok(bytemuck::pod_read_unaligned(&bytes[..need]))
+}
+
+/// The wire form of a token string: its bytes, zero-padded to 32. Longer
+/// tokens are refused rather than silently cut (`openssl rand -hex 16` fits).
+pub fn token_bytes(s: &str) -> Option<[u8; TOKEN_BYTES]> {
+    let b = s.trim().as_bytes();
+    if b.len() > TOKEN_BYTES {
+        return None;
+    }
+    let mut t = [0u8; TOKEN_BYTES];
+    t[..b.len()].copy_from_slice(b);
+    Some(t)
+}
+
+/// Compares two tokens in time independent of where they differ.
+pub fn token_eq(a: &[u8; TOKEN_BYTES], b: &[u8; TOKEN_BYTES]) -> bool {
+    let mut diff = 0u8;
+    for i in 0..TOKEN_BYTES {
+        diff |= a[i] ^ b[i];
+    }
+    // black_box keeps the compiler from turning the loop into an early exit.
+    core::hint::black_box(diff) == 0
+}
+
+/// A dataplane tag: `job (16) | slot (16) | sequence (32)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag(pub u64);
+
+impl Tag {
+    /// Tag bits a receive leaves free: the sequence.
+    pub const SEQ_BITS: u64 = 0xffff_ffff;
+
+    #[inline(always)]
+    pub const fn new(job: u16, slot: u16, seq: u32) -> Tag {
+        Tag(((job as u64) << 48) | ((slot as u64) << 32) | seq as u64)
+    }
+    #[inline(always)]
+    pub const fn job(self) -> u16 {
+        (self.0 >> 48) as u16
+    }
+    #[inline(always)]
+    pub const fn slot(self) -> u16 {
+        (self.0 >> 32) as u16
+    }
+    #[inline(always)]
+    pub const fn seq(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec { job_id: 7, nranks: 4, dtype: DataType::Float32, op: ReduceOp::Sum, chunk_elems: 1024, window: 4, shards: 2 }
+    }
+    const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };
+
+    #[test]
+    fn hello_round_trips() {
+        let h = Hello::new(&spec(), 3, &[9; 32], b"addr").unwrap();
+        let back: Hello = read(bytemuck::bytes_of(&h)).unwrap();
+        assert_eq!(back.check(&LIMITS).unwrap(), spec());
+        assert_eq!(back.name(), b"addr");
+        assert_eq!(back.rank, 3);
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let good = Hello::new(&spec(), 0, &[0; 32], b"x").unwrap();
+        let cases: &[(&str, fn(&mut Hello))] = &[
+            ("magic", |h| h.header.magic = 1),
+            ("version", |h| h.header.version = 9),
+            ("kind", |h| h.header.kind = 2),
+            ("nranks", |h| h.nranks = 0),
+            ("nranks", |h| h.nranks = 65),
+            ("rank", |h| h.rank = 4),
+            ("dtype", |h| h.dtype = 10),
+            ("op", |h| h.op = 5),
+            ("chunk_elems", |h| h.chunk_elems = 0),
+            ("chunk_elems", |h| h.chunk_elems = (1 << 20) / 4 + 1),
+            ("window", |h| h.window = 0),
+            ("window", |h| h.window = 17),
+            ("shards", |h| h.shards = 3),
+            ("name_len", |h| h.name_len = 0),
+            ("name_len", |h| h.name_len = 257),
+            ("padding", |h| h._pad1[3] = 1),
+        ];
+        for (field, mutate) in cases {
+            let mut h = good;
+            mutate(&mut h);
+            assert_eq!(h.check(&LIMITS).unwrap_err().field, *field);
+        }
+    }
+
+    #[test]
+    fn zero_shards_means_all_lcores() {
+        let mut s = spec();
+        s.shards = 0;
+        let h = Hello::new(&s, 0, &[0; 32], b"x").unwrap();
+        assert_eq!(h.check(&LIMITS).unwrap().shards, 2);
+    }
+
+    #[test]
+    fn short_and_foreign_bytes_are_errors() {
+        assert_eq!(read::<Hello>(&[0; 10]).unwrap_err(), WireError::Short { need: 336, got: 10 });
+        let hdr: Header = read(b"GET / HTTP/1.1\r\n").unwrap();
+        assert!(matches!(hdr.check(), Err(WireError::BadMagic(_))));
+    }
+
+    #[test]
+    fn reject_text_is_bounded_and_utf8() {
+        let long = "é".repeat(300);
+        let r = Reject::new(RejectCode::BadField, "window", &long);
+        assert_eq!(r.field(), "window");
+        assert!(r.message().len() < 216 && r.message().chars().all(|c| c == 'é'));
+        assert_eq!(r.code(), Some(RejectCode::BadField));
+    }
+
+    #[test]
+    fn tag_fields() {
+        let t = Tag::new(0xabcd, 0x1234, 0xdeadbeef);
+        assert_eq!((t.job(), t.slot(), t.seq()), (0xabcd, 0x1234, 0xdeadbeef));
+        assert_eq!(t.0 & !Tag::SEQ_BITS, Tag::new(0xabcd, 0x1234, 0).0);
+    }
+
+    #[test]
+    fn token_comparison() {
+        let a = [1u8; 32];
+        let mut b = a;
+        assert!(token_eq(&a, &b));
+        b[31] = 0;
+        assert!(!token_eq(&a, &b));
+    }
+}

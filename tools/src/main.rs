@@ -5,6 +5,7 @@ use std::process::ExitCode;
 mod bench_p2p;
 mod bench_reduce;
 mod host;
+mod server_cmd;
 
 #[derive(Parser)]
 #[command(name = "tally", version, about = "Gradient reduction-server dataplane over libfabric")]
@@ -15,6 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a reduction server until SIGINT/SIGTERM.
+    Server(server_cmd::ServerArgs),
     /// The main job on an embedded default (for now: the point-to-point benchmark over shm).
     Demo(bench_p2p::P2pArgs),
     /// Hugepage pools and hugetlbfs mounts (what dpdk-hugepages does).
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Server(args) => server_cmd::run(args),
         Command::Demo(args) => bench_p2p::run(args),
         Command::Bench(Bench::Reduce(args)) => bench_reduce::run(args),
         Command::Bench(Bench::P2p(args)) => bench_p2p::run(args),

@@ -130,6 +130,7 @@ pub struct Endpoint {
     in_flight: u32,
     can_wait: bool,
     provider: String,
+    wait_fd: Option<i32>,
 }
 
 // SAFETY: every libfabric object here belongs to one FI_THREAD_DOMAIN domain,
@@ -169,9 +170,11 @@ impl Endpoint {
             in_flight: 0,
             can_wait: false,
             provider,
+            wait_fd: None,
         };
         // On any failure `me` is dropped, closing whatever was opened so far.
         me.open_objects(cfg)?;
+        me.wait_fd = me.query_wait_fd();
         Ok(me)
     }
 
@@ -232,9 +235,10 @@ impl Endpoint {
         self.info.mr_mode() & sys::FI_MR_LOCAL != 0
     }
 
-    /// Whether the CQ has a wait object (see [`Endpoint::wait`]).
+    /// Whether [`Endpoint::wait`] sleeps on a descriptor that traffic wakes
+    /// (otherwise it naps).
     pub fn can_wait(&self) -> bool {
-        self.can_wait
+        self.wait_fd.is_some()
     }
 
     /// Operations posted and not yet completed.
@@ -269,6 +273,17 @@ impl Endpoint {
             return Err(FabricError { call: "fi_av_insert", code: if n < 0 { -n } else { sys::FI_EINVAL as i32 } });
         }
         Ok(addr)
+    }
+
+    /// Forgets a peer (its job ended). Operations to it must have completed.
+    pub fn remove_peer(&mut self, addr: PeerAddr) -> Result<(), FabricError> {
+        let mut a = addr;
+        // SAFETY: one address from this AV; the AV is open.
+        let ret = unsafe { sys::fi_av_remove(self.av, &mut a, 1, 0) };
+        if ret != 0 {
+            return Err(FabricError::from_ret("fi_av_remove", ret as isize));
+        }
+        Ok(())
     }
 
     /// Registers `len` bytes at `addr` for sends and receives.
@@ -380,17 +395,13 @@ impl Endpoint {
         if want == 0 {
             return Ok(0);
         }
+
         // SAFETY: entries has room for `want` tagged entries (the CQ format).
         let ret = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) };
         if ret > 0 {
             let n = ret as usize;
             for (e, o) in entries[..n].iter().zip(out.iter_mut()) {
-                *o = Completion {
-                    context: self.finish(e.op_context).unwrap_or(u32::MAX),
-                    is_recv: e.flags & sys::FI_RECV as u64 != 0,
-                    len: e.len,
-                    tag: e.tag,
-                };
+                *o = self.completion_of(e);
             }
             Ok(n)
         } else if ret == -(sys::FI_EAGAIN as isize) {
@@ -399,6 +410,15 @@ impl Endpoint {
             Err(PollError::Completion(self.read_error()))
         } else {
             Err(PollError::Fabric(FabricError::from_ret("fi_cq_read", ret)))
+        }
+    }
+
+    fn completion_of(&mut self, e: &sys::fi_cq_tagged_entry) -> Completion {
+        Completion {
+            context: self.finish(e.op_context).unwrap_or(u32::MAX),
+            is_recv: e.flags & sys::FI_RECV as u64 != 0,
+            len: e.len,
+            tag: e.tag,
         }
     }
 
@@ -455,39 +475,52 @@ impl Endpoint {
     }
 
     /// Sleeps until a completion may be ready or `timeout_ms` passes.
-    /// Returns immediately if completions are already queued. Without a wait
-    /// object it just sleeps briefly (the caller bounds the latency it costs).
+    ///
+    /// Where the CQ has a wait file descriptor (tcp;ofi_rxm) this sleeps in
+    /// `poll(2)` on it and wakes on traffic. shm (1.17) offers no descriptor
+    /// and its `fi_cq_sread` ignores the timeout, and EFA has no CQ wait
+    /// objects at all; there it naps for at most `NAP` instead.
     pub fn wait(&mut self, timeout_ms: i32) -> Result<(), FabricError> {
+        const NAP: std::time::Duration = std::time::Duration::from_micros(200);
+        match self.wait_fd {
+            Some(fd) => {
+                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd; the descriptor is the CQ's, open while self is.
+                unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            }
+            None => std::thread::sleep(NAP.min(std::time::Duration::from_millis(timeout_ms.max(0) as u64))),
+        }
+        Ok(())
+    }
+
+    /// The CQ's wait file descriptor (FI_GETWAIT), if the provider has one.
+    fn query_wait_fd(&mut self) -> Option<i32> {
         if !self.can_wait {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-            return Ok(());
-        }
-        // fi_cq_sread with count 0 would be ideal but providers treat it
-        // inconsistently; read nothing-or-one into a scratch entry would lose
-        // it, so use the CQ's wait through fi_cq_sread on a peeked entry is not
-        // possible either. fi_trywait + the wait fd is the portable way.
-        let mut fid: *mut sys::fid = unsafe { &mut (*self.cq).fid };
-        // SAFETY: one fid pointer, to our open CQ.
-        let ret = unsafe { sys::fi_trywait(self.fabric, &mut fid, 1) };
-        if ret == -(sys::FI_EAGAIN as i32) {
-            return Ok(()); // completions pending: do not sleep
-        }
-        if ret != 0 {
-            // No fd-style wait on this provider: a short sleep instead.
-            std::thread::sleep(std::time::Duration::from_micros(50));
-            return Ok(());
+            return None;
         }
         let mut fd: libc::c_int = -1;
-        // SAFETY: FI_GETWAIT on a CQ with an fd wait object writes an int fd.
+        // SAFETY: FI_GETWAIT on a CQ opened with a wait object writes an int fd.
         let ret = unsafe { sys::fi_control(&mut (*self.cq).fid, sys::FI_GETWAIT as i32, (&mut fd as *mut libc::c_int).cast()) };
-        if ret != 0 || fd < 0 {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-            return Ok(());
+        (ret == 0 && fd >= 0).then_some(fd)
+    }
+
+    /// Whether the operation named by `context` is in flight.
+    pub fn is_in_flight(&self, context: u32) -> bool {
+        self.contexts.get(context as usize).is_some_and(|c| c.in_flight)
+    }
+
+    /// Asks the provider to cancel one operation. A canceled operation
+    /// completes with an `FI_ECANCELED` error completion (which frees its
+    /// context); one that already finished completes normally.
+    pub fn cancel(&mut self, context: u32) {
+        if let Some(ctx) = self.contexts.get_mut(context as usize) {
+            if ctx.in_flight {
+                let p: *mut c_void = (ctx as *mut OpContext).cast();
+                // SAFETY: ep is open; p names an operation we posted and that
+                // has not completed, so the provider still knows it.
+                unsafe { sys::fi_cancel(&mut (*self.ep).fid, p) };
+            }
         }
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        Ok(())
     }
 
     /// Cancels every operation in flight and drains their completions (bounded).

@@ -67,11 +67,13 @@ pub struct Hints {
     /// Ask for manual progress. Providers that only offer auto progress are
     /// retried without it.
     pub manual_progress: bool,
+    /// A specific domain (NIC), e.g. `rdmap16s27-rdm` on a multi-rail host.
+    pub domain: Option<String>,
 }
 
 impl Hints {
     pub fn new(provider: &str) -> Self {
-        Hints { provider: canonical_provider(provider), node: None, manual_progress: true }
+        Hints { provider: canonical_provider(provider), node: None, manual_progress: true, domain: None }
     }
 
     pub fn with_node(mut self, node: Option<&str>) -> Self {
@@ -104,6 +106,7 @@ impl InfoList {
     fn get_once(h: &Hints, manual: bool) -> Result<InfoList, FabricError> {
         let prov = CString::new(h.provider.as_str()).map_err(|_| FabricError { call: "fi_getinfo", code: sys::FI_EINVAL as i32 })?;
         let node = h.node.as_deref().map(|n| CString::new(n).unwrap_or_default());
+        let domain = h.domain.as_deref().map(|n| CString::new(n).unwrap_or_default());
         // SAFETY: fi_allocinfo returns a zeroed fi_info with all attribute
         // structs allocated (or NULL on ENOMEM, checked). Every string stored
         // into it is strdup'ed, because fi_freeinfo frees it with free().
@@ -123,6 +126,9 @@ impl InfoList {
                 d.control_progress = sys::fi_progress_FI_PROGRESS_MANUAL;
             }
             (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+            if let Some(d) = &domain {
+                (*(*hints).domain_attr).name = libc::strdup(d.as_ptr());
+            }
             let mut info: *mut sys::fi_info = ptr::null_mut();
             let (node_ptr, flags) = match &node {
                 Some(n) => (n.as_ptr(), sys::FI_SOURCE),

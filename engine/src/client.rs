@@ -1,0 +1,635 @@
+//! The client side of agg all-reduce: what a GPU worker (or the NCCL plugin)
+//! runs to use tally servers.
+//!
+//! A [`Client`] connects to one or more servers for one job. An all-reduce
+//! of `count` elements is cut into chunks of `chunk_elems` elements; chunk
+//! `c` goes to stream `c mod S`, where the S streams are every (server,
+//! lcore) pair the job uses, so each lcore gets its shard straight from the
+//! client (no dispatcher on the server). Each stream keeps up to `window`
+//! chunks in flight; a chunk is: post the receive for its result straight
+//! into the output buffer, send the input piece, done when both complete.
+//! All ranks cut identically, so chunk `c` of every rank meets in the same
+//! server slot with the same sequence number.
+//!
+//! The job fixes one data type and op on the server. A client may use
+//! several: the first all-reduce with a new (dtype, op) joins a sibling job
+//! (its id derived from the job id, dtype and op). Like every collective,
+//! that requires all ranks to issue the same calls in the same order.
+//!
+//! Operations are asynchronous underneath ([`Client::start`] and
+//! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
+//! is the blocking convenience.
+use crate::fabric::{select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError};
+use crate::reduce::{DataType, ReduceOp};
+use crate::wire::{self, Accept, Hello, JobSpec, Kind, NameRecord, Reject, Tag, TOKEN_BYTES};
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// How to reach the servers and cut the work.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Control addresses (`host:port`) of the servers.
+    pub servers: Vec<String>,
+    /// The same on every rank of the job.
+    pub job_id: u64,
+    pub rank: u32,
+    pub nranks: u32,
+    /// Shared token (TALLY_TOKEN), at most 32 bytes.
+    pub token: String,
+    /// Bytes per shard piece (rounded down to whole elements per type).
+    pub chunk_bytes: usize,
+    /// Chunks in flight per (server, lcore).
+    pub window: u32,
+    /// Lcores to use per server (0: all of them).
+    pub shards: u32,
+    /// Fabric provider (None: TALLY_PROVIDER or tally's default).
+    pub provider: Option<String>,
+    /// Local address for the fabric endpoint (tcp), e.g. this host's address on the servers' network.
+    pub fabric_addr: Option<String>,
+    /// Bound on joining (all ranks must arrive) and on an all-reduce making no progress.
+    pub timeout: Duration,
+    /// Spin this many empty polls before sleeping on the CQ.
+    pub spin_polls: u32,
+}
+
+impl ClientConfig {
+    pub fn new(servers: Vec<String>, job_id: u64, rank: u32, nranks: u32) -> ClientConfig {
+        ClientConfig {
+            servers,
+            job_id,
+            rank,
+            nranks,
+            token: std::env::var("TALLY_TOKEN").unwrap_or_default(),
+            chunk_bytes: 256 << 10,
+            window: 4,
+            shards: 0,
+            provider: None,
+            fabric_addr: None,
+            timeout: Duration::from_secs(30),
+            spin_polls: 2048,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum ClientError {
+    Config(String),
+    Connect { server: String, error: String },
+    /// The server refused the job, or ended it (a rank left, a bad chunk...).
+    Refused { server: String, reject: String },
+    Fabric(String),
+    /// No progress within the timeout.
+    Timeout(String),
+    BadArgument(String),
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Config(m) => write!(f, "configuration: {m}"),
+            ClientError::Connect { server, error } => write!(f, "cannot connect to {server}: {error}"),
+            ClientError::Refused { server, reject } => write!(f, "server {server}: {reject}"),
+            ClientError::Fabric(m) => write!(f, "fabric: {m}"),
+            ClientError::Timeout(m) => write!(f, "timed out: {m}"),
+            ClientError::BadArgument(m) => write!(f, "bad argument: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// Sibling jobs (one per dtype/op pair) a client may open.
+pub const MAX_SUBJOBS: usize = 8;
+/// Operations queued per client.
+pub const MAX_OPS: usize = 64;
+
+/// One (server, lcore) stream of a sub-job.
+struct Stream {
+    addr: PeerAddr,
+    job_tag: u16,
+    next_seq: u32,
+    /// Oldest sequence not yet complete. Slots are reused in sequence order,
+    /// so a new chunk may go out only while `next_seq - head_seq < window`,
+    /// however the chunks in between complete.
+    head_seq: u32,
+    /// Slots of `next_seq` and `head_seq`, counted separately from the
+    /// sequence (which wraps at 2^32, not at a multiple of the window).
+    next_slot: u32,
+    head_slot: u32,
+}
+
+/// One chunk in flight, at its stream's slot.
+#[derive(Clone, Copy, Default)]
+struct Flight {
+    op: u64,
+    chunk: usize,
+    seq: u32,
+    send_done: bool,
+    recv_done: bool,
+}
+
+/// A job on the servers for one (dtype, op).
+struct SubJob {
+    dtype: DataType,
+    op: ReduceOp,
+    chunk_elems: usize,
+    streams: Vec<Stream>,
+    flights: Vec<Flight>,
+    controls: Vec<TcpStream>,
+}
+
+/// One all-reduce in progress.
+struct Op {
+    id: u64,
+    sub: usize,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+    chunks: usize,
+    /// Next chunk to post, per stream (chunk = stream + k * streams).
+    next: Vec<usize>,
+    done: usize,
+    mh_send: Option<MemoryHandle>,
+    mh_recv: Option<MemoryHandle>,
+}
+
+/// An all-reduce handle from [`Client::start`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request(u64);
+
+pub struct Client {
+    cfg: ClientConfig,
+    token: [u8; TOKEN_BYTES],
+    ep: Endpoint,
+    name: EndpointName,
+    subs: Vec<SubJob>,
+    ops: VecDeque<Op>,
+    next_op: u64,
+    /// Context ids refused with EAGAIN, retried first.
+    retry: Vec<u32>,
+    per_sub: u32,
+    registrations: Vec<(usize, usize, MemoryHandle)>,
+    last_progress: Instant,
+}
+
+// SAFETY: the raw buffer pointers in queued operations belong to the caller,
+// who promised (in `start`) they stay valid until the operation completes;
+// the endpoint is used only through &mut self.
+unsafe impl Send for Client {}
+
+impl Client {
+    /// Opens the fabric endpoint. Jobs are joined on first use (or with [`Client::join`]).
+    pub fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
+        if cfg.servers.is_empty() {
+            return Err(ClientError::Config("no servers given (TALLY_SERVERS)".into()));
+        }
+        if cfg.rank >= cfg.nranks {
+            return Err(ClientError::Config(format!("rank {} is not below nranks {}", cfg.rank, cfg.nranks)));
+        }
+        let token = wire::token_bytes(&cfg.token).ok_or_else(|| ClientError::Config("token longer than 32 bytes".into()))?;
+        let local = cfg.servers.iter().all(|s| s.starts_with("127.") || s.starts_with("localhost:") || s.starts_with("[::1]"));
+        let provider = select_provider(cfg.provider.as_deref(), local);
+        let node = match (&cfg.fabric_addr, provider.starts_with("tcp")) {
+            (Some(a), _) => Some(a.clone()),
+            (None, true) if local => Some("127.0.0.1".to_string()),
+            _ => None,
+        };
+        let servers_lcores_guess = 64u32; // contexts per sub-job are sized on join
+        let per_sub = cfg.servers.len() as u32 * servers_lcores_guess * cfg.window.max(1) * 2;
+        let ecfg = EndpointConfig {
+            hints: Hints::new(&provider).with_node(node.as_deref()),
+            cq_size: 0,
+            contexts: per_sub * MAX_SUBJOBS as u32,
+            wait_object: true,
+        };
+        let ep = Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")))?;
+        let name = ep.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
+        Ok(Client {
+            token,
+            ep,
+            name,
+            subs: Vec::new(),
+            ops: VecDeque::new(),
+            next_op: 1,
+            retry: Vec::with_capacity((per_sub as usize) * MAX_SUBJOBS),
+            per_sub,
+            registrations: Vec::new(),
+            last_progress: Instant::now(),
+            cfg,
+        })
+    }
+
+    pub fn provider(&self) -> &str {
+        self.ep.provider()
+    }
+
+    /// Streams (server, lcore pairs) of the first joined sub-job.
+    pub fn streams(&self) -> usize {
+        self.subs.first().map_or(0, |s| s.streams.len())
+    }
+
+    fn job_id_for(&self, dtype: DataType, op: ReduceOp) -> u64 {
+        // The first pair keeps the caller's id; the others derive one.
+        match self.subs.iter().position(|s| s.dtype == dtype && s.op == op) {
+            Some(0) | None if self.subs.is_empty() => self.cfg.job_id,
+            _ => self.cfg.job_id ^ (((dtype as u64) << 56) | ((op as u64) << 48) | 0x5a5a_0000_0000),
+        }
+    }
+
+    /// Joins the job for (dtype, op) on every server, if not joined yet.
+    /// Blocks until every rank joined (or the timeout). Collective.
+    pub fn join(&mut self, dtype: DataType, op: ReduceOp) -> Result<usize, ClientError> {
+        if let Some(i) = self.subs.iter().position(|s| s.dtype == dtype && s.op == op) {
+            return Ok(i);
+        }
+        if self.subs.len() == MAX_SUBJOBS {
+            return Err(ClientError::BadArgument(format!("more than {MAX_SUBJOBS} (dtype, op) pairs in one job")));
+        }
+        let chunk_elems = (self.cfg.chunk_bytes / dtype.size()).max(1);
+        let spec = JobSpec {
+            job_id: self.job_id_for(dtype, op),
+            nranks: self.cfg.nranks,
+            dtype,
+            op,
+            chunk_elems: chunk_elems as u32,
+            window: self.cfg.window,
+            shards: self.cfg.shards,
+        };
+        let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes()).ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
+        let mut controls = Vec::new();
+        // Send every Hello first, then wait for the answers: servers admit
+        // the job only when all ranks are in, on all servers at once.
+        for server in &self.cfg.servers {
+            let addr = server
+                .to_socket_addrs()
+                .map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?
+                .next()
+                .ok_or_else(|| ClientError::Connect { server: server.clone(), error: "no address".into() })?;
+            let mut s = connect_retry(&addr, self.cfg.timeout).map_err(|e| ClientError::Connect { server: server.clone(), error: e })?;
+            let _ = s.set_nodelay(true);
+            s.write_all(bytemuck::bytes_of(&hello)).map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
+            controls.push(s);
+        }
+        let mut streams = Vec::new();
+        for (si, s) in controls.iter_mut().enumerate() {
+            let server = &self.cfg.servers[si];
+            let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+            let (tag, names) = read_answer(s).map_err(|e| match e {
+                Answer::Rejected(r) => ClientError::Refused { server: server.clone(), reject: r },
+                Answer::Io(e) => ClientError::Connect { server: server.clone(), error: e },
+            })?;
+            for n in names {
+                let addr = self.ep.insert_peer(&n).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                streams.push(Stream { addr, job_tag: tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 });
+            }
+            let _ = s.set_nonblocking(true);
+        }
+        if streams.len() as u32 * self.cfg.window * 2 > self.per_sub {
+            return Err(ClientError::Config(format!("{} streams x window {} exceeds this client's context table", streams.len(), self.cfg.window)));
+        }
+        let flights = vec![Flight::default(); streams.len() * self.cfg.window as usize];
+        self.subs.push(SubJob { dtype, op, chunk_elems, streams, flights, controls });
+        Ok(self.subs.len() - 1)
+    }
+
+    /// Starts an all-reduce of `count` elements from `send` into `recv`
+    /// (which may be the same buffer).
+    ///
+    /// # Safety
+    /// Both buffers must hold `count` elements of `dtype` and stay valid,
+    /// and `recv` unread and unwritten by anyone else, until [`Client::test`]
+    /// reports the request done (or the client is dropped).
+    pub unsafe fn start(&mut self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<Request, ClientError> {
+        if self.ops.len() >= MAX_OPS {
+            return Err(ClientError::BadArgument(format!("more than {MAX_OPS} all-reduces in flight")));
+        }
+        if count > 0 && (send.is_null() || recv.is_null()) {
+            return Err(ClientError::BadArgument("null buffer".into()));
+        }
+        let bytes = count.checked_mul(dtype.size()).ok_or_else(|| ClientError::BadArgument("count overflows".into()))?;
+        let sub = self.join(dtype, op)?;
+        let s = &self.subs[sub];
+        let chunk_bytes = s.chunk_elems * dtype.size();
+        let chunks = bytes.div_ceil(chunk_bytes);
+        let (mh_send, mh_recv) = if self.ep.needs_local_mr() && bytes > 0 {
+            (Some(self.registration(send as *mut u8, bytes)?), Some(self.registration(recv, bytes)?))
+        } else {
+            (None, None)
+        };
+        let id = self.next_op;
+        self.next_op += 1;
+        let nstreams = self.subs[sub].streams.len();
+        self.ops.push_back(Op { id, sub, send, recv, bytes, chunks, next: (0..nstreams).collect(), done: 0, mh_send, mh_recv });
+        self.last_progress = Instant::now();
+        self.pump()?;
+        Ok(Request(id))
+    }
+
+    /// Registration cache for providers that want local buffers registered (EFA).
+    fn registration(&mut self, p: *mut u8, len: usize) -> Result<MemoryHandle, ClientError> {
+        let a = p as usize;
+        if let Some(&(_, _, mh)) = self.registrations.iter().find(|(s, l, _)| *s <= a && a + len <= s + l) {
+            return Ok(mh);
+        }
+        // SAFETY: the caller of `start` keeps the buffer valid while the
+        // operation runs; the registration is dropped with the endpoint, and
+        // a later buffer at the same address is re-registered only if it is
+        // larger (cache entries cover the exact ranges registered).
+        let mh = unsafe { self.ep.register(p, len) }.map_err(|e| ClientError::Fabric(e.to_string()))?;
+        if self.registrations.len() >= 64 {
+            let (_, _, old) = self.registrations.remove(0);
+            let _ = self.ep.deregister(old);
+        }
+        self.registrations.push((a, len, mh));
+        Ok(mh)
+    }
+
+    /// Drives every queued all-reduce; true once `req` is complete.
+    pub fn test(&mut self, req: Request) -> Result<bool, ClientError> {
+        self.pump()?;
+        self.poll()?;
+        self.pump()?;
+        let done = !self.ops.iter().any(|o| o.id == req.0);
+        if !done && self.last_progress.elapsed() > self.cfg.timeout {
+            return Err(ClientError::Timeout(format!("all-reduce made no progress for {:?}", self.cfg.timeout)));
+        }
+        Ok(done)
+    }
+
+    /// Blocking all-reduce from `send` into `recv` (same length, whole elements).
+    pub fn allreduce(&mut self, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), ClientError> {
+        if send.len() != recv.len() || send.len() % dtype.size() != 0 {
+            return Err(ClientError::BadArgument(format!("buffers of {} and {} bytes for {dtype}", send.len(), recv.len())));
+        }
+        // SAFETY: both slices outlive this call, which returns only once the
+        // request completed, failed (the endpoint is then unusable for the
+        // request's buffers: see below) or timed out.
+        let req = unsafe { self.start(send.as_ptr(), recv.as_mut_ptr(), send.len() / dtype.size(), dtype, op)? };
+        self.wait(req)
+    }
+
+    /// Blocking in-place all-reduce.
+    pub fn allreduce_in_place(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), ClientError> {
+        if buf.len() % dtype.size() != 0 {
+            return Err(ClientError::BadArgument(format!("{} bytes is not whole {dtype} elements", buf.len())));
+        }
+        let p = buf.as_mut_ptr();
+        // SAFETY: as in `allreduce`; in place is allowed by `start`.
+        let req = unsafe { self.start(p, p, buf.len() / dtype.size(), dtype, op)? };
+        self.wait(req)
+    }
+
+    fn wait(&mut self, req: Request) -> Result<(), ClientError> {
+        let mut empty = 0u32;
+        loop {
+            let before = self.last_progress;
+            match self.test(req) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    // The request's buffers may still be targets of posted
+                    // receives: cancel everything before returning them.
+                    self.abort();
+                    return Err(e);
+                }
+            }
+            if self.last_progress == before {
+                empty += 1;
+                if empty >= self.cfg.spin_polls {
+                    let _ = self.ep.wait(1);
+                    empty = 0;
+                }
+            } else {
+                empty = 0;
+            }
+        }
+    }
+
+    /// Cancels every operation and forgets every queued all-reduce.
+    pub fn abort(&mut self) {
+        self.ep.cancel_all();
+        self.ops.clear();
+        self.retry.clear();
+        for s in &mut self.subs {
+            for st in &mut s.streams {
+                st.head_seq = st.next_seq;
+                st.head_slot = st.next_slot;
+            }
+            s.flights.iter_mut().for_each(|f| *f = Flight::default());
+        }
+    }
+
+    /// Posts chunks while streams have room.
+    fn pump(&mut self) -> Result<(), ClientError> {
+        if !self.retry.is_empty() {
+            let pending = std::mem::take(&mut self.retry);
+            for ctx in &pending {
+                self.post(*ctx)?;
+            }
+        }
+        let window = self.cfg.window;
+        for oi in 0..self.ops.len() {
+            let (sub, nstreams) = (self.ops[oi].sub, self.ops[oi].next.len());
+            for st in 0..nstreams {
+                loop {
+                    let op = &self.ops[oi];
+                    let stream = &self.subs[sub].streams[st];
+                    if op.next[st] >= op.chunks || stream.next_seq.wrapping_sub(stream.head_seq) >= window {
+                        break;
+                    }
+                    // Earlier ops on the same sub-job must have posted all of
+                    // this stream's chunks first, to keep sequence order.
+                    if self.ops.iter().take(oi).any(|o| o.sub == sub && o.next[st] < o.chunks) {
+                        break;
+                    }
+                    let chunk = op.next[st];
+                    let s = &mut self.subs[sub].streams[st];
+                    let seq = s.next_seq;
+                    s.next_seq = seq.wrapping_add(1);
+                    let slot = s.next_slot as usize;
+                    s.next_slot = (s.next_slot + 1) % window;
+                    let fi = st * window as usize + slot;
+                    self.subs[sub].flights[fi] = Flight { op: self.ops[oi].id, chunk, seq, send_done: false, recv_done: false };
+                    self.ops[oi].next[st] += nstreams;
+                    let base = sub as u32 * self.per_sub + (fi as u32) * 2;
+                    self.post(base)?; // receive first: the result may come back fast
+                    self.post(base + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts the operation a context id names, from the flight it belongs to.
+    fn post(&mut self, ctx: u32) -> Result<(), ClientError> {
+        let (sub, local) = ((ctx / self.per_sub) as usize, ctx % self.per_sub);
+        let (fi, is_send) = ((local >> 1) as usize, local & 1 == 1);
+        let window = self.cfg.window as usize;
+        let s = &self.subs[sub];
+        let (st, slot) = (fi / window, fi % window);
+        let f = s.flights[fi];
+        let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
+        let stream = &s.streams[st];
+        let (chunk, seq) = (f.chunk, f.seq);
+        let chunk_bytes = s.chunk_elems * s.dtype.size();
+        let off = chunk * chunk_bytes;
+        let len = chunk_bytes.min(op.bytes - off);
+        let tag = Tag::new(stream.job_tag, slot as u16, seq).0;
+        let r = if is_send {
+            // SAFETY: [send+off, +len) is inside the caller's buffer, valid
+            // until the request completes (contract of `start`).
+            unsafe { self.ep.send(op.send.add(off), len, op.mh_send, stream.addr, tag, ctx) }
+        } else {
+            // SAFETY: as above; each chunk's range of `recv` has one receive.
+            unsafe { self.ep.recv(op.recv.add(off), len, op.mh_recv, Some(stream.addr), tag, 0, ctx) }
+        };
+        match r {
+            Ok(()) => Ok(()),
+            Err(PostError::Again) => {
+                self.retry.push(ctx);
+                Ok(())
+            }
+            Err(e) => Err(ClientError::Fabric(e.to_string())),
+        }
+    }
+
+    fn poll(&mut self) -> Result<(), ClientError> {
+        let mut batch = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32];
+        let n = match self.ep.poll(&mut batch) {
+            Ok(n) => n,
+            Err(PollError::Completion(e)) => return Err(ClientError::Fabric(e.to_string())),
+            Err(PollError::Fabric(e)) => return Err(ClientError::Fabric(e.to_string())),
+        };
+        if n == 0 {
+            return self.check_controls();
+        }
+        self.last_progress = Instant::now();
+        let window = self.cfg.window as usize;
+        for c in &batch[..n] {
+            let (sub, local) = ((c.context / self.per_sub) as usize, c.context % self.per_sub);
+            let fi = (local >> 1) as usize;
+            let s = &mut self.subs[sub];
+            let f = &mut s.flights[fi];
+            if c.is_recv {
+                f.recv_done = true;
+            } else {
+                f.send_done = true;
+            }
+            if f.send_done && f.recv_done {
+                let op_id = f.op;
+                *f = Flight::default();
+                let st = fi / window;
+                let stream = &mut s.streams[st];
+                while stream.head_seq != stream.next_seq && s.flights[st * window + stream.head_slot as usize].op == 0 {
+                    stream.head_seq = stream.head_seq.wrapping_add(1);
+                    stream.head_slot = (stream.head_slot + 1) % window as u32;
+                }
+                if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
+                    self.ops[pos].done += 1;
+                    if self.ops[pos].done == self.ops[pos].chunks {
+                        self.ops.remove(pos);
+                    }
+                }
+            }
+        }
+        // Zero-chunk operations complete at once.
+        self.ops.retain(|o| o.chunks > 0);
+        Ok(())
+    }
+
+    /// A server that ended the job says so on the control connection.
+    fn check_controls(&mut self) -> Result<(), ClientError> {
+        self.ops.retain(|o| o.chunks > 0);
+        for s in &mut self.subs {
+            for (si, c) in s.controls.iter_mut().enumerate() {
+                let mut b = [0u8; core::mem::size_of::<Reject>()];
+                match c.peek(&mut b) {
+                    Ok(0) => {
+                        return Err(ClientError::Refused { server: self.cfg.servers[si].clone(), reject: "the server closed the job's connection".into() });
+                    }
+                    Ok(n) if n >= b.len() => {
+                        let _ = c.read_exact(&mut b);
+                        let r: Reject = wire::read(&b).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                        return Err(ClientError::Refused { server: self.cfg.servers[si].clone(), reject: r.to_string() });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Nothing queued: this rank is done, say so (the job ends when every
+        // rank said bye). Otherwise just close: the servers fail the job and
+        // the other ranks hear of it at once. Canceling first means no
+        // receive still targets a caller's buffer.
+        let clean = self.ops.is_empty();
+        self.ep.cancel_all();
+        if clean {
+            let bye = wire::Header::new(Kind::Bye);
+            for s in &mut self.subs {
+                for c in &mut s.controls {
+                    let _ = c.set_nonblocking(false);
+                    let _ = c.write_all(bytemuck::bytes_of(&bye));
+                }
+            }
+        }
+    }
+}
+
+fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> Result<TcpStream, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => return Err(e.to_string()),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+enum Answer {
+    Rejected(String),
+    Io(String),
+}
+
+fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>), Answer> {
+    let io = |e: std::io::Error| Answer::Io(e.to_string());
+    let mut hdr = [0u8; 8];
+    s.read_exact(&mut hdr).map_err(io)?;
+    let h: wire::Header = wire::read(&hdr).map_err(|e| Answer::Io(e.to_string()))?;
+    match h.check().map_err(|e| Answer::Io(e.to_string()))? {
+        Kind::Reject => {
+            let mut b = [0u8; core::mem::size_of::<Reject>()];
+            b[..8].copy_from_slice(&hdr);
+            s.read_exact(&mut b[8..]).map_err(io)?;
+            let r: Reject = wire::read(&b).map_err(|e| Answer::Io(e.to_string()))?;
+            Err(Answer::Rejected(r.to_string()))
+        }
+        Kind::Accept => {
+            let mut b = [0u8; core::mem::size_of::<Accept>()];
+            b[..8].copy_from_slice(&hdr);
+            s.read_exact(&mut b[8..]).map_err(io)?;
+            let a: Accept = wire::read(&b).map_err(|e| Answer::Io(e.to_string()))?;
+            if a.lcores == 0 || a.lcores > 4096 {
+                return Err(Answer::Io(format!("accept names {} lcores", a.lcores)));
+            }
+            let mut names = Vec::new();
+            for _ in 0..a.lcores {
+                let mut r = [0u8; core::mem::size_of::<NameRecord>()];
+                s.read_exact(&mut r).map_err(io)?;
+                let rec: NameRecord = wire::read(&r).map_err(|e| Answer::Io(e.to_string()))?;
+                let n = rec.name().map_err(|e| Answer::Io(e.to_string()))?;
+                names.push(EndpointName::from_bytes(n).ok_or_else(|| Answer::Io("bad name".into()))?);
+            }
+            Ok((a.job_tag, names))
+        }
+        k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
+    }
+}

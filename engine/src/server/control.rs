@@ -1,0 +1,611 @@
+//! The control plane: handshakes, job admission, job teardown.
+//!
+//! One thread owns all control state; connection threads only read a
+//! client's Hello (with a deadline), check it, and report; after that they
+//! wait for the connection to close. A job is admitted once all its ranks
+//! joined with matching parameters: it gets an index (its slot in every
+//! lcore's job table), a tag (index plus a generation, so a late message of
+//! an old job can never match a new one) and a region in each lcore's slab.
+//! Then the lcores post its receives and the ranks get their Accept.
+//!
+//! A job ends when one of its ranks closes its connection, when an lcore
+//! reports it failed, or when it does not gather all its ranks in time. Its
+//! regions return to the pool only after every lcore drained it (canceled
+//! everything in flight), so no late completion can write into a region
+//! that a new job already owns.
+use super::alloc::RangeAlloc;
+use super::shard::JobOnShard;
+use super::{Command, Event, REGION_ALIGN};
+use crate::config::ServerConfig;
+use crate::fabric::EndpointName;
+use crate::wire::{self, Accept, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, TOKEN_BYTES};
+use bytemuck::Zeroable;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What `Server::jobs` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    pub job_id: u64,
+    pub tag: Option<u16>,
+    pub nranks: u32,
+    pub joined: u32,
+    pub dtype: &'static str,
+    pub op: &'static str,
+    pub state: &'static str,
+}
+
+/// A rank that completed its handshake.
+pub struct Joining {
+    conn: u64,
+    peer: SocketAddr,
+    spec: JobSpec,
+    rank: u32,
+    name: EndpointName,
+    stream: TcpStream,
+}
+
+/// Messages from connection threads.
+pub enum ConnEvent {
+    Join(Box<Joining>),
+    /// The rank finished cleanly.
+    Bye { conn: u64 },
+    Closed { conn: u64 },
+}
+
+struct Conn {
+    id: u64,
+    rank: u32,
+    peer: SocketAddr,
+    stream: TcpStream,
+}
+
+struct Pending {
+    spec: JobSpec,
+    conns: Vec<Option<Conn>>,
+    names: Vec<Option<EndpointName>>,
+    joined: u32,
+    deadline: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    Running,
+    Ending,
+}
+
+struct Active {
+    job_id: u64,
+    spec: JobSpec,
+    tag: u16,
+    conns: Vec<Conn>,
+    /// (offset, length) of the job's region on lcores 0..shards.
+    regions: Vec<(usize, usize)>,
+    ready: u32,
+    ended: u32,
+    /// Ranks that said bye (finished cleanly).
+    done: Vec<bool>,
+    phase: Phase,
+}
+
+pub struct ControlPlane {
+    limits: Limits,
+    token: Option<[u8; TOKEN_BYTES]>,
+    handshake_timeout: Duration,
+    join_timeout: Duration,
+    names: Vec<EndpointName>,
+    lcores: Vec<Sender<Command>>,
+    conn_tx: Sender<Event>,
+    pending: HashMap<u64, Pending>,
+    active: Vec<Option<Active>>,
+    generation: Vec<u8>,
+    allocs: Vec<RangeAlloc>,
+    conn_job: HashMap<u64, u64>,
+    published: Arc<Mutex<Vec<JobInfo>>>,
+}
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+/// Reads the shared token: token_file if configured, else TALLY_TOKEN.
+fn load_token(cfg: &ServerConfig) -> Result<Option<[u8; TOKEN_BYTES]>, String> {
+    let text = match &cfg.token_file {
+        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| format!("token_file {f}: {e}"))?),
+        None => std::env::var("TALLY_TOKEN").ok().filter(|t| !t.is_empty()),
+    };
+    match text {
+        None => Ok(None),
+        Some(t) => wire::token_bytes(&t).map(Some).ok_or_else(|| format!("the token is longer than {TOKEN_BYTES} bytes")),
+    }
+}
+
+impl ControlPlane {
+    pub fn new(
+        cfg: &ServerConfig,
+        names: Vec<EndpointName>,
+        lcores: Vec<Sender<Command>>,
+        conn_tx: Sender<Event>,
+        published: Arc<Mutex<Vec<JobInfo>>>,
+    ) -> Result<ControlPlane, String> {
+        let token = load_token(cfg)?;
+        if token.is_none() {
+            log::warn!("no token configured (TALLY_TOKEN or token_file): any client that can reach this server may join jobs");
+        }
+        let n = cfg.lcores.len();
+        Ok(ControlPlane {
+            limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n as u32 },
+            token,
+            handshake_timeout: Duration::from_secs(cfg.handshake_timeout_s.max(1)),
+            join_timeout: Duration::from_secs(cfg.op_timeout_s.max(1)),
+            names,
+            lcores,
+            conn_tx,
+            pending: HashMap::new(),
+            active: (0..cfg.max_jobs).map(|_| None).collect(),
+            generation: vec![0; cfg.max_jobs as usize],
+            allocs: (0..n).map(|_| RangeAlloc::new(cfg.slab_size as usize, REGION_ALIGN)).collect(),
+            conn_job: HashMap::new(),
+            published,
+        })
+    }
+
+    /// The control thread's loop, until `stop`.
+    pub fn run(mut self, listener: TcpListener, events: Receiver<Event>, stop: Arc<AtomicBool>) {
+        if let Err(e) = listener.set_nonblocking(true) {
+            log::error!("control plane: {e}");
+            return;
+        }
+        while !stop.load(Ordering::Relaxed) {
+            loop {
+                match listener.accept() {
+                    Ok((stream, peer)) => self.spawn_handshake(stream, peer),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        log::warn!("accept: {e}");
+                        break;
+                    }
+                }
+            }
+            match events.recv_timeout(Duration::from_millis(20)) {
+                Ok(ev) => {
+                    self.handle(ev);
+                    while let Ok(ev) = events.try_recv() {
+                        self.handle(ev);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            self.expire_pending();
+        }
+        self.shut_down(&events);
+    }
+
+    fn spawn_handshake(&self, stream: TcpStream, peer: SocketAddr) {
+        let (tx, limits, token, timeout) = (self.conn_tx.clone(), self.limits, self.token, self.handshake_timeout);
+        let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        let r = std::thread::Builder::new().name(format!("tally-conn-{conn}")).spawn(move || {
+            if let Some(j) = handshake(stream, peer, conn, &limits, token.as_ref(), timeout) {
+                let mut stream = match j.stream.try_clone() {
+                    Ok(s) => s,
+                    Err(_) => return,
+                };
+                if tx.send(Event::Conn(ConnEvent::Join(Box::new(j)))).is_err() {
+                    return;
+                }
+                // After the handshake a client sends at most a Bye, then closes.
+                let _ = stream.set_read_timeout(None);
+                let mut b = [0u8; 8];
+                if stream.read_exact(&mut b).is_ok() {
+                    match wire::read::<Header>(&b).map(|h| h.check()) {
+                        Ok(Ok(Kind::Bye)) => {
+                            let _ = tx.send(Event::Conn(ConnEvent::Bye { conn }));
+                            let _ = stream.read(&mut b);
+                        }
+                        _ => log::warn!("{peer}: unexpected bytes after the handshake; closing"),
+                    }
+                }
+                let _ = tx.send(Event::Conn(ConnEvent::Closed { conn }));
+            }
+        });
+        if let Err(e) = r {
+            log::error!("cannot start a connection thread: {e}");
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Conn(ConnEvent::Join(j)) => self.join(*j),
+            Event::Conn(ConnEvent::Bye { conn }) => self.bye(conn),
+            Event::Conn(ConnEvent::Closed { conn }) => self.closed(conn),
+            Event::JobReady { lcore, tag } => self.ready(lcore, tag),
+            Event::JobFailed { lcore, tag, reason } => self.failed(lcore, tag, &reason),
+            Event::JobEnded { lcore, tag } => self.ended(lcore, tag),
+            Event::LcoreError { lcore, reason } => log::warn!("lcore {lcore}: {reason}"),
+        }
+        self.publish();
+    }
+
+    fn join(&mut self, j: Joining) {
+        let Joining { conn, peer, spec, rank, name, stream } = j;
+        let mut c = Conn { id: conn, rank, peer, stream };
+        if self.active.iter().flatten().any(|a| a.job_id == spec.job_id) {
+            refuse(&mut c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
+            return;
+        }
+        let nranks = spec.nranks as usize;
+        let p = self.pending.entry(spec.job_id).or_insert_with(|| Pending {
+            spec,
+            conns: (0..nranks).map(|_| None).collect(),
+            names: vec![None; nranks],
+            joined: 0,
+            deadline: Instant::now() + self.join_timeout,
+        });
+        if p.spec != spec {
+            let field = mismatch_field(&p.spec, &spec);
+            log::warn!("{peer}: rank {rank} of job {:#x} disagrees with the other ranks on {field}", spec.job_id);
+            refuse(&mut c, RejectCode::JobMismatch, field, "differs from what other ranks of this job sent");
+            return;
+        }
+        if p.conns[rank as usize].is_some() {
+            log::warn!("{peer}: rank {rank} of job {:#x} joined twice", spec.job_id);
+            refuse(&mut c, RejectCode::DuplicateRank, "rank", "this rank already joined the job");
+            return;
+        }
+        p.conns[rank as usize] = Some(c);
+        p.names[rank as usize] = Some(name);
+        p.joined += 1;
+        self.conn_job.insert(conn, spec.job_id);
+        log::debug!("job {:#x}: rank {rank} joined from {peer} ({}/{})", spec.job_id, p.joined, spec.nranks);
+        if p.joined == spec.nranks {
+            let p = self.pending.remove(&spec.job_id).unwrap();
+            self.admit(p);
+        }
+    }
+
+    fn admit(&mut self, p: Pending) {
+        let spec = p.spec;
+        let mut conns: Vec<Conn> = p.conns.into_iter().map(|c| c.expect("all joined")).collect();
+        let names: Vec<EndpointName> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
+        let Some(index) = self.active.iter().position(Option::is_none) else {
+            log::warn!("job {:#x} refused: already serving {} jobs", spec.job_id, self.active.len());
+            self.refuse_all(&mut conns, RejectCode::TooManyJobs, "", &format!("the server already runs its limit of {} jobs", self.active.len()));
+            return;
+        };
+        let stride = spec.piece_bytes().div_ceil(64) * 64;
+        let len = spec.window as usize * spec.nranks as usize * stride;
+        let mut regions = Vec::new();
+        for l in 0..spec.shards as usize {
+            match self.allocs[l].alloc(len) {
+                Some(off) => regions.push((off, len)),
+                None => {
+                    let (largest, total) = (self.allocs[l].largest_free(), self.allocs[l].total());
+                    for (k, (off, len)) in regions.iter().enumerate() {
+                        self.allocs[k].release(*off, *len);
+                    }
+                    let msg = format!(
+                        "the job needs {} per lcore (window {} x {} ranks x {} piece); lcore {l} has {} free of {}",
+                        crate::units::format_size(len as u64),
+                        spec.window,
+                        spec.nranks,
+                        crate::units::format_size(stride as u64),
+                        crate::units::format_size(largest as u64),
+                        crate::units::format_size(total as u64)
+                    );
+                    log::warn!("job {:#x} refused: {msg}", spec.job_id);
+                    self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &msg);
+                    return;
+                }
+            }
+        }
+        self.generation[index] = (self.generation[index] + 1) & 0xf;
+        let tag = ((self.generation[index] as u16) << 12) | index as u16;
+        for (l, (off, _)) in regions.iter().enumerate() {
+            let on = JobOnShard { index: index as u16, tag, spec, base: *off, stride, client_names: names.clone() };
+            let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
+        }
+        log::info!(
+            "job {:#x}: {} ranks, {} {}, {} elements per piece, window {}, {} shards: starting (tag {tag:#06x})",
+            spec.job_id,
+            spec.nranks,
+            spec.dtype,
+            spec.op,
+            spec.chunk_elems,
+            spec.window,
+            spec.shards
+        );
+        self.active[index] = Some(Active { job_id: spec.job_id, spec, tag, conns, regions, ready: 0, ended: 0, done: vec![false; spec.nranks as usize], phase: Phase::Starting });
+    }
+
+    fn find(&mut self, tag: u16) -> Option<(usize, &mut Active)> {
+        let i = (tag & 0x0fff) as usize;
+        match self.active.get_mut(i) {
+            Some(Some(a)) if a.tag == tag => Some((i, a)),
+            _ => None,
+        }
+    }
+
+    fn ready(&mut self, _lcore: usize, tag: u16) {
+        let names = self.names.clone();
+        let Some((_, a)) = self.find(tag) else { return };
+        a.ready += 1;
+        if a.phase != Phase::Starting || a.ready < a.spec.shards {
+            return;
+        }
+        a.phase = Phase::Running;
+        let mut msg = Vec::new();
+        let acc = Accept {
+            header: Header::new(Kind::Accept),
+            job_tag: tag,
+            _pad0: 0,
+            lcores: a.spec.shards,
+            server_lcores: names.len() as u32,
+            _pad1: 0,
+        };
+        msg.extend_from_slice(bytemuck::bytes_of(&acc));
+        for n in names.iter().take(a.spec.shards as usize) {
+            let rec = NameRecord::new(n.as_bytes()).unwrap_or_else(NameRecord::zeroed);
+            msg.extend_from_slice(bytemuck::bytes_of(&rec));
+        }
+        for c in &mut a.conns {
+            if let Err(e) = c.stream.write_all(&msg) {
+                log::warn!("job {:#x}: cannot send the accept to rank {} at {}: {e}", a.job_id, c.rank, c.peer);
+            }
+        }
+        log::info!("job {:#x}: running", a.job_id);
+    }
+
+    fn end(&mut self, index: usize, code: RejectCode, why: &str) {
+        let Some(a) = self.active[index].as_mut() else { return };
+        if a.phase == Phase::Ending {
+            return;
+        }
+        a.phase = Phase::Ending;
+        let r = Reject::new(code, "", why);
+        for c in &mut a.conns {
+            let _ = c.stream.write_all(bytemuck::bytes_of(&r));
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+        for l in 0..a.spec.shards as usize {
+            let _ = self.lcores[l].send(Command::EndJob { index: index as u16 });
+        }
+    }
+
+    fn failed(&mut self, lcore: usize, tag: u16, reason: &str) {
+        let Some((i, a)) = self.find(tag) else { return };
+        log::warn!("job {:#x} failed on lcore {lcore}: {reason}", a.job_id);
+        self.end(i, RejectCode::JobFailed, &format!("lcore {lcore}: {reason}"));
+    }
+
+    fn ended(&mut self, _lcore: usize, tag: u16) {
+        let Some((i, a)) = self.find(tag) else { return };
+        a.ended += 1;
+        if a.phase != Phase::Ending {
+            // An lcore gave the job up on its own (e.g. a client unreachable).
+            a.phase = Phase::Ending;
+        }
+        if a.ended < a.spec.shards {
+            return;
+        }
+        let a = self.active[i].take().unwrap();
+        for (l, (off, len)) in a.regions.iter().enumerate() {
+            self.allocs[l].release(*off, *len);
+        }
+        for c in &a.conns {
+            self.conn_job.remove(&c.id);
+        }
+        log::info!("job {:#x} ended; its slab regions are free", a.job_id);
+    }
+
+    fn bye(&mut self, conn: u64) {
+        let Some(&job_id) = self.conn_job.get(&conn) else { return };
+        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id)) else { return };
+        let a = self.active[i].as_mut().unwrap();
+        if let Some(c) = a.conns.iter().find(|c| c.id == conn) {
+            a.done[c.rank as usize] = true;
+        }
+        if a.done.iter().all(|&d| d) && a.phase != Phase::Ending {
+            log::info!("job {job_id:#x}: every rank finished; ending the job");
+            a.phase = Phase::Ending;
+            for l in 0..a.spec.shards as usize {
+                let _ = self.lcores[l].send(Command::EndJob { index: i as u16 });
+            }
+        }
+    }
+
+    fn closed(&mut self, conn: u64) {
+        let Some(job_id) = self.conn_job.remove(&conn) else { return };
+        if let Some(p) = self.pending.get_mut(&job_id) {
+            if let Some(slot) = p.conns.iter_mut().find(|c| c.as_ref().is_some_and(|c| c.id == conn)) {
+                let c = slot.take().unwrap();
+                p.names[c.rank as usize] = None;
+                p.joined -= 1;
+                log::info!("job {job_id:#x}: rank {} left before the job started", c.rank);
+            }
+            if p.joined == 0 {
+                self.pending.remove(&job_id);
+            }
+            return;
+        }
+        let found = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id));
+        if let Some(i) = found {
+            let a = self.active[i].as_ref().unwrap();
+            let rank = a.conns.iter().find(|c| c.id == conn).map_or(u32::MAX, |c| c.rank);
+            if a.done.get(rank as usize).copied().unwrap_or(false) {
+                return; // it said bye first: a clean departure
+            }
+            if a.phase != Phase::Ending {
+                log::warn!("job {job_id:#x}: rank {rank} disconnected without finishing; failing the job");
+            }
+            self.end(i, RejectCode::JobFailed, &format!("rank {rank} disconnected without finishing"));
+        }
+    }
+
+    fn expire_pending(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<u64> = self.pending.iter().filter(|(_, p)| p.deadline <= now).map(|(k, _)| *k).collect();
+        for id in expired {
+            let mut p = self.pending.remove(&id).unwrap();
+            let msg = format!("only {} of {} ranks joined within {:?}", p.joined, p.spec.nranks, self.join_timeout);
+            log::warn!("job {id:#x} refused: {msg}");
+            for c in p.conns.iter_mut().flatten() {
+                self.conn_job.remove(&c.id);
+                refuse(c, RejectCode::Timeout, "", &msg);
+            }
+        }
+        self.publish();
+    }
+
+    fn refuse_all(&mut self, conns: &mut [Conn], code: RejectCode, field: &str, msg: &str) {
+        for c in conns {
+            self.conn_job.remove(&c.id);
+            refuse(c, code, field, msg);
+        }
+    }
+
+    fn publish(&self) {
+        let mut v: Vec<JobInfo> = self
+            .pending
+            .values()
+            .map(|p| JobInfo {
+                job_id: p.spec.job_id,
+                tag: None,
+                nranks: p.spec.nranks,
+                joined: p.joined,
+                dtype: p.spec.dtype.name(),
+                op: p.spec.op.name(),
+                state: "joining",
+            })
+            .collect();
+        v.extend(self.active.iter().flatten().map(|a| JobInfo {
+            job_id: a.job_id,
+            tag: Some(a.tag),
+            nranks: a.spec.nranks,
+            joined: a.spec.nranks,
+            dtype: a.spec.dtype.name(),
+            op: a.spec.op.name(),
+            state: match a.phase {
+                Phase::Starting => "starting",
+                Phase::Running => "running",
+                Phase::Ending => "ending",
+            },
+        }));
+        *self.published.lock().unwrap() = v;
+    }
+
+    /// Stop: refuse the joining, end the running, wait (bounded) for the
+    /// lcores to drain so their regions are quiet before they are unmapped.
+    fn shut_down(&mut self, events: &Receiver<Event>) {
+        let ids: Vec<u64> = self.pending.keys().copied().collect();
+        for id in ids {
+            let mut p = self.pending.remove(&id).unwrap();
+            for c in p.conns.iter_mut().flatten() {
+                refuse(c, RejectCode::Shutdown, "", "the server is shutting down");
+            }
+        }
+        for i in 0..self.active.len() {
+            self.end(i, RejectCode::Shutdown, "the server is shutting down");
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.active.iter().any(Option::is_some) && Instant::now() < deadline {
+            if let Ok(ev) = events.recv_timeout(Duration::from_millis(20)) {
+                self.handle(ev);
+            }
+        }
+        self.publish();
+    }
+}
+
+fn refuse(c: &mut Conn, code: RejectCode, field: &str, msg: &str) {
+    let r = Reject::new(code, field, msg);
+    let _ = c.stream.write_all(bytemuck::bytes_of(&r));
+    let _ = c.stream.shutdown(Shutdown::Both);
+}
+
+fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
+    if a.nranks != b.nranks {
+        "nranks"
+    } else if a.dtype != b.dtype {
+        "dtype"
+    } else if a.op != b.op {
+        "op"
+    } else if a.chunk_elems != b.chunk_elems {
+        "chunk_elems"
+    } else if a.window != b.window {
+        "window"
+    } else {
+        "shards"
+    }
+}
+
+/// Reads and checks one Hello; answers bad ones with a Reject naming the
+/// field. Bounded in time (the handshake deadline) and memory (one Hello).
+fn handshake(mut stream: TcpStream, peer: SocketAddr, conn: u64, limits: &Limits, token: Option<&[u8; TOKEN_BYTES]>, timeout: Duration) -> Option<Joining> {
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.set_nodelay(true);
+    let mut buf = [0u8; core::mem::size_of::<Hello>()];
+    let mut got = 0;
+    let deadline = Instant::now() + timeout;
+    while got < buf.len() {
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => {
+                if got > 0 {
+                    log::warn!("{peer}: connection closed after {got} bytes of a handshake");
+                }
+                return None;
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                log::warn!("{peer}: no complete handshake within {timeout:?} ({got} bytes); closing");
+                let r = Reject::new(RejectCode::Timeout, "", "handshake not completed in time");
+                let _ = stream.write_all(bytemuck::bytes_of(&r));
+                return None;
+            }
+        }
+        // A header that is already wrong is refused without waiting for the rest.
+        if got >= 8 {
+            let hdr: Header = wire::read(&buf).ok()?;
+            if let Err(e) = hdr.check().and_then(|k| if k == Kind::Hello { Ok(k) } else { Err(wire::WireError::BadKind(k as u16)) }) {
+                let field = match e {
+                    wire::WireError::BadMagic(_) => "magic",
+                    wire::WireError::BadVersion(_) => "version",
+                    _ => "kind",
+                };
+                log::warn!("{peer}: refused handshake: {e}");
+                let r = Reject::new(RejectCode::BadField, field, &e.to_string());
+                let _ = stream.write_all(bytemuck::bytes_of(&r));
+                return None;
+            }
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+    }
+    let hello: Hello = wire::read(&buf).ok()?;
+    if let Some(t) = token {
+        if !wire::token_eq(t, &hello.token) {
+            log::warn!("{peer}: refused: wrong or missing token (job {:#x}, rank {})", hello.job_id, hello.rank);
+            let r = Reject::new(RejectCode::Unauthorized, "token", "wrong or missing token");
+            let _ = stream.write_all(bytemuck::bytes_of(&r));
+            return None;
+        }
+    }
+    let spec = match hello.check(limits) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("{peer}: refused handshake: {}: {}", e.field, e.reason);
+            let r = Reject::new(RejectCode::BadField, e.field, e.reason);
+            let _ = stream.write_all(bytemuck::bytes_of(&r));
+            return None;
+        }
+    };
+    let name = EndpointName::from_bytes(hello.name())?;
+    Some(Joining { conn, peer, spec, rank: hello.rank, name, stream })
+}

@@ -1,0 +1,194 @@
+//! The reduction server: lcores serving shards, and the control plane that
+//! admits jobs.
+//!
+//! [`Server::start`] pins one lcore per configured core. Each builds, on its
+//! own thread, its endpoint, its slab (registered once) and a
+//! [`shard::ShardWorker`], then runs the poll loop in [`crate::lcore`].
+//! The control plane ([`control`]) listens on TCP, validates handshakes,
+//! gathers a job's ranks, carves the job a region in every lcore's slab and
+//! hands it to the lcores; after that it only hears back when a job becomes
+//! ready, fails or ends. It never touches the dataplane's memory.
+pub mod alloc;
+pub mod control;
+pub mod shard;
+
+use crate::config::ServerConfig;
+use crate::cpuset::CoreList;
+use crate::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
+use crate::lcore::{self, LcoreSet, PollMode, Snapshot};
+use crate::reduce::Kernels;
+use crate::slab::{HugepagePolicy, Slab, SlabConfig};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Control plane to lcore.
+pub enum Command {
+    AddJob(Box<shard::JobOnShard>),
+    EndJob { index: u16 },
+}
+
+/// Messages to the control plane, from lcores and connection threads.
+pub enum Event {
+    Conn(control::ConnEvent),
+    JobReady { lcore: usize, tag: u16 },
+    JobFailed { lcore: usize, tag: u16, reason: String },
+    JobEnded { lcore: usize, tag: u16 },
+    LcoreError { lcore: usize, reason: String },
+}
+
+/// Granularity of slab regions: pages, so regions never share one.
+pub const REGION_ALIGN: usize = 4096;
+
+/// A running server.
+pub struct Server {
+    lcores: Option<LcoreSet>,
+    control: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    local_addr: SocketAddr,
+    provider: String,
+    names: Vec<EndpointName>,
+    jobs: Arc<Mutex<Vec<control::JobInfo>>>,
+}
+
+impl Server {
+    /// Starts lcores and the control plane; returns once every lcore is
+    /// serving and the listener is bound.
+    pub fn start(cfg: &ServerConfig) -> Result<Server, String> {
+        let listen_host = cfg.listen.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']'])).unwrap_or("");
+        let loopback = matches!(listen_host, "127.0.0.1" | "localhost" | "::1");
+        let provider = select_provider(cfg.provider.as_deref(), loopback);
+        let node = match (&cfg.fabric_addr, provider.starts_with("tcp")) {
+            (Some(a), _) => Some(a.clone()),
+            (None, true) if !listen_host.is_empty() && listen_host != "0.0.0.0" => Some(listen_host.to_string()),
+            _ => None,
+        };
+        let policy: HugepagePolicy = cfg.hugepages.parse().map_err(|e| format!("hugepages: {e}"))?;
+        let mode = PollMode::parse(&cfg.poll).ok_or("poll: expected busy or adaptive")?;
+        let kernels = Kernels::detect().map_err(|e| e.to_string())?;
+        let per_job = cfg.max_window * cfg.max_ranks * 2;
+        let contexts = per_job as u64 * cfg.max_jobs as u64;
+        if contexts > 1 << 22 {
+            return Err(format!(
+                "max_jobs x max_window x max_ranks x 2 = {contexts} operation contexts per lcore; keep it under {}",
+                1u64 << 22
+            ));
+        }
+        let listener = TcpListener::bind(&cfg.listen).map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+        let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
+
+        let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+        let mut cmd_txs = Vec::new();
+        let mut cmd_rxs = Vec::new();
+        for _ in 0..cfg.lcores.len() {
+            let (t, r) = mpsc::channel::<Command>();
+            cmd_txs.push(t);
+            cmd_rxs.push(Some(r));
+        }
+        let cmd_rxs = Arc::new(Mutex::new(cmd_rxs));
+        let slab_size = cfg.slab_size as usize;
+        let (max_jobs, nics) = (cfg.max_jobs as usize, cfg.nics.clone());
+        let setup_provider = provider.clone();
+        let ev_for_lcores = Mutex::new(ev_tx.clone());
+        let (lcores, names) = lcore::launch(&cfg.lcores, mode, move |info| {
+            let mut hints = Hints::new(&setup_provider).with_node(node.as_deref());
+            if let Some(nic) = nics.get(info.id) {
+                hints.domain = Some(nic.clone());
+            }
+            let ecfg = EndpointConfig { hints, cq_size: 0, contexts: contexts as u32, wait_object: mode.wants_wait_object() };
+            let mut ep = crate::fabric::Endpoint::open(&ecfg).map_err(|e| format!("{setup_provider}: {e}"))?;
+            let mut scfg = SlabConfig::new(format!("lcore {}", info.id), REGION_ALIGN, slab_size / REGION_ALIGN);
+            scfg.policy = policy;
+            scfg.page_aligned_slots = true;
+            let slab = Slab::new(&scfg).map_err(|e| e.to_string())?;
+            // SAFETY: the worker owns both; it declares `ep` before `slab`, so
+            // the endpoint (and this registration) is closed before the slab
+            // is unmapped.
+            let mh = unsafe { ep.register(slab.as_ptr(), slab.len()) }.map_err(|e| e.to_string())?;
+            let name = ep.name().map_err(|e| e.to_string())?;
+            let commands = cmd_rxs.lock().unwrap()[info.id].take().ok_or("lcore started twice")?;
+            let events = ev_for_lcores.lock().unwrap().clone();
+            log::info!(
+                "lcore {} on core {}: provider {}, domain {}, {} polling, kernels {}",
+                info.id,
+                info.core,
+                ep.provider(),
+                ep.domain_name(),
+                mode.name(),
+                kernels.isa()
+            );
+            let w = shard::ShardWorker::new(info.id, ep, slab, mh, kernels, max_jobs, per_job, commands, events);
+            Ok((w, name))
+        })
+        .map_err(|e| e.to_string())?;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let jobs = Arc::new(Mutex::new(Vec::new()));
+        let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, ev_tx, jobs.clone())?;
+        let stop2 = stop.clone();
+        let control = std::thread::Builder::new()
+            .name("tally-control".into())
+            .spawn(move || plane.run(listener, ev_rx, stop2))
+            .map_err(|e| e.to_string())?;
+        log::info!(
+            "tally server listening on {local_addr}: {} lcores on cores {}, provider {provider}",
+            cfg.lcores.len(),
+            cfg.lcores
+        );
+        Ok(Server { lcores: Some(lcores), control: Some(control), stop, local_addr, provider, names, jobs })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    pub fn lcore_names(&self) -> &[EndpointName] {
+        &self.names
+    }
+
+    pub fn lcore_count(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Per-lcore counters.
+    pub fn stats(&self) -> Vec<Snapshot> {
+        self.lcores.as_ref().map(|l| l.snapshot()).unwrap_or_default()
+    }
+
+    /// Jobs the control plane knows about (pending, running, draining).
+    pub fn jobs(&self) -> Vec<control::JobInfo> {
+        self.jobs.lock().unwrap().clone()
+    }
+
+    /// Stops accepting, ends every job, stops the lcores (which cancel what
+    /// is in flight and close their endpoints) and joins every thread.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(c) = self.control.take() {
+            let _ = c.join();
+        }
+        if let Some(l) = self.lcores.take() {
+            l.stop();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A core list from the configuration, for callers that build one in code.
+pub fn cores(list: &str) -> Result<CoreList, String> {
+    CoreList::parse(list).map_err(|e| e.to_string())
+}

@@ -1,0 +1,418 @@
+//! The per-lcore dataplane: lcore k serves shard k of every chunk of every job.
+//!
+//! For each job it serves, a shard owns `window` slots in its lcore's slab.
+//! A slot holds one piece per rank. Receives for every (slot, rank) are
+//! posted up front. When the last rank's piece of a slot has arrived the
+//! shard reduces the pieces in rank order into piece 0 (so the result is the
+//! same bit for bit whatever the arrival order), sends piece 0 to every rank,
+//! and once all those sends completed reposts the slot's receives for the
+//! slot's next sequence number (`seq + window`).
+//!
+//! Operation contexts encode where an operation belongs, so a completion is
+//! decoded without any lookup structure:
+//! `context = job_index * per_job + ((slot * nranks + rank) << 1 | is_send)`.
+//! A receive that carries another job's tag, the wrong slot or sequence, or
+//! an odd length fails that job (and only that job).
+//!
+//! Nothing in [`ShardWorker::poll_once`]'s steady state allocates, locks,
+//! makes a system call of its own or logs: commands from the control plane
+//! and events back to it go through channels checked only when idle or
+//! every few thousand turns, and only job start and end use them.
+use super::{Command, Event};
+use crate::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
+use crate::lcore::{bump, Counters, Worker};
+use crate::reduce::{Kernels, MAX_INPUTS};
+use crate::slab::Slab;
+use crate::wire::{JobSpec, Tag};
+use std::sync::mpsc::{Receiver, Sender};
+
+/// Everything a shard needs to serve one job, built by the control plane.
+pub struct JobOnShard {
+    pub index: u16,
+    pub tag: u16,
+    pub spec: JobSpec,
+    /// Byte offset of the job's region in the slab.
+    pub base: usize,
+    /// Distance between pieces (piece size rounded up to a cache line).
+    pub stride: usize,
+    /// Fabric names of the ranks' endpoints, in rank order.
+    pub client_names: Vec<crate::fabric::EndpointName>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    /// The sequence number the slot's current round must carry.
+    seq: u32,
+    arrived: u32,
+    /// Length of the pieces of this round (all ranks must agree).
+    len: u32,
+    sends_left: u32,
+}
+
+impl Job {
+    fn piece_ptr(&self, slot: usize, rank: usize) -> *mut u8 {
+        let off = (slot * self.on.spec.nranks as usize + rank) * self.on.stride;
+        // SAFETY: the control plane gave the job window*nranks*stride bytes
+        // at `region` (checked against the slab's length in add_job).
+        unsafe { self.region.add(off) }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Running,
+    /// Failed or ended: nothing is reposted; waiting for in-flight operations
+    /// (canceled) to complete before the region can be reused.
+    Draining,
+}
+
+struct Job {
+    on: JobOnShard,
+    /// Start of the job's region in the slab.
+    region: *mut u8,
+    peers: Vec<PeerAddr>,
+    slots: Vec<Slot>,
+    state: State,
+    /// Operations of this job in flight on the endpoint.
+    outstanding: u32,
+}
+
+pub struct ShardWorker {
+    pub lcore: usize,
+    ep: Endpoint,
+    // Declared after `ep`: the registration must go before the memory does.
+    slab: Slab,
+    mh: MemoryHandle,
+    kernels: Kernels,
+    per_job: u32,
+    jobs: Vec<Option<Job>>,
+    /// Operations the provider refused with EAGAIN, as context ids, retried
+    /// first on every turn. Preallocated to the context table's size.
+    retry: Vec<u32>,
+    commands: Receiver<Command>,
+    events: Sender<Event>,
+    turns: u32,
+    completions: [Completion; 32],
+}
+
+impl ShardWorker {
+    pub fn new(
+        lcore: usize,
+        ep: Endpoint,
+        slab: Slab,
+        mh: MemoryHandle,
+        kernels: Kernels,
+        max_jobs: usize,
+        per_job: u32,
+        commands: Receiver<Command>,
+        events: Sender<Event>,
+    ) -> ShardWorker {
+        let capacity = ep.context_capacity() as usize;
+        ShardWorker {
+            lcore,
+            ep,
+            slab,
+            mh,
+            kernels,
+            per_job,
+            jobs: (0..max_jobs).map(|_| None).collect(),
+            retry: Vec::with_capacity(capacity),
+            commands,
+            events,
+            turns: 0,
+            completions: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
+        }
+    }
+
+
+    /// Posts the operation a context id stands for (receive into its piece,
+    /// or send of its slot's result). On EAGAIN it is queued for retry.
+    fn post(&mut self, context: u32) -> Result<(), String> {
+        let (ji, local) = ((context / self.per_job) as usize, context % self.per_job);
+        let Some(job) = self.jobs[ji].as_ref() else { return Ok(()) };
+        if job.state != State::Running {
+            return Ok(());
+        }
+        let n = job.on.spec.nranks;
+        let (piece, is_send) = (local >> 1, local & 1 == 1);
+        let (slot, rank) = ((piece / n) as usize, (piece % n) as usize);
+        let s = job.slots[slot];
+        let r = if is_send {
+            let buf = job.piece_ptr(slot, 0);
+            let tag = Tag::new(job.on.tag, slot as u16, s.seq);
+            // SAFETY: piece 0 of the slot holds the reduced result and is not
+            // written again until every send of this round completed (the
+            // receives are reposted only then).
+            unsafe { self.ep.send(buf, s.len as usize, Some(self.mh), job.peers[rank], tag.0, context) }
+        } else {
+            let buf = job.piece_ptr(slot, rank);
+            let tag = Tag::new(job.on.tag, slot as u16, 0);
+            // SAFETY: each (slot, rank) piece has exactly one receive in
+            // flight, and nothing reads it until that receive completed.
+            unsafe { self.ep.recv(buf, job.on.spec.piece_bytes(), Some(self.mh), Some(job.peers[rank]), tag.0, Tag::SEQ_BITS, context) }
+        };
+        match r {
+            Ok(()) => {
+                self.jobs[ji].as_mut().unwrap().outstanding += 1;
+                Ok(())
+            }
+            Err(PostError::Again) => {
+                self.retry.push(context);
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn post_slot_receives(&mut self, ji: usize, slot: usize) -> Result<(), String> {
+        let n = self.jobs[ji].as_ref().map_or(0, |j| j.on.spec.nranks);
+        let base = ji as u32 * self.per_job;
+        for rank in 0..n {
+            self.post(base + ((slot as u32 * n + rank) << 1))?;
+        }
+        Ok(())
+    }
+
+    fn on_completion(&mut self, c: Completion, stats: &Counters) {
+        let (ji, local) = ((c.context / self.per_job) as usize, c.context % self.per_job);
+        let Some(job) = self.jobs.get_mut(ji).and_then(Option::as_mut) else {
+            bump(&stats.errors, 1);
+            return;
+        };
+        job.outstanding = job.outstanding.saturating_sub(1);
+        if job.state != State::Running {
+            self.maybe_finish_drain(ji);
+            return;
+        }
+        let n = job.on.spec.nranks;
+        let (piece, is_send) = (local >> 1, local & 1 == 1);
+        let (slot, rank) = ((piece / n) as usize, (piece % n) as usize);
+        if is_send {
+            let s = &mut job.slots[slot];
+            bump(&stats.bytes_out, s.len as u64);
+            s.sends_left -= 1;
+            if s.sends_left == 0 {
+                s.seq = s.seq.wrapping_add(job.on.spec.window);
+                s.arrived = 0;
+                if let Err(e) = self.post_slot_receives(ji, slot) {
+                    self.fail(ji, format!("reposting receives: {e}"));
+                }
+            }
+            return;
+        }
+        bump(&stats.bytes_in, c.len as u64);
+        let tag = Tag(c.tag);
+        let s = job.slots[slot];
+        let dsize = job.on.spec.dtype.size();
+        let problem = if tag.job() != job.on.tag || tag.slot() as usize != slot {
+            Some("a chunk carried another job's or slot's tag")
+        } else if tag.seq() != s.seq {
+            Some("a chunk arrived with an unexpected sequence number")
+        } else if c.len % dsize != 0 {
+            Some("a chunk's length is not a whole number of elements")
+        } else if s.arrived > 0 && c.len as u32 != s.len {
+            Some("ranks sent chunks of different lengths")
+        } else {
+            None
+        };
+        if let Some(p) = problem {
+            let msg = format!("{p} (rank {rank}, slot {slot}, tag {:#x}, expected seq {}, length {})", c.tag, s.seq, c.len);
+            self.fail(ji, msg);
+            return;
+        }
+        let s = &mut job.slots[slot];
+        s.len = c.len as u32;
+        s.arrived += 1;
+        if s.arrived < n {
+            return;
+        }
+        // Every piece is here: reduce in rank order into piece 0, send it back.
+        let (dtype, op, elems) = (job.on.spec.dtype, job.on.spec.op, c.len / dsize);
+        let mut inputs = [core::ptr::null::<u8>(); MAX_INPUTS];
+        for (r, p) in inputs.iter_mut().enumerate().take(n as usize) {
+            *p = job.piece_ptr(slot, r);
+        }
+        let out = inputs[0] as *mut u8;
+        // SAFETY: every input is a completed receive of `elems` elements in
+        // this job's region; out == inputs[0] exactly, which reduce_raw allows.
+        if let Err(e) = unsafe { self.kernels.reduce_raw(dtype, op, out, &inputs[..n as usize], elems) } {
+            self.fail(ji, format!("reduce failed: {e}"));
+            return;
+        }
+        let job = self.jobs[ji].as_mut().unwrap();
+        job.slots[slot].sends_left = n;
+        let base = ji as u32 * self.per_job;
+        for rank in 0..n {
+            if let Err(e) = self.post(base + ((slot as u32 * n + rank) << 1 | 1)) {
+                self.fail(ji, format!("sending results: {e}"));
+                return;
+            }
+        }
+    }
+
+    /// Stops serving a job: cancel what is in flight, tell the control plane.
+    /// Cold path (a job failing), so it may allocate and send events.
+    fn fail(&mut self, ji: usize, reason: String) {
+        if let Some(job) = self.jobs[ji].as_mut() {
+            if job.state == State::Running {
+                let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag: job.on.tag, reason });
+            }
+        }
+        self.drain(ji);
+    }
+
+    fn drain(&mut self, ji: usize) {
+        let Some(job) = self.jobs[ji].as_mut() else { return };
+        job.state = State::Draining;
+        let base = ji as u32 * self.per_job;
+        let span = job.on.spec.window * job.on.spec.nranks * 2;
+        for ctx in base..base + span {
+            self.ep.cancel(ctx);
+        }
+        self.retry.retain(|&c| c / self.per_job != ji as u32);
+        self.maybe_finish_drain(ji);
+    }
+
+    fn maybe_finish_drain(&mut self, ji: usize) {
+        let done = matches!(&self.jobs[ji], Some(j) if j.state == State::Draining && j.outstanding == 0);
+        if done {
+            let job = self.jobs[ji].take().unwrap();
+            // shm (1.17) crashes in its next progress call after fi_av_remove
+            // of a peer it has talked to; there the entries stay (shm's AV
+            // holds up to 256 peers, so a shm server serves that many ranks
+            // over its lifetime). Other providers forget the job's ranks.
+            if self.ep.provider() != "shm" {
+                for p in &job.peers {
+                    let _ = self.ep.remove_peer(*p);
+                }
+            }
+            let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag: job.on.tag });
+        }
+    }
+
+    fn add_job(&mut self, on: JobOnShard) {
+        let ji = on.index as usize;
+        let tag = on.tag;
+        let mut peers = Vec::with_capacity(on.client_names.len());
+        for name in &on.client_names {
+            match self.ep.insert_peer(name) {
+                Ok(a) => peers.push(a),
+                Err(e) => {
+                    for p in &peers {
+                        let _ = self.ep.remove_peer(*p);
+                    }
+                    let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: format!("cannot reach a client: {e}") });
+                    let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag });
+                    return;
+                }
+            }
+        }
+        let slots = (0..on.spec.window).map(|i| Slot { seq: i, ..Default::default() }).collect();
+        let window = on.spec.window as usize;
+        let len = window * on.spec.nranks as usize * on.stride;
+        if on.base + len > self.slab.len() || on.stride < on.spec.piece_bytes() || ji >= self.jobs.len() {
+            let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: "job region outside the slab".into() });
+            let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag });
+            return;
+        }
+        // SAFETY: base + len <= slab length, checked just above.
+        let region = unsafe { self.slab.as_ptr().add(on.base) };
+        self.jobs[ji] = Some(Job { on, region, peers, slots, state: State::Running, outstanding: 0 });
+        for slot in 0..window {
+            if let Err(e) = self.post_slot_receives(ji, slot) {
+                self.fail(ji, format!("posting receives: {e}"));
+                return;
+            }
+        }
+        let _ = self.events.send(Event::JobReady { lcore: self.lcore, tag });
+    }
+
+    fn check_commands(&mut self) {
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::AddJob(on) => self.add_job(*on),
+                Command::EndJob { index } => self.drain(index as usize),
+            }
+        }
+    }
+
+    fn retry_posts(&mut self) {
+        // Take the queue so posting can push to it again; capacity is kept.
+        let mut pending = std::mem::take(&mut self.retry);
+        for ctx in pending.drain(..) {
+            if let Err(e) = self.post(ctx) {
+                let ji = (ctx / self.per_job) as usize;
+                self.fail(ji, format!("posting: {e}"));
+            }
+        }
+        if self.retry.is_empty() {
+            self.retry = pending;
+        } else {
+            self.retry.append(&mut pending);
+        }
+    }
+}
+
+impl Worker for ShardWorker {
+    fn poll_once(&mut self, stats: &Counters) -> usize {
+        self.turns = self.turns.wrapping_add(1);
+        if self.turns % 4096 == 0 {
+            self.check_commands();
+        }
+        if !self.retry.is_empty() {
+            self.retry_posts();
+        }
+        let mut batch = self.completions;
+        match self.ep.poll(&mut batch) {
+            Ok(0) => {
+                self.check_commands();
+                0
+            }
+            Ok(n) => {
+                for c in &batch[..n] {
+                    self.on_completion(*c, stats);
+                }
+                n
+            }
+            Err(PollError::Completion(e)) => {
+                bump(&stats.errors, 1);
+                match e.context {
+                    Some(ctx) if (ctx / self.per_job) < self.jobs.len() as u32 => {
+                        let ji = (ctx / self.per_job) as usize;
+                        if let Some(job) = self.jobs[ji].as_mut() {
+                            job.outstanding = job.outstanding.saturating_sub(1);
+                            if job.state == State::Running {
+                                self.fail(ji, e.to_string());
+                            } else {
+                                self.maybe_finish_drain(ji);
+                            }
+                        }
+                    }
+                    _ => {
+                        let _ = self.events.send(Event::LcoreError { lcore: self.lcore, reason: e.to_string() });
+                    }
+                }
+                1
+            }
+            Err(PollError::Fabric(e)) => {
+                bump(&stats.errors, 1);
+                let _ = self.events.send(Event::LcoreError { lcore: self.lcore, reason: e.to_string() });
+                0
+            }
+        }
+    }
+
+    fn wait(&mut self, timeout_ms: i32) {
+        self.check_commands();
+        let _ = self.ep.wait(timeout_ms);
+    }
+
+    fn shutdown(&mut self) {
+        for ji in 0..self.jobs.len() {
+            if self.jobs[ji].is_some() {
+                self.drain(ji);
+            }
+        }
+        self.ep.cancel_all();
+    }
+}

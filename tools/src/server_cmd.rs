@@ -1,0 +1,97 @@
+//! `tally server`: run a reduction server until SIGINT or SIGTERM.
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tally_engine::config::{ServerConfig, ServerFile};
+use tally_engine::server::Server;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServerArgs {
+    /// Control-plane address, ADDR:PORT (default 127.0.0.1:7400).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Cores for the lcores, DPDK syntax, e.g. 2-9,12 (default 0-1).
+    #[arg(long)]
+    pub lcores: Option<String>,
+    /// libfabric provider: efa, shm or tcp (default: TALLY_PROVIDER, else efa if present, else shm on loopback, else tcp).
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// busy or adaptive polling (default adaptive; production: busy on isolated cores).
+    #[arg(long)]
+    pub poll: Option<String>,
+    /// Hugepage policy for slabs: require, prefer or off (default prefer).
+    #[arg(long)]
+    pub hugepages: Option<String>,
+    /// Slab size per lcore, e.g. 1G (default 256M).
+    #[arg(long)]
+    pub slab_size: Option<String>,
+    /// TOML configuration file; flags given here override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Validate the configuration and exit without starting.
+    #[arg(long)]
+    pub check: bool,
+}
+
+impl ServerArgs {
+    pub fn resolve(&self) -> Result<ServerConfig, String> {
+        let file = match &self.config {
+            Some(p) => ServerFile::load(p).map_err(|e| e.to_string())?,
+            None => ServerFile::default(),
+        };
+        let flags = ServerFile {
+            listen: self.listen.clone(),
+            lcores: self.lcores.clone(),
+            provider: self.provider.clone(),
+            poll: self.poll.clone(),
+            hugepages: self.hugepages.clone(),
+            slab_size: self.slab_size.clone(),
+            ..Default::default()
+        };
+        file.overlay(flags).resolve().map_err(|e| e.to_string())
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+pub fn run(args: &ServerArgs) -> Result<(), String> {
+    let cfg = args.resolve()?;
+    if args.check {
+        println!(
+            "configuration ok: listen {}, lcores {} ({}), provider {}, {} polling, hugepages {}, slab {} per lcore, up to {} jobs x {} ranks",
+            cfg.listen,
+            cfg.lcores,
+            cfg.lcores.len(),
+            cfg.provider.as_deref().unwrap_or("auto"),
+            cfg.poll,
+            cfg.hugepages,
+            tally_engine::units::format_size(cfg.slab_size),
+            cfg.max_jobs,
+            cfg.max_ranks
+        );
+        return Ok(());
+    }
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let server = Server::start(&cfg)?;
+    println!("tally server ready on {} ({} lcores, provider {})", server.local_addr(), server.lcore_count(), server.provider());
+    while !STOP.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    log::info!("stopping: ending jobs, draining lcores");
+    let stats = server.stats();
+    server.stop();
+    for (i, s) in stats.iter().enumerate() {
+        log::info!("lcore {i}: {} completions, {} B in, {} B out, {} errors", s.completions, s.bytes_in, s.bytes_out, s.errors);
+    }
+    log::info!("stopped");
+    Ok(())
+}
