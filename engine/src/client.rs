@@ -206,6 +206,7 @@ impl Client {
             wait_object: true,
         };
         let ep = Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")))?;
+        crate::lcore::precise_naps();
         let name = ep.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
         Ok(Client {
             token,

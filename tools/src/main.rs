@@ -2,8 +2,10 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench_allreduce;
 mod bench_p2p;
 mod bench_reduce;
+mod demo;
 mod host;
 mod server_cmd;
 
@@ -18,8 +20,8 @@ struct Cli {
 enum Command {
     /// Run a reduction server until SIGINT/SIGTERM.
     Server(server_cmd::ServerArgs),
-    /// The main job on an embedded default (for now: the point-to-point benchmark over shm).
-    Demo(bench_p2p::P2pArgs),
+    /// The main job: a server and 4 ranks on this machine, agg vs ring, verified.
+    Demo(demo::DemoArgs),
     /// Hugepage pools and hugetlbfs mounts (what dpdk-hugepages does).
     Hugepages(host::HugepagesArgs),
     /// FI_EFA_FORK_SAFE and friends: check this host, print the settings a role needs.
@@ -37,6 +39,8 @@ enum Bench {
     Reduce(bench_reduce::ReduceArgs),
     /// Tagged ping-pong latency and streaming bandwidth over tally's fabric layer.
     P2p(bench_p2p::P2pArgs),
+    /// All-reduce through reduction servers (agg) and ring, ranks as processes on this machine.
+    Allreduce(bench_allreduce::AllreduceArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,9 +50,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Server(args) => server_cmd::run(args),
-        Command::Demo(args) => bench_p2p::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Bench(Bench::Reduce(args)) => bench_reduce::run(args),
         Command::Bench(Bench::P2p(args)) => bench_p2p::run(args),
+        Command::Bench(Bench::Allreduce(args)) => bench_allreduce::run(args),
         Command::Hugepages(args) => host::run_hugepages(args),
         Command::EfaEnv(args) => host::run_efa_env(args),
         Command::Doctor(args) => match host::run_doctor(args) {

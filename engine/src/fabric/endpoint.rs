@@ -481,7 +481,7 @@ impl Endpoint {
     /// and its `fi_cq_sread` ignores the timeout, and EFA has no CQ wait
     /// objects at all; there it naps for at most `NAP` instead.
     pub fn wait(&mut self, timeout_ms: i32) -> Result<(), FabricError> {
-        const NAP: std::time::Duration = std::time::Duration::from_micros(200);
+        const NAP: std::time::Duration = std::time::Duration::from_micros(50);
         match self.wait_fd {
             Some(fd) => {
                 let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };

@@ -375,7 +375,10 @@ impl Worker for ShardWorker {
                 n
             }
             Err(PollError::Completion(e)) => {
-                bump(&stats.errors, 1);
+                // Canceled operations of a draining job are how jobs end, not errors.
+                if !e.is_canceled() {
+                    bump(&stats.errors, 1);
+                }
                 match e.context {
                     Some(ctx) if (ctx / self.per_job) < self.jobs.len() as u32 => {
                         let ji = (ctx / self.per_job) as usize;

@@ -1,0 +1,412 @@
+//! The portable kernels: plain Rust, one element at a time in the source
+//! (the compiler vectorises what it can, which changes no result because
+//! lanes never mix). They define the results every other instruction set
+//! must reproduce byte for byte, and they also serve the SIMD tables for the
+//! integer types, compiled there with the wider instruction set enabled.
+//!
+//! Buffers are raw addresses because the output may be the first input's own
+//! slot; elements are read and written unaligned.
+
+use core::ptr;
+
+use super::{canonical_nan, kernel_table, OpKind, ReduceOp, Table};
+
+/// How an element is stored in a buffer, and the type it is combined in.
+pub(crate) trait Element: Copy {
+    /// Bytes per stored element.
+    const SIZE: usize;
+    /// What elements are combined as: the type itself, or `f32` for 16-bit
+    /// floats.
+    type Acc: Arith;
+
+    /// Reads one element.
+    ///
+    /// # Safety
+    /// `p` is valid for reading `SIZE` bytes.
+    unsafe fn load(p: *const u8) -> Self::Acc;
+
+    /// Writes one element, rounding to the storage type.
+    ///
+    /// # Safety
+    /// `p` is valid for writing `SIZE` bytes.
+    unsafe fn store(p: *mut u8, value: Self::Acc);
+}
+
+/// The arithmetic of the combining type.
+pub(crate) trait Arith: Copy + Default {
+    /// `self op x`.
+    fn combine<O: OpKind>(self, x: Self) -> Self;
+    /// The value to write: divided by `divisor` for avg, NaN made canonical.
+    fn finish<O: OpKind>(self, divisor: u32) -> Self;
+}
+
+/// `float16` storage, combined in `f32`.
+#[derive(Clone, Copy)]
+pub(crate) struct F16;
+
+/// `bfloat16` storage, combined in `f32`.
+#[derive(Clone, Copy)]
+pub(crate) struct Bf16;
+
+pub(crate) static TABLE: Table = kernel_table!(
+    int: kernel,
+    f16: kernel<F16>, f32: kernel<f32>, f64: kernel<f64>, bf16: kernel<Bf16>
+);
+
+/// A kernel of the portable table.
+///
+/// # Safety
+/// As for [`super::Kernel`].
+unsafe fn kernel<E: Element, O: OpKind>(
+    out: *mut u8,
+    inputs: &[*const u8],
+    elems: usize,
+    divisor: u32,
+) {
+    // SAFETY: the caller upholds the kernel contract, which is `reduce`'s.
+    unsafe { reduce::<E, O>(out, inputs, elems, divisor) }
+}
+
+/// The portable reduction. Elements go in blocks: the block's partial
+/// results are combined with every input in turn before the block is
+/// written, which keeps one pass over memory, and lets `out` be `inputs[0]`
+/// (a block of the first input is read before it is overwritten).
+///
+/// # Safety
+/// As for [`super::Kernel`], without the instruction-set condition.
+#[inline(always)]
+pub(crate) unsafe fn reduce<E: Element, O: OpKind>(
+    out: *mut u8,
+    inputs: &[*const u8],
+    elems: usize,
+    divisor: u32,
+) {
+    const BLOCK: usize = 64;
+    let Some((&first, rest)) = inputs.split_first() else {
+        return;
+    };
+    let mut partial = [E::Acc::default(); BLOCK];
+    let mut start = 0;
+    while start < elems {
+        let len = BLOCK.min(elems - start);
+        let partial = &mut partial[..len];
+        let base = start * E::SIZE;
+        for (j, acc) in partial.iter_mut().enumerate() {
+            // SAFETY: element `start + j` is below `elems`, so it lies in
+            // every input and in `out`.
+            *acc = unsafe { E::load(first.add(base + j * E::SIZE)) };
+        }
+        for &input in rest {
+            for (j, acc) in partial.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let x = unsafe { E::load(input.add(base + j * E::SIZE)) };
+                *acc = acc.combine::<O>(x);
+            }
+        }
+        for (j, acc) in partial.iter().enumerate() {
+            // SAFETY: as above; every input's block has been read already.
+            unsafe { E::store(out.add(base + j * E::SIZE), acc.finish::<O>(divisor)) };
+        }
+        start += len;
+    }
+}
+
+macro_rules! native_element {
+    ($($t:ty),*) => {$(
+        impl Element for $t {
+            const SIZE: usize = core::mem::size_of::<$t>();
+            type Acc = $t;
+
+            #[inline(always)]
+            unsafe fn load(p: *const u8) -> $t {
+                // SAFETY: the caller makes `p` readable for `SIZE` bytes.
+                unsafe { ptr::read_unaligned(p.cast::<$t>()) }
+            }
+
+            #[inline(always)]
+            unsafe fn store(p: *mut u8, value: $t) {
+                // SAFETY: the caller makes `p` writable for `SIZE` bytes.
+                unsafe { ptr::write_unaligned(p.cast::<$t>(), value) }
+            }
+        }
+    )*};
+}
+native_element!(i8, u8, i32, u32, i64, u64, f32, f64);
+
+impl Element for F16 {
+    const SIZE: usize = 2;
+    type Acc = f32;
+
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> f32 {
+        // SAFETY: the caller makes `p` readable for two bytes.
+        f16_to_f32(unsafe { ptr::read_unaligned(p.cast::<u16>()) })
+    }
+
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, value: f32) {
+        // SAFETY: the caller makes `p` writable for two bytes.
+        unsafe { ptr::write_unaligned(p.cast::<u16>(), f32_to_f16(value)) }
+    }
+}
+
+impl Element for Bf16 {
+    const SIZE: usize = 2;
+    type Acc = f32;
+
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> f32 {
+        // SAFETY: the caller makes `p` readable for two bytes.
+        bf16_to_f32(unsafe { ptr::read_unaligned(p.cast::<u16>()) })
+    }
+
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, value: f32) {
+        // SAFETY: the caller makes `p` writable for two bytes.
+        unsafe { ptr::write_unaligned(p.cast::<u16>(), f32_to_bf16(value)) }
+    }
+}
+
+macro_rules! int_arith {
+    ($($t:ty => $wide:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)]
+            fn combine<O: OpKind>(self, x: $t) -> $t {
+                match O::OP {
+                    ReduceOp::Sum | ReduceOp::Avg => self.wrapping_add(x),
+                    ReduceOp::Prod => self.wrapping_mul(x),
+                    ReduceOp::Max => self.max(x),
+                    ReduceOp::Min => self.min(x),
+                }
+            }
+
+            #[inline(always)]
+            fn finish<O: OpKind>(self, divisor: u32) -> $t {
+                if O::OP == ReduceOp::Avg {
+                    // Divided in a wider type so that any divisor is
+                    // representable; the quotient fits the element type.
+                    (self as $wide / divisor as $wide) as $t
+                } else {
+                    self
+                }
+            }
+        }
+    )*};
+}
+int_arith!(i8 => i64, u8 => u64, i32 => i64, u32 => u64, i64 => i64, u64 => u64);
+
+macro_rules! float_arith {
+    ($($t:ty => $nan:expr),*) => {$(
+        impl Arith for $t {
+            #[inline(always)]
+            fn combine<O: OpKind>(self, x: $t) -> $t {
+                match O::OP {
+                    ReduceOp::Sum | ReduceOp::Avg => self + x,
+                    ReduceOp::Prod => self * x,
+                    // IEEE 754-2019 maximum: equal operands can only differ
+                    // in the sign of zero, and the AND of the sign bits
+                    // prefers +0; unordered means a NaN, which the sum
+                    // passes on.
+                    ReduceOp::Max => {
+                        if self > x {
+                            self
+                        } else if x > self {
+                            x
+                        } else if self == x {
+                            <$t>::from_bits(self.to_bits() & x.to_bits())
+                        } else {
+                            self + x
+                        }
+                    }
+                    ReduceOp::Min => {
+                        if self < x {
+                            self
+                        } else if x < self {
+                            x
+                        } else if self == x {
+                            <$t>::from_bits(self.to_bits() | x.to_bits())
+                        } else {
+                            self + x
+                        }
+                    }
+                }
+            }
+
+            #[inline(always)]
+            fn finish<O: OpKind>(self, divisor: u32) -> $t {
+                let value = if O::OP == ReduceOp::Avg { self / divisor as $t } else { self };
+                if value.is_nan() {
+                    <$t>::from_bits($nan)
+                } else {
+                    value
+                }
+            }
+        }
+    )*};
+}
+float_arith!(f32 => canonical_nan::F32, f64 => canonical_nan::F64);
+
+/// Widens IEEE binary16 bits to `f32` (exact).
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exponent = u32::from(h >> 10) & 0x1f;
+    let mantissa = u32::from(h) & 0x3ff;
+    match exponent {
+        // Zero or subnormal: mantissa x 2^-24, exact in f32.
+        0 => f32::from_bits((mantissa as f32 * f32::from_bits(0x3380_0000)).to_bits() | sign),
+        // Infinity or NaN (the payload moves along; NaNs end canonical anyway).
+        0x1f => f32::from_bits(sign | 0x7f80_0000 | mantissa << 13),
+        _ => f32::from_bits(sign | (exponent + 127 - 15) << 23 | mantissa << 13),
+    }
+}
+
+/// Rounds `f32` to IEEE binary16 bits: nearest, ties to even; too large
+/// gives infinity; NaN gives the canonical NaN.
+#[inline(always)]
+pub(crate) fn f32_to_f16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = (bits >> 16) as u16 & 0x8000;
+    let abs = bits & 0x7fff_ffff;
+    if abs > 0x7f80_0000 {
+        return canonical_nan::F16;
+    }
+    // 65520 is halfway between the largest half, 65504, and 2^16; the tie
+    // goes to the even neighbour, which is 2^16: infinity.
+    if abs >= 0x477f_f000 {
+        return sign | 0x7c00;
+    }
+    if abs >= 0x3880_0000 {
+        // A normal half: rebias the exponent, then drop 13 mantissa bits,
+        // rounding to nearest even; a carry runs into the exponent, as it
+        // should.
+        let rebiased = abs - ((127 - 15) << 23);
+        let rounded = (rebiased + 0xfff + ((rebiased >> 13) & 1)) >> 13;
+        return sign | rounded as u16;
+    }
+    // Below the smallest normal half the step is 2^-24, which is the ulp of
+    // f32 numbers in [0.5, 1): adding 0.5 makes the FPU round to that step,
+    // ties to even, and leaves the half's bits at the bottom of the sum.
+    let sum = f32::from_bits(abs) + 0.5;
+    sign | (sum.to_bits() - 0x3f00_0000) as u16
+}
+
+/// Widens bfloat16 bits to `f32` (exact: bf16 is the top half of an f32).
+#[inline(always)]
+pub(crate) fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// Rounds `f32` to bfloat16 bits: nearest, ties to even; NaN gives the
+/// canonical NaN.
+#[inline(always)]
+pub(crate) fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if bits & 0x7fff_ffff > 0x7f80_0000 {
+        return canonical_nan::BF16;
+    }
+    // Adding just under half of the dropped part, plus the kept part's
+    // lowest bit, carries exactly when rounding must go up.
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator; these tests need spread, not secrecy.
+    fn splitmix(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn same_f32(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    #[test]
+    fn f16_widening_matches_half_for_every_value() {
+        for h in 0..=u16::MAX {
+            let expected = half::f16::from_bits(h).to_f32();
+            assert!(same_f32(f16_to_f32(h), expected), "{h:#06x}");
+        }
+    }
+
+    #[test]
+    fn bf16_widening_matches_half_for_every_value() {
+        for h in 0..=u16::MAX {
+            let expected = half::bf16::from_bits(h).to_f32();
+            assert!(same_f32(bf16_to_f32(h), expected), "{h:#06x}");
+        }
+    }
+
+    /// f32 values where rounding to 16 bits is decided: each 16-bit value
+    /// widened, its neighbours, and the points around halfway to the next.
+    fn rounding_edges(widen: fn(u16) -> f32) -> impl Iterator<Item = u32> {
+        (0..=u16::MAX).flat_map(move |h| {
+            let b = widen(h).to_bits();
+            let step = widen(h.wrapping_add(1)).to_bits().wrapping_sub(b);
+            let mid = b.wrapping_add(step / 2);
+            [
+                b,
+                b.wrapping_add(1),
+                b.wrapping_sub(1),
+                mid,
+                mid.wrapping_add(1),
+                mid.wrapping_sub(1),
+            ]
+        })
+    }
+
+    fn check_narrowing(
+        narrow: fn(f32) -> u16,
+        widen: fn(u16) -> f32,
+        reference: fn(f32) -> u16,
+        nan: u16,
+        seed: u64,
+    ) {
+        let mut state = seed;
+        let random = core::iter::repeat_with(move || splitmix(&mut state) as u32).take(1_000_000);
+        for bits in rounding_edges(widen).chain(random) {
+            let x = f32::from_bits(bits);
+            let expected = if x.is_nan() { nan } else { reference(x) };
+            assert_eq!(narrow(x), expected, "{bits:#010x}");
+        }
+    }
+
+    #[test]
+    fn f16_rounding_matches_half() {
+        let reference = |x: f32| half::f16::from_f32(x).to_bits();
+        check_narrowing(f32_to_f16, f16_to_f32, reference, canonical_nan::F16, 1);
+    }
+
+    #[test]
+    fn bf16_rounding_matches_half() {
+        let reference = |x: f32| half::bf16::from_f32(x).to_bits();
+        check_narrowing(f32_to_bf16, bf16_to_f32, reference, canonical_nan::BF16, 2);
+    }
+
+    #[test]
+    fn max_and_min_order_zeros_and_propagate_nan() {
+        let max = |a: f32, b: f32| {
+            a.combine::<super::super::Max>(b)
+                .finish::<super::super::Max>(1)
+        };
+        let min = |a: f32, b: f32| {
+            a.combine::<super::super::Min>(b)
+                .finish::<super::super::Min>(1)
+        };
+        assert_eq!(max(-0.0, 0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(max(0.0, -0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(min(-0.0, 0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(min(0.0, -0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(max(f32::NAN, 1.0).to_bits(), canonical_nan::F32);
+        assert_eq!(max(1.0, -f32::NAN).to_bits(), canonical_nan::F32);
+        assert_eq!(min(f32::INFINITY, f32::NAN).to_bits(), canonical_nan::F32);
+        assert_eq!(max(1.0, 2.0), 2.0);
+        assert_eq!(min(1.0, 2.0), 1.0);
+    }
+}

@@ -1,0 +1,429 @@
+//! `tally bench allreduce`: agg (reduction servers) against ring, as
+//! nccl-tests measures them.
+//!
+//! The launcher (what a user runs) hosts a reduction server in-process when
+//! none is given, and runs every rank as a child process of itself (`--rank
+//! i`): separate processes, as real workers are (shm endpoints of one process
+//! must not talk to each other's closing regions). Ranks meet through a TCP
+//! bootstrap. For each mode and size, rank 0 times `iters` all-reduces after
+//! `warmup`, each started together after a barrier, and reports the median;
+//! every rank then checks every element of its last result against the
+//! reference it computes itself (inputs are small integers, so every
+//! partial sum is exact in every type and the check is exact whatever the
+//! association order), and the wrong counts are summed over ranks.
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tally_engine::bootstrap::Bootstrap;
+use tally_engine::client::{Client, ClientConfig};
+use tally_engine::config::ServerFile;
+use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::ring::{Ring, RingConfig};
+use tally_engine::server::Server;
+use tally_engine::units::{format_size, parse_size};
+
+#[derive(Args, Debug, Clone)]
+pub struct AllreduceArgs {
+    /// agg, ring, or both (comma-separated).
+    #[arg(long, default_value = "agg,ring", value_delimiter = ',')]
+    pub mode: Vec<String>,
+    /// Ranks (worker processes) on this machine.
+    #[arg(long, default_value_t = 4)]
+    pub ranks: u32,
+    /// libfabric provider: shm, tcp or efa (default: TALLY_PROVIDER, else shm here).
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Sizes per rank in bytes (K/M/G), comma-separated. Default 4K to 256M in steps of 4x.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<String>,
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    #[arg(long, default_value = "sum")]
+    pub op: String,
+    /// Timed all-reduces per size (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Use these servers (host:port, comma-separated) instead of starting one.
+    #[arg(long, value_delimiter = ',')]
+    pub servers: Vec<String>,
+    /// Cores of the in-process server's lcores.
+    #[arg(long, default_value = "0-1")]
+    pub lcores: String,
+    /// Bytes per chunk piece (agg) and per ring chunk.
+    #[arg(long, default_value = "256K")]
+    pub chunk: String,
+    /// Chunks in flight per lcore (agg) / per direction (ring).
+    #[arg(long, default_value_t = 4)]
+    pub window: u32,
+    /// busy or adaptive polling (server lcores and ranks).
+    #[arg(long, default_value = "adaptive")]
+    pub poll: String,
+    /// Local fabric address of this host (tcp across hosts).
+    #[arg(long)]
+    pub fabric_addr: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    /// Run as one rank (set by the launcher, or for multi-host runs by hand).
+    #[arg(long, hide = true)]
+    pub rank: Option<u32>,
+    /// Rank 0's bootstrap address (with --rank).
+    #[arg(long, hide = true)]
+    pub bootstrap: Option<String>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub job_id: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Row {
+    pub mode: String,
+    pub bytes: usize,
+    pub count: usize,
+    pub dtype: String,
+    pub op: String,
+    pub time_us: f64,
+    #[serde(rename = "algbw_GBps")]
+    pub algbw_gbps: f64,
+    #[serde(rename = "busbw_GBps")]
+    pub busbw_gbps: f64,
+    pub wrong: u64,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    provider: &'a str,
+    ranks: u32,
+    results: &'a [Row],
+}
+
+fn default_sizes() -> Vec<usize> {
+    (0..9).map(|k| 4096usize << (2 * k)).collect()
+}
+
+pub struct Plan {
+    pub provider: String,
+    pub sizes: Vec<usize>,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub chunk: usize,
+}
+
+fn plan(args: &AllreduceArgs) -> Result<Plan, String> {
+    let provider = tally_engine::fabric::select_provider(args.provider.as_deref(), args.servers.iter().all(|s| s.starts_with("127.")));
+    let sizes = if args.sizes.is_empty() {
+        default_sizes()
+    } else {
+        args.sizes.iter().map(|s| parse_size(s).map(|v| v as usize).map_err(|e| e.to_string())).collect::<Result<_, _>>()?
+    };
+    let dtype = DataType::parse(&args.dtype).ok_or_else(|| format!("--dtype: unknown type {:?}", args.dtype))?;
+    let op = ReduceOp::parse(&args.op).ok_or_else(|| format!("--op: unknown op {:?}", args.op))?;
+    let chunk = parse_size(&args.chunk).map_err(|e| format!("--chunk: {e}"))? as usize;
+    for m in &args.mode {
+        if m != "agg" && m != "ring" {
+            return Err(format!("--mode: expected agg or ring, got {m:?}"));
+        }
+    }
+    if args.ranks == 0 || args.ranks > 64 {
+        return Err("--ranks: between 1 and 64".into());
+    }
+    Ok(Plan { provider, sizes, dtype, op, chunk })
+}
+
+/// What the launcher hands back to callers such as `tally demo`.
+pub struct Outcome {
+    pub provider: String,
+    pub rows: Vec<Row>,
+    pub lcore_stats: Vec<tally_engine::lcore::Snapshot>,
+}
+
+pub fn run(args: &AllreduceArgs) -> Result<(), String> {
+    if args.rank.is_some() {
+        return run_rank(args);
+    }
+    let out = launch(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&Report { provider: &out.provider, ranks: args.ranks, results: &out.rows }).unwrap());
+    }
+    let wrong: u64 = out.rows.iter().map(|r| r.wrong).sum();
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong elements"));
+    }
+    Ok(())
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+pub fn print_header(p: &Plan, args: &AllreduceArgs) {
+    println!(
+        "# tally bench allreduce: {} ranks, provider {}, {} {}, chunk {}, window {}, {} polling",
+        args.ranks,
+        p.provider,
+        p.dtype,
+        p.op,
+        format_size(p.chunk as u64),
+        args.window,
+        args.poll
+    );
+    println!(
+        "# time: median of {} all-reduces after {} warm-up, each started after a barrier; algbw = size/time; busbw = algbw x 2(n-1)/n; every element checked",
+        args.iters, args.warmup
+    );
+    println!(
+        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11} {:>11} {:>11} {:>7}",
+        "mode", "size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+    );
+}
+
+pub fn print_row(r: &Row) {
+    println!(
+        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11.1} {:>11.3} {:>11.3} {:>7}",
+        r.mode,
+        format_size(r.bytes as u64),
+        r.count,
+        r.dtype,
+        r.op,
+        r.time_us,
+        r.algbw_gbps,
+        r.busbw_gbps,
+        r.wrong
+    );
+}
+
+/// Runs the whole benchmark from this process; prints the table unless --json.
+pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
+    let p = plan(args)?;
+    let mut server = None;
+    let mut servers = args.servers.clone();
+    if servers.is_empty() && args.mode.iter().any(|m| m == "agg") {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nlcores = \"{}\"\nprovider = \"{}\"\npoll = \"{}\"\nmax_chunk = \"{}\"\nmax_ranks = 64\n",
+            args.lcores,
+            p.provider,
+            args.poll,
+            format_size_toml(p.chunk.max(4096))
+        );
+        let cfg = ServerFile::parse(&text).and_then(|f| f.resolve()).map_err(|e| e.to_string())?;
+        let s = Server::start(&cfg)?;
+        servers.push(s.local_addr().to_string());
+        server = Some(s);
+    }
+    if !args.json {
+        print_header(&p, args);
+    }
+    let boot = format!("127.0.0.1:{}", free_port()?);
+    let job_id = std::process::id() as u64 ^ (Instant::now().elapsed().subsec_nanos() as u64) << 20 | 1;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut children = Vec::new();
+    for rank in 0..args.ranks {
+        let mut c = Command::new(&exe);
+        c.args(["bench", "allreduce", "--rank", &rank.to_string(), "--bootstrap", &boot, "--job-id", &job_id.to_string()]);
+        c.args(["--ranks", &args.ranks.to_string(), "--provider", &p.provider, "--dtype", &args.dtype, "--op", &args.op]);
+        c.args(["--iters", &args.iters.to_string(), "--warmup", &args.warmup.to_string(), "--chunk", &args.chunk]);
+        c.args(["--window", &args.window.to_string(), "--poll", &args.poll, "--mode", &args.mode.join(",")]);
+        c.args(["--sizes", &p.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")]);
+        if !servers.is_empty() {
+            c.args(["--servers", &servers.join(",")]);
+        }
+        if let Some(a) = &args.fabric_addr {
+            c.args(["--fabric-addr", a]);
+        }
+        c.stdout(if rank == 0 { Stdio::piped() } else { Stdio::null() });
+        children.push(c.spawn().map_err(|e| format!("cannot start rank {rank}: {e}"))?);
+    }
+    let mut rows = Vec::new();
+    if let Some(out) = children[0].stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(j) = line.strip_prefix("RESULT ") {
+                let r: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
+                if !args.json {
+                    print_row(&r);
+                }
+                rows.push(r);
+            }
+        }
+    }
+    let mut failed = Vec::new();
+    for (rank, mut c) in children.into_iter().enumerate() {
+        let st = c.wait().map_err(|e| e.to_string())?;
+        if !st.success() {
+            failed.push(format!("rank {rank} exited with {st}"));
+        }
+    }
+    let lcore_stats = server.as_ref().map(|s| s.stats()).unwrap_or_default();
+    if let Some(s) = server {
+        s.stop();
+    }
+    if !failed.is_empty() {
+        return Err(failed.join("; "));
+    }
+    let expected = p.sizes.len() * args.mode.len();
+    if rows.len() != expected {
+        return Err(format!("rank 0 reported {} of {expected} results", rows.len()));
+    }
+    Ok(Outcome { provider: p.provider, rows, lcore_stats })
+}
+
+fn format_size_toml(b: usize) -> String {
+    format!("{b}")
+}
+
+/// One rank: join, then for every mode and size time and check.
+fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
+    let p = plan(args)?;
+    let rank = args.rank.unwrap();
+    let n = args.ranks;
+    let addr = args.bootstrap.as_deref().ok_or("--rank needs --bootstrap")?;
+    let mut boot = Bootstrap::new(addr, rank, n, Duration::from_secs(120)).map_err(|e| e.to_string())?;
+    let max = *p.sizes.iter().max().unwrap_or(&0);
+    let dsize = p.dtype.size();
+    let max_count = max / dsize;
+    let mut send = vec![0u8; max_count * dsize];
+    fill(p.dtype, p.op, rank, &mut send);
+    let mut recv = vec![0u8; max_count * dsize];
+    let busy = args.poll == "busy";
+    for mode in &args.mode {
+        let mut agg = None;
+        let mut ring = None;
+        if mode == "agg" {
+            let mut cfg = ClientConfig::new(args.servers.clone(), args.job_id, rank, n);
+            cfg.provider = Some(p.provider.clone());
+            cfg.chunk_bytes = p.chunk;
+            cfg.window = args.window;
+            cfg.fabric_addr = args.fabric_addr.clone();
+            cfg.timeout = Duration::from_secs(60);
+            cfg.spin_polls = if busy { u32::MAX } else { tally_engine::lcore::adaptive_spin() };
+            let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+            c.join(p.dtype, p.op).map_err(|e| e.to_string())?;
+            agg = Some(c);
+        } else {
+            let mut cfg = RingConfig::new(&p.provider);
+            cfg.chunk_bytes = p.chunk;
+            cfg.window = args.window as usize;
+            cfg.poll_busy = busy;
+            cfg.node = args.fabric_addr.clone().or_else(|| p.provider.starts_with("tcp").then(|| "127.0.0.1".to_string()));
+            ring = Some(Ring::new(&cfg, &mut boot).map_err(|e| e.to_string())?);
+        }
+        for &size in &p.sizes {
+            let count = size / dsize;
+            let bytes = count * dsize;
+            let mut one = |recv: &mut [u8]| -> Result<(), String> {
+                match (&mut agg, &mut ring) {
+                    (Some(c), _) => c.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
+                    (_, Some(r)) => r.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
+                    _ => unreachable!("one mode is set"),
+                }
+            };
+            for _ in 0..args.warmup {
+                one(&mut recv[..bytes])?;
+            }
+            let mut times = Vec::with_capacity(args.iters);
+            for _ in 0..args.iters.max(1) {
+                boot.barrier().map_err(|e| e.to_string())?;
+                let t0 = Instant::now();
+                one(&mut recv[..bytes])?;
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            times.sort_by(|a, b| a.total_cmp(b));
+            let t = times[times.len() / 2];
+            let wrong = check(p.dtype, p.op, n, &recv[..bytes]);
+            let total_wrong = boot.reduce_sum_u64(wrong).map_err(|e| e.to_string())?;
+            if rank == 0 {
+                let algbw = bytes as f64 / t / 1e9;
+                let row = Row {
+                    mode: mode.clone(),
+                    bytes,
+                    count,
+                    dtype: p.dtype.name().into(),
+                    op: p.op.name().into(),
+                    time_us: t * 1e6,
+                    algbw_gbps: algbw,
+                    busbw_gbps: algbw * 2.0 * (n as f64 - 1.0) / n as f64,
+                    wrong: total_wrong,
+                };
+                println!("RESULT {}", serde_json::to_string(&row).unwrap());
+            }
+        }
+        boot.barrier().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Rank r's input element i: a small integer (so sums are exact in every
+/// type, including bf16 with its 8-bit mantissa, for up to 64 ranks).
+fn value(op: ReduceOp, rank: u32, i: usize) -> i64 {
+    match op {
+        // Products stay within ±2^6: at most one 2 per element across ranks.
+        ReduceOp::Prod => {
+            let sign = if (i + rank as usize) % 5 == 0 { -1 } else { 1 };
+            if (i % 7) as u32 == rank % 7 && rank < 7 {
+                2 * sign
+            } else {
+                sign
+            }
+        }
+        _ => ((i.wrapping_mul(7) + rank as usize * 13) % 5) as i64 - 2,
+    }
+}
+
+fn put(dtype: DataType, out: &mut [u8], v: f64) {
+    match dtype {
+        DataType::Float32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        DataType::Float64 => out.copy_from_slice(&v.to_le_bytes()),
+        DataType::Float16 => out.copy_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+        DataType::Bfloat16 => out.copy_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+        _ => out.copy_from_slice(&(v as i64).to_le_bytes()[..dtype.size()]),
+    }
+}
+
+fn fill(dtype: DataType, op: ReduceOp, rank: u32, buf: &mut [u8]) {
+    let unsigned = matches!(dtype, DataType::Uint8 | DataType::Uint32 | DataType::Uint64);
+    for (i, e) in buf.chunks_exact_mut(dtype.size()).enumerate() {
+        let mut v = value(op, rank, i);
+        if unsigned {
+            v = v.abs();
+        }
+        put(dtype, e, v as f64);
+    }
+}
+
+/// Counts elements of `out` that differ from the exact reference.
+fn check(dtype: DataType, op: ReduceOp, n: u32, out: &[u8]) -> u64 {
+    let unsigned = matches!(dtype, DataType::Uint8 | DataType::Uint32 | DataType::Uint64);
+    let mut want = vec![0u8; dtype.size()];
+    let mut wrong = 0u64;
+    for (i, got) in out.chunks_exact(dtype.size()).enumerate() {
+        let vals = (0..n).map(|r| {
+            let v = value(op, r, i);
+            if unsigned {
+                v.abs()
+            } else {
+                v
+            }
+        });
+        let exact: i64 = match op {
+            ReduceOp::Sum | ReduceOp::Avg => vals.sum(),
+            ReduceOp::Prod => vals.product(),
+            ReduceOp::Max => vals.max().unwrap(),
+            ReduceOp::Min => vals.min().unwrap(),
+        };
+        match (op, dtype) {
+            // Averages divide once, in the type the kernels divide in.
+            (ReduceOp::Avg, DataType::Float64) => put(dtype, &mut want, exact as f64 / n as f64),
+            (ReduceOp::Avg, DataType::Float32 | DataType::Float16 | DataType::Bfloat16) => {
+                put(dtype, &mut want, (exact as f32 / n as f32) as f64)
+            }
+            (ReduceOp::Avg, _) => put(dtype, &mut want, (exact / n as i64) as f64),
+            _ => put(dtype, &mut want, exact as f64),
+        }
+        if got != want.as_slice() {
+            wrong += 1;
+        }
+    }
+    wrong
+}
