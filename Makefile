@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build deps test test-rust test-aarch64 demo dist clean fmt
+.PHONY: all build deps test test-rust test-aarch64 demo dist cluster-bench clean fmt
 
 all: build
 
@@ -29,6 +29,9 @@ test-rust:
 
 test-aarch64:
 	scripts/test-aarch64.sh
+
+cluster-bench: deps build
+	scripts/cluster-bench.sh
 
 dist: deps
 	scripts/dist.sh

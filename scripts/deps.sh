@@ -3,7 +3,7 @@
 # Idempotent: when everything is present it only checks (a second or so).
 set -euo pipefail
 
-PKGS=(libfabric-dev libfabric-bin libibverbs-dev libclang-dev clang pkg-config build-essential iproute2 procps)
+PKGS=(libfabric-dev libfabric-bin libibverbs-dev libclang-dev clang pkg-config build-essential iproute2 procps python3)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Cross-builds tally-engine's reduction kernels for aarch64 (Graviton) and runs
+# their tests under qemu-user, so the NEON path is checked from an x86 machine.
+# Emulated timings mean nothing; only correctness is checked here.
+#
+#   scripts/test-aarch64.sh            install what is missing, then test
+#   TALLY_SKIP_AARCH64=1 scripts/...   skip (prints a WARNING)
+#
+# Extra arguments go to the integration test binary (e.g. a test name filter).
+set -euo pipefail
+
+if [[ "${TALLY_SKIP_AARCH64:-}" == "1" ]]; then
+    echo "WARNING: TALLY_SKIP_AARCH64=1: the aarch64 (NEON) kernels were NOT tested" >&2
+    exit 0
+fi
+
+TARGET=aarch64-unknown-linux-gnu
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-reduce}"
+
+fail() {
+    echo "aarch64: FAILED: $*" >&2
+    exit 1
+}
+
+if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
+    echo "aarch64: installing the Rust target $TARGET"
+    rustup target add "$TARGET" >/dev/null ||
+        fail "cannot install the Rust target $TARGET (rustup target add failed; offline?)"
+fi
+
+missing=()
+for pkg in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    echo "aarch64: installing ${missing[*]}"
+    SUDO=""
+    [[ $(id -u) -eq 0 ]] || SUDO=sudo
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"; } >/dev/null ||
+        fail "cannot install ${missing[*]} with apt-get"
+fi
+command -v qemu-aarch64 >/dev/null || fail "qemu-aarch64 not found after installing qemu-user"
+command -v aarch64-linux-gnu-gcc >/dev/null || fail "aarch64-linux-gnu-gcc not found"
+
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+# `std` without `fabric`: the kernels need no libfabric, so nothing arm64 beyond libc.
+# The kernels' own unit tests (conversions, detection; the other modules'
+# unit tests are not this script's business), then the integration test,
+# which runs every kernel against the reference.
+run_tests() {
+    cargo test -p tally-engine --no-default-features --features std --target "$TARGET" "$@" 2>&1 | tee -a "$log"
+}
+if ! run_tests --lib -- reduce:: || ! run_tests --test reduce -- "$@"; then
+    fail "tests failed or did not build (see above)"
+fi
+
+passed=$(awk '/^test result: ok\./ { for (i = 1; i <= NF; i++) if ($i == "passed;") n += $(i - 1) } END { print n + 0 }' "$log")
+((passed > 0)) || fail "no tests ran"
+# The integration test prints what it ran: "isas under test: scalar, neon (cpu: neon fp16 ...)".
+under_test=$(sed -n 's/^isas under test: //p' "$log" | head -n1)
+[[ "$under_test" == *neon* ]] || fail "the NEON kernels were not exercised"
+kernels=${under_test%% (*}
+cpu=$(sed -n 's/.*(cpu: \(.*\))$/\1/p' <<<"$under_test")
+echo "aarch64: $passed tests passed under qemu (kernels: $kernels; cpu: ${cpu// /, })"
