@@ -45,15 +45,18 @@ command -v qemu-aarch64 >/dev/null || fail "qemu-aarch64 not found after install
 command -v aarch64-linux-gnu-gcc >/dev/null || fail "aarch64-linux-gnu-gcc not found"
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-
+# Pin the library path to the cross libc as well as the loader: once arm64
+# multiarch packages are installed (libfabric-dev:arm64 brings libc6:arm64),
+# the cross loader would otherwise pick up /lib/aarch64-linux-gnu's libc, a
+# different build, and the first thread a test spawns hangs.
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib"
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-# `std` without `fabric`: the kernels need no libfabric, so nothing arm64 beyond libc.
-# The kernels' own unit tests (conversions, detection; the other modules'
-# unit tests are not this script's business), then the integration test,
-# which runs every kernel against the reference.
+# `std` without `fabric`: the kernels need no libfabric, so nothing arm64
+# beyond libc. First the kernels' own unit tests (conversions, detection;
+# the other modules' unit tests are not this script's business), then the
+# integration test, which runs every kernel against the reference.
 run_tests() {
     cargo test -p tally-engine --no-default-features --features std --target "$TARGET" "$@" 2>&1 | tee -a "$log"
 }
@@ -64,7 +67,7 @@ fi
 passed=$(awk '/^test result: ok\./ { for (i = 1; i <= NF; i++) if ($i == "passed;") n += $(i - 1) } END { print n + 0 }' "$log")
 ((passed > 0)) || fail "no tests ran"
 # The integration test prints what it ran: "isas under test: scalar, neon (cpu: neon fp16 ...)".
-under_test=$(sed -n 's/^isas under test: //p' "$log" | head -n1)
+under_test=$(sed -n 's/.*isas under test: //p' "$log" | head -n1)
 [[ "$under_test" == *neon* ]] || fail "the NEON kernels were not exercised"
 kernels=${under_test%% (*}
 cpu=$(sed -n 's/.*(cpu: \(.*\))$/\1/p' <<<"$under_test")

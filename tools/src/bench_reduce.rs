@@ -7,7 +7,7 @@
 //! the C library's copy does (see `measuring.md`). Buffers come from a slab,
 //! as the server's do (hugepages when there are any).
 use clap::Args;
-use serde_json::json;
+use serde::Serialize;
 use std::hint::black_box;
 use std::time::Instant;
 use tally_engine::reduce::{available_isas, DataType, Isa, Kernels, ReduceOp, MAX_INPUTS};
@@ -75,6 +75,32 @@ struct Row {
     roofline: f64,
 }
 
+/// What `--json` prints, fields in this order.
+#[derive(Serialize)]
+struct Report {
+    memcpy: Vec<MemcpyJson>,
+    results: Vec<ResultJson>,
+}
+
+#[derive(Serialize)]
+struct MemcpyJson {
+    bytes: usize,
+    #[serde(rename = "GBps")]
+    gbps: f64,
+}
+
+#[derive(Serialize)]
+struct ResultJson {
+    dtype: &'static str,
+    op: &'static str,
+    inputs: usize,
+    bytes: usize,
+    isa: &'static str,
+    #[serde(rename = "GBps")]
+    gbps: f64,
+    roofline: f64,
+}
+
 pub fn run(args: &ReduceArgs) -> Result<(), String> {
     let sizes: Vec<usize> = args
         .sizes
@@ -120,7 +146,8 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
             format_size(SAMPLE_BYTES as u64)
         );
         println!(
-            "# GB/s = (n+1)*B/t, decimal; roofline = ((n+1)*B/t) / (2*B/t_memcpy), memcpy of B bytes timed on the same buffers"
+            "# GB/s = (n+1)*B/t, decimal; roofline = ((n+1)*B/t) / (2*B/t_memcpy), t_memcpy the median memcpy of B bytes \
+             on the same buffers, timed alternately with the case's own samples"
         );
     }
 
@@ -140,26 +167,15 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
             .map(|s| &mut s[..size])
             .collect();
         let (out, inputs) = slots.split_first_mut().unwrap();
-
-        let memcpy_seconds = time_per_call(reps, args.warmup, repeats(2 * size), || {
-            out.copy_from_slice(black_box(&*inputs[0]));
-            black_box(&mut *out);
-        });
-        let memcpy_gbps = 2.0 * size as f64 / memcpy_seconds / 1e9;
-        memcpy.push(json!({ "bytes": size, "GBps": memcpy_gbps }));
         if !args.json {
+            println!("# {} per input ({backing})", format_size(size as u64));
             println!(
-                "# {} ({backing}): memcpy {:.1} GB/s copied, {:.1} GB/s moved (read + write)",
-                format_size(size as u64),
-                memcpy_gbps / 2.0,
-                memcpy_gbps
-            );
-            println!(
-                "{:>5} {:>5} {:>4} {:>9} {:>10} {:>11} {:>9} {:>9}",
-                "dtype", "op", "n", "size", "isa", "time(us)", "GB/s", "roofline"
+                "{:>5} {:>5} {:>4} {:>9} {:>10} {:>11} {:>9} {:>12} {:>9}",
+                "dtype", "op", "n", "size", "isa", "time(us)", "GB/s", "memcpy GB/s", "roofline"
             );
         }
 
+        let mut memcpy_samples = Vec::new();
         for &dtype in &args.dtype {
             let bytes = size - size % dtype.size();
             for (k, input) in inputs.iter_mut().enumerate() {
@@ -171,25 +187,37 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
                     let moved = (n + 1) * bytes;
                     for k in &kernels {
                         let out = &mut out[..bytes];
-                        let seconds = time_per_call(reps, args.warmup, repeats(moved), || {
-                            k.reduce(dtype, op, out, black_box(&views))
-                                .expect("checked arguments");
-                            black_box(&mut *out);
-                        });
-                        let gbps = moved as f64 / seconds / 1e9;
+                        let source = &*inputs[0];
+                        let [reduce, copy] = time_paired(
+                            reps,
+                            args.warmup,
+                            [repeats(moved), repeats(2 * bytes)],
+                            |which| {
+                                if which == 0 {
+                                    k.reduce(dtype, op, out, black_box(&views))
+                                        .expect("checked arguments");
+                                } else {
+                                    out.copy_from_slice(black_box(&source[..bytes]));
+                                }
+                                black_box(&mut *out);
+                            },
+                        );
+                        let gbps = moved as f64 / median(&reduce) / 1e9;
+                        let memcpy_gbps = 2.0 * bytes as f64 / median(&copy) / 1e9;
+                        memcpy_samples.extend(copy.iter().map(|t| t * size as f64 / bytes as f64));
                         let row = Row {
                             dtype,
                             op,
                             inputs: n,
                             bytes,
                             isa: k.isa(),
-                            seconds,
+                            seconds: median(&reduce),
                             gbps,
                             roofline: gbps / memcpy_gbps,
                         };
                         if !args.json {
                             println!(
-                                "{:>5} {:>5} {:>4} {:>9} {:>10} {:>11.2} {:>9.2} {:>9.3}",
+                                "{:>5} {:>5} {:>4} {:>9} {:>10} {:>11.2} {:>9.2} {:>12.2} {:>9.3}",
                                 row.dtype.name(),
                                 row.op.name(),
                                 row.inputs,
@@ -197,6 +225,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
                                 row.isa.name(),
                                 row.seconds * 1e6,
                                 row.gbps,
+                                memcpy_gbps,
                                 row.roofline
                             );
                         }
@@ -205,24 +234,40 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
                 }
             }
         }
+        let memcpy_gbps = 2.0 * size as f64 / median(&memcpy_samples) / 1e9;
+        memcpy.push(MemcpyJson {
+            bytes: size,
+            gbps: memcpy_gbps,
+        });
+        if !args.json {
+            println!(
+                "# {}: memcpy {:.1} GB/s copied, {:.1} GB/s moved (read + write), median of all {} samples",
+                format_size(size as u64),
+                memcpy_gbps / 2.0,
+                memcpy_gbps,
+                memcpy_samples.len()
+            );
+        }
     }
 
     if args.json {
-        let results: Vec<_> = rows
+        let results = rows
             .iter()
-            .map(|r| {
-                json!({
-                    "dtype": r.dtype.name(),
-                    "op": r.op.name(),
-                    "inputs": r.inputs,
-                    "bytes": r.bytes,
-                    "isa": r.isa.name(),
-                    "GBps": r.gbps,
-                    "roofline": r.roofline,
-                })
+            .map(|r| ResultJson {
+                dtype: r.dtype.name(),
+                op: r.op.name(),
+                inputs: r.inputs,
+                bytes: r.bytes,
+                isa: r.isa.name(),
+                gbps: r.gbps,
+                roofline: r.roofline,
             })
             .collect();
-        println!("{}", json!({ "memcpy": memcpy, "results": results }));
+        let report = Report { memcpy, results };
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
     }
     Ok(())
 }
@@ -232,26 +277,44 @@ fn repeats(bytes: usize) -> usize {
     SAMPLE_BYTES.div_ceil(bytes.max(1))
 }
 
-/// The median, over `reps` samples of `inner` calls each, of the time per call.
-fn time_per_call(reps: usize, warmup: usize, inner: usize, mut call: impl FnMut()) -> f64 {
-    for _ in 0..warmup * inner {
-        call();
+/// Times two things sample by sample, alternating, so that both see the
+/// same machine (on a shared host, memory bandwidth drifts within seconds):
+/// `call(0)` and `call(1)`, `inner[i]` calls per sample. Returns the seconds
+/// per call of every sample of each.
+fn time_paired(
+    reps: usize,
+    warmup: usize,
+    inner: [usize; 2],
+    mut call: impl FnMut(usize),
+) -> [Vec<f64>; 2] {
+    let mut sample = |which: usize| {
+        let start = Instant::now();
+        for _ in 0..inner[which] {
+            call(which);
+        }
+        start.elapsed().as_secs_f64() / inner[which] as f64
+    };
+    for _ in 0..warmup {
+        sample(0);
+        sample(1);
     }
-    let mut samples: Vec<f64> = (0..reps)
-        .map(|_| {
-            let start = Instant::now();
-            for _ in 0..inner {
-                call();
-            }
-            start.elapsed().as_secs_f64() / inner as f64
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    let mid = samples.len() / 2;
-    if samples.len() % 2 == 1 {
-        samples[mid]
+    let mut samples = [Vec::with_capacity(reps), Vec::with_capacity(reps)];
+    for _ in 0..reps {
+        for (which, times) in samples.iter_mut().enumerate() {
+            times.push(sample(which));
+        }
+    }
+    samples
+}
+
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
     } else {
-        (samples[mid - 1] + samples[mid]) / 2.0
+        (sorted[mid - 1] + sorted[mid]) / 2.0
     }
 }
 

@@ -67,10 +67,12 @@ unsafe fn kernel<E: Element, O: OpKind>(
     unsafe { reduce::<E, O>(out, inputs, elems, divisor) }
 }
 
-/// The portable reduction. Elements go in blocks: the block's partial
-/// results are combined with every input in turn before the block is
-/// written, which keeps one pass over memory, and lets `out` be `inputs[0]`
-/// (a block of the first input is read before it is overwritten).
+/// The portable reduction. Elements go in blocks of a fixed size, which
+/// the compiler turns into vector code: a block's partial results are
+/// combined with every input in turn before the block is written, which
+/// keeps one pass over memory and lets `out` be `inputs[0]` (a block of the
+/// first input is read before it is overwritten). The last partial block
+/// goes one element at a time.
 ///
 /// # Safety
 /// As for [`super::Kernel`], without the instruction-set condition.
@@ -85,29 +87,37 @@ pub(crate) unsafe fn reduce<E: Element, O: OpKind>(
     let Some((&first, rest)) = inputs.split_first() else {
         return;
     };
-    let mut partial = [E::Acc::default(); BLOCK];
     let mut start = 0;
-    while start < elems {
-        let len = BLOCK.min(elems - start);
-        let partial = &mut partial[..len];
+    while elems - start >= BLOCK {
         let base = start * E::SIZE;
-        for (j, acc) in partial.iter_mut().enumerate() {
-            // SAFETY: element `start + j` is below `elems`, so it lies in
-            // every input and in `out`.
-            *acc = unsafe { E::load(first.add(base + j * E::SIZE)) };
-        }
-        for &input in rest {
-            for (j, acc) in partial.iter_mut().enumerate() {
-                // SAFETY: as above.
-                let x = unsafe { E::load(input.add(base + j * E::SIZE)) };
-                *acc = acc.combine::<O>(x);
+        // SAFETY (for the block): elements `start .. start + BLOCK` are
+        // below `elems`, so they lie in every input and in `out`; every
+        // input's block is read before `out`'s is written.
+        unsafe {
+            let mut partial: [E::Acc; BLOCK] =
+                core::array::from_fn(|j| E::load(first.add(base + j * E::SIZE)));
+            for &input in rest {
+                for (j, acc) in partial.iter_mut().enumerate() {
+                    *acc = acc.combine::<O>(E::load(input.add(base + j * E::SIZE)));
+                }
+            }
+            for (j, acc) in partial.iter().enumerate() {
+                E::store(out.add(base + j * E::SIZE), acc.finish::<O>(divisor));
             }
         }
-        for (j, acc) in partial.iter().enumerate() {
-            // SAFETY: as above; every input's block has been read already.
-            unsafe { E::store(out.add(base + j * E::SIZE), acc.finish::<O>(divisor)) };
+        start += BLOCK;
+    }
+    for i in start..elems {
+        let at = i * E::SIZE;
+        // SAFETY: element `i` is below `elems`; it is read from every input
+        // before it is written.
+        unsafe {
+            let mut acc = E::load(first.add(at));
+            for &input in rest {
+                acc = acc.combine::<O>(E::load(input.add(at)));
+            }
+            E::store(out.add(at), acc.finish::<O>(divisor));
         }
-        start += len;
     }
 }
 
@@ -168,7 +178,7 @@ impl Element for Bf16 {
 }
 
 macro_rules! int_arith {
-    ($($t:ty => $wide:ty),*) => {$(
+    ($($t:ty => $via:ty, $quotient:ident);*) => {$(
         impl Arith for $t {
             #[inline(always)]
             fn combine<O: OpKind>(self, x: $t) -> $t {
@@ -183,9 +193,8 @@ macro_rules! int_arith {
             #[inline(always)]
             fn finish<O: OpKind>(self, divisor: u32) -> $t {
                 if O::OP == ReduceOp::Avg {
-                    // Divided in a wider type so that any divisor is
-                    // representable; the quotient fits the element type.
-                    (self as $wide / divisor as $wide) as $t
+                    // The quotient is no larger than `self`: it fits.
+                    $quotient(<$via>::from(self), divisor) as $t
                 } else {
                     self
                 }
@@ -193,7 +202,61 @@ macro_rules! int_arith {
         }
     )*};
 }
-int_arith!(i8 => i64, u8 => u64, i32 => i64, u32 => u64, i64 => i64, u64 => u64);
+int_arith!(
+    i8 => i16, quotient_i16;
+    u8 => i16, quotient_i16;
+    i32 => i32, quotient_i32;
+    u32 => u32, quotient_u32;
+    i64 => i64, quotient_i64;
+    u64 => u64, quotient_u64
+);
+
+// Integer averages divide through floating point where they can, because
+// that vectorises and integer division does not. It is exact: unless the
+// quotient q = x / d is a whole number, it lies at least 1/d from one, while
+// the rounded quotient is off by at most half an ulp of q <= |x| / d, which
+// is below 1/d when |x| < 2^(p-1) for a p-bit significand (8-bit values in
+// f32, 32-bit values in f64). So truncation lands where exact division
+// would. The conversions back are unchecked (a saturating `as` does not
+// vectorise): the quotient is finite and no larger than `x`.
+
+/// `x / divisor`, truncated toward zero, for 8-bit values.
+#[inline(always)]
+fn quotient_i16(x: i16, divisor: u32) -> i16 {
+    // A divisor above 2^24 rounds in f32, but then it exceeds |x| either
+    // way and the quotient truncates to 0, as it should.
+    let q = f32::from(x) / divisor as f32;
+    // SAFETY: |q| <= |x| <= 255 fits an i16, and q is finite.
+    unsafe { q.to_int_unchecked::<i16>() }
+}
+
+/// `x / divisor`, truncated toward zero.
+#[inline(always)]
+fn quotient_i32(x: i32, divisor: u32) -> i32 {
+    let q = f64::from(x) / f64::from(divisor);
+    // SAFETY: |q| <= |x| fits an i32, and q is finite.
+    unsafe { q.to_int_unchecked::<i32>() }
+}
+
+/// `x / divisor`, truncated.
+#[inline(always)]
+fn quotient_u32(x: u32, divisor: u32) -> u32 {
+    let q = f64::from(x) / f64::from(divisor);
+    // SAFETY: 0 <= q <= x fits a u32, and q is finite.
+    unsafe { q.to_int_unchecked::<u32>() }
+}
+
+/// `x / divisor`, truncated toward zero (64 bits need integer division).
+#[inline(always)]
+fn quotient_i64(x: i64, divisor: u32) -> i64 {
+    x / i64::from(divisor)
+}
+
+/// `x / divisor`, truncated (64 bits need integer division).
+#[inline(always)]
+fn quotient_u64(x: u64, divisor: u32) -> u64 {
+    x / u64::from(divisor)
+}
 
 macro_rules! float_arith {
     ($($t:ty => $nan:expr),*) => {$(
@@ -387,6 +450,51 @@ mod tests {
     fn bf16_rounding_matches_half() {
         let reference = |x: f32| half::bf16::from_f32(x).to_bits();
         check_narrowing(f32_to_bf16, bf16_to_f32, reference, canonical_nan::BF16, 2);
+    }
+
+    #[test]
+    fn division_through_f64_is_exact() {
+        let divisors = (1..=1100).chain([65_535, 65_536, 1 << 31, u32::MAX - 1, u32::MAX]);
+        for d in divisors {
+            for x in i16::from(i8::MIN)..=i16::from(u8::MAX) {
+                assert_eq!(
+                    quotient_i16(x, d),
+                    (i64::from(x) / i64::from(d)) as i16,
+                    "{x} / {d}"
+                );
+                let x = i32::from(x);
+                assert_eq!(
+                    quotient_i32(x, d),
+                    (i64::from(x) / i64::from(d)) as i32,
+                    "{x} / {d}"
+                );
+            }
+        }
+        let mut state = 3;
+        for _ in 0..2_000_000 {
+            let r = splitmix(&mut state);
+            // Any value, by any divisor (small ones more often).
+            let d = (((r >> 32) as u32) >> (r >> 59)).max(1);
+            let (x, y) = (r as i32, r as u32);
+            assert_eq!(
+                quotient_i32(x, d),
+                (i64::from(x) / i64::from(d)) as i32,
+                "{x} / {d}"
+            );
+            assert_eq!(quotient_u32(y, d), y / d, "{y} / {d}");
+        }
+        for d in [1, 2, 3, 7, u32::MAX / 2, u32::MAX] {
+            for x in [i32::MIN, i32::MIN + 1, -1, i32::MAX] {
+                assert_eq!(
+                    quotient_i32(x, d),
+                    (i64::from(x) / i64::from(d)) as i32,
+                    "{x} / {d}"
+                );
+            }
+            for y in [u32::MAX, u32::MAX - 1, 1 << 31] {
+                assert_eq!(quotient_u32(y, d), y / d, "{y} / {d}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,972 @@
+//! The reduction kernels of every instruction set this CPU has, the scalar
+//! one included, against an independent reference: plain per-element loops
+//! that combine floats in `f64` and round to the combining precision after
+//! every step (exact for +, x and / of two f32 values, since f64 has more
+//! than twice f32's precision), integers in `i128`, and 16-bit floats
+//! converted by the `half` crate.
+//!
+//! Results are compared byte for byte; the kernels promise one canonical
+//! NaN per type, so there is nothing to excuse. Inputs are random, with a
+//! fresh seed every run (printed; `TALLY_TEST_SEED=n` repeats one), and
+//! include NaNs with payloads, infinities, signed zeros and subnormals.
+
+use std::io::Write;
+use std::sync::OnceLock;
+
+use tally_engine::reduce::{
+    available_isas, canonical_nan, DataType, Isa, IsaError, Kernels, ReduceError, ReduceOp,
+    MAX_INPUTS, STREAM_MIN_BYTES,
+};
+
+// ---------------------------------------------------------------------------
+// Randomness
+
+/// splitmix64: small, fast, and good enough to spread test inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    fn bytes(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            let r = self.next().to_le_bytes();
+            chunk.copy_from_slice(&r[..chunk.len()]);
+        }
+    }
+}
+
+/// The run's seed, printed once (past the test harness's capture, so the
+/// line shows even when every test passes).
+fn seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = match std::env::var("TALLY_TEST_SEED") {
+            Ok(s) => s
+                .trim()
+                .parse()
+                .expect("TALLY_TEST_SEED must be an unsigned integer"),
+            Err(_) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap();
+                now.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
+            }
+        };
+        let _ = writeln!(
+            std::io::stderr(),
+            "reduce tests: seed {seed} (TALLY_TEST_SEED={seed} repeats this run)"
+        );
+        seed
+    })
+}
+
+/// A generator for one test, so that tests do not depend on their order.
+fn rng(test: &str) -> Rng {
+    let salt = test.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    Rng(seed() ^ salt)
+}
+
+// ---------------------------------------------------------------------------
+// Instruction sets
+
+/// Every instruction set this CPU has, printed once.
+fn kernel_sets() -> Vec<Kernels> {
+    static PRINTED: OnceLock<()> = OnceLock::new();
+    let isas = available_isas();
+    PRINTED.get_or_init(|| {
+        let names: Vec<&str> = isas.iter().map(|isa| isa.name()).collect();
+        let _ = writeln!(
+            std::io::stderr(),
+            "isas under test: {} (cpu: {})",
+            names.join(", "),
+            cpu_features()
+        );
+    });
+    isas.into_iter()
+        .map(|isa| Kernels::for_isa(isa).expect("listed as available"))
+        .collect()
+}
+
+fn cpu_features() -> String {
+    #[allow(unused_mut)]
+    let mut found: Vec<&str> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {$( if std::is_x86_feature_detected!($f) { found.push($f); } )*};
+        }
+        probe!(
+            "avx2",
+            "f16c",
+            "fma",
+            "avx512f",
+            "avx512bw",
+            "avx512vl",
+            "avx512bf16",
+            "avx512fp16"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {$( if std::arch::is_aarch64_feature_detected!($f) { found.push($f); } )*};
+        }
+        probe!("neon", "fp16", "bf16", "sve");
+    }
+    found.join(" ")
+}
+
+#[test]
+fn every_available_isa_is_tested() {
+    let isas: Vec<Isa> = kernel_sets().iter().map(|k| k.isa()).collect();
+    assert_eq!(isas[0], Isa::Scalar);
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+        assert!(isas.contains(&Isa::Avx2));
+    }
+    #[cfg(target_arch = "aarch64")]
+    assert!(isas.contains(&Isa::Neon));
+    assert_eq!(Kernels::best().isa(), *isas.last().unwrap());
+}
+
+// ---------------------------------------------------------------------------
+// The reference
+
+/// A decoded element: integers as `i128`, floats as `f64` (exact for every
+/// type here).
+#[derive(Clone, Copy, Debug)]
+enum Value {
+    Int(i128),
+    Float(f64),
+}
+
+fn decode(dtype: DataType, b: &[u8]) -> Value {
+    use DataType::*;
+    let a2 = || [b[0], b[1]];
+    let a4 = || [b[0], b[1], b[2], b[3]];
+    let a8 = || b[..8].try_into().unwrap();
+    match dtype {
+        Int8 => Value::Int(i128::from(b[0] as i8)),
+        Uint8 => Value::Int(i128::from(b[0])),
+        Int32 => Value::Int(i128::from(i32::from_ne_bytes(a4()))),
+        Uint32 => Value::Int(i128::from(u32::from_ne_bytes(a4()))),
+        Int64 => Value::Int(i128::from(i64::from_ne_bytes(a8()))),
+        Uint64 => Value::Int(i128::from(u64::from_ne_bytes(a8()))),
+        Float16 => Value::Float(f64::from(
+            half::f16::from_bits(u16::from_ne_bytes(a2())).to_f32(),
+        )),
+        Bfloat16 => Value::Float(f64::from(
+            half::bf16::from_bits(u16::from_ne_bytes(a2())).to_f32(),
+        )),
+        Float32 => Value::Float(f64::from(f32::from_ne_bytes(a4()))),
+        Float64 => Value::Float(f64::from_ne_bytes(a8())),
+    }
+}
+
+fn encode(dtype: DataType, v: Value, out: &mut [u8]) {
+    use DataType::*;
+    match (dtype, v) {
+        (Int8 | Uint8, Value::Int(i)) => out[0] = i as u8,
+        (Int32 | Uint32, Value::Int(i)) => out.copy_from_slice(&(i as u32).to_ne_bytes()),
+        (Int64 | Uint64, Value::Int(i)) => out.copy_from_slice(&(i as u64).to_ne_bytes()),
+        (Float16, Value::Float(f)) => {
+            let h = if f.is_nan() {
+                canonical_nan::F16
+            } else {
+                half::f16::from_f32(f as f32).to_bits()
+            };
+            out.copy_from_slice(&h.to_ne_bytes())
+        }
+        (Bfloat16, Value::Float(f)) => {
+            let h = if f.is_nan() {
+                canonical_nan::BF16
+            } else {
+                half::bf16::from_f32(f as f32).to_bits()
+            };
+            out.copy_from_slice(&h.to_ne_bytes())
+        }
+        (Float32, Value::Float(f)) => {
+            let x = if f.is_nan() {
+                canonical_nan::F32
+            } else {
+                (f as f32).to_bits()
+            };
+            out.copy_from_slice(&x.to_ne_bytes())
+        }
+        (Float64, Value::Float(f)) => {
+            let x = if f.is_nan() {
+                canonical_nan::F64
+            } else {
+                f.to_bits()
+            };
+            out.copy_from_slice(&x.to_ne_bytes())
+        }
+        _ => unreachable!("{dtype} with {v:?}"),
+    }
+}
+
+/// Wraps an integer to the element type's range, as the hardware would.
+fn wrap(dtype: DataType, i: i128) -> i128 {
+    use DataType::*;
+    match dtype {
+        Int8 => i128::from(i as i8),
+        Uint8 => i128::from(i as u8),
+        Int32 => i128::from(i as i32),
+        Uint32 => i128::from(i as u32),
+        Int64 => i128::from(i as i64),
+        Uint64 => i128::from(i as u64),
+        _ => unreachable!(),
+    }
+}
+
+/// Rounds to the precision floats of this type are combined in.
+fn round_combining(dtype: DataType, f: f64) -> f64 {
+    if dtype == DataType::Float64 {
+        f
+    } else {
+        f64::from(f as f32)
+    }
+}
+
+/// IEEE 754-2019 maximum (`greater`) or minimum, written independently of
+/// the kernels: NaN wins, then zeros by sign, then by value.
+fn extreme(a: f64, b: f64, greater: bool) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a == 0.0 && b == 0.0 {
+        let positive = if greater {
+            a.is_sign_positive() || b.is_sign_positive()
+        } else {
+            a.is_sign_positive() && b.is_sign_positive()
+        };
+        if positive {
+            0.0
+        } else {
+            -0.0
+        }
+    } else if greater {
+        a.max(b)
+    } else {
+        a.min(b)
+    }
+}
+
+fn combine(dtype: DataType, op: ReduceOp, acc: Value, x: Value) -> Value {
+    match (acc, x) {
+        (Value::Int(a), Value::Int(x)) => Value::Int(wrap(
+            dtype,
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => a + x,
+                ReduceOp::Prod => a.wrapping_mul(x),
+                ReduceOp::Max => a.max(x),
+                ReduceOp::Min => a.min(x),
+            },
+        )),
+        (Value::Float(a), Value::Float(x)) => Value::Float(round_combining(
+            dtype,
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => a + x,
+                ReduceOp::Prod => a * x,
+                ReduceOp::Max => extreme(a, x, true),
+                ReduceOp::Min => extreme(a, x, false),
+            },
+        )),
+        _ => unreachable!(),
+    }
+}
+
+fn divide(dtype: DataType, v: Value, n: usize) -> Value {
+    match v {
+        Value::Int(i) => Value::Int(wrap(dtype, i / n as i128)),
+        Value::Float(f) => Value::Float(round_combining(dtype, f / n as f64)),
+    }
+}
+
+/// The expected bytes of `op` over `inputs`, element by element.
+fn reference(dtype: DataType, op: ReduceOp, inputs: &[&[u8]], out: &mut [u8]) {
+    let size = dtype.size();
+    for (i, out) in out.chunks_exact_mut(size).enumerate() {
+        let element = |input: &&[u8]| decode(dtype, &input[i * size..]);
+        let mut acc = element(&inputs[0]);
+        for input in &inputs[1..] {
+            acc = combine(dtype, op, acc, element(input));
+        }
+        if op == ReduceOp::Avg {
+            acc = divide(dtype, acc, inputs.len());
+        }
+        encode(dtype, acc, out);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Inputs
+
+/// Bit patterns that make kernels slip: NaNs with payloads (quiet,
+/// signalling, negative), infinities, signed zeros, subnormals, extremes.
+fn special_f32(rng: &mut Rng) -> f32 {
+    const BITS: [u32; 16] = [
+        0x7fc0_0000,
+        0xffc0_0000,
+        0x7f80_0001,
+        0x7fa5_a5a5,
+        0xffff_ffff,
+        0x7f80_0000,
+        0xff80_0000,
+        0x0000_0000,
+        0x8000_0000,
+        0x0000_0001,
+        0x8000_0001,
+        0x007f_ffff,
+        0x0080_0000,
+        0x7f7f_ffff,
+        0xff7f_ffff,
+        0x3380_0000,
+    ];
+    match rng.below(3) {
+        0 => f32::from_bits(BITS[rng.below(BITS.len())]),
+        1 => f32::from_bits(rng.next() as u32),
+        // f16-subnormal territory, or around the f16 overflow threshold.
+        _ => {
+            let sign = rng.next() as u32 & 0x8000_0000;
+            let magnitude = if rng.chance(0.5) {
+                0x3300_0000 + rng.below(0x0600_0000) as u32
+            } else {
+                0x477f_0000 + rng.below(0x0002_0000) as u32
+            };
+            f32::from_bits(sign | magnitude)
+        }
+    }
+}
+
+/// An ordinary value whose size suits the operation (products of many
+/// inputs must not always overflow).
+fn ordinary(rng: &mut Rng, op: ReduceOp) -> f64 {
+    let mantissa = 1.0 + (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+    let sign = if rng.chance(0.5) { -1.0 } else { 1.0 };
+    let exponent = match op {
+        ReduceOp::Prod => rng.below(3) as i32 - 1,
+        _ => rng.below(16) as i32 - 8,
+    };
+    sign * mantissa * 2f64.powi(exponent)
+}
+
+/// `len` random elements of `dtype` into `out`; about `special` of the float
+/// elements are special values.
+fn fill(rng: &mut Rng, dtype: DataType, op: ReduceOp, special: f64, out: &mut [u8]) {
+    use DataType::*;
+    if !dtype.is_float() {
+        return rng.bytes(out);
+    }
+    let size = dtype.size();
+    for element in out.chunks_exact_mut(size) {
+        let f = if rng.chance(special) {
+            match dtype {
+                // Any 16-bit pattern is fair game, as are the f32 ones rounded.
+                Float16 | Bfloat16 if rng.chance(0.5) => {
+                    element.copy_from_slice(&(rng.next() as u16).to_ne_bytes());
+                    continue;
+                }
+                Float64 if rng.chance(0.5) => {
+                    element.copy_from_slice(&rng.next().to_ne_bytes());
+                    continue;
+                }
+                _ => f64::from(special_f32(rng)),
+            }
+        } else {
+            ordinary(rng, op)
+        };
+        let bits: Vec<u8> = match dtype {
+            Float16 => half::f16::from_f64(f).to_bits().to_ne_bytes().to_vec(),
+            Bfloat16 => half::bf16::from_f64(f).to_bits().to_ne_bytes().to_vec(),
+            Float32 => (f as f32).to_ne_bytes().to_vec(),
+            _ => f.to_ne_bytes().to_vec(),
+        };
+        element.copy_from_slice(&bits);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Running a case
+
+/// A buffer placed at a chosen byte offset from a 64-byte boundary, with
+/// guard bytes around it that must survive.
+struct Placed {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+const GUARD: u8 = 0xa5;
+
+impl Placed {
+    fn new(len: usize, offset: usize) -> Placed {
+        let storage = vec![GUARD; len + offset + 192];
+        let start = storage.as_ptr().align_offset(64) + 64 + offset;
+        Placed {
+            storage,
+            start,
+            len,
+        }
+    }
+    fn get(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+    fn guards_intact(&self) -> bool {
+        let (before, rest) = self.storage.split_at(self.start);
+        before.iter().chain(&rest[self.len..]).all(|&b| b == GUARD)
+    }
+}
+
+struct Case<'a> {
+    dtype: DataType,
+    op: ReduceOp,
+    inputs: &'a [Placed],
+    test: &'a str,
+}
+
+impl Case<'_> {
+    /// Runs every kernel set on this case and compares with `expected`.
+    fn check(&self, kernels: &[Kernels], expected: &[u8], rng: &mut Rng) {
+        let inputs: Vec<&[u8]> = self.inputs.iter().map(Placed::get).collect();
+        for k in kernels {
+            let offset = rng.below(8);
+            let mut out = Placed::new(expected.len(), offset);
+            rng.bytes(out.get_mut());
+            k.reduce(self.dtype, self.op, out.get_mut(), &inputs)
+                .unwrap();
+            self.compare(
+                k.isa(),
+                &format!("out offset {offset}"),
+                out.get(),
+                expected,
+                &inputs,
+            );
+            assert!(
+                out.guards_intact(),
+                "{}: {} wrote outside its output ({})",
+                self.test,
+                k.isa(),
+                self.describe()
+            );
+        }
+    }
+
+    fn describe(&self) -> String {
+        let offsets: Vec<usize> = self.inputs.iter().map(|p| p.start % 64).collect();
+        format!(
+            "{} {} n={} bytes={} input offsets {:?}, seed {}",
+            self.dtype,
+            self.op,
+            self.inputs.len(),
+            self.inputs[0].len,
+            &offsets[..offsets.len().min(8)],
+            seed()
+        )
+    }
+
+    fn compare(&self, isa: Isa, what: &str, got: &[u8], expected: &[u8], inputs: &[&[u8]]) {
+        if got == expected {
+            return;
+        }
+        let size = self.dtype.size();
+        let i = (0..expected.len() / size)
+            .find(|&i| got[i * size..][..size] != expected[i * size..][..size])
+            .unwrap();
+        let hex = |b: &[u8]| -> String {
+            b[i * size..][..size]
+                .iter()
+                .rev()
+                .map(|x| format!("{x:02x}"))
+                .collect()
+        };
+        let shown: Vec<String> = inputs.iter().take(8).map(|b| hex(b)).collect();
+        panic!(
+            "{}: {isa} differs from the reference at element {i} of {} ({}; {what}):\n  \
+             inputs {shown:?}{}\n  got      {}\n  expected {}",
+            self.test,
+            expected.len() / size,
+            self.describe(),
+            if inputs.len() > 8 { " ..." } else { "" },
+            hex(got),
+            hex(expected),
+        );
+    }
+}
+
+fn random_inputs(
+    rng: &mut Rng,
+    dtype: DataType,
+    op: ReduceOp,
+    n: usize,
+    bytes: usize,
+) -> Vec<Placed> {
+    let special = (1.0 / n as f64).min(0.25);
+    (0..n)
+        .map(|_| {
+            let mut p = Placed::new(bytes, rng.below(8));
+            fill(rng, dtype, op, special, p.get_mut());
+            p
+        })
+        .collect()
+}
+
+/// Lengths (in elements) that cover empty, short, every tail of the widest
+/// registers and blocks (up to 4 registers of 32 elements), and longer runs.
+fn lengths() -> Vec<usize> {
+    let mut lengths: Vec<usize> = (0..=140).collect();
+    lengths.extend([
+        191, 255, 256, 257, 300, 383, 384, 385, 511, 513, 1000, 1025, 2049, 4099,
+    ]);
+    lengths
+}
+
+const INPUT_COUNTS: [usize; 6] = [1, 2, 3, 4, 8, 64];
+
+fn matrix(dtype: DataType) {
+    let test = format!("matrix_{dtype}");
+    let mut rng = rng(&test);
+    let kernels = kernel_sets();
+    for op in ReduceOp::ALL {
+        for n in INPUT_COUNTS {
+            for len in lengths() {
+                // The long ones with many inputs add time, not coverage.
+                if n == 64 && len > 513 {
+                    continue;
+                }
+                let bytes = len * dtype.size();
+                let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
+                let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
+                let mut expected = vec![0u8; bytes];
+                reference(dtype, op, &views, &mut expected);
+                Case {
+                    dtype,
+                    op,
+                    inputs: &inputs,
+                    test: &test,
+                }
+                .check(&kernels, &expected, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn matrix_f32() {
+    matrix(DataType::Float32);
+}
+#[test]
+fn matrix_bf16() {
+    matrix(DataType::Bfloat16);
+}
+#[test]
+fn matrix_f16() {
+    matrix(DataType::Float16);
+}
+#[test]
+fn matrix_f64() {
+    matrix(DataType::Float64);
+}
+#[test]
+fn matrix_i8() {
+    matrix(DataType::Int8);
+}
+#[test]
+fn matrix_u8() {
+    matrix(DataType::Uint8);
+}
+#[test]
+fn matrix_i32() {
+    matrix(DataType::Int32);
+}
+#[test]
+fn matrix_u32() {
+    matrix(DataType::Uint32);
+}
+#[test]
+fn matrix_i64() {
+    matrix(DataType::Int64);
+}
+#[test]
+fn matrix_u64() {
+    matrix(DataType::Uint64);
+}
+
+/// Outputs large enough for streaming stores, with the output 64-byte
+/// aligned, element-aligned only (the kernel first writes a partial
+/// register), and not even element-aligned (no streaming).
+#[test]
+fn large_outputs_stream_and_stay_exact() {
+    let test = "large_outputs";
+    let mut rng = rng(test);
+    let kernels = kernel_sets();
+    for dtype in [
+        DataType::Float32,
+        DataType::Bfloat16,
+        DataType::Float16,
+        DataType::Float64,
+    ] {
+        for op in [ReduceOp::Sum, ReduceOp::Avg] {
+            let len = STREAM_MIN_BYTES / dtype.size() + 2 * 64 + 13;
+            let bytes = len * dtype.size();
+            let inputs = random_inputs(&mut rng, dtype, op, 3, bytes);
+            let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
+            let mut expected = vec![0u8; bytes];
+            reference(dtype, op, &views, &mut expected);
+            let case = Case {
+                dtype,
+                op,
+                inputs: &inputs,
+                test,
+            };
+            for k in &kernels {
+                for offset in [0, dtype.size(), 1] {
+                    let mut out = Placed::new(bytes, offset);
+                    k.reduce(dtype, op, out.get_mut(), &views).unwrap();
+                    case.compare(
+                        k.isa(),
+                        &format!("out offset {offset}"),
+                        out.get(),
+                        &expected,
+                        &views,
+                    );
+                    assert!(
+                        out.guards_intact(),
+                        "{test}: {} wrote outside its output",
+                        k.isa()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `reduce_raw` into the first input's own buffer gives what `reduce` gives.
+#[test]
+fn reduce_raw_in_place_matches() {
+    let test = "in_place";
+    let mut rng = rng(test);
+    let kernels = kernel_sets();
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            for n in [1, 2, 5] {
+                for len in [0, 1, 33, 200, 1029, STREAM_MIN_BYTES / dtype.size() + 7] {
+                    // One streaming-size case per type is plenty.
+                    if len > 1029 && (op != ReduceOp::Sum || n != 2) {
+                        continue;
+                    }
+                    let bytes = len * dtype.size();
+                    let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
+                    let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
+                    let mut expected = vec![0u8; bytes];
+                    reference(dtype, op, &views, &mut expected);
+                    let case = Case {
+                        dtype,
+                        op,
+                        inputs: &inputs,
+                        test,
+                    };
+                    for k in &kernels {
+                        let mut first = Placed::new(bytes, inputs[0].start % 64);
+                        first.get_mut().copy_from_slice(views[0]);
+                        let out = first.get_mut().as_mut_ptr();
+                        let mut addrs: Vec<*const u8> = views.iter().map(|v| v.as_ptr()).collect();
+                        addrs[0] = out;
+                        // SAFETY: every address is valid for `len` elements for
+                        // the call, and `out` is exactly `addrs[0]`, which
+                        // `reduce_raw` allows.
+                        unsafe { k.reduce_raw(dtype, op, out, &addrs, len) }.unwrap();
+                        case.compare(k.isa(), "in place", first.get(), &expected, &views);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The accumulate form: the same as a two-input reduction, and for `avg`,
+/// accumulated sums finished by `finish_avg`.
+#[test]
+fn accumulate_matches_reduce_and_finish_avg_divides() {
+    let test = "accumulate";
+    let mut rng = rng(test);
+    let kernels = kernel_sets();
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            for len in [0, 1, 7, 64, 100, 513] {
+                let n = 5;
+                let bytes = len * dtype.size();
+                let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
+                let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
+                let case = Case {
+                    dtype,
+                    op,
+                    inputs: &inputs,
+                    test,
+                };
+                // What accumulating step by step must give: each step is a
+                // two-input reduction (`avg` adds), rounded to the type.
+                let step_op = if op == ReduceOp::Avg {
+                    ReduceOp::Sum
+                } else {
+                    op
+                };
+                let mut expected = views[0].to_vec();
+                for input in &views[1..] {
+                    let acc = expected.clone();
+                    reference(dtype, step_op, &[&acc, input], &mut expected);
+                }
+                if op == ReduceOp::Avg {
+                    let size = dtype.size();
+                    for chunk in expected.chunks_exact_mut(size) {
+                        let v = divide(dtype, decode(dtype, chunk), n);
+                        encode(dtype, v, chunk);
+                    }
+                }
+                for k in &kernels {
+                    let mut acc = Placed::new(bytes, rng.below(8));
+                    acc.get_mut().copy_from_slice(views[0]);
+                    for input in &views[1..] {
+                        k.accumulate(dtype, op, acc.get_mut(), input).unwrap();
+                    }
+                    if op == ReduceOp::Avg {
+                        k.finish_avg(dtype, acc.get_mut(), n).unwrap();
+                    }
+                    case.compare(k.isa(), "accumulate", acc.get(), &expected, &views);
+                    // Wider types lose nothing by accumulating: the one-pass
+                    // form gives the same bytes.
+                    if dtype.size() >= 4 {
+                        let mut out = vec![0u8; bytes];
+                        k.reduce(dtype, op, &mut out, &views).unwrap();
+                        case.compare(k.isa(), "reduce vs accumulate", &out, acc.get(), &views);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Hand-picked cases, so the rules in the module documentation are pinned
+/// down by name and not only by the random matrix.
+#[test]
+fn documented_rules_hold() {
+    let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+    let bits = |b: &[u8]| -> Vec<u32> {
+        b.chunks(4)
+            .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    for k in kernel_sets() {
+        let run = |op: ReduceOp, a: &[f32], b: &[f32]| -> Vec<u32> {
+            let mut out = vec![0u8; a.len() * 4];
+            k.reduce(DataType::Float32, op, &mut out, &[&f32s(a), &f32s(b)])
+                .unwrap();
+            bits(&out)
+        };
+        let nan = canonical_nan::F32;
+        let payload = f32::from_bits(0xffa5_a5a5);
+        // max/min: -0 < +0 either way round; NaN from either side wins.
+        assert_eq!(
+            run(
+                ReduceOp::Max,
+                &[-0.0, 0.0, 1.0, payload],
+                &[0.0, -0.0, payload, 1.0]
+            ),
+            [0, 0, nan, nan],
+            "{}",
+            k.isa()
+        );
+        assert_eq!(
+            run(
+                ReduceOp::Min,
+                &[-0.0, 0.0, 1.0, payload],
+                &[0.0, -0.0, payload, 1.0]
+            ),
+            [0x8000_0000, 0x8000_0000, nan, nan],
+            "{}",
+            k.isa()
+        );
+        // Signed zeros add as IEEE says; inf - inf is the canonical NaN.
+        assert_eq!(
+            run(
+                ReduceOp::Sum,
+                &[-0.0, -0.0, f32::INFINITY],
+                &[-0.0, 0.0, f32::NEG_INFINITY]
+            ),
+            [0x8000_0000, 0, nan],
+            "{}",
+            k.isa()
+        );
+        // avg divides (1/3 is not 1 * (1/3) rounded twice).
+        let third = run(ReduceOp::Avg, &[1.0], &[0.0]);
+        assert_eq!(third, [0.5f32.to_bits()]);
+        let mut out = [0u8; 4];
+        k.reduce(
+            DataType::Float32,
+            ReduceOp::Avg,
+            &mut out,
+            &[&f32s(&[1.0]), &f32s(&[0.0]), &f32s(&[0.0])],
+        )
+        .unwrap();
+        assert_eq!(f32::from_ne_bytes(out), 1.0f32 / 3.0);
+        // bf16 rounds once, after combining in f32: 1 + 2^-8 + 2^-8 is
+        // 1 + 2^-7 exactly, though either addition alone would round to 1.
+        let one = half::bf16::from_f32(1.0).to_bits().to_ne_bytes();
+        let tiny = half::bf16::from_f32(1.0 / 256.0).to_bits().to_ne_bytes();
+        let mut out = [0u8; 2];
+        k.reduce(
+            DataType::Bfloat16,
+            ReduceOp::Sum,
+            &mut out,
+            &[&one, &tiny, &tiny],
+        )
+        .unwrap();
+        assert_eq!(
+            half::bf16::from_bits(u16::from_ne_bytes(out)).to_f32(),
+            1.0 + 1.0 / 128.0,
+            "{}",
+            k.isa()
+        );
+        // Integers wrap and avg truncates toward zero.
+        let mut out = [0u8; 1];
+        k.reduce(DataType::Int8, ReduceOp::Sum, &mut out, &[&[100], &[100]])
+            .unwrap();
+        assert_eq!(out[0] as i8, -56);
+        k.reduce(
+            DataType::Int8,
+            ReduceOp::Avg,
+            &mut out,
+            &[&[(-7i8) as u8], &[0]],
+        )
+        .unwrap();
+        assert_eq!(out[0] as i8, -3);
+        // A NaN's payload and sign never reach the output.
+        let mut out = [0u8; 2];
+        k.reduce(
+            DataType::Float16,
+            ReduceOp::Sum,
+            &mut out,
+            &[&0xfd01u16.to_ne_bytes()],
+        )
+        .unwrap();
+        assert_eq!(u16::from_ne_bytes(out), canonical_nan::F16, "{}", k.isa());
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let k = Kernels::best();
+    let a = [0u8; 8];
+    let b = [0u8; 4];
+    let mut out = [0u8; 8];
+    assert_eq!(
+        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &[]),
+        Err(ReduceError::NoInputs)
+    );
+    assert_eq!(
+        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &[&a, &b]),
+        Err(ReduceError::LengthMismatch)
+    );
+    assert_eq!(
+        k.reduce(DataType::Float64, ReduceOp::Sum, &mut out[..6], &[&a[..6]]),
+        Err(ReduceError::PartialElement)
+    );
+    let many = vec![&a[..]; MAX_INPUTS + 1];
+    assert_eq!(
+        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &many),
+        Err(ReduceError::TooManyInputs)
+    );
+    assert_eq!(
+        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &many[1..]),
+        Ok(())
+    );
+    assert_eq!(
+        k.accumulate(DataType::Float32, ReduceOp::Sum, &mut out, &b),
+        Err(ReduceError::LengthMismatch)
+    );
+    assert_eq!(
+        k.finish_avg(DataType::Float32, &mut out, 0),
+        Err(ReduceError::BadCount)
+    );
+    assert_eq!(
+        k.finish_avg(DataType::Float32, &mut out[..7], 2),
+        Err(ReduceError::PartialElement)
+    );
+}
+
+#[test]
+fn names_and_codes() {
+    for (code, dtype) in DataType::ALL.into_iter().enumerate() {
+        assert_eq!(dtype as i32, code as i32);
+        assert_eq!(DataType::from_nccl(code as i32), Some(dtype));
+        assert_eq!(DataType::parse(dtype.name()), Some(dtype));
+        assert_eq!(DataType::parse(&dtype.name().to_uppercase()), Some(dtype));
+    }
+    assert_eq!(DataType::from_nccl(10), None);
+    assert_eq!(DataType::from_nccl(-1), None);
+    assert_eq!(DataType::parse("bfloat16"), Some(DataType::Bfloat16));
+    assert_eq!(DataType::parse("float32"), Some(DataType::Float32));
+    assert_eq!(DataType::parse("f8"), None);
+    let sizes: Vec<usize> = DataType::ALL.iter().map(|t| t.size()).collect();
+    assert_eq!(sizes, [1, 1, 4, 4, 8, 8, 2, 4, 8, 2]);
+    for (code, op) in ReduceOp::ALL.into_iter().enumerate() {
+        assert_eq!(op as i32, code as i32);
+        assert_eq!(ReduceOp::from_nccl(code as i32), Some(op));
+        assert_eq!(ReduceOp::parse(op.name()), Some(op));
+    }
+    assert_eq!(ReduceOp::from_nccl(5), None);
+    for isa in Isa::ALL {
+        assert_eq!(Isa::parse(isa.name()), Some(isa));
+    }
+}
+
+#[test]
+fn choosing_kernels_by_name() {
+    assert_eq!(
+        Kernels::for_name("auto").unwrap().isa(),
+        Kernels::best().isa()
+    );
+    assert_eq!(Kernels::for_name("").unwrap().isa(), Kernels::best().isa());
+    assert_eq!(Kernels::for_name("scalar").unwrap().isa(), Isa::Scalar);
+    assert_eq!(
+        Kernels::for_name("sse9").unwrap_err(),
+        IsaError::UnknownName
+    );
+    let missing = Isa::ALL
+        .into_iter()
+        .find(|isa| !isa.is_available())
+        .expect("no CPU has both x86 and Arm SIMD");
+    let err = Kernels::for_name(missing.name()).unwrap_err();
+    assert_eq!(err, IsaError::Unavailable(missing));
+    assert!(err.to_string().contains("not available"), "{err}");
+    for isa in available_isas() {
+        assert_eq!(Kernels::for_name(isa.name()).unwrap().isa(), isa);
+    }
+    // `detect` honours TALLY_ISA when it is set (as the CI may do); checked
+    // without touching the environment, which other tests share.
+    match std::env::var("TALLY_ISA") {
+        Ok(name) => assert_eq!(
+            Kernels::detect().map(|k| k.isa()),
+            Kernels::for_name(&name).map(|k| k.isa())
+        ),
+        Err(_) => assert_eq!(Kernels::detect().unwrap().isa(), Kernels::best().isa()),
+    }
+}
