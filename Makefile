@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build deps test test-rust test-aarch64 demo dist cluster-bench clean fmt
+.PHONY: all build deps test test-rust test-aarch64 demo dist cluster-bench clean fmt perf
 
 all: build
 
@@ -38,6 +38,21 @@ dist: deps
 
 fmt:
 	$(CARGO) fmt --all
+
+# Profile the demo with perf (docs/profiling.md). Hardware cycles where the
+# host exposes them, else the cpu-clock software event (VMs, containers).
+# Debian 12: apt-get install -y linux-perf.
+PERF ?= perf
+PERF_DATA ?= target/perf.data
+TALLY ?= ./target/release/tally
+perf:
+	@command -v $(PERF) >/dev/null || { echo "make perf: perf not found (Debian 12: apt-get install -y linux-perf)"; exit 1; }
+	$(CARGO) build --release -p tally-cli
+	@ev=cycles; $(PERF) stat -e cycles true >/dev/null 2>&1 || ev=cpu-clock; \
+	echo "make perf: recording '$(TALLY) demo' with -e $$ev -g into $(PERF_DATA)"; \
+	$(PERF) record -q -e $$ev -g -o $(PERF_DATA) -- $(TALLY) demo > $(PERF_DATA).demo.log 2>&1 || { tail -20 $(PERF_DATA).demo.log; exit 1; }
+	@echo "make perf: top symbols (self time); full report: $(PERF) report -i $(PERF_DATA)"
+	@$(PERF) report -i $(PERF_DATA) --stdio --no-children -g none --sort comm,dso,symbol --percent-limit 0.5 2>/dev/null | grep -v '^#' | grep -v '^$$' | head -30
 
 clean:
 	$(CARGO) clean

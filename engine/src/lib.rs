@@ -32,6 +32,8 @@ pub mod bootstrap;
 #[cfg(feature = "fabric")]
 pub mod lcore;
 #[cfg(feature = "fabric")]
+pub mod metrics;
+#[cfg(feature = "fabric")]
 pub mod ring;
 #[cfg(feature = "fabric")]
 pub mod server;

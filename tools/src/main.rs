@@ -8,6 +8,7 @@ mod bench_reduce;
 mod demo;
 mod host;
 mod server_cmd;
+mod stats_cmd;
 
 #[derive(Parser)]
 #[command(name = "tally", version, about = "Gradient reduction-server dataplane over libfabric")]
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Run a reduction server until SIGINT/SIGTERM.
     Server(server_cmd::ServerArgs),
+    /// Live per-lcore view of a server's /metrics (like top); --once --json for scripts.
+    Stats(stats_cmd::StatsArgs),
     /// The main job: a server and 4 ranks on this machine, agg vs ring, verified.
     Demo(demo::DemoArgs),
     /// Hugepage pools and hugetlbfs mounts (what dpdk-hugepages does).
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Server(args) => server_cmd::run(args),
+        Command::Stats(args) => stats_cmd::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(Bench::Reduce(args)) => bench_reduce::run(args),
         Command::Bench(Bench::P2p(args)) => bench_p2p::run(args),

@@ -26,6 +26,9 @@ pub struct ServerArgs {
     /// Slab size per lcore, e.g. 1G (default 256M).
     #[arg(long)]
     pub slab_size: Option<String>,
+    /// Serve Prometheus metrics on ADDR:PORT at /metrics (port 0: any free port).
+    #[arg(long)]
+    pub metrics: Option<String>,
     /// TOML configuration file; flags given here override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -47,6 +50,7 @@ impl ServerArgs {
             poll: self.poll.clone(),
             hugepages: self.hugepages.clone(),
             slab_size: self.slab_size.clone(),
+            metrics: self.metrics.clone(),
             ..Default::default()
         };
         file.overlay(flags).resolve().map_err(|e| e.to_string())
@@ -83,6 +87,10 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
     }
     let server = Server::start(&cfg)?;
     println!("tally server ready on {} ({} lcores, provider {})", server.local_addr(), server.lcore_count(), server.provider());
+    // On its own line after the ready line (whose format tests and scripts parse).
+    if let Some(m) = server.metrics_addr() {
+        println!("metrics on {m}");
+    }
     while !STOP.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 pub struct JobInfo {
     pub job_id: u64,
     pub tag: Option<u16>,
+    /// Its slot in every lcore's job table (and metrics table), once admitted.
+    pub index: Option<u16>,
     pub nranks: u32,
     pub joined: u32,
     pub dtype: &'static str,
@@ -475,6 +477,7 @@ impl ControlPlane {
             .map(|p| JobInfo {
                 job_id: p.spec.job_id,
                 tag: None,
+                index: None,
                 nranks: p.spec.nranks,
                 joined: p.joined,
                 dtype: p.spec.dtype.name(),
@@ -485,6 +488,7 @@ impl ControlPlane {
         v.extend(self.active.iter().flatten().map(|a| JobInfo {
             job_id: a.job_id,
             tag: Some(a.tag),
+            index: Some(a.tag & 0x0fff),
             nranks: a.spec.nranks,
             joined: a.spec.nranks,
             dtype: a.spec.dtype.name(),

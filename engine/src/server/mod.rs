@@ -8,6 +8,10 @@
 //! gathers a job's ranks, carves the job a region in every lcore's slab and
 //! hands it to the lcores; after that it only hears back when a job becomes
 //! ready, fails or ends. It never touches the dataplane's memory.
+//!
+//! With `metrics` configured, a third kind of thread serves the lcores'
+//! counters and the per-job counter blocks ([`crate::metrics`]) over HTTP in
+//! the Prometheus text format; it only reads.
 pub mod alloc;
 pub mod control;
 pub mod shard;
@@ -16,6 +20,7 @@ use crate::config::ServerConfig;
 use crate::cpuset::CoreList;
 use crate::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
 use crate::lcore::{self, LcoreSet, PollMode, Snapshot};
+use crate::metrics::{MetricsServer, MetricsTable};
 use crate::reduce::Kernels;
 use crate::slab::{HugepagePolicy, Slab, SlabConfig};
 use std::net::{SocketAddr, TcpListener};
@@ -50,6 +55,7 @@ pub struct Server {
     provider: String,
     names: Vec<EndpointName>,
     jobs: Arc<Mutex<Vec<control::JobInfo>>>,
+    metrics: Option<MetricsServer>,
 }
 
 impl Server {
@@ -91,6 +97,9 @@ impl Server {
         let (max_jobs, nics) = (cfg.max_jobs as usize, cfg.nics.clone());
         let setup_provider = provider.clone();
         let ev_for_lcores = Mutex::new(ev_tx.clone());
+        // Every counter block, allocated here once: the data path only indexes it.
+        let table = MetricsTable::new(cfg.lcores.len(), max_jobs);
+        let table_for_lcores = table.clone();
         let (lcores, names) = lcore::launch(&cfg.lcores, mode, move |info| {
             let mut hints = Hints::new(&setup_provider).with_node(node.as_deref());
             if let Some(nic) = nics.get(info.id) {
@@ -118,13 +127,27 @@ impl Server {
                 mode.name(),
                 kernels.isa()
             );
-            let w = shard::ShardWorker::new(info.id, ep, slab, mh, kernels, max_jobs, per_job, commands, events);
+            let w = shard::ShardWorker::new(info.id, ep, slab, mh, kernels, max_jobs, per_job, commands, events, table_for_lcores.clone());
             Ok((w, name))
         })
         .map_err(|e| e.to_string())?;
 
         let stop = Arc::new(AtomicBool::new(false));
-        let jobs = Arc::new(Mutex::new(Vec::new()));
+        let jobs: Arc<Mutex<Vec<control::JobInfo>>> = Arc::new(Mutex::new(Vec::new()));
+        let metrics = match &cfg.metrics {
+            None => None,
+            Some(addr) => {
+                let stats: Vec<_> = lcores.lcores().iter().map(|l| l.stats.clone()).collect();
+                let jobs2 = jobs.clone();
+                let m = MetricsServer::start(addr, move || {
+                    let snaps: Vec<Snapshot> = stats.iter().map(|s| s.snapshot()).collect();
+                    let infos = jobs2.lock().unwrap().clone();
+                    crate::metrics::render(&snaps, &table, &infos)
+                })?;
+                log::info!("metrics on http://{}/metrics", m.local_addr());
+                Some(m)
+            }
+        };
         let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, ev_tx, jobs.clone())?;
         let stop2 = stop.clone();
         let control = std::thread::Builder::new()
@@ -136,11 +159,16 @@ impl Server {
             cfg.lcores.len(),
             cfg.lcores
         );
-        Ok(Server { lcores: Some(lcores), control: Some(control), stop, local_addr, provider, names, jobs })
+        Ok(Server { lcores: Some(lcores), control: Some(control), stop, local_addr, provider, names, jobs, metrics })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where `/metrics` is served, when configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.local_addr())
     }
 
     pub fn provider(&self) -> &str {
@@ -173,6 +201,8 @@ impl Server {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // The metrics thread stops first: it reads what the others tear down.
+        self.metrics.take();
         if let Some(c) = self.control.take() {
             let _ = c.join();
         }

@@ -18,13 +18,22 @@
 //! makes a system call of its own or logs: commands from the control plane
 //! and events back to it go through channels checked only when idle or
 //! every few thousand turns, and only job start and end use them.
+//!
+//! Metrics: besides the lcore's own counters, each job has a preallocated
+//! counter block per lcore in the server's [`MetricsTable`] (rounds, bytes,
+//! reduce time, round-latency histogram), written only by this lcore. The
+//! clock is read twice per slot round (first piece in, results posted) and
+//! twice around the kernel: `Instant::now` is a vDSO read, no system call.
 use super::{Command, Event};
 use crate::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
 use crate::lcore::{bump, Counters, Worker};
+use crate::metrics::MetricsTable;
 use crate::reduce::{Kernels, MAX_INPUTS};
 use crate::slab::Slab;
 use crate::wire::{JobSpec, Tag};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
+use std::time::Instant;
 
 /// Everything a shard needs to serve one job, built by the control plane.
 pub struct JobOnShard {
@@ -47,6 +56,8 @@ struct Slot {
     /// Length of the pieces of this round (all ranks must agree).
     len: u32,
     sends_left: u32,
+    /// When the round's first piece arrived (for the latency histogram).
+    first: Option<Instant>,
 }
 
 impl Job {
@@ -93,6 +104,7 @@ pub struct ShardWorker {
     events: Sender<Event>,
     turns: u32,
     completions: [Completion; 32],
+    metrics: MetricsTable,
 }
 
 impl ShardWorker {
@@ -106,6 +118,7 @@ impl ShardWorker {
         per_job: u32,
         commands: Receiver<Command>,
         events: Sender<Event>,
+        metrics: MetricsTable,
     ) -> ShardWorker {
         let capacity = ep.context_capacity() as usize;
         ShardWorker {
@@ -121,6 +134,7 @@ impl ShardWorker {
             events,
             turns: 0,
             completions: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
+            metrics,
         }
     }
 
@@ -190,6 +204,7 @@ impl ShardWorker {
         if is_send {
             let s = &mut job.slots[slot];
             bump(&stats.bytes_out, s.len as u64);
+            bump(&self.metrics.job(self.lcore, ji).bytes_out, s.len as u64);
             s.sends_left -= 1;
             if s.sends_left == 0 {
                 s.seq = s.seq.wrapping_add(job.on.spec.window);
@@ -201,6 +216,7 @@ impl ShardWorker {
             return;
         }
         bump(&stats.bytes_in, c.len as u64);
+        bump(&self.metrics.job(self.lcore, ji).bytes_in, c.len as u64);
         let tag = Tag(c.tag);
         let s = job.slots[slot];
         let dsize = job.on.spec.dtype.size();
@@ -222,6 +238,9 @@ impl ShardWorker {
         }
         let s = &mut job.slots[slot];
         s.len = c.len as u32;
+        if s.arrived == 0 {
+            s.first = Some(Instant::now());
+        }
         s.arrived += 1;
         if s.arrived < n {
             return;
@@ -233,12 +252,15 @@ impl ShardWorker {
             *p = job.piece_ptr(slot, r);
         }
         let out = inputs[0] as *mut u8;
+        let t0 = Instant::now();
         // SAFETY: every input is a completed receive of `elems` elements in
         // this job's region; out == inputs[0] exactly, which reduce_raw allows.
         if let Err(e) = unsafe { self.kernels.reduce_raw(dtype, op, out, &inputs[..n as usize], elems) } {
             self.fail(ji, format!("reduce failed: {e}"));
             return;
         }
+        let block = self.metrics.job(self.lcore, ji);
+        bump(&block.reduce_ns, t0.elapsed().as_nanos() as u64);
         let job = self.jobs[ji].as_mut().unwrap();
         job.slots[slot].sends_left = n;
         let base = ji as u32 * self.per_job;
@@ -247,6 +269,11 @@ impl ShardWorker {
                 self.fail(ji, format!("sending results: {e}"));
                 return;
             }
+        }
+        // Results posted: the round's latency is known now.
+        let job = self.jobs[ji].as_mut().unwrap();
+        if let Some(first) = job.slots[slot].first.take() {
+            self.metrics.job(self.lcore, ji).record_round(first.elapsed().as_nanos() as u64);
         }
     }
 
@@ -315,6 +342,9 @@ impl ShardWorker {
             let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag });
             return;
         }
+        // This lcore is the block's only writer; a scrape may briefly see
+        // a half-reset block, which is harmless for counters.
+        self.metrics.job(self.lcore, ji).reset(on.spec.job_id);
         // SAFETY: base + len <= slab length, checked just above.
         let region = unsafe { self.slab.as_ptr().add(on.base) };
         self.jobs[ji] = Some(Job { on, region, peers, slots, state: State::Running, outstanding: 0 });
@@ -362,6 +392,8 @@ impl Worker for ShardWorker {
         if !self.retry.is_empty() {
             self.retry_posts();
         }
+        // Queue depth gauge: one plain store on this lcore's own cache line.
+        self.metrics.gauges(self.lcore).in_flight.store(self.ep.in_flight() as u64, Ordering::Relaxed);
         let mut batch = self.completions;
         match self.ep.poll(&mut batch) {
             Ok(0) => {

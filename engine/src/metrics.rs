@@ -1,0 +1,474 @@
+//! Server metrics: per-(lcore, job) counter blocks, round-latency
+//! histograms, and their rendering in the Prometheus text format, served
+//! over a minimal HTTP endpoint.
+//!
+//! The rule is the one of [`crate::lcore::Counters`]: every counter has
+//! exactly one writer (its lcore), which updates it with a plain
+//! load + store ([`bump`]); any other thread may read it at any time and
+//! sees a value at most one update old. Nothing on the data path allocates
+//! or locks: the whole table is allocated once at server start, one
+//! cache-padded [`JobCounters`] block per (lcore, job index), so an lcore
+//! finds its job's block by indexing and two lcores never write the same
+//! cache line.
+//!
+//! A block belongs to whichever job last occupied its index: the lcore
+//! resets it and stamps the job id in when it processes the job's AddJob.
+//! The block keeps its values after the job ended (so a scrape right after a
+//! job finished still sees what it did) until the index is reused.
+//!
+//! The latency histogram has fixed log2 buckets (1 us, 2 us, 4 us, ... up to
+//! about 8.4 s, then +Inf): recording is a leading-zeros count and one
+//! store, and the rendering makes the buckets cumulative as Prometheus
+//! requires.
+use crate::lcore::{bump, Snapshot};
+use crate::server::control::JobInfo;
+use crossbeam_utils::CachePadded;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Finite histogram buckets: upper bounds 1 us x 2^i, i in 0..BUCKETS.
+pub const BUCKETS: usize = 24;
+
+/// What one lcore counts for one job.
+#[derive(Default)]
+pub struct JobCounters {
+    /// 1 while a job has used this block since server start.
+    pub in_use: AtomicU64,
+    pub job_id: AtomicU64,
+    /// Slot rounds reduced (every rank's piece in, result sent back).
+    pub rounds: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    /// Nanoseconds spent in the reduction kernel.
+    pub reduce_ns: AtomicU64,
+    /// Round latency (first piece in to results posted): per-bucket counts,
+    /// not cumulative; the last one is the overflow (+Inf only).
+    pub latency_buckets: [AtomicU64; BUCKETS + 1],
+    pub latency_sum_ns: AtomicU64,
+}
+
+impl JobCounters {
+    /// Zeroes the block for a new occupant. Only the owning lcore calls it.
+    pub fn reset(&self, job_id: u64) {
+        let z = |c: &AtomicU64| c.store(0, Ordering::Relaxed);
+        z(&self.rounds);
+        z(&self.bytes_in);
+        z(&self.bytes_out);
+        z(&self.reduce_ns);
+        z(&self.latency_sum_ns);
+        self.latency_buckets.iter().for_each(z);
+        self.job_id.store(job_id, Ordering::Relaxed);
+        self.in_use.store(1, Ordering::Relaxed);
+    }
+
+    /// Counts one finished round that took `ns` nanoseconds.
+    #[inline]
+    pub fn record_round(&self, ns: u64) {
+        bump(&self.rounds, 1);
+        bump(&self.latency_sum_ns, ns);
+        bump(&self.latency_buckets[bucket(ns)], 1);
+    }
+}
+
+/// The bucket of a latency: the smallest i with ns <= 1000 x 2^i, or
+/// BUCKETS (overflow).
+#[inline]
+pub fn bucket(ns: u64) -> usize {
+    let us = ns.div_ceil(1000);
+    if us <= 1 {
+        return 0;
+    }
+    ((64 - (us - 1).leading_zeros()) as usize).min(BUCKETS)
+}
+
+/// Upper bound of finite bucket `i`, in seconds.
+pub fn bucket_le_seconds(i: usize) -> f64 {
+    1e-6 * (1u64 << i) as f64
+}
+
+/// Per-lcore gauges that `lcore::Counters` does not carry.
+#[derive(Default)]
+pub struct LcoreGauges {
+    /// Operations in flight on the lcore's endpoint (its queue depth).
+    pub in_flight: AtomicU64,
+}
+
+/// Every counter block of a server, shared by the lcores (writers) and the
+/// metrics thread (reader).
+#[derive(Clone)]
+pub struct MetricsTable {
+    pub max_jobs: usize,
+    pub lcores: usize,
+    jobs: Arc<[CachePadded<JobCounters>]>,
+    gauges: Arc<[CachePadded<LcoreGauges>]>,
+}
+
+impl MetricsTable {
+    /// Allocates every block up front: lcores x max_jobs job blocks.
+    pub fn new(lcores: usize, max_jobs: usize) -> MetricsTable {
+        MetricsTable {
+            max_jobs,
+            lcores,
+            jobs: (0..lcores * max_jobs)
+                .map(|_| CachePadded::new(JobCounters::default()))
+                .collect(),
+            gauges: (0..lcores)
+                .map(|_| CachePadded::new(LcoreGauges::default()))
+                .collect(),
+        }
+    }
+
+    /// Lcore `lcore`'s block for job index `index`.
+    #[inline]
+    pub fn job(&self, lcore: usize, index: usize) -> &JobCounters {
+        &self.jobs[lcore * self.max_jobs + index]
+    }
+
+    #[inline]
+    pub fn gauges(&self, lcore: usize) -> &LcoreGauges {
+        &self.gauges[lcore]
+    }
+}
+
+/// An lcore series: name, type, help, and how to read it from a snapshot.
+type LcoreMetric = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&Snapshot) -> u64,
+);
+/// A per-job counter series: name, help, and its value from a block.
+type JobMetric = (&'static str, &'static str, fn(&JobCounters) -> f64);
+
+/// Renders everything in the Prometheus text exposition format (0.0.4).
+/// `lcores` are the lcores' counter snapshots in lcore order; `jobs` what
+/// the control plane publishes.
+pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> String {
+    let mut o = String::with_capacity(4096);
+    let lcore_metrics: [LcoreMetric; 7] = [
+        (
+            "tally_lcore_polls_total",
+            "counter",
+            "Completion-queue polls.",
+            |s| s.polls,
+        ),
+        (
+            "tally_lcore_empty_polls_total",
+            "counter",
+            "Polls that found no completion.",
+            |s| s.empty_polls,
+        ),
+        (
+            "tally_lcore_completions_total",
+            "counter",
+            "Completions handled.",
+            |s| s.completions,
+        ),
+        (
+            "tally_lcore_bytes_in_total",
+            "counter",
+            "Bytes received from ranks.",
+            |s| s.bytes_in,
+        ),
+        (
+            "tally_lcore_bytes_out_total",
+            "counter",
+            "Bytes of results sent to ranks (counted on send completion).",
+            |s| s.bytes_out,
+        ),
+        (
+            "tally_lcore_cq_errors_total",
+            "counter",
+            "Completion-queue errors (cancellations excluded).",
+            |s| s.errors,
+        ),
+        (
+            "tally_lcore_sleeps_total",
+            "counter",
+            "Adaptive-mode sleeps after the spin budget ran out.",
+            |s| s.sleeps,
+        ),
+    ];
+    for (name, kind, help, get) in lcore_metrics {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (i, s) in lcores.iter().enumerate() {
+            let _ = writeln!(o, "{name}{{lcore=\"{i}\"}} {}", get(s));
+        }
+    }
+    let _ = writeln!(o, "# HELP tally_lcore_in_flight Operations in flight on the lcore's endpoint.\n# TYPE tally_lcore_in_flight gauge");
+    for i in 0..table.lcores {
+        let _ = writeln!(
+            o,
+            "tally_lcore_in_flight{{lcore=\"{i}\"}} {}",
+            table.gauges(i).in_flight.load(Ordering::Relaxed)
+        );
+    }
+
+    let _ = writeln!(
+        o,
+        "# HELP tally_jobs Jobs the control plane knows, by state.\n# TYPE tally_jobs gauge"
+    );
+    for state in ["joining", "starting", "running", "ending"] {
+        let _ = writeln!(
+            o,
+            "tally_jobs{{state=\"{state}\"}} {}",
+            jobs.iter().filter(|j| j.state == state).count()
+        );
+    }
+
+    // Blocks that ever served a job, with their labels.
+    let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let blocks: Vec<(String, &JobCounters)> = (0..table.lcores)
+        .flat_map(|l| (0..table.max_jobs).map(move |j| (l, j)))
+        .map(|(l, j)| (l, j, table.job(l, j)))
+        .filter(|(_, _, b)| r(&b.in_use) == 1)
+        .map(|(l, j, b)| {
+            (
+                format!("job=\"{:#x}\",index=\"{j}\",lcore=\"{l}\"", r(&b.job_id)),
+                b,
+            )
+        })
+        .collect();
+    let job_metrics: [JobMetric; 4] = [
+        (
+            "tally_job_rounds_total",
+            "Slot rounds reduced and sent back.",
+            |b| b.rounds.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "tally_job_bytes_in_total",
+            "Bytes received for the job.",
+            |b| b.bytes_in.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "tally_job_bytes_out_total",
+            "Bytes of results sent for the job.",
+            |b| b.bytes_out.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "tally_job_reduce_seconds_total",
+            "Time spent in the reduction kernel.",
+            |b| b.reduce_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+        ),
+    ];
+    for (name, help, get) in job_metrics {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (labels, b) in &blocks {
+            let _ = writeln!(o, "{name}{{{labels}}} {}", get(b));
+        }
+    }
+    let h = "tally_job_round_latency_seconds";
+    let _ = writeln!(o, "# HELP {h} Per-slot round latency: first piece in to results posted.\n# TYPE {h} histogram");
+    for (labels, b) in &blocks {
+        let mut cum = 0u64;
+        for i in 0..BUCKETS {
+            cum += r(&b.latency_buckets[i]);
+            let _ = writeln!(
+                o,
+                "{h}_bucket{{{labels},le=\"{}\"}} {cum}",
+                bucket_le_seconds(i)
+            );
+        }
+        cum += r(&b.latency_buckets[BUCKETS]);
+        let _ = writeln!(o, "{h}_bucket{{{labels},le=\"+Inf\"}} {cum}");
+        let _ = writeln!(
+            o,
+            "{h}_sum{{{labels}}} {}",
+            r(&b.latency_sum_ns) as f64 * 1e-9
+        );
+        // The count is the +Inf bucket, as Prometheus requires (the rounds
+        // counter is written separately and may be one update apart).
+        let _ = writeln!(o, "{h}_count{{{labels}}} {cum}");
+    }
+    o
+}
+
+/// The metrics endpoint: a std TcpListener on its own thread answering
+/// `GET /metrics` (404 otherwise), one connection at a time, with a bounded
+/// request size and a read timeout so a slow or hostile client cannot hold
+/// it. Dropping it stops and joins the thread.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Largest request accepted (request line plus headers).
+const MAX_REQUEST: usize = 8192;
+
+impl MetricsServer {
+    /// Binds `listen` and serves `render()` on every scrape.
+    pub fn start<F>(listen: &str, render: F) -> Result<MetricsServer, String>
+    where
+        F: Fn() -> String + Send + 'static,
+    {
+        let listener = TcpListener::bind(listen)
+            .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("tally-metrics".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((s, _)) => serve_one(s, &render),
+                        // Polling accept keeps the stop check simple; 50 ms is
+                        // far below any scrape interval.
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(50))
+                        }
+                        Err(e) => {
+                            log::warn!("metrics: accept: {e}");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_one(mut s: TcpStream, render: &dyn Fn() -> String) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    let mut buf = [0u8; MAX_REQUEST];
+    let mut got = 0;
+    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n")
+        && !buf[..got].windows(2).any(|w| w == b"\n\n")
+    {
+        if got == buf.len() {
+            respond(
+                &mut s,
+                "431 Request Header Fields Too Large",
+                "request too large\n",
+            );
+            return;
+        }
+        match s.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(_) => return,
+        }
+    }
+    let line = buf[..got].split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
+        let body = render();
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        let _ = s.write_all(head.as_bytes());
+        let _ = s.write_all(body.as_bytes());
+    } else {
+        respond(&mut s, "404 Not Found", "only GET /metrics is served\n");
+    }
+}
+
+fn respond(s: &mut TcpStream, status: &str, body: &str) {
+    let msg = format!("HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    let _ = s.write_all(msg.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_log2_microseconds() {
+        assert_eq!(bucket(0), 0);
+        assert_eq!(bucket(1000), 0);
+        assert_eq!(bucket(1001), 1);
+        assert_eq!(bucket(2000), 1);
+        assert_eq!(bucket(2001), 2);
+        assert_eq!(bucket(4000), 2);
+        assert_eq!(bucket(1_000_000), 10); // 1 ms <= 1.024 ms
+        assert_eq!(bucket(u64::MAX), BUCKETS);
+    }
+
+    #[test]
+    fn histogram_renders_cumulative_buckets() {
+        let t = MetricsTable::new(2, 3);
+        t.job(1, 2).reset(0xab);
+        for ns in [500, 1500, 3000, 3000, 100_000_000_000] {
+            t.job(1, 2).record_round(ns);
+        }
+        let text = render(&[Snapshot::default(), Snapshot::default()], &t, &[]);
+        let l = "job=\"0xab\",index=\"2\",lcore=\"1\"";
+        assert!(
+            text.contains(&format!(
+                "tally_job_round_latency_seconds_bucket{{{l},le=\"0.000001\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "tally_job_round_latency_seconds_bucket{{{l},le=\"0.000004\"}} 4\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "tally_job_round_latency_seconds_bucket{{{l},le=\"+Inf\"}} 5\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("tally_job_round_latency_seconds_count{{{l}}} 5\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("tally_job_rounds_total{{{l}}} 5\n")),
+            "{text}"
+        );
+        assert!(text.contains("tally_lcore_polls_total{lcore=\"1\"} 0\n"));
+        // Blocks never used are not rendered.
+        assert!(!text.contains("lcore=\"0\",index"));
+        assert!(!text.contains("index=\"0\""));
+    }
+
+    #[test]
+    fn http_endpoint_serves_metrics_and_404s_the_rest() {
+        let m = MetricsServer::start("127.0.0.1:0", || "tally_x 1\n".to_string()).unwrap();
+        let get = |req: &str| {
+            let mut s = TcpStream::connect(m.local_addr()).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(
+            ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\ntally_x 1\n"),
+            "{ok}"
+        );
+        assert!(ok.contains("Content-Length: 10\r\n"), "{ok}");
+        assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+    }
+}
