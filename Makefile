@@ -13,7 +13,7 @@ all: build
 build:
 	$(CARGO) build --release --workspace
 	@# NCCL looks for libnccl-net-<name>.so; cargo names cdylibs with underscores.
-	cp -f target/release/libnccl_net_tally.so target/release/libnccl-net-tally.so
+	ln -sf libnccl_net_tally.so target/release/libnccl-net-tally.so
 
 deps:
 	@scripts/deps.sh

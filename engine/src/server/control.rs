@@ -91,6 +91,8 @@ struct Active {
     regions: Vec<(usize, usize)>,
     ready: u32,
     ended: u32,
+    /// Lcores that gave up draining with operations in flight.
+    stuck_lcores: Vec<usize>,
     /// Ranks that said bye (finished cleanly).
     done: Vec<bool>,
     phase: Phase,
@@ -107,6 +109,8 @@ pub struct ControlPlane {
     pending: HashMap<u64, Pending>,
     active: Vec<Option<Active>>,
     generation: Vec<u8>,
+    /// Job slots never reused: a job there ended with operations stuck in flight.
+    quarantined: Vec<bool>,
     allocs: Vec<RangeAlloc>,
     conn_job: HashMap<u64, u64>,
     published: Arc<Mutex<Vec<JobInfo>>>,
@@ -150,6 +154,7 @@ impl ControlPlane {
             pending: HashMap::new(),
             active: (0..cfg.max_jobs).map(|_| None).collect(),
             generation: vec![0; cfg.max_jobs as usize],
+            quarantined: vec![false; cfg.max_jobs as usize],
             allocs: (0..n).map(|_| RangeAlloc::new(cfg.slab_size as usize, REGION_ALIGN)).collect(),
             conn_job: HashMap::new(),
             published,
@@ -227,7 +232,7 @@ impl ControlPlane {
             Event::Conn(ConnEvent::Closed { conn }) => self.closed(conn),
             Event::JobReady { lcore, tag } => self.ready(lcore, tag),
             Event::JobFailed { lcore, tag, reason } => self.failed(lcore, tag, &reason),
-            Event::JobEnded { lcore, tag } => self.ended(lcore, tag),
+            Event::JobEnded { lcore, tag, stuck } => self.ended(lcore, tag, stuck),
             Event::LcoreError { lcore, reason } => log::warn!("lcore {lcore}: {reason}"),
         }
         self.publish();
@@ -274,7 +279,7 @@ impl ControlPlane {
         let spec = p.spec;
         let mut conns: Vec<Conn> = p.conns.into_iter().map(|c| c.expect("all joined")).collect();
         let names: Vec<EndpointName> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
-        let Some(index) = self.active.iter().position(Option::is_none) else {
+        let Some(index) = (0..self.active.len()).find(|&i| self.active[i].is_none() && !self.quarantined[i]) else {
             log::warn!("job {:#x} refused: already serving {} jobs", spec.job_id, self.active.len());
             self.refuse_all(&mut conns, RejectCode::TooManyJobs, "", &format!("the server already runs its limit of {} jobs", self.active.len()));
             return;
@@ -321,7 +326,7 @@ impl ControlPlane {
             spec.window,
             spec.shards
         );
-        self.active[index] = Some(Active { job_id: spec.job_id, spec, tag, conns, regions, ready: 0, ended: 0, done: vec![false; spec.nranks as usize], phase: Phase::Starting });
+        self.active[index] = Some(Active { job_id: spec.job_id, spec, tag, conns, regions, ready: 0, ended: 0, stuck_lcores: Vec::new(), done: vec![false; spec.nranks as usize], phase: Phase::Starting });
     }
 
     fn find(&mut self, tag: u16) -> Option<(usize, &mut Active)> {
@@ -384,9 +389,12 @@ impl ControlPlane {
         self.end(i, RejectCode::JobFailed, &format!("lcore {lcore}: {reason}"));
     }
 
-    fn ended(&mut self, _lcore: usize, tag: u16) {
+    fn ended(&mut self, lcore: usize, tag: u16, stuck: u32) {
         let Some((i, a)) = self.find(tag) else { return };
         a.ended += 1;
+        if stuck > 0 {
+            a.stuck_lcores.push(lcore);
+        }
         if a.phase != Phase::Ending {
             // An lcore gave the job up on its own (e.g. a client unreachable).
             a.phase = Phase::Ending;
@@ -396,12 +404,25 @@ impl ControlPlane {
         }
         let a = self.active[i].take().unwrap();
         for (l, (off, len)) in a.regions.iter().enumerate() {
-            self.allocs[l].release(*off, *len);
+            if !a.stuck_lcores.contains(&l) {
+                self.allocs[l].release(*off, *len);
+            }
         }
         for c in &a.conns {
             self.conn_job.remove(&c.id);
         }
-        log::info!("job {:#x} ended; its slab regions are free", a.job_id);
+        if a.stuck_lcores.is_empty() {
+            log::info!("job {:#x} ended; its slab regions are free", a.job_id);
+        } else {
+            self.quarantined[i] = true;
+            let left = self.quarantined.iter().filter(|q| !**q).count();
+            log::warn!(
+                "job {:#x} ended with operations to vanished ranks still in flight on lcores {:?}; their slab regions and job slot {i} stay quarantined ({left} of {} job slots left)",
+                a.job_id,
+                a.stuck_lcores,
+                self.quarantined.len()
+            );
+        }
     }
 
     fn bye(&mut self, conn: u64) {

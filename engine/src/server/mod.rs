@@ -39,7 +39,9 @@ pub enum Event {
     Conn(control::ConnEvent),
     JobReady { lcore: usize, tag: u16 },
     JobFailed { lcore: usize, tag: u16, reason: String },
-    JobEnded { lcore: usize, tag: u16 },
+    /// The lcore is done with the job; `stuck` operations never completed
+    /// (their region and job slot must not be reused).
+    JobEnded { lcore: usize, tag: u16, stuck: u32 },
     LcoreError { lcore: usize, reason: String },
 }
 

@@ -75,6 +75,9 @@ enum State {
     /// Failed or ended: nothing is reposted; waiting for in-flight operations
     /// (canceled) to complete before the region can be reused.
     Draining,
+    /// Drained past [`DRAIN_TIMEOUT`] with operations still in flight: kept
+    /// only so that its slot and context ids are never reused.
+    Abandoned,
 }
 
 struct Job {
@@ -86,7 +89,16 @@ struct Job {
     state: State,
     /// Operations of this job in flight on the endpoint.
     outstanding: u32,
+    /// When a draining job gives up waiting for its operations.
+    drain_deadline: Option<std::time::Instant>,
 }
+
+/// How long a draining job waits for its canceled operations to complete.
+/// Sends to a rank that was killed may never complete (tcp;ofi_rxm keeps them
+/// queued on the dead connection); after this the job is reported ended with
+/// its operations still in flight, and the control plane quarantines its
+/// region and job slot instead of reusing memory the provider may still use.
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct ShardWorker {
     pub lcore: usize,
@@ -290,7 +302,11 @@ impl ShardWorker {
 
     fn drain(&mut self, ji: usize) {
         let Some(job) = self.jobs[ji].as_mut() else { return };
+        if job.state != State::Running {
+            return;
+        }
         job.state = State::Draining;
+        job.drain_deadline = Some(std::time::Instant::now() + DRAIN_TIMEOUT);
         let base = ji as u32 * self.per_job;
         let span = job.on.spec.window * job.on.spec.nranks * 2;
         for ctx in base..base + span {
@@ -313,7 +329,20 @@ impl ShardWorker {
                     let _ = self.ep.remove_peer(*p);
                 }
             }
-            let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag: job.on.tag });
+            let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag: job.on.tag, stuck: 0 });
+        }
+    }
+
+    /// Reports draining jobs whose operations did not all complete in time.
+    /// The job stays in the table (its context ids are still in flight), in
+    /// `Abandoned` state, so the slot is never reused on this lcore.
+    fn expire_drains(&mut self) {
+        let now = std::time::Instant::now();
+        for job in self.jobs.iter_mut().flatten() {
+            if job.state == State::Draining && job.drain_deadline.is_some_and(|d| now >= d) {
+                job.state = State::Abandoned;
+                let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag: job.on.tag, stuck: job.outstanding });
+            }
         }
     }
 
@@ -329,7 +358,7 @@ impl ShardWorker {
                         let _ = self.ep.remove_peer(*p);
                     }
                     let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: format!("cannot reach a client: {e}") });
-                    let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag });
+                    let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
                     return;
                 }
             }
@@ -339,7 +368,7 @@ impl ShardWorker {
         let len = window * on.spec.nranks as usize * on.stride;
         if on.base + len > self.slab.len() || on.stride < on.spec.piece_bytes() || ji >= self.jobs.len() {
             let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: "job region outside the slab".into() });
-            let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag });
+            let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
             return;
         }
         // This lcore is the block's only writer; a scrape may briefly see
@@ -347,7 +376,7 @@ impl ShardWorker {
         self.metrics.job(self.lcore, ji).reset(on.spec.job_id);
         // SAFETY: base + len <= slab length, checked just above.
         let region = unsafe { self.slab.as_ptr().add(on.base) };
-        self.jobs[ji] = Some(Job { on, region, peers, slots, state: State::Running, outstanding: 0 });
+        self.jobs[ji] = Some(Job { on, region, peers, slots, state: State::Running, outstanding: 0, drain_deadline: None });
         for slot in 0..window {
             if let Err(e) = self.post_slot_receives(ji, slot) {
                 self.fail(ji, format!("posting receives: {e}"));
@@ -388,6 +417,7 @@ impl Worker for ShardWorker {
         self.turns = self.turns.wrapping_add(1);
         if self.turns % 4096 == 0 {
             self.check_commands();
+            self.expire_drains();
         }
         if !self.retry.is_empty() {
             self.retry_posts();

@@ -1,0 +1,350 @@
+//! ncclCollNet: all-reduce offloaded to tally reduction servers.
+//!
+//! With CollNet, NCCL hands whole all-reduces of each node's data to the
+//! network: every rank calls `iallreduce` with the same sequence of buffers
+//! and gets the reduced result back. Here the network is a set of tally
+//! servers (`TALLY_SERVERS=host:port,...`, token `TALLY_TOKEN`), reached
+//! through the engine's [`Client`]: it cuts each all-reduce into chunks,
+//! sends every chunk to the server lcore that owns it and receives the sum.
+//!
+//! Without `TALLY_SERVERS` the plugin offers no CollNet device, and NCCL
+//! carries on without CollNet.
+//!
+//! `connect` is collective: NCCL gives every rank every rank's listen handle.
+//! Each `listen` draws a random job id; all ranks take rank 0's, so they
+//! meet in the same server job. `connect` then joins the job for f32 sum (the
+//! common case) on every server, which proves the servers reachable and the
+//! token accepted before NCCL commits to CollNet; a failing connect makes
+//! NCCL fall back to its other algorithms. Other (type, op) pairs join their
+//! own jobs on first use, which is also collective: NCCL issues the same
+//! collectives in the same order on every rank. Joining blocks without
+//! driving the fabric, so the all-reduces still in flight are finished first
+//! (`iallreduce` returns NULL, "try again", until they are): joining while a
+//! server waits on this rank's progress stalled the job over shm.
+//!
+//! Requests: each comm has [`MAX_REQUESTS`] slots at fixed addresses (the
+//! pointer NCCL holds); a full comm returns a NULL request, which NCCL retries.
+use crate::abi::NCCL_NET_HANDLE_MAXSIZE;
+use crate::device::Devices;
+use crate::error::{Error, Result};
+use crate::log;
+use crate::net::random_u64;
+use std::sync::Mutex;
+use std::time::Duration;
+use tally_engine::client::{Client, ClientConfig, ClientError, Request as ClientRequest, MAX_OPS};
+use tally_engine::reduce::{DataType, ReduceOp};
+
+pub type Handle = [u8; NCCL_NET_HANDLE_MAXSIZE];
+const HANDLE_MAGIC: [u8; 4] = *b"TLYC";
+const PROTO_VERSION: u8 = 1;
+
+/// All-reduces one comm may have in flight (the client's own limit).
+pub const MAX_REQUESTS: usize = MAX_OPS;
+
+/// The servers to use, from `TALLY_SERVERS` (comma or space separated).
+pub fn servers_from_env() -> Vec<String> {
+    std::env::var("TALLY_SERVERS")
+        .unwrap_or_default()
+        .split([',', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether the servers reduce `dtype` with `op` (NCCL codes): every NCCL type
+/// and operation tally knows, nothing else.
+pub fn reduce_support(dtype: i32, op: i32) -> bool {
+    DataType::from_nccl(dtype).is_some() && ReduceOp::from_nccl(op).is_some()
+}
+
+/// What CollNet's `init` returns. The device table is the net's (CollNet's
+/// device is the net's device 0, under the same name and PCI path).
+pub struct CollCtx {
+    pub servers: Vec<String>,
+}
+
+/// CollNet devices: one, riding on net device 0, when servers are configured.
+pub fn device_count(devices: Option<&Devices>) -> usize {
+    match devices {
+        Some(d) if !d.list.is_empty() && !servers_from_env().is_empty() => 1,
+        _ => 0,
+    }
+}
+
+pub struct CollListen {
+    job_id: u64,
+    /// NCCL's connect has no context argument: the listen comm carries what it needs.
+    servers: Vec<String>,
+}
+
+/// A registration from CollNet's `regMr`. The client registers buffers
+/// itself where the provider needs it, so this only records the range.
+#[derive(Debug)]
+pub struct CollMr {
+    pub addr: usize,
+    pub len: usize,
+}
+
+pub fn listen(ctx: &CollCtx, dev: i32) -> Result<(Box<CollListen>, Handle)> {
+    if ctx.servers.is_empty() {
+        return Err(Error::InvalidUsage(
+            "CollNet has no devices: TALLY_SERVERS is not set".into(),
+        ));
+    }
+    if dev != 0 {
+        return Err(Error::arg(format!(
+            "CollNet device {dev} does not exist (1 device)"
+        )));
+    }
+    // Never 0, which the server may treat as "no job".
+    let job_id = random_u64() | 1;
+    let mut h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+    h[0..4].copy_from_slice(&HANDLE_MAGIC);
+    h[4] = PROTO_VERSION;
+    h[8..16].copy_from_slice(&job_id.to_le_bytes());
+    Ok((
+        Box::new(CollListen {
+            job_id,
+            servers: ctx.servers.clone(),
+        }),
+        h,
+    ))
+}
+
+fn job_of(h: &Handle) -> Result<u64> {
+    if h[0..4] != HANDLE_MAGIC || h[4] != PROTO_VERSION {
+        return Err(Error::InvalidUsage(
+            "a handle is not a tally CollNet handle of this version".into(),
+        ));
+    }
+    Ok(u64::from_le_bytes(h[8..16].try_into().expect("8 bytes")))
+}
+
+impl CollListen {
+    pub fn job_id(&self) -> u64 {
+        self.job_id
+    }
+}
+
+/// A request slot, at a fixed address NCCL holds as the request pointer.
+#[derive(Debug)]
+pub struct CollRequest {
+    /// Address of the owning [`CollComm`] (dereferenced only by the FFI layer).
+    pub owner: usize,
+    pub index: usize,
+}
+
+#[derive(Clone)]
+struct Flight {
+    req: ClientRequest,
+    bytes: usize,
+    /// Already completed (seen while draining), or failed: reported by `test`.
+    outcome: Option<std::result::Result<(), String>>,
+}
+
+struct State {
+    client: Client,
+    slots: Vec<Option<Flight>>,
+    /// (type, op) pairs whose server job this rank has joined.
+    joined: Vec<(DataType, ReduceOp)>,
+}
+
+pub struct CollComm {
+    state: Mutex<State>,
+    requests: Vec<CollRequest>,
+    pub rank: u32,
+    pub nranks: u32,
+    pub job_id: u64,
+}
+
+fn client_error(e: ClientError) -> Error {
+    match e {
+        ClientError::BadArgument(m) => Error::InvalidArgument(m),
+        ClientError::Config(m) => Error::InvalidUsage(m),
+        e @ ClientError::Fabric(_) => Error::System(e.to_string()),
+        e => Error::Remote(e.to_string()),
+    }
+}
+
+/// Joins the job named by rank 0's handle on every server. Blocking and
+/// collective, like NCCL's call.
+pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box<CollComm>> {
+    let nranks = handles.len();
+    let rank = u32::try_from(rank)
+        .ok()
+        .filter(|&r| (r as usize) < nranks)
+        .ok_or_else(|| Error::arg(format!("rank {rank} of {nranks}")))?;
+    for h in handles {
+        job_of(h)?;
+    }
+    let job_id = job_of(&handles[0])?;
+    if handles.is_empty() {
+        return Err(Error::arg("no handles"));
+    }
+    let mut cfg = ClientConfig::new(listen.servers.clone(), job_id, rank, nranks as u32);
+    if let Some(t) = std::env::var("TALLY_TIMEOUT_S")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|&t| t > 0)
+    {
+        cfg.timeout = Duration::from_secs(t);
+    }
+    let mut client = Client::connect(cfg).map_err(client_error)?;
+    client
+        .join(DataType::Float32, ReduceOp::Sum)
+        .map_err(client_error)?;
+    log::info_init(&format!(
+        "CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams)",
+        listen.servers.join(","),
+        client.provider(),
+        client.streams()
+    ));
+    let mut c = Box::new(CollComm {
+        state: Mutex::new(State {
+            client,
+            slots: vec![None; MAX_REQUESTS],
+            joined: vec![(DataType::Float32, ReduceOp::Sum)],
+        }),
+        requests: (0..MAX_REQUESTS)
+            .map(|index| CollRequest { owner: 0, index })
+            .collect(),
+        rank,
+        nranks: nranks as u32,
+        job_id,
+    });
+    let owner = &*c as *const CollComm as usize;
+    for r in c.requests.iter_mut() {
+        r.owner = owner;
+    }
+    Ok(c)
+}
+
+impl CollComm {
+    pub fn request(&self, index: usize) -> &CollRequest {
+        &self.requests[index]
+    }
+
+    /// Starts an all-reduce; Ok(None): every slot is busy, try again.
+    ///
+    /// # Safety
+    /// `send` and `recv` must hold `count` elements of `dtype` and stay valid
+    /// (and `recv` untouched by anyone else) until [`CollComm::test`] reports
+    /// the request done or the comm is closed.
+    pub unsafe fn iallreduce(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: i32,
+        op: i32,
+    ) -> Result<Option<usize>> {
+        let dt = DataType::from_nccl(dtype)
+            .ok_or_else(|| Error::arg(format!("data type {dtype} is not supported")))?;
+        let rop = ReduceOp::from_nccl(op)
+            .ok_or_else(|| Error::arg(format!("reduction operation {op} is not supported")))?;
+        let bytes = count
+            .checked_mul(dt.size())
+            .filter(|&b| b <= crate::device::MAX_COLL_BYTES)
+            .ok_or_else(|| {
+                Error::arg(format!(
+                    "{count} elements of {dt} exceed the {} bytes one all-reduce may carry",
+                    crate::device::MAX_COLL_BYTES
+                ))
+            })?;
+        if bytes > 0 && (send.is_null() || recv.is_null()) {
+            return Err(Error::arg("null buffer"));
+        }
+        let mut st = self.state.lock()?;
+        let Some(slot) = st.slots.iter().position(Option::is_none) else {
+            return Ok(None);
+        };
+        if !st.joined.contains(&(dt, rop)) {
+            // A new (type, op) pair joins its own server job, a blocking
+            // collective that does not drive the fabric meanwhile: with
+            // all-reduces of another job still in flight, servers waiting on
+            // this rank's progress can stall (seen over shm). So finish those
+            // first: drive them here, report them through `test` later, and
+            // have NCCL retry this call until none is left.
+            let st = &mut *st;
+            for f in st
+                .slots
+                .iter_mut()
+                .flatten()
+                .filter(|f| f.outcome.is_none())
+            {
+                match st.client.test(f.req) {
+                    Ok(true) => f.outcome = Some(Ok(())),
+                    Ok(false) => {}
+                    Err(e) => f.outcome = Some(Err(client_error(e).to_string())),
+                }
+            }
+            if st.slots.iter().flatten().any(|f| f.outcome.is_none()) {
+                return Ok(None);
+            }
+            st.client.join(dt, rop).map_err(client_error)?;
+            st.joined.push((dt, rop));
+            log::info(&format!(
+                "CollNet rank {}: joined the job for {dt} {rop}",
+                self.rank
+            ));
+        }
+        // SAFETY: the caller's contract is the client's: both buffers stay
+        // valid until the request is reported done or the comm is dropped.
+        let req = unsafe { st.client.start(send, recv, count, dt, rop) }.map_err(client_error)?;
+        st.slots[slot] = Some(Flight {
+            req,
+            bytes,
+            outcome: None,
+        });
+        Ok(Some(slot))
+    }
+
+    /// Some(bytes) once request `index` is done.
+    pub fn test(&self, index: usize) -> Result<Option<usize>> {
+        let mut st = self.state.lock()?;
+        let Some(f) = st.slots.get(index).cloned().flatten() else {
+            return Err(Error::InvalidUsage(format!(
+                "request {index} is not in flight"
+            )));
+        };
+        let outcome = match f.outcome {
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(e),
+            None => st
+                .client
+                .test(f.req)
+                .map_err(|e| client_error(e).to_string()),
+        };
+        match outcome {
+            Ok(false) => Ok(None),
+            Ok(true) => {
+                st.slots[index] = None;
+                Ok(Some(f.bytes))
+            }
+            Err(e) => {
+                st.slots[index] = None;
+                // The client is unusable after a failure mid-operation: its
+                // receives may target buffers NCCL will reuse. Cancel them.
+                st.client.abort();
+                Err(Error::Remote(e))
+            }
+        }
+    }
+
+    /// Closes the comm: the client says goodbye to the servers (or, with
+    /// operations in flight, cancels them and closes, which fails the job
+    /// for the other ranks at once rather than by timeout).
+    pub fn close(self: Box<Self>) -> Result<()> {
+        let CollComm { state, rank, .. } = *self;
+        let st = state.into_inner()?;
+        let in_flight = st.slots.iter().flatten().count();
+        if in_flight > 0 {
+            log::info(&format!(
+                "CollNet rank {rank}: closed with {in_flight} all-reduce(s) in flight"
+            ));
+        }
+        drop(st.client);
+        Ok(())
+    }
+}

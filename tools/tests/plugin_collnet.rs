@@ -1,0 +1,488 @@
+//! ncclCollNet against real tally servers: the plugin library is loaded the
+//! way NCCL loads it (tests/support of the plugin crate) and N ranks, each a
+//! thread with its own CollNet context and comm, replay NCCL's sequence:
+//! init, devices, getProperties, listen, a collective connect, regMr, many
+//! iallreduce/test rounds (several in flight, every element checked), bad
+//! arguments, close, finalize. Over tcp;ofi_rxm and shm, with 2 and 4 ranks
+//! (4 ranks striped over two servers).
+//!
+//! The servers are separate processes: shm endpoints of one process map
+//! each other's memory, and a server in the test process would tear that
+//! down under its clients. The plugin library must have been built in the
+//! same profile (`cargo build -p tally-nccl-plugin`, or the workspace).
+mod common;
+#[path = "../../ffi-plugin/tests/support/mod.rs"]
+mod support;
+
+use common::ServerProcess;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+use support::abi::*;
+use support::*;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One all-reduce case: NCCL type and op codes, elements.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    dtype: c_int,
+    op: c_int,
+    count: usize,
+}
+
+const F32: c_int = 7;
+const SUM: c_int = 0;
+
+fn cases() -> Vec<Case> {
+    let mut v: Vec<Case> = [0usize, 1, 1000, 65536 + 3, 4 << 20]
+        .iter()
+        .map(|&count| Case {
+            dtype: F32,
+            op: SUM,
+            count,
+        })
+        .collect();
+    v.extend([
+        Case {
+            dtype: 2,
+            op: 2,
+            count: 100_003,
+        }, // i32 max
+        Case {
+            dtype: 8,
+            op: 1,
+            count: 50_001,
+        }, // f64 prod
+        Case {
+            dtype: 9,
+            op: 0,
+            count: 300_007,
+        }, // bf16 sum
+        Case {
+            dtype: 0,
+            op: 3,
+            count: 77_777,
+        }, // i8 min
+        Case {
+            dtype: 7,
+            op: 4,
+            count: 200_000,
+        }, // f32 avg
+        Case {
+            dtype: 5,
+            op: 0,
+            count: 10_000,
+        }, // u64 sum
+    ]);
+    v
+}
+
+fn elem_size(dtype: c_int) -> usize {
+    match dtype {
+        0 | 1 => 1,
+        6 | 9 => 2,
+        2 | 3 | 7 => 4,
+        _ => 8,
+    }
+}
+
+/// Rank r's input element i: small integers, so every result is exact.
+fn input(case: Case, r: usize, i: usize) -> i64 {
+    match case.op {
+        1 => 1 + ((i + r) % 2) as i64,          // prod: 1 or 2
+        3 => (i % 50) as i64 - (r as i64) * 3,  // min: may go negative
+        _ => ((i * 7 + r * 3) % 13) as i64 + 1, // sum, max, avg
+    }
+}
+
+fn expected(case: Case, n: usize, i: usize) -> f64 {
+    let vals = (0..n).map(|r| input(case, r, i));
+    match case.op {
+        0 => vals.sum::<i64>() as f64,
+        1 => vals.product::<i64>() as f64,
+        2 => vals.max().unwrap() as f64,
+        3 => vals.min().unwrap() as f64,
+        _ => vals.sum::<i64>() as f64 / n as f64,
+    }
+}
+
+fn encode(dtype: c_int, v: f64, out: &mut [u8]) {
+    match dtype {
+        0 => out[0] = (v as i8) as u8,
+        1 => out[0] = v as u8,
+        2 => out.copy_from_slice(&(v as i32).to_le_bytes()),
+        3 => out.copy_from_slice(&(v as u32).to_le_bytes()),
+        4 => out.copy_from_slice(&(v as i64).to_le_bytes()),
+        5 => out.copy_from_slice(&(v as u64).to_le_bytes()),
+        7 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        8 => out.copy_from_slice(&v.to_le_bytes()),
+        // bf16: the top half of an f32 (exact for these small integers).
+        9 => out.copy_from_slice(&(((v as f32).to_bits() >> 16) as u16).to_le_bytes()),
+        _ => unreachable!("fp16 is not used here"),
+    }
+}
+
+fn buffer(case: Case, r: usize) -> Vec<u8> {
+    let es = elem_size(case.dtype);
+    let mut b = vec![0u8; case.count * es];
+    for i in 0..case.count {
+        encode(
+            case.dtype,
+            input(case, r, i) as f64,
+            &mut b[i * es..(i + 1) * es],
+        );
+    }
+    b
+}
+
+fn check_result(case: Case, n: usize, got: &[u8], what: &str) {
+    let es = elem_size(case.dtype);
+    let mut want = vec![0u8; es];
+    for i in 0..case.count {
+        encode(case.dtype, expected(case, n, i), &mut want);
+        assert_eq!(
+            &got[i * es..(i + 1) * es],
+            &want[..],
+            "{what}: element {i} of {case:?}"
+        );
+    }
+}
+
+fn rank_main(
+    p: &Plugin,
+    r: usize,
+    n: usize,
+    handles: &Mutex<Vec<[u8; HANDLE]>>,
+    barrier: &Barrier,
+    net_name: &str,
+) {
+    let t = p.coll11;
+    let mut ctx = null();
+    // SAFETY: valid out-pointer; the logger matches NCCL's calling convention.
+    unsafe {
+        assert_eq!(
+            (t.init)(&mut ctx, 0xc011_0000 + r as u64, logger()),
+            NCCL_SUCCESS
+        );
+        let mut ndev: c_int = -1;
+        assert_eq!((t.devices)(&mut ndev), NCCL_SUCCESS);
+        assert_eq!(ndev, 1, "one CollNet device when TALLY_SERVERS is set");
+        let mut props: NetPropertiesV11 = std::mem::zeroed();
+        assert_eq!((t.get_properties)(0, &mut props), NCCL_SUCCESS);
+        assert_eq!(
+            CStr::from_ptr(props.name).to_str().unwrap(),
+            net_name,
+            "CollNet rides on the net device"
+        );
+        assert!(props.max_coll_bytes > 0 && props.max_coll_bytes <= NCCL_MAX_NET_SIZE_BYTES);
+        let mut v12: NetPropertiesV12 = std::mem::zeroed();
+        assert_eq!((p.coll12.get_properties)(0, &mut v12), NCCL_SUCCESS);
+        assert_eq!(
+            (v12.name, v12.pci_path, v12.rail_id),
+            (props.name, props.pci_path, NCCL_NET_ID_UNDEF)
+        );
+    }
+    // listen, exchange every rank's handle, connect (collective, blocking)
+    let mut h = [0u8; HANDLE];
+    let mut listen = null();
+    // SAFETY: valid context, handle buffer and out-pointer.
+    assert_eq!(
+        unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), &mut listen) },
+        NCCL_SUCCESS
+    );
+    handles.lock().unwrap()[r] = h;
+    barrier.wait();
+    let mut all = handles.lock().unwrap().clone();
+    let mut ptrs: Vec<*mut c_void> = all.iter_mut().map(|h| h.as_mut_ptr().cast()).collect();
+    let mut comm = null();
+    // SAFETY: nranks handle pointers, a live listen comm.
+    assert_eq!(
+        unsafe { (t.connect)(ptrs.as_mut_ptr(), n as c_int, r as c_int, listen, &mut comm) },
+        NCCL_SUCCESS,
+        "rank {r}: connect"
+    );
+    assert!(!comm.is_null());
+    // SAFETY: closed once, after connect, as NCCL does.
+    assert_eq!(unsafe { (t.close_listen)(listen) }, NCCL_SUCCESS);
+
+    // Every case in flight at once (all ranks issue them in the same order).
+    let cases = cases();
+    let sends: Vec<Vec<u8>> = cases.iter().map(|&c| buffer(c, r)).collect();
+    let mut recvs: Vec<Vec<u8>> = cases
+        .iter()
+        .map(|c| vec![0xeeu8; c.count * elem_size(c.dtype)])
+        .collect();
+    let mut mhs = Vec::new();
+    for (s, rv) in sends.iter().zip(recvs.iter_mut()) {
+        let (mut a, mut b) = (null(), null());
+        // SAFETY: live comm; buffers outlive the registrations.
+        unsafe {
+            assert_eq!(
+                (t.reg_mr)(
+                    comm,
+                    s.as_ptr() as *mut c_void,
+                    s.len(),
+                    NCCL_PTR_HOST,
+                    &mut a
+                ),
+                NCCL_SUCCESS
+            );
+            assert_eq!(
+                (t.reg_mr)(
+                    comm,
+                    rv.as_mut_ptr().cast(),
+                    rv.len(),
+                    NCCL_PTR_HOST,
+                    &mut b
+                ),
+                NCCL_SUCCESS
+            );
+        }
+        mhs.push((a, b));
+    }
+    // SAFETY: a CUDA registration is refused.
+    assert_eq!(
+        unsafe {
+            (t.reg_mr)(
+                comm,
+                recvs[0].as_mut_ptr().cast(),
+                4,
+                NCCL_PTR_CUDA,
+                &mut null(),
+            )
+        },
+        NCCL_INVALID_ARGUMENT
+    );
+    let t0 = Instant::now();
+    for round in 0..2 {
+        let mut reqs = vec![null(); cases.len()];
+        for (k, c) in cases.iter().enumerate() {
+            loop {
+                // SAFETY: live comm; both buffers hold count elements and
+                // stay valid until the request completes.
+                let rc = unsafe {
+                    (t.iallreduce)(
+                        comm,
+                        sends[k].as_ptr() as *mut c_void,
+                        recvs[k].as_mut_ptr().cast(),
+                        c.count,
+                        c.dtype,
+                        c.op,
+                        mhs[k].0,
+                        mhs[k].1,
+                        &mut reqs[k],
+                    )
+                };
+                assert_eq!(rc, NCCL_SUCCESS, "iallreduce {c:?}");
+                if !reqs[k].is_null() {
+                    break;
+                }
+                assert!(t0.elapsed() < TIMEOUT);
+            }
+        }
+        let mut left = cases.len();
+        while left > 0 {
+            for (k, req) in reqs.iter_mut().enumerate() {
+                if req.is_null() {
+                    continue;
+                }
+                let (mut done, mut size) = (0, -1);
+                let sz = if k % 2 == 0 {
+                    &mut size as *mut c_int
+                } else {
+                    std::ptr::null_mut()
+                };
+                // SAFETY: a request of a live comm.
+                assert_eq!(
+                    unsafe { (t.test)(*req, &mut done, sz) },
+                    NCCL_SUCCESS,
+                    "rank {r}: test {:?}",
+                    cases[k]
+                );
+                if done == 1 {
+                    if !sz.is_null() {
+                        assert_eq!(size as usize, cases[k].count * elem_size(cases[k].dtype));
+                    }
+                    *req = null();
+                    left -= 1;
+                }
+            }
+            assert!(
+                t0.elapsed() < TIMEOUT,
+                "rank {r}: {left} all-reduces not done"
+            );
+        }
+        for (k, &c) in cases.iter().enumerate() {
+            check_result(c, n, &recvs[k], &format!("rank {r} round {round}"));
+            recvs[k].fill(0xee);
+        }
+    }
+    // Bad arguments on a live comm.
+    let mut req = null();
+    // SAFETY: every call is refused before any buffer is touched.
+    unsafe {
+        let (s, d) = (
+            sends[2].as_ptr() as *mut c_void,
+            recvs[2].as_mut_ptr().cast::<c_void>(),
+        );
+        assert_eq!(
+            (t.iallreduce)(comm, s, d, 4, 10, SUM, null(), null(), &mut req),
+            NCCL_INVALID_ARGUMENT,
+            "fp8 e4m3"
+        );
+        assert_eq!(
+            (t.iallreduce)(comm, s, d, 4, -1, SUM, null(), null(), &mut req),
+            NCCL_INVALID_ARGUMENT,
+            "unknown type"
+        );
+        assert_eq!(
+            (t.iallreduce)(comm, s, d, 4, F32, 5, null(), null(), &mut req),
+            NCCL_INVALID_ARGUMENT,
+            "unknown op"
+        );
+        assert_eq!(
+            (t.iallreduce)(
+                comm,
+                s,
+                d,
+                usize::MAX / 2,
+                F32,
+                SUM,
+                null(),
+                null(),
+                &mut req
+            ),
+            NCCL_INVALID_ARGUMENT,
+            "oversize"
+        );
+        assert_eq!(
+            (t.iallreduce)(comm, null(), d, 4, F32, SUM, null(), null(), &mut req),
+            NCCL_INVALID_ARGUMENT,
+            "NULL send buffer"
+        );
+        assert_eq!(
+            (t.iallreduce)(
+                comm,
+                s,
+                d,
+                4,
+                F32,
+                SUM,
+                null(),
+                null(),
+                std::ptr::null_mut()
+            ),
+            NCCL_INVALID_ARGUMENT,
+            "NULL request"
+        );
+        assert_eq!((t.iflush)(comm, d, 16, mhs[2].1, &mut req), NCCL_SUCCESS);
+        assert!(req.is_null(), "host memory needs no flush");
+    }
+    eprintln!(
+        "rank {r}/{n}: {} all-reduces x 2 rounds in {:?}",
+        cases.len(),
+        t0.elapsed()
+    );
+    barrier.wait();
+    for (a, b) in mhs {
+        // SAFETY: registrations of this comm, removed once.
+        unsafe {
+            assert_eq!((t.dereg_mr)(comm, a), NCCL_SUCCESS);
+            assert_eq!((t.dereg_mr)(comm, b), NCCL_SUCCESS);
+        }
+    }
+    // SAFETY: live comm and context, closed and finalized once.
+    unsafe {
+        assert_eq!((t.close_coll)(comm), NCCL_SUCCESS);
+        assert_eq!((t.finalize)(ctx), NCCL_SUCCESS);
+    }
+    barrier.wait();
+}
+
+fn run_job(p: &Plugin, n: usize, net_name: &str) {
+    let handles = Mutex::new(vec![[0u8; HANDLE]; n]);
+    let barrier = Barrier::new(n);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (handles, barrier) = (&handles, &barrier);
+                s.spawn(move || rank_main(p, r, n, handles, barrier, net_name))
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+}
+
+fn suite(p: &Plugin, provider: &str) {
+    // The plugin's CollNet clients use TALLY_PROVIDER, like the servers' --provider.
+    std::env::set_var("TALLY_PROVIDER", provider);
+    let common = [
+        "--provider",
+        provider,
+        "--poll",
+        "adaptive",
+        "--slab-size",
+        "64M",
+        "--hugepages",
+        "off",
+    ];
+    let one = ServerProcess::start(&[&["--lcores", "0-1"][..], &common].concat());
+    let two = ServerProcess::start(&[&["--lcores", "1"][..], &common].concat());
+
+    // As in a real job, TALLY_SERVERS is set before the plugin's first init
+    // (which then leaves libfabric's rxm settings alone, as the servers have them).
+    std::env::set_var("TALLY_SERVERS", &one.addr);
+    // The net side provides the device CollNet reports on.
+    let mut net_ctx = null();
+    let mut cfg = NetCommConfig { traffic_class: -1 };
+    // SAFETY: valid out-pointers.
+    assert_eq!(
+        unsafe { (p.net11.init)(&mut net_ctx, 1, &mut cfg, logger(), null()) },
+        NCCL_SUCCESS
+    );
+    let mut props: NetPropertiesV11 = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    assert_eq!(
+        unsafe { (p.net11.get_properties)(0, &mut props) },
+        NCCL_SUCCESS
+    );
+    // SAFETY: a static C string of the plugin.
+    let net_name = unsafe { CStr::from_ptr(props.name) }
+        .to_str()
+        .unwrap()
+        .to_string();
+
+    std::env::set_var("TALLY_SERVERS", &one.addr);
+    let t0 = Instant::now();
+    run_job(p, 2, &net_name);
+    eprintln!(
+        "{provider}: 2 ranks, 1 server x 2 lcores: {:?}",
+        t0.elapsed()
+    );
+    std::env::set_var("TALLY_SERVERS", format!("{},{}", one.addr, two.addr));
+    let t0 = Instant::now();
+    run_job(p, 4, &net_name);
+    eprintln!("{provider}: 4 ranks, 2 servers: {:?}", t0.elapsed());
+    std::env::remove_var("TALLY_SERVERS");
+    // SAFETY: the net context from above.
+    assert_eq!(unsafe { (p.net11.finalize)(net_ctx) }, NCCL_SUCCESS);
+    one.stop();
+    two.stop();
+}
+
+#[test]
+fn collnet_allreduce_through_tally_servers() {
+    let p = load();
+    // No servers, no CollNet device: NCCL carries on without CollNet.
+    std::env::remove_var("TALLY_SERVERS");
+    let mut ndev: c_int = -1;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { (p.coll11.devices)(&mut ndev) }, NCCL_SUCCESS);
+    assert_eq!(ndev, 0);
+    suite(&p, "tcp");
+    suite(&p, "shm");
+    assert!(logged("joined job"), "connect logs the job it joined");
+}
