@@ -103,36 +103,21 @@ impl Header {
     /// Parses a header; the error says what was wrong with it.
     fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
         if b[0..4] != MAGIC {
-            return Err(format!(
-                "not a tally bootstrap frame (first bytes {:02x?}, expected {:02x?} \"TLYB\")",
-                &b[0..4],
-                MAGIC
-            ));
+            return Err(format!("not a tally bootstrap frame (first bytes {:02x?}, expected {:02x?} \"TLYB\")", &b[0..4], MAGIC));
         }
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let version = u16_at(4);
         if version != VERSION {
-            return Err(format!(
-                "bootstrap protocol version {version}, this build speaks {VERSION}"
-            ));
+            return Err(format!("bootstrap protocol version {version}, this build speaks {VERSION}"));
         }
-        let kind =
-            Kind::from_u16(u16_at(6)).ok_or_else(|| format!("unknown frame kind {}", u16_at(6)))?;
+        let kind = Kind::from_u16(u16_at(6)).ok_or_else(|| format!("unknown frame kind {}", u16_at(6)))?;
         let len = u64_at(24);
         if len > MAX_PAYLOAD {
-            return Err(format!(
-                "frame payload of {len} bytes exceeds the {MAX_PAYLOAD}-byte limit"
-            ));
+            return Err(format!("frame payload of {len} bytes exceeds the {MAX_PAYLOAD}-byte limit"));
         }
-        Ok(Header {
-            kind,
-            rank: u32_at(8),
-            nranks: u32_at(12),
-            seq: u64_at(16),
-            len,
-        })
+        Ok(Header { kind, rank: u32_at(8), nranks: u32_at(12), seq: u64_at(16), len })
     }
 }
 
@@ -160,26 +145,16 @@ impl fmt::Display for BootstrapError {
             BootstrapError::Config(s) => write!(f, "bootstrap: {s}"),
             BootstrapError::Io { what, source } => write!(f, "bootstrap: {what}: {source}"),
             BootstrapError::Timeout { what, after } => {
-                write!(
-                    f,
-                    "bootstrap: timed out after {:.1} s {what}",
-                    after.as_secs_f64()
-                )
+                write!(f, "bootstrap: timed out after {:.1} s {what}", after.as_secs_f64())
             }
             BootstrapError::Closed { peer } => {
                 write!(f, "bootstrap: rank {peer} closed its connection")
             }
-            BootstrapError::Protocol {
-                peer: Some(p),
-                detail,
-            } => {
+            BootstrapError::Protocol { peer: Some(p), detail } => {
                 write!(f, "bootstrap: bad frame from rank {p}: {detail}")
             }
             BootstrapError::Protocol { peer: None, detail } => {
-                write!(
-                    f,
-                    "bootstrap: bad frame from an unidentified connection: {detail}"
-                )
+                write!(f, "bootstrap: bad frame from an unidentified connection: {detail}")
             }
             BootstrapError::Rejected(why) => {
                 write!(f, "bootstrap: rank 0 refused this rank or aborted: {why}")
@@ -200,26 +175,17 @@ impl std::error::Error for BootstrapError {
 /// Maps a socket error to Timeout / Closed / Io.
 fn io_error(e: io::Error, what: impl Into<String>, peer: u32, timeout: Duration) -> BootstrapError {
     match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => BootstrapError::Timeout {
-            what: what.into(),
-            after: timeout,
-        },
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::BrokenPipe => BootstrapError::Closed { peer },
-        _ => BootstrapError::Io {
-            what: what.into(),
-            source: e,
-        },
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => BootstrapError::Timeout { what: what.into(), after: timeout },
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe => {
+            BootstrapError::Closed { peer }
+        }
+        _ => BootstrapError::Io { what: what.into(), source: e },
     }
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr, BootstrapError> {
     addr.to_socket_addrs()
-        .map_err(|e| {
-            BootstrapError::Config(format!("cannot resolve {addr:?} (expected ADDR:PORT): {e}"))
-        })?
+        .map_err(|e| BootstrapError::Config(format!("cannot resolve {addr:?} (expected ADDR:PORT): {e}")))?
         .next()
         .ok_or_else(|| BootstrapError::Config(format!("{addr:?} resolves to no address")))
 }
@@ -229,9 +195,7 @@ fn check_ranks(rank: u32, nranks: u32) -> Result<(), BootstrapError> {
         return Err(BootstrapError::Config("nranks must be at least 1".into()));
     }
     if rank >= nranks {
-        return Err(BootstrapError::Config(format!(
-            "rank {rank} is out of range for {nranks} ranks"
-        )));
+        return Err(BootstrapError::Config(format!("rank {rank} is out of range for {nranks} ranks")));
     }
     Ok(())
 }
@@ -245,10 +209,7 @@ struct Link {
 
 impl Link {
     fn new(stream: TcpStream, peer: u32, timeout: Duration) -> Result<Link, BootstrapError> {
-        let setup = |e| BootstrapError::Io {
-            what: "configuring a bootstrap socket".into(),
-            source: e,
-        };
+        let setup = |e| BootstrapError::Io { what: "configuring a bootstrap socket".into(), source: e };
         stream.set_nonblocking(false).map_err(setup)?;
         stream.set_read_timeout(Some(timeout)).map_err(setup)?;
         stream.set_write_timeout(Some(timeout)).map_err(setup)?;
@@ -260,39 +221,22 @@ impl Link {
     fn send(&mut self, h: Header, payload: &[u8], timeout: Duration) -> Result<(), BootstrapError> {
         debug_assert_eq!(h.len, payload.len() as u64);
         let what = || format!("sending a {:?} frame to rank {}", h.kind, self.peer);
-        self.stream
-            .write_all(&h.encode())
-            .map_err(|e| io_error(e, what(), self.peer, timeout))?;
-        self.stream
-            .write_all(payload)
-            .map_err(|e| io_error(e, what(), self.peer, timeout))?;
+        self.stream.write_all(&h.encode()).map_err(|e| io_error(e, what(), self.peer, timeout))?;
+        self.stream.write_all(payload).map_err(|e| io_error(e, what(), self.peer, timeout))?;
         Ok(())
     }
 
     /// Reads one frame. A Reject frame becomes `Rejected`; any other kind is
     /// returned for the caller to check.
-    fn recv(
-        &mut self,
-        timeout: Duration,
-        waiting_for: &str,
-    ) -> Result<(Header, Vec<u8>), BootstrapError> {
+    fn recv(&mut self, timeout: Duration, waiting_for: &str) -> Result<(Header, Vec<u8>), BootstrapError> {
         let what = || format!("waiting for {waiting_for} from rank {}", self.peer);
         let mut hb = [0u8; HEADER_LEN];
-        self.stream
-            .read_exact(&mut hb)
-            .map_err(|e| io_error(e, what(), self.peer, timeout))?;
-        let h = Header::decode(&hb).map_err(|detail| BootstrapError::Protocol {
-            peer: Some(self.peer),
-            detail,
-        })?;
+        self.stream.read_exact(&mut hb).map_err(|e| io_error(e, what(), self.peer, timeout))?;
+        let h = Header::decode(&hb).map_err(|detail| BootstrapError::Protocol { peer: Some(self.peer), detail })?;
         let mut payload = vec![0u8; h.len as usize];
-        self.stream
-            .read_exact(&mut payload)
-            .map_err(|e| io_error(e, what(), self.peer, timeout))?;
+        self.stream.read_exact(&mut payload).map_err(|e| io_error(e, what(), self.peer, timeout))?;
         if h.kind == Kind::Reject {
-            return Err(BootstrapError::Rejected(
-                String::from_utf8_lossy(&payload).into_owned(),
-            ));
+            return Err(BootstrapError::Rejected(String::from_utf8_lossy(&payload).into_owned()));
         }
         Ok((h, payload))
     }
@@ -323,44 +267,27 @@ impl BootstrapListener {
         // Index r-1 holds rank r's link once it has said hello.
         let mut links: Vec<Option<Link>> = (1..nranks).map(|_| None).collect();
         let mut joined = 0;
-        self.listener
-            .set_nonblocking(true)
-            .map_err(|e| BootstrapError::Io {
-                what: "configuring the listener".into(),
-                source: e,
-            })?;
+        self.listener.set_nonblocking(true).map_err(|e| BootstrapError::Io { what: "configuring the listener".into(), source: e })?;
         while joined < links.len() {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let missing: Vec<u32> = (1..nranks)
-                            .filter(|r| links[*r as usize - 1].is_none())
-                            .collect();
+                        let missing: Vec<u32> = (1..nranks).filter(|r| links[*r as usize - 1].is_none()).collect();
                         return Err(BootstrapError::Timeout {
-                            what: format!(
-                                "on {} waiting for ranks {missing:?} to connect",
-                                self.addr
-                            ),
+                            what: format!("on {} waiting for ranks {missing:?} to connect", self.addr),
                             after: timeout,
                         });
                     }
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }
-                Err(e) => {
-                    return Err(BootstrapError::Io {
-                        what: format!("accepting on {}", self.addr),
-                        source: e,
-                    })
-                }
+                Err(e) => return Err(BootstrapError::Io { what: format!("accepting on {}", self.addr), source: e }),
             };
             // Until it has said hello we do not know who this is, and it may
             // say nothing at all: wait for the hello no longer than the
             // accept deadline allows.
-            let hello_wait = deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(100));
+            let hello_wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
             let mut link = Link::new(stream, u32::MAX, hello_wait)?;
             let (h, _) = link.recv(hello_wait, "a hello").map_err(|e| {
                 let detail = match e {
@@ -375,88 +302,40 @@ impl BootstrapListener {
             })?;
             link.stream
                 .set_read_timeout(Some(timeout))
-                .map_err(|e| BootstrapError::Io {
-                    what: "configuring a bootstrap socket".into(),
-                    source: e,
-                })?;
+                .map_err(|e| BootstrapError::Io { what: "configuring a bootstrap socket".into(), source: e })?;
             let refuse = |link: &mut Link, why: String| {
                 // Best effort: tell the peer why before failing here too.
-                let reject = Header {
-                    kind: Kind::Reject,
-                    rank: 0,
-                    nranks,
-                    seq: 0,
-                    len: why.len() as u64,
-                };
+                let reject = Header { kind: Kind::Reject, rank: 0, nranks, seq: 0, len: why.len() as u64 };
                 let _ = link.send(reject, why.as_bytes(), timeout);
                 why
             };
             if h.kind != Kind::Hello {
-                let why = refuse(
-                    &mut link,
-                    format!("expected a hello, got a {:?} frame", h.kind),
-                );
-                return Err(BootstrapError::Protocol {
-                    peer: None,
-                    detail: why,
-                });
+                let why = refuse(&mut link, format!("expected a hello, got a {:?} frame", h.kind));
+                return Err(BootstrapError::Protocol { peer: None, detail: why });
             }
             link.peer = h.rank;
             if h.nranks != nranks {
-                let why = refuse(
-                    &mut link,
-                    format!(
-                        "rank {} was started with {} ranks, rank 0 with {nranks}",
-                        h.rank, h.nranks
-                    ),
-                );
-                return Err(BootstrapError::Protocol {
-                    peer: Some(h.rank),
-                    detail: why,
-                });
+                let why = refuse(&mut link, format!("rank {} was started with {} ranks, rank 0 with {nranks}", h.rank, h.nranks));
+                return Err(BootstrapError::Protocol { peer: Some(h.rank), detail: why });
             }
             if h.rank == 0 || h.rank >= nranks {
-                let why = refuse(
-                    &mut link,
-                    format!("rank {} is not a rank 1..{} may connect as", h.rank, nranks),
-                );
-                return Err(BootstrapError::Protocol {
-                    peer: Some(h.rank),
-                    detail: why,
-                });
+                let why = refuse(&mut link, format!("rank {} is not a rank 1..{} may connect as", h.rank, nranks));
+                return Err(BootstrapError::Protocol { peer: Some(h.rank), detail: why });
             }
             let slot = &mut links[h.rank as usize - 1];
             if slot.is_some() {
                 let why = refuse(&mut link, format!("rank {} connected twice", h.rank));
-                return Err(BootstrapError::Protocol {
-                    peer: Some(h.rank),
-                    detail: why,
-                });
+                return Err(BootstrapError::Protocol { peer: Some(h.rank), detail: why });
             }
             *slot = Some(link);
             joined += 1;
         }
-        let mut links: Vec<Link> = links
-            .into_iter()
-            .map(|l| l.expect("every rank joined"))
-            .collect();
+        let mut links: Vec<Link> = links.into_iter().map(|l| l.expect("every rank joined")).collect();
         for link in &mut links {
-            let welcome = Header {
-                kind: Kind::Welcome,
-                rank: 0,
-                nranks,
-                seq: 0,
-                len: 0,
-            };
+            let welcome = Header { kind: Kind::Welcome, rank: 0, nranks, seq: 0, len: 0 };
             link.send(welcome, &[], timeout)?;
         }
-        Ok(Bootstrap {
-            rank: 0,
-            nranks,
-            timeout,
-            seq: 0,
-            links,
-        })
+        Ok(Bootstrap { rank: 0, nranks, timeout, seq: 0, links })
     }
 }
 
@@ -480,12 +359,7 @@ impl Bootstrap {
     /// since the others could not find it) and waits for the others; any
     /// other rank connects to `addr`, retrying until `timeout`. Returns once
     /// every rank has joined. `timeout` also bounds every later blocking read.
-    pub fn new(
-        addr: &str,
-        rank: u32,
-        nranks: u32,
-        timeout: Duration,
-    ) -> Result<Bootstrap, BootstrapError> {
+    pub fn new(addr: &str, rank: u32, nranks: u32, timeout: Duration) -> Result<Bootstrap, BootstrapError> {
         check_ranks(rank, nranks)?;
         if rank == 0 {
             let sa = resolve(addr)?;
@@ -505,40 +379,25 @@ impl Bootstrap {
     /// [`BootstrapListener::port`] reports.
     pub fn listen(addr: &str) -> Result<BootstrapListener, BootstrapError> {
         let sa = resolve(addr)?;
-        let listener = TcpListener::bind(sa).map_err(|e| BootstrapError::Io {
-            what: format!("binding the bootstrap listener to {sa}"),
-            source: e,
-        })?;
-        let addr = listener.local_addr().map_err(|e| BootstrapError::Io {
-            what: "reading the listener's address".into(),
-            source: e,
-        })?;
+        let listener =
+            TcpListener::bind(sa).map_err(|e| BootstrapError::Io { what: format!("binding the bootstrap listener to {sa}"), source: e })?;
+        let addr = listener.local_addr().map_err(|e| BootstrapError::Io { what: "reading the listener's address".into(), source: e })?;
         Ok(BootstrapListener { listener, addr })
     }
 
     /// Joins as rank `rank` (not 0) by connecting to rank 0 at `addr`,
     /// retrying until `timeout`, and waiting for rank 0's welcome.
-    pub fn connect(
-        addr: &str,
-        rank: u32,
-        nranks: u32,
-        timeout: Duration,
-    ) -> Result<Bootstrap, BootstrapError> {
+    pub fn connect(addr: &str, rank: u32, nranks: u32, timeout: Duration) -> Result<Bootstrap, BootstrapError> {
         check_ranks(rank, nranks)?;
         if rank == 0 {
-            return Err(BootstrapError::Config(
-                "rank 0 listens; it does not connect".into(),
-            ));
+            return Err(BootstrapError::Config("rank 0 listens; it does not connect".into()));
         }
         let sa = resolve(addr)?;
         let deadline = Instant::now() + timeout;
         let stream = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(BootstrapError::Timeout {
-                    what: format!("connecting to rank 0 at {sa}"),
-                    after: timeout,
-                });
+                return Err(BootstrapError::Timeout { what: format!("connecting to rank 0 at {sa}"), after: timeout });
             }
             match TcpStream::connect_timeout(&sa, remaining.min(Duration::from_secs(1))) {
                 Ok(s) => break s,
@@ -547,28 +406,13 @@ impl Bootstrap {
             }
         };
         let mut link = Link::new(stream, 0, timeout)?;
-        let hello = Header {
-            kind: Kind::Hello,
-            rank,
-            nranks,
-            seq: 0,
-            len: 0,
-        };
+        let hello = Header { kind: Kind::Hello, rank, nranks, seq: 0, len: 0 };
         link.send(hello, &[], timeout)?;
         let (h, _) = link.recv(timeout, "the welcome (all ranks joined)")?;
         if h.kind != Kind::Welcome || h.rank != 0 || h.nranks != nranks {
-            return Err(BootstrapError::Protocol {
-                peer: Some(0),
-                detail: format!("expected a welcome for {nranks} ranks, got {h:?}"),
-            });
+            return Err(BootstrapError::Protocol { peer: Some(0), detail: format!("expected a welcome for {nranks} ranks, got {h:?}") });
         }
-        Ok(Bootstrap {
-            rank,
-            nranks,
-            timeout,
-            seq: 0,
-            links: vec![link],
-        })
+        Ok(Bootstrap { rank, nranks, timeout, seq: 0, links: vec![link] })
     }
 
     pub fn rank(&self) -> u32 {
@@ -586,11 +430,7 @@ impl Bootstrap {
     /// Every rank's `mine`, in rank order. Lengths may differ between ranks.
     pub fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let seq = self.seq + 1;
-        let result = if self.rank == 0 {
-            self.allgather_root(mine, seq)
-        } else {
-            self.allgather_leaf(mine, seq)
-        };
+        let result = if self.rank == 0 { self.allgather_root(mine, seq) } else { self.allgather_leaf(mine, seq) };
         if let Err(e) = &result {
             self.abort(&format!("collective #{seq} failed on rank 0: {e}"));
         }
@@ -618,22 +458,14 @@ impl Bootstrap {
         // The scatter payload: for each rank, a u64 length and the bytes.
         let total: usize = all.iter().map(|p| 8 + p.len()).sum();
         if total as u64 > MAX_PAYLOAD {
-            return Err(BootstrapError::Config(format!(
-                "an allgather of {total} bytes in all exceeds the {MAX_PAYLOAD}-byte frame limit"
-            )));
+            return Err(BootstrapError::Config(format!("an allgather of {total} bytes in all exceeds the {MAX_PAYLOAD}-byte frame limit")));
         }
         let mut packed = Vec::with_capacity(total);
         for p in &all {
             packed.extend_from_slice(&(p.len() as u64).to_le_bytes());
             packed.extend_from_slice(p);
         }
-        let h = Header {
-            kind: Kind::Scatter,
-            rank: 0,
-            nranks,
-            seq,
-            len: packed.len() as u64,
-        };
+        let h = Header { kind: Kind::Scatter, rank: 0, nranks, seq, len: packed.len() as u64 };
         for link in &mut self.links {
             link.send(h, &packed, timeout)?;
         }
@@ -643,56 +475,31 @@ impl Bootstrap {
     fn allgather_leaf(&mut self, mine: &[u8], seq: u64) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let (rank, nranks, timeout) = (self.rank, self.nranks, self.timeout);
         if mine.len() as u64 > MAX_PAYLOAD {
-            return Err(BootstrapError::Config(format!(
-                "{} bytes exceed the frame limit",
-                mine.len()
-            )));
+            return Err(BootstrapError::Config(format!("{} bytes exceed the frame limit", mine.len())));
         }
         let link = &mut self.links[0];
-        let h = Header {
-            kind: Kind::Gather,
-            rank,
-            nranks,
-            seq,
-            len: mine.len() as u64,
-        };
+        let h = Header { kind: Kind::Gather, rank, nranks, seq, len: mine.len() as u64 };
         link.send(h, mine, timeout)?;
         let (h, packed) = link.recv(timeout, "the result of a collective")?;
-        let bad = |detail: String| BootstrapError::Protocol {
-            peer: Some(0),
-            detail,
-        };
+        let bad = |detail: String| BootstrapError::Protocol { peer: Some(0), detail };
         if h.kind != Kind::Scatter || h.rank != 0 || h.nranks != nranks || h.seq != seq {
-            return Err(bad(format!(
-                "expected scatter #{seq} for {nranks} ranks, got {h:?}"
-            )));
+            return Err(bad(format!("expected scatter #{seq} for {nranks} ranks, got {h:?}")));
         }
         let mut all = Vec::with_capacity(nranks as usize);
         let mut rest = &packed[..];
         for r in 0..nranks {
             let malformed = || bad(format!("scatter #{seq} is cut short at rank {r}'s part"));
-            let len_bytes: [u8; 8] = rest
-                .get(..8)
-                .ok_or_else(malformed)?
-                .try_into()
-                .expect("8 bytes");
+            let len_bytes: [u8; 8] = rest.get(..8).ok_or_else(malformed)?.try_into().expect("8 bytes");
             let len = u64::from_le_bytes(len_bytes) as usize;
-            let part = rest
-                .get(8..8usize.saturating_add(len))
-                .ok_or_else(malformed)?;
+            let part = rest.get(8..8usize.saturating_add(len)).ok_or_else(malformed)?;
             all.push(part.to_vec());
             rest = &rest[8 + len..];
         }
         if !rest.is_empty() {
-            return Err(bad(format!(
-                "scatter #{seq} has {} bytes after the last rank's part",
-                rest.len()
-            )));
+            return Err(bad(format!("scatter #{seq} has {} bytes after the last rank's part", rest.len())));
         }
         if all[rank as usize] != mine {
-            return Err(bad(format!(
-                "scatter #{seq} does not carry back this rank's own bytes"
-            )));
+            return Err(bad(format!("scatter #{seq} does not carry back this rank's own bytes")));
         }
         Ok(all)
     }
@@ -705,10 +512,7 @@ impl Bootstrap {
     /// `root`'s `data`, on every rank (what the others pass is ignored).
     pub fn broadcast(&mut self, root: u32, data: &[u8]) -> Result<Vec<u8>, BootstrapError> {
         if root >= self.nranks {
-            return Err(BootstrapError::Config(format!(
-                "broadcast root {root} of {} ranks",
-                self.nranks
-            )));
+            return Err(BootstrapError::Config(format!("broadcast root {root} of {} ranks", self.nranks)));
         }
         let mine = if self.rank == root { data } else { &[] };
         let mut all = self.allgather(mine)?;
@@ -720,16 +524,10 @@ impl Bootstrap {
         let all = self.allgather(&value.to_le_bytes())?;
         let mut sum = 0u64;
         for (r, part) in all.iter().enumerate() {
-            let bytes: [u8; 8] =
-                part.as_slice()
-                    .try_into()
-                    .map_err(|_| BootstrapError::Protocol {
-                        peer: Some(r as u32),
-                        detail: format!(
-                            "reduce_sum_u64: rank {r} contributed {} bytes, not 8",
-                            part.len()
-                        ),
-                    })?;
+            let bytes: [u8; 8] = part.as_slice().try_into().map_err(|_| BootstrapError::Protocol {
+                peer: Some(r as u32),
+                detail: format!("reduce_sum_u64: rank {r} contributed {} bytes, not 8", part.len()),
+            })?;
             sum = sum.wrapping_add(u64::from_le_bytes(bytes));
         }
         Ok(sum)
@@ -742,13 +540,7 @@ impl Bootstrap {
         if self.rank != 0 {
             return;
         }
-        let h = Header {
-            kind: Kind::Reject,
-            rank: 0,
-            nranks: self.nranks,
-            seq: self.seq,
-            len: why.len() as u64,
-        };
+        let h = Header { kind: Kind::Reject, rank: 0, nranks: self.nranks, seq: self.seq, len: why.len() as u64 };
         for link in &mut self.links {
             let _ = link.send(h, why.as_bytes(), self.timeout);
         }
@@ -757,10 +549,6 @@ impl Bootstrap {
 
 impl fmt::Debug for Bootstrap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Bootstrap")
-            .field("rank", &self.rank)
-            .field("nranks", &self.nranks)
-            .field("seq", &self.seq)
-            .finish()
+        f.debug_struct("Bootstrap").field("rank", &self.rank).field("nranks", &self.nranks).field("seq", &self.seq).finish()
     }
 }

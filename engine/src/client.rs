@@ -19,7 +19,9 @@
 //! Operations are asynchronous underneath ([`Client::start`] and
 //! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
 //! is the blocking convenience.
-use crate::fabric::{select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError};
+use crate::fabric::{
+    select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
+};
 use crate::reduce::{DataType, ReduceOp};
 use crate::wire::{self, Accept, Hello, JobSpec, Kind, NameRecord, Reject, Tag, TOKEN_BYTES};
 use std::collections::VecDeque;
@@ -77,9 +79,15 @@ impl ClientConfig {
 #[derive(Debug)]
 pub enum ClientError {
     Config(String),
-    Connect { server: String, error: String },
+    Connect {
+        server: String,
+        error: String,
+    },
     /// The server refused the job, or ended it (a rank left, a bad chunk...).
-    Refused { server: String, reject: String },
+    Refused {
+        server: String,
+        reject: String,
+    },
     Fabric(String),
     /// No progress within the timeout.
     Timeout(String),
@@ -259,7 +267,8 @@ impl Client {
             window: self.cfg.window,
             shards: self.cfg.shards,
         };
-        let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes()).ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
+        let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes())
+            .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
         let mut controls = Vec::new();
         // Send every Hello first, then wait for the answers: servers admit
         // the job only when all ranks are in, on all servers at once.
@@ -289,7 +298,11 @@ impl Client {
             let _ = s.set_nonblocking(true);
         }
         if streams.len() as u32 * self.cfg.window * 2 > self.per_sub {
-            return Err(ClientError::Config(format!("{} streams x window {} exceeds this client's context table", streams.len(), self.cfg.window)));
+            return Err(ClientError::Config(format!(
+                "{} streams x window {} exceeds this client's context table",
+                streams.len(),
+                self.cfg.window
+            )));
         }
         let flights = vec![Flight::default(); streams.len() * self.cfg.window as usize];
         self.subs.push(SubJob { dtype, op, chunk_elems, streams, flights, controls });
@@ -303,7 +316,14 @@ impl Client {
     /// Both buffers must hold `count` elements of `dtype` and stay valid,
     /// and `recv` unread and unwritten by anyone else, until [`Client::test`]
     /// reports the request done (or the client is dropped).
-    pub unsafe fn start(&mut self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<Request, ClientError> {
+    pub unsafe fn start(
+        &mut self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Request, ClientError> {
         if self.ops.len() >= MAX_OPS {
             return Err(ClientError::BadArgument(format!("more than {MAX_OPS} all-reduces in flight")));
         }
@@ -549,7 +569,10 @@ impl Client {
                 let mut b = [0u8; core::mem::size_of::<Reject>()];
                 match c.peek(&mut b) {
                     Ok(0) => {
-                        return Err(ClientError::Refused { server: self.cfg.servers[si].clone(), reject: "the server closed the job's connection".into() });
+                        return Err(ClientError::Refused {
+                            server: self.cfg.servers[si].clone(),
+                            reject: "the server closed the job's connection".into(),
+                        });
                     }
                     Ok(n) if n >= b.len() => {
                         let _ = c.read_exact(&mut b);

@@ -107,8 +107,22 @@ impl ServerFile {
             ($($f:ident),*) => { ServerFile { $($f: other.$f.or(self.$f)),* } };
         }
         pick!(
-            listen, lcores, provider, fabric_addr, poll, hugepages, slab_size, max_chunk, max_window, max_jobs, max_ranks, token_file,
-            handshake_timeout_s, op_timeout_s, metrics, nics
+            listen,
+            lcores,
+            provider,
+            fabric_addr,
+            poll,
+            hugepages,
+            slab_size,
+            max_chunk,
+            max_window,
+            max_jobs,
+            max_ranks,
+            token_file,
+            handshake_timeout_s,
+            op_timeout_s,
+            metrics,
+            nics
         )
     }
 
@@ -148,7 +162,10 @@ impl ServerFile {
         };
         let nics = self.nics.unwrap_or_default();
         if !nics.is_empty() && nics.len() != lcores.len() {
-            return Err(ConfigError::Invalid { key: "nics", message: format!("{} NICs for {} lcores: give one per lcore", nics.len(), lcores.len()) });
+            return Err(ConfigError::Invalid {
+                key: "nics",
+                message: format!("{} NICs for {} lcores: give one per lcore", nics.len(), lcores.len()),
+            });
         }
         if let Some(m) = &self.metrics {
             if m.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {

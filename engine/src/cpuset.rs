@@ -47,36 +47,26 @@ pub enum CpusetError {
     /// A core appears twice.
     Duplicate { input: String, core: usize },
     /// Cores that the process's affinity mask does not include.
-    NotAllowed {
-        missing: CoreList,
-        allowed: CoreList,
-    },
+    NotAllowed { missing: CoreList, allowed: CoreList },
 }
 
 impl fmt::Display for CpusetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CpusetError::Empty => write!(f, "empty core list (expected e.g. 2-9,12)"),
-            CpusetError::Invalid { input, item } => write!(
-                f,
-                "invalid core list {input:?}: {item:?} is not a core number or range (expected e.g. 2-9,12)"
-            ),
-            CpusetError::Reversed { input, lo, hi } => write!(
-                f,
-                "invalid core list {input:?}: range {lo}-{hi} runs backwards (write {hi}-{lo})"
-            ),
-            CpusetError::TooLarge { input, item } => write!(
-                f,
-                "invalid core list {input:?}: core {item} is out of range (core ids are below {MAX_CORES})"
-            ),
-            CpusetError::Duplicate { input, core } => write!(
-                f,
-                "invalid core list {input:?}: core {core} is listed more than once"
-            ),
-            CpusetError::NotAllowed { missing, allowed } => write!(
-                f,
-                "cores {missing} are not in this process's CPU affinity mask (allowed: {allowed})"
-            ),
+            CpusetError::Invalid { input, item } => {
+                write!(f, "invalid core list {input:?}: {item:?} is not a core number or range (expected e.g. 2-9,12)")
+            }
+            CpusetError::Reversed { input, lo, hi } => {
+                write!(f, "invalid core list {input:?}: range {lo}-{hi} runs backwards (write {hi}-{lo})")
+            }
+            CpusetError::TooLarge { input, item } => {
+                write!(f, "invalid core list {input:?}: core {item} is out of range (core ids are below {MAX_CORES})")
+            }
+            CpusetError::Duplicate { input, core } => write!(f, "invalid core list {input:?}: core {core} is listed more than once"),
+            CpusetError::NotAllowed { missing, allowed } => {
+                write!(f, "cores {missing} are not in this process's CPU affinity mask (allowed: {allowed})")
+            }
         }
     }
 }
@@ -104,19 +94,12 @@ impl CoreList {
                 }
             };
             if lo > hi {
-                return Err(CpusetError::Reversed {
-                    input: s.to_string(),
-                    lo,
-                    hi,
-                });
+                return Err(CpusetError::Reversed { input: s.to_string(), lo, hi });
             }
             for core in lo..=hi {
                 let (word, bit) = (core / 64, 1u64 << (core % 64));
                 if seen[word] & bit != 0 {
-                    return Err(CpusetError::Duplicate {
-                        input: s.to_string(),
-                        core,
-                    });
+                    return Err(CpusetError::Duplicate { input: s.to_string(), core });
                 }
                 seen[word] |= bit;
                 cores.push(core);
@@ -128,27 +111,15 @@ impl CoreList {
     /// A list from core ids in lcore order; refuses duplicates and ids at or
     /// above [`MAX_CORES`].
     pub fn from_cores(cores: Vec<usize>) -> Result<CoreList, CpusetError> {
-        let input = || {
-            cores
-                .iter()
-                .map(|c| c.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        let input = || cores.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
         let mut seen = vec![0u64; MASK_WORDS];
         for &core in &cores {
             if core >= MAX_CORES {
-                return Err(CpusetError::TooLarge {
-                    input: input(),
-                    item: core.to_string(),
-                });
+                return Err(CpusetError::TooLarge { input: input(), item: core.to_string() });
             }
             let (word, bit) = (core / 64, 1u64 << (core % 64));
             if seen[word] & bit != 0 {
-                return Err(CpusetError::Duplicate {
-                    input: input(),
-                    core,
-                });
+                return Err(CpusetError::Duplicate { input: input(), core });
             }
             seen[word] |= bit;
         }
@@ -192,10 +163,7 @@ impl CoreList {
         if missing.is_empty() {
             Ok(())
         } else {
-            Err(CpusetError::NotAllowed {
-                missing: CoreList(missing),
-                allowed: allowed.clone(),
-            })
+            Err(CpusetError::NotAllowed { missing: CoreList(missing), allowed: allowed.clone() })
         }
     }
 
@@ -218,17 +186,11 @@ impl CoreList {
 fn parse_core(input: &str, item: &str, digits: &str) -> Result<usize, CpusetError> {
     let digits = digits.trim();
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(CpusetError::Invalid {
-            input: input.to_string(),
-            item: item.to_string(),
-        });
+        return Err(CpusetError::Invalid { input: input.to_string(), item: item.to_string() });
     }
     match digits.parse::<usize>() {
         Ok(core) if core < MAX_CORES => Ok(core),
-        _ => Err(CpusetError::TooLarge {
-            input: input.to_string(),
-            item: digits.to_string(),
-        }),
+        _ => Err(CpusetError::TooLarge { input: input.to_string(), item: digits.to_string() }),
     }
 }
 
@@ -290,9 +252,7 @@ impl Mask {
     }
 
     fn cores(&self) -> Vec<usize> {
-        (0..MAX_CORES)
-            .filter(|&c| self.0[c / 64] & (1 << (c % 64)) != 0)
-            .collect()
+        (0..MAX_CORES).filter(|&c| self.0[c / 64] & (1 << (c % 64)) != 0).collect()
     }
 
     /// `sched_getaffinity` for the calling thread.
@@ -302,14 +262,7 @@ impl Mask {
         // the call; the kernel writes at most that many bytes. A mask of
         // u64s has the layout of the kernel's array of longs on 64-bit Linux
         // and on little-endian 32-bit Linux (the targets here are 64-bit).
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_sched_getaffinity,
-                0,
-                core::mem::size_of_val(&mask.0),
-                mask.0.as_mut_ptr(),
-            )
-        };
+        let rc = unsafe { libc::syscall(libc::SYS_sched_getaffinity, 0, core::mem::size_of_val(&mask.0), mask.0.as_mut_ptr()) };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -320,14 +273,7 @@ impl Mask {
     fn apply_to_current_thread(&self) -> io::Result<()> {
         // SAFETY: the pointer and length describe `self.0`, which the kernel
         // only reads, and which lives for the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_sched_setaffinity,
-                0,
-                core::mem::size_of_val(&self.0),
-                self.0.as_ptr(),
-            )
-        };
+        let rc = unsafe { libc::syscall(libc::SYS_sched_setaffinity, 0, core::mem::size_of_val(&self.0), self.0.as_ptr()) };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -353,25 +299,15 @@ pub fn allowed() -> io::Result<CoreList> {
 /// means the core is offline or outside the process's cpuset.
 pub fn pin_current_thread(core: usize) -> io::Result<()> {
     if core >= MAX_CORES {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("cannot pin to core {core}: core ids are below {MAX_CORES}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("cannot pin to core {core}: core ids are below {MAX_CORES}")));
     }
     let mut mask = Mask::empty();
     mask.set(core);
-    mask.apply_to_current_thread().map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot pin thread to core {core}: sched_setaffinity: {e}"),
-        )
-    })?;
+    mask.apply_to_current_thread()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot pin thread to core {core}: sched_setaffinity: {e}")))?;
     let now = Mask::of_current_thread()?.cores();
     if now != [core] {
-        return Err(io::Error::other(format!(
-            "pinned thread to core {core} but its affinity reads back as {}",
-            CoreList(now)
-        )));
+        return Err(io::Error::other(format!("pinned thread to core {core} but its affinity reads back as {}", CoreList(now))));
     }
     Ok(())
 }

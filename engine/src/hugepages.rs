@@ -71,32 +71,22 @@ fn pool_dir(page_size: u64, node: Option<u32>) -> PathBuf {
     let name = format!("hugepages-{}kB", page_size / 1024);
     match node {
         None => Path::new(GLOBAL_DIR).join(name),
-        Some(n) => Path::new(NODE_DIR)
-            .join(format!("node{n}"))
-            .join("hugepages")
-            .join(name),
+        Some(n) => Path::new(NODE_DIR).join(format!("node{n}")).join("hugepages").join(name),
     }
 }
 
 /// Page size in bytes from a sysfs directory name `hugepages-2048kB`.
 fn parse_pool_dir_name(name: &str) -> Option<u64> {
-    let kb: u64 = name
-        .strip_prefix("hugepages-")?
-        .strip_suffix("kB")?
-        .parse()
-        .ok()?;
+    let kb: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
     kb.checked_mul(1024)
 }
 
 /// Read one counter file: a decimal number and a newline.
 fn read_counter(path: &Path) -> io::Result<u64> {
     let text = fs::read_to_string(path)?;
-    text.trim().parse().map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: not a number: {:?}", path.display(), text.trim()),
-        )
-    })
+    text.trim()
+        .parse()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{}: not a number: {:?}", path.display(), text.trim())))
 }
 
 /// The hugetlb page sizes this kernel offers, ascending (empty when the kernel
@@ -128,11 +118,7 @@ pub fn numa_nodes() -> io::Result<Vec<u32>> {
     let mut nodes = Vec::new();
     for entry in entries {
         let entry = entry?;
-        let node = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.strip_prefix("node"))
-            .and_then(|n| n.parse::<u32>().ok());
+        let node = entry.file_name().to_str().and_then(|n| n.strip_prefix("node")).and_then(|n| n.parse::<u32>().ok());
         if let Some(node) = node {
             if entry.path().join("hugepages").is_dir() {
                 nodes.push(node);
@@ -195,12 +181,8 @@ pub fn pools() -> io::Result<Vec<PoolState>> {
 /// returned count is the truth. Needs root.
 pub fn set_pages(page_size: u64, node: Option<u32>, count: u64) -> io::Result<u64> {
     let path = pool_dir(page_size, node).join("nr_hugepages");
-    fs::write(&path, format!("{count}\n")).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot write {count} to {}: {e}", path.display()),
-        )
-    })?;
+    fs::write(&path, format!("{count}\n"))
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot write {count} to {}: {e}", path.display())))?;
     read_counter(&path)
 }
 
@@ -246,12 +228,8 @@ pub fn thp_mode() -> io::Result<ThpMode> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ThpMode::Never),
         Err(e) => return Err(e),
     };
-    parse_thp_mode(&text).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{THP_ENABLED}: unexpected contents {:?}", text.trim()),
-        )
-    })
+    parse_thp_mode(&text)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("{THP_ENABLED}: unexpected contents {:?}", text.trim())))
 }
 
 /// The kernel's default hugepage size (`Hugepagesize:` in /proc/meminfo), the
@@ -260,10 +238,7 @@ pub fn default_page_size() -> io::Result<u64> {
     let text = fs::read_to_string("/proc/meminfo")?;
     text.lines()
         .find_map(|line| {
-            let kb = line
-                .strip_prefix("Hugepagesize:")?
-                .trim()
-                .strip_suffix("kB")?;
+            let kb = line.strip_prefix("Hugepagesize:")?.trim().strip_suffix("kB")?;
             kb.trim().parse::<u64>().ok()?.checked_mul(1024)
         })
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no Hugepagesize in /proc/meminfo"))
@@ -284,9 +259,7 @@ fn unescape_mount_field(field: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        let octal = bytes.get(i + 1..i + 4).filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match octal {
             Some(d) => {
                 out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
@@ -307,12 +280,7 @@ fn parse_mounts(text: &str, default_page_size: u64) -> Vec<HugetlbfsMount> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
-            let (_source, target, fstype, options) = (
-                fields.next()?,
-                fields.next()?,
-                fields.next()?,
-                fields.next()?,
-            );
+            let (_source, target, fstype, options) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?);
             if fstype != "hugetlbfs" {
                 return None;
             }
@@ -321,12 +289,8 @@ fn parse_mounts(text: &str, default_page_size: u64) -> Vec<HugetlbfsMount> {
                 .find_map(|o| o.strip_prefix("pagesize="))
                 .and_then(|p| crate::units::parse_size(p).ok())
                 .unwrap_or(default_page_size);
-            let mount_point =
-                PathBuf::from(std::ffi::OsString::from_vec(unescape_mount_field(target)));
-            Some(HugetlbfsMount {
-                mount_point,
-                page_size,
-            })
+            let mount_point = PathBuf::from(std::ffi::OsString::from_vec(unescape_mount_field(target)));
+            Some(HugetlbfsMount { mount_point, page_size })
         })
         .collect()
 }
@@ -363,10 +327,7 @@ fn parse_smaps_anon_huge(text: &str, start: usize) -> Option<u64> {
             .filter(|(lo, rest)| {
                 !lo.is_empty()
                     && lo.bytes().all(|b| b.is_ascii_hexdigit())
-                    && rest
-                        .split_whitespace()
-                        .next()
-                        .is_some_and(|hi| hi.bytes().all(|b| b.is_ascii_hexdigit()))
+                    && rest.split_whitespace().next().is_some_and(|hi| hi.bytes().all(|b| b.is_ascii_hexdigit()))
             })
             .and_then(|(lo, _)| usize::from_str_radix(lo, 16).ok());
         if let Some(lo) = header_start {
@@ -384,12 +345,8 @@ fn parse_smaps_anon_huge(text: &str, start: usize) -> Option<u64> {
 }
 
 fn path_cstring(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("path {} contains a NUL byte", path.display()),
-        )
-    })
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("path {} contains a NUL byte", path.display())))
 }
 
 /// Mount a hugetlbfs of `page_size` pages at `mount_point` (an existing
@@ -399,24 +356,12 @@ pub fn mount(mount_point: &Path, page_size: u64) -> io::Result<()> {
     let options = CString::new(format!("pagesize={}", page_size)).expect("no NUL in digits");
     // SAFETY: every pointer is a NUL-terminated string that lives across the
     // call; mount(2) only reads them.
-    let rc = unsafe {
-        libc::mount(
-            c"hugetlbfs".as_ptr(),
-            target.as_ptr(),
-            c"hugetlbfs".as_ptr(),
-            0,
-            options.as_ptr().cast(),
-        )
-    };
+    let rc = unsafe { libc::mount(c"hugetlbfs".as_ptr(), target.as_ptr(), c"hugetlbfs".as_ptr(), 0, options.as_ptr().cast()) };
     if rc != 0 {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(
             e.kind(),
-            format!(
-                "cannot mount hugetlbfs ({} pages) at {}: {e}",
-                crate::units::format_size(page_size),
-                mount_point.display()
-            ),
+            format!("cannot mount hugetlbfs ({} pages) at {}: {e}", crate::units::format_size(page_size), mount_point.display()),
         ));
     }
     Ok(())
@@ -430,10 +375,7 @@ pub fn unmount(mount_point: &Path) -> io::Result<()> {
     let rc = unsafe { libc::umount2(target.as_ptr(), 0) };
     if rc != 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("cannot unmount {}: {e}", mount_point.display()),
-        ));
+        return Err(io::Error::new(e.kind(), format!("cannot unmount {}: {e}", mount_point.display())));
     }
     Ok(())
 }
@@ -470,11 +412,7 @@ impl PoolGuard {
     fn set_inner(page_size: u64, previous: u64, total: u64) -> io::Result<PoolGuard> {
         // From here on the pool may have changed: the guard must exist so the
         // old count comes back even if reading the result fails.
-        let mut guard = PoolGuard {
-            page_size,
-            previous,
-            now: previous,
-        };
+        let mut guard = PoolGuard { page_size, previous, now: previous };
         guard.now = set_pages(page_size, None, total)?;
         Ok(guard)
     }
@@ -512,11 +450,9 @@ impl Drop for PoolGuard {
                 crate::units::format_size(self.page_size),
                 self.previous
             ),
-            Err(e) => log::warn!(
-                "hugepage pool of {}: could not restore {} pages: {e}",
-                crate::units::format_size(self.page_size),
-                self.previous
-            ),
+            Err(e) => {
+                log::warn!("hugepage pool of {}: could not restore {} pages: {e}", crate::units::format_size(self.page_size), self.previous)
+            }
         }
     }
 }
@@ -532,30 +468,15 @@ mod tests {
         assert_eq!(parse_pool_dir_name("hugepages-64kB"), Some(64 << 10));
         assert_eq!(parse_pool_dir_name("hugepages-kB"), None);
         assert_eq!(parse_pool_dir_name("something"), None);
-        assert_eq!(
-            pool_dir(SIZE_2M, Some(1)),
-            Path::new("/sys/devices/system/node/node1/hugepages/hugepages-2048kB")
-        );
-        assert_eq!(
-            pool_dir(SIZE_1G, None),
-            Path::new("/sys/kernel/mm/hugepages/hugepages-1048576kB")
-        );
+        assert_eq!(pool_dir(SIZE_2M, Some(1)), Path::new("/sys/devices/system/node/node1/hugepages/hugepages-2048kB"));
+        assert_eq!(pool_dir(SIZE_1G, None), Path::new("/sys/kernel/mm/hugepages/hugepages-1048576kB"));
     }
 
     #[test]
     fn thp_modes() {
-        assert_eq!(
-            parse_thp_mode("always [madvise] never\n"),
-            Some(ThpMode::Madvise)
-        );
-        assert_eq!(
-            parse_thp_mode("[always] madvise never"),
-            Some(ThpMode::Always)
-        );
-        assert_eq!(
-            parse_thp_mode("always madvise [never]"),
-            Some(ThpMode::Never)
-        );
+        assert_eq!(parse_thp_mode("always [madvise] never\n"), Some(ThpMode::Madvise));
+        assert_eq!(parse_thp_mode("[always] madvise never"), Some(ThpMode::Always));
+        assert_eq!(parse_thp_mode("always madvise [never]"), Some(ThpMode::Never));
         assert_eq!(parse_thp_mode("always madvise never"), None);
         assert_eq!(parse_thp_mode("[sometimes]"), None);
         // Whatever this machine says must parse.
@@ -574,18 +495,9 @@ nodev /mnt/default hugetlbfs rw,relatime 0 0
         assert_eq!(
             mounts,
             vec![
-                HugetlbfsMount {
-                    mount_point: "/dev/hugepages".into(),
-                    page_size: SIZE_2M
-                },
-                HugetlbfsMount {
-                    mount_point: "/mnt/huge 1G".into(),
-                    page_size: SIZE_1G
-                },
-                HugetlbfsMount {
-                    mount_point: "/mnt/default".into(),
-                    page_size: SIZE_2M
-                },
+                HugetlbfsMount { mount_point: "/dev/hugepages".into(), page_size: SIZE_2M },
+                HugetlbfsMount { mount_point: "/mnt/huge 1G".into(), page_size: SIZE_1G },
+                HugetlbfsMount { mount_point: "/mnt/default".into(), page_size: SIZE_2M },
             ]
         );
         assert_eq!(unescape_mount_field("a\\134b\\011"), b"a\\b\t");
@@ -608,10 +520,7 @@ VmFlags: rd wr mr mw me ac hg
 7f00c4000000-7f00c4001000 ---p 00000000 00:00 0 
 AnonHugePages:         0 kB
 ";
-        assert_eq!(
-            parse_smaps_anon_huge(text, 0x7f00c0000000),
-            Some(63488 * 1024)
-        );
+        assert_eq!(parse_smaps_anon_huge(text, 0x7f00c0000000), Some(63488 * 1024));
         assert_eq!(parse_smaps_anon_huge(text, 0x55d0a0000000), Some(0));
         assert_eq!(parse_smaps_anon_huge(text, 0x7f00c0001000), None);
         // The heap of this very process is an entry.
@@ -634,10 +543,7 @@ AnonHugePages:         0 kB
         fs::create_dir_all(&dir).unwrap();
         let dir = dir.canonicalize().unwrap();
         mount(&dir, SIZE_2M).unwrap();
-        let found = super::mounts()
-            .unwrap()
-            .into_iter()
-            .find(|m| m.mount_point == dir);
+        let found = super::mounts().unwrap().into_iter().find(|m| m.mount_point == dir);
         // Unmount before asserting, so a failure leaves no mount behind.
         let unmounted = unmount(&dir);
         let _ = fs::remove_dir(&dir);
@@ -652,17 +558,11 @@ AnonHugePages:         0 kB
         let sizes = page_sizes().unwrap();
         let all = pools().unwrap();
         for size in &sizes {
-            let global = all
-                .iter()
-                .find(|p| p.page_size == *size && p.node.is_none())
-                .expect("a system-wide pool for every size");
+            let global = all.iter().find(|p| p.page_size == *size && p.node.is_none()).expect("a system-wide pool for every size");
             assert!(global.reserved.is_some());
             assert!(global.available() <= global.free);
         }
-        assert!(all
-            .iter()
-            .filter(|p| p.node.is_some())
-            .all(|p| p.reserved.is_none()));
+        assert!(all.iter().filter(|p| p.node.is_some()).all(|p| p.reserved.is_none()));
         if !sizes.is_empty() {
             assert!(sizes.contains(&default_page_size().unwrap()));
         }

@@ -143,9 +143,16 @@ pub struct LcoreInfo {
 #[derive(Debug)]
 pub enum LcoreError {
     /// A core is outside this process's affinity mask, or pinning failed.
-    Pin { core: usize, reason: String },
+    Pin {
+        core: usize,
+        reason: String,
+    },
     /// The set-up function failed on lcore `id`.
-    Setup { id: usize, core: usize, reason: String },
+    Setup {
+        id: usize,
+        core: usize,
+        reason: String,
+    },
     Spawn(std::io::Error),
 }
 

@@ -22,13 +22,13 @@ pub mod cpuset;
 pub mod units;
 
 #[cfg(feature = "fabric")]
+pub mod bootstrap;
+#[cfg(feature = "fabric")]
 pub mod client;
 #[cfg(feature = "fabric")]
 pub mod fabric;
 #[cfg(feature = "fabric")]
 pub mod hugepages;
-#[cfg(feature = "fabric")]
-pub mod bootstrap;
 #[cfg(feature = "fabric")]
 pub mod lcore;
 #[cfg(feature = "fabric")]

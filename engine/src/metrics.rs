@@ -114,12 +114,8 @@ impl MetricsTable {
         MetricsTable {
             max_jobs,
             lcores,
-            jobs: (0..lcores * max_jobs)
-                .map(|_| CachePadded::new(JobCounters::default()))
-                .collect(),
-            gauges: (0..lcores)
-                .map(|_| CachePadded::new(LcoreGauges::default()))
-                .collect(),
+            jobs: (0..lcores * max_jobs).map(|_| CachePadded::new(JobCounters::default())).collect(),
+            gauges: (0..lcores).map(|_| CachePadded::new(LcoreGauges::default())).collect(),
         }
     }
 
@@ -136,12 +132,7 @@ impl MetricsTable {
 }
 
 /// An lcore series: name, type, help, and how to read it from a snapshot.
-type LcoreMetric = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&Snapshot) -> u64,
-);
+type LcoreMetric = (&'static str, &'static str, &'static str, fn(&Snapshot) -> u64);
 /// A per-job counter series: name, help, and its value from a block.
 type JobMetric = (&'static str, &'static str, fn(&JobCounters) -> f64);
 
@@ -151,48 +142,13 @@ type JobMetric = (&'static str, &'static str, fn(&JobCounters) -> f64);
 pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> String {
     let mut o = String::with_capacity(4096);
     let lcore_metrics: [LcoreMetric; 7] = [
-        (
-            "tally_lcore_polls_total",
-            "counter",
-            "Completion-queue polls.",
-            |s| s.polls,
-        ),
-        (
-            "tally_lcore_empty_polls_total",
-            "counter",
-            "Polls that found no completion.",
-            |s| s.empty_polls,
-        ),
-        (
-            "tally_lcore_completions_total",
-            "counter",
-            "Completions handled.",
-            |s| s.completions,
-        ),
-        (
-            "tally_lcore_bytes_in_total",
-            "counter",
-            "Bytes received from ranks.",
-            |s| s.bytes_in,
-        ),
-        (
-            "tally_lcore_bytes_out_total",
-            "counter",
-            "Bytes of results sent to ranks (counted on send completion).",
-            |s| s.bytes_out,
-        ),
-        (
-            "tally_lcore_cq_errors_total",
-            "counter",
-            "Completion-queue errors (cancellations excluded).",
-            |s| s.errors,
-        ),
-        (
-            "tally_lcore_sleeps_total",
-            "counter",
-            "Adaptive-mode sleeps after the spin budget ran out.",
-            |s| s.sleeps,
-        ),
+        ("tally_lcore_polls_total", "counter", "Completion-queue polls.", |s| s.polls),
+        ("tally_lcore_empty_polls_total", "counter", "Polls that found no completion.", |s| s.empty_polls),
+        ("tally_lcore_completions_total", "counter", "Completions handled.", |s| s.completions),
+        ("tally_lcore_bytes_in_total", "counter", "Bytes received from ranks.", |s| s.bytes_in),
+        ("tally_lcore_bytes_out_total", "counter", "Bytes of results sent to ranks (counted on send completion).", |s| s.bytes_out),
+        ("tally_lcore_cq_errors_total", "counter", "Completion-queue errors (cancellations excluded).", |s| s.errors),
+        ("tally_lcore_sleeps_total", "counter", "Adaptive-mode sleeps after the spin budget ran out.", |s| s.sleeps),
     ];
     for (name, kind, help, get) in lcore_metrics {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -202,23 +158,12 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> St
     }
     let _ = writeln!(o, "# HELP tally_lcore_in_flight Operations in flight on the lcore's endpoint.\n# TYPE tally_lcore_in_flight gauge");
     for i in 0..table.lcores {
-        let _ = writeln!(
-            o,
-            "tally_lcore_in_flight{{lcore=\"{i}\"}} {}",
-            table.gauges(i).in_flight.load(Ordering::Relaxed)
-        );
+        let _ = writeln!(o, "tally_lcore_in_flight{{lcore=\"{i}\"}} {}", table.gauges(i).in_flight.load(Ordering::Relaxed));
     }
 
-    let _ = writeln!(
-        o,
-        "# HELP tally_jobs Jobs the control plane knows, by state.\n# TYPE tally_jobs gauge"
-    );
+    let _ = writeln!(o, "# HELP tally_jobs Jobs the control plane knows, by state.\n# TYPE tally_jobs gauge");
     for state in ["joining", "starting", "running", "ending"] {
-        let _ = writeln!(
-            o,
-            "tally_jobs{{state=\"{state}\"}} {}",
-            jobs.iter().filter(|j| j.state == state).count()
-        );
+        let _ = writeln!(o, "tally_jobs{{state=\"{state}\"}} {}", jobs.iter().filter(|j| j.state == state).count());
     }
 
     // Blocks that ever served a job, with their labels.
@@ -227,34 +172,13 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> St
         .flat_map(|l| (0..table.max_jobs).map(move |j| (l, j)))
         .map(|(l, j)| (l, j, table.job(l, j)))
         .filter(|(_, _, b)| r(&b.in_use) == 1)
-        .map(|(l, j, b)| {
-            (
-                format!("job=\"{:#x}\",index=\"{j}\",lcore=\"{l}\"", r(&b.job_id)),
-                b,
-            )
-        })
+        .map(|(l, j, b)| (format!("job=\"{:#x}\",index=\"{j}\",lcore=\"{l}\"", r(&b.job_id)), b))
         .collect();
     let job_metrics: [JobMetric; 4] = [
-        (
-            "tally_job_rounds_total",
-            "Slot rounds reduced and sent back.",
-            |b| b.rounds.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "tally_job_bytes_in_total",
-            "Bytes received for the job.",
-            |b| b.bytes_in.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "tally_job_bytes_out_total",
-            "Bytes of results sent for the job.",
-            |b| b.bytes_out.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "tally_job_reduce_seconds_total",
-            "Time spent in the reduction kernel.",
-            |b| b.reduce_ns.load(Ordering::Relaxed) as f64 * 1e-9,
-        ),
+        ("tally_job_rounds_total", "Slot rounds reduced and sent back.", |b| b.rounds.load(Ordering::Relaxed) as f64),
+        ("tally_job_bytes_in_total", "Bytes received for the job.", |b| b.bytes_in.load(Ordering::Relaxed) as f64),
+        ("tally_job_bytes_out_total", "Bytes of results sent for the job.", |b| b.bytes_out.load(Ordering::Relaxed) as f64),
+        ("tally_job_reduce_seconds_total", "Time spent in the reduction kernel.", |b| b.reduce_ns.load(Ordering::Relaxed) as f64 * 1e-9),
     ];
     for (name, help, get) in job_metrics {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -268,19 +192,11 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> St
         let mut cum = 0u64;
         for i in 0..BUCKETS {
             cum += r(&b.latency_buckets[i]);
-            let _ = writeln!(
-                o,
-                "{h}_bucket{{{labels},le=\"{}\"}} {cum}",
-                bucket_le_seconds(i)
-            );
+            let _ = writeln!(o, "{h}_bucket{{{labels},le=\"{}\"}} {cum}", bucket_le_seconds(i));
         }
         cum += r(&b.latency_buckets[BUCKETS]);
         let _ = writeln!(o, "{h}_bucket{{{labels},le=\"+Inf\"}} {cum}");
-        let _ = writeln!(
-            o,
-            "{h}_sum{{{labels}}} {}",
-            r(&b.latency_sum_ns) as f64 * 1e-9
-        );
+        let _ = writeln!(o, "{h}_sum{{{labels}}} {}", r(&b.latency_sum_ns) as f64 * 1e-9);
         // The count is the +Inf bucket, as Prometheus requires (the rounds
         // counter is written separately and may be one update apart).
         let _ = writeln!(o, "{h}_count{{{labels}}} {cum}");
@@ -307,8 +223,7 @@ impl MetricsServer {
     where
         F: Fn() -> String + Send + 'static,
     {
-        let listener = TcpListener::bind(listen)
-            .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))?;
+        let listener = TcpListener::bind(listen).map_err(|e| format!("cannot serve metrics on {listen}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -321,9 +236,7 @@ impl MetricsServer {
                         Ok((s, _)) => serve_one(s, &render),
                         // Polling accept keeps the stop check simple; 50 ms is
                         // far below any scrape interval.
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(50))
-                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
                         Err(e) => {
                             log::warn!("metrics: accept: {e}");
                             std::thread::sleep(Duration::from_millis(50));
@@ -332,11 +245,7 @@ impl MetricsServer {
                 }
             })
             .map_err(|e| e.to_string())?;
-        Ok(MetricsServer {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
+        Ok(MetricsServer { addr, stop, thread: Some(thread) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -359,15 +268,9 @@ fn serve_one(mut s: TcpStream, render: &dyn Fn() -> String) {
     let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
     let mut buf = [0u8; MAX_REQUEST];
     let mut got = 0;
-    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n")
-        && !buf[..got].windows(2).any(|w| w == b"\n\n")
-    {
+    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n") && !buf[..got].windows(2).any(|w| w == b"\n\n") {
         if got == buf.len() {
-            respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "request too large\n",
-            );
+            respond(&mut s, "431 Request Header Fields Too Large", "request too large\n");
             return;
         }
         match s.read(&mut buf[got..]) {
@@ -382,7 +285,10 @@ fn serve_one(mut s: TcpStream, render: &dyn Fn() -> String) {
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
         let body = render();
-        let head = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
         let _ = s.write_all(head.as_bytes());
         let _ = s.write_all(body.as_bytes());
     } else {
@@ -420,32 +326,11 @@ mod tests {
         }
         let text = render(&[Snapshot::default(), Snapshot::default()], &t, &[]);
         let l = "job=\"0xab\",index=\"2\",lcore=\"1\"";
-        assert!(
-            text.contains(&format!(
-                "tally_job_round_latency_seconds_bucket{{{l},le=\"0.000001\"}} 1\n"
-            )),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!(
-                "tally_job_round_latency_seconds_bucket{{{l},le=\"0.000004\"}} 4\n"
-            )),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!(
-                "tally_job_round_latency_seconds_bucket{{{l},le=\"+Inf\"}} 5\n"
-            )),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!("tally_job_round_latency_seconds_count{{{l}}} 5\n")),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!("tally_job_rounds_total{{{l}}} 5\n")),
-            "{text}"
-        );
+        assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000001\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000004\"}} 4\n")), "{text}");
+        assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"+Inf\"}} 5\n")), "{text}");
+        assert!(text.contains(&format!("tally_job_round_latency_seconds_count{{{l}}} 5\n")), "{text}");
+        assert!(text.contains(&format!("tally_job_rounds_total{{{l}}} 5\n")), "{text}");
         assert!(text.contains("tally_lcore_polls_total{lcore=\"1\"} 0\n"));
         // Blocks never used are not rendered.
         assert!(!text.contains("lcore=\"0\",index"));
@@ -463,10 +348,7 @@ mod tests {
             out
         };
         let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(
-            ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\ntally_x 1\n"),
-            "{ok}"
-        );
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\ntally_x 1\n"), "{ok}");
         assert!(ok.contains("Content-Length: 10\r\n"), "{ok}");
         assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));

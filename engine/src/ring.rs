@@ -65,8 +65,7 @@
 //! array are sized at [`Ring::new`].
 use crate::bootstrap::{Bootstrap, BootstrapError};
 use crate::fabric::{
-    Completion, Endpoint, EndpointConfig, EndpointName, FabricError, Hints, MemoryHandle, PeerAddr,
-    PollError, PostError, MAX_NAME_LEN,
+    Completion, Endpoint, EndpointConfig, EndpointName, FabricError, Hints, MemoryHandle, PeerAddr, PollError, PostError, MAX_NAME_LEN,
 };
 use crate::reduce::{DataType, Kernels, ReduceOp};
 use crate::slab::{Slab, SlabConfig};
@@ -215,11 +214,7 @@ struct Lane {
     release: Option<usize>,
 }
 
-const IDLE_LANE: Lane = Lane {
-    busy: false,
-    msg: 0,
-    release: None,
-};
+const IDLE_LANE: Lane = Lane { busy: false, msg: 0, release: None };
 
 /// A ring of n ranks over one libfabric endpoint.
 ///
@@ -304,10 +299,7 @@ impl Ring {
                 return Err(bad("is not a ring hello"));
             }
             if h[4] != 0 {
-                return Err(RingError::Config(format!(
-                    "rank {r} could not set up its ring: {}",
-                    String::from_utf8_lossy(&h[5..])
-                )));
+                return Err(RingError::Config(format!("rank {r} could not set up its ring: {}", String::from_utf8_lossy(&h[5..]))));
             }
             let body = &h[5..];
             if body.len() < 17 {
@@ -320,10 +312,7 @@ impl Ring {
             let name = &body[17 + plen..];
             // The chunk layout and message order derive from these: ranks that
             // disagree would send messages the others never expect.
-            if chunk != cfg.chunk_bytes as u64
-                || window != cfg.window as u64
-                || provider != ep.provider().as_bytes()
-            {
+            if chunk != cfg.chunk_bytes as u64 || window != cfg.window as u64 || provider != ep.provider().as_bytes() {
                 return Err(RingError::Config(format!(
                     "rank {r} uses chunk_bytes {chunk}, window {window}, provider {:?}; rank {rank} uses {}, {}, {:?}",
                     String::from_utf8_lossy(provider),
@@ -340,11 +329,7 @@ impl Ring {
             next = ep.insert_peer(&names[next_rank as usize])?;
             // With two ranks prev is next: one address-vector entry, so that
             // directed receives match what the provider reports as the source.
-            prev = if prev_rank == next_rank {
-                next
-            } else {
-                ep.insert_peer(&names[prev_rank as usize])?
-            };
+            prev = if prev_rank == next_rank { next } else { ep.insert_peer(&names[prev_rank as usize])? };
         }
         let w = cfg.window;
         let needs_local_mr = ep.needs_local_mr();
@@ -374,21 +359,13 @@ impl Ring {
     /// Everything this rank sets up on its own.
     fn open_local(cfg: &RingConfig, rank: u32, nranks: u32) -> Result<Local, RingError> {
         if cfg.chunk_bytes < MIN_CHUNK_BYTES {
-            return Err(RingError::Config(format!(
-                "chunk_bytes {} is below the minimum of {MIN_CHUNK_BYTES}",
-                cfg.chunk_bytes
-            )));
+            return Err(RingError::Config(format!("chunk_bytes {} is below the minimum of {MIN_CHUNK_BYTES}", cfg.chunk_bytes)));
         }
         if cfg.window == 0 || cfg.window > MAX_WINDOW {
-            return Err(RingError::Config(format!(
-                "window {} is outside 1..={MAX_WINDOW}",
-                cfg.window
-            )));
+            return Err(RingError::Config(format!("window {} is outside 1..={MAX_WINDOW}", cfg.window)));
         }
         if nranks > MAX_RANKS {
-            return Err(RingError::Config(format!(
-                "{nranks} ranks exceed the maximum of {MAX_RANKS}"
-            )));
+            return Err(RingError::Config(format!("{nranks} ranks exceed the maximum of {MAX_RANKS}")));
         }
         let kernels = Kernels::detect().map_err(|e| RingError::Config(e.to_string()))?;
         let w = cfg.window;
@@ -410,13 +387,7 @@ impl Ring {
             None
         };
         let name = ep.name()?;
-        Ok(Local {
-            ep,
-            name,
-            staging,
-            staging_mr,
-            kernels,
-        })
+        Ok(Local { ep, name, staging, staging_mr, kernels })
     }
 
     pub fn rank(&self) -> u32 {
@@ -462,30 +433,15 @@ impl Ring {
     /// `send` and `recv` have the same length, a whole number of `dtype`
     /// elements, and the same length on every rank. Collective: every rank
     /// calls it with the same dtype, op and length.
-    pub fn allreduce(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), RingError> {
+    pub fn allreduce(&mut self, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), RingError> {
         if send.len() != recv.len() {
-            return Err(RingError::Buffers(format!(
-                "send buffer is {} bytes, receive buffer {}",
-                send.len(),
-                recv.len()
-            )));
+            return Err(RingError::Buffers(format!("send buffer is {} bytes, receive buffer {}", send.len(), recv.len())));
         }
         self.run(send.as_ptr(), recv.as_mut_ptr(), recv.len(), dtype, op)
     }
 
     /// [`Ring::allreduce`] with the result written over the input.
-    pub fn allreduce_in_place(
-        &mut self,
-        buf: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), RingError> {
+    pub fn allreduce_in_place(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), RingError> {
         let p = buf.as_mut_ptr();
         self.run(p, p, buf.len(), dtype, op)
     }
@@ -493,14 +449,7 @@ impl Ring {
     /// Checks the call, runs the pipeline, and on failure makes sure that
     /// nothing the provider still holds can touch the caller's buffers after
     /// we return.
-    fn run(
-        &mut self,
-        send: *const u8,
-        recv: *mut u8,
-        bytes: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), RingError> {
+    fn run(&mut self, send: *const u8, recv: *mut u8, bytes: usize, dtype: DataType, op: ReduceOp) -> Result<(), RingError> {
         if let Some(why) = &self.broken {
             return Err(RingError::Broken(why.clone()));
         }
@@ -663,17 +612,7 @@ impl Schedule {
             )));
         }
         let total = chunks.div_ceil(w) * steps * w;
-        Ok(Schedule {
-            rank: ring.rank as u64,
-            n,
-            elem,
-            base,
-            rem,
-            chunk_elems,
-            w,
-            steps,
-            total,
-        })
+        Ok(Schedule { rank: ring.rank as u64, n, elem, base, rem, chunk_elems, w, steps, total })
     }
 
     /// The message at virtual index `k` of the stream whose step-t segment
@@ -692,12 +631,7 @@ impl Schedule {
             return None;
         }
         let elems = self.chunk_elems.min(seg_elems - first);
-        Some(Msg {
-            step,
-            chunk,
-            off: ((seg_start + first) as usize) * self.elem,
-            len: elems as usize * self.elem,
-        })
+        Some(Msg { step, chunk, off: ((seg_start + first) as usize) * self.elem, len: elems as usize * self.elem })
     }
 
     fn send_msg(&self, k: u64) -> Option<Msg> {
@@ -760,22 +694,13 @@ impl Pass<'_> {
     fn run(&mut self) -> Result<(), RingError> {
         self.next_recv = self.s.next_recv(0);
         self.next_send = self.s.next_send(0);
-        let mut completions = [Completion {
-            context: 0,
-            is_recv: false,
-            len: 0,
-            tag: 0,
-        }; 16];
+        let mut completions = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 16];
         let mut last_progress = Instant::now();
         let mut idle_polls = 0u32;
         loop {
             self.post_recvs()?;
             self.post_sends()?;
-            if self.next_recv == self.s.total
-                && self.next_send == self.s.total
-                && self.recvs_in_flight == 0
-                && self.sends_in_flight == 0
-            {
+            if self.next_recv == self.s.total && self.next_send == self.s.total && self.recvs_in_flight == 0 && self.sends_in_flight == 0 {
                 return Ok(());
             }
             let got = match self.ep.poll(&mut completions) {
@@ -787,9 +712,7 @@ impl Pass<'_> {
                     };
                     return Err(RingError::Transport(format!("{what} failed: {e}")));
                 }
-                Err(PollError::Fabric(e)) => {
-                    return Err(RingError::Transport(format!("polling: {e}")))
-                }
+                Err(PollError::Fabric(e)) => return Err(RingError::Transport(format!("polling: {e}"))),
             };
             for c in &completions[..got] {
                 self.complete(c)?;
@@ -808,14 +731,10 @@ impl Pass<'_> {
                 } else {
                     // Sleep until the provider signals a completion (or nap
                     // briefly). Progress is manual: the next poll drives it.
-                    self.ep
-                        .wait(WAIT_MS)
-                        .map_err(|e| RingError::Transport(format!("waiting: {e}")))?;
+                    self.ep.wait(WAIT_MS).map_err(|e| RingError::Transport(format!("waiting: {e}")))?;
                 }
             }
-            if (self.poll_busy && idle_polls % 1024 != 0)
-                || last_progress.elapsed() < self.progress_timeout
-            {
+            if (self.poll_busy && idle_polls % 1024 != 0) || last_progress.elapsed() < self.progress_timeout {
                 continue;
             }
             return Err(self.stalled());
@@ -845,11 +764,7 @@ impl Pass<'_> {
             let m = self.s.recv_msg(k).expect("next_recv names a message");
             // All-gather chunks are final: straight into the result, unless bouncing.
             let direct = !self.bounce && m.step >= self.s.n - 1;
-            let (buf, mr) = if direct {
-                (self.recv.wrapping_add(m.off), None)
-            } else {
-                (self.slot(entry), self.mr)
-            };
+            let (buf, mr) = if direct { (self.recv.wrapping_add(m.off), None) } else { (self.slot(entry), self.mr) };
             // SAFETY: `buf` is either the chunk's own range of the result
             // buffer, which the caller lent us for the whole call and which
             // nothing else writes while this receive is posted (every chunk
@@ -857,17 +772,7 @@ impl Pass<'_> {
             // operation uses it; the slot holds chunk_bytes >= m.len. The
             // endpoint is closed before `run` returns an error, so the
             // provider never writes after we return.
-            let r = unsafe {
-                self.ep.recv(
-                    buf,
-                    m.len,
-                    mr,
-                    Some(self.prev),
-                    tag(self.seq, m.step, m.chunk),
-                    0,
-                    lane as u32,
-                )
-            };
+            let r = unsafe { self.ep.recv(buf, m.len, mr, Some(self.prev), tag(self.seq, m.step, m.chunk), 0, lane as u32) };
             match r {
                 Ok(()) => {}
                 Err(PostError::Again) => return Ok(()),
@@ -878,11 +783,7 @@ impl Pass<'_> {
                     )))
                 }
             }
-            self.recv_lanes[lane] = Lane {
-                busy: true,
-                msg: k,
-                release: None,
-            };
+            self.recv_lanes[lane] = Lane { busy: true, msg: k, release: None };
             self.entries[entry] = Entry::Posted(k);
             self.recvs_in_flight += 1;
             self.next_recv = self.s.next_recv(k + 1);
@@ -924,11 +825,7 @@ impl Pass<'_> {
                 if self.bounce || m.step < self.s.n - 1 {
                     (self.slot(entry) as *const u8, self.mr, Some(entry))
                 } else {
-                    (
-                        self.recv.wrapping_add(m.off) as *const u8,
-                        None,
-                        Some(entry),
-                    )
+                    (self.recv.wrapping_add(m.off) as *const u8, None, Some(entry))
                 }
             };
             // SAFETY: `buf` is m.len bytes of the caller's buffers (valid for
@@ -936,16 +833,7 @@ impl Pass<'_> {
             // or of a staging slot held (Forwarding, or the lane's bounce
             // slot) until this send's completion. The endpoint is closed
             // before `run` returns an error.
-            let r = unsafe {
-                self.ep.send(
-                    buf,
-                    m.len,
-                    mr,
-                    self.next,
-                    tag(self.seq, m.step, m.chunk),
-                    (self.w() as usize + lane) as u32,
-                )
-            };
+            let r = unsafe { self.ep.send(buf, m.len, mr, self.next, tag(self.seq, m.step, m.chunk), (self.w() as usize + lane) as u32) };
             match r {
                 Ok(()) => {}
                 Err(PostError::Again) => return Ok(()),
@@ -959,11 +847,7 @@ impl Pass<'_> {
             if let Some(entry) = release {
                 self.entries[entry] = Entry::Forwarding(k - self.w());
             }
-            self.send_lanes[lane] = Lane {
-                busy: true,
-                msg: k,
-                release,
-            };
+            self.send_lanes[lane] = Lane { busy: true, msg: k, release };
             self.sends_in_flight += 1;
             self.next_send = self.s.next_send(k + 1);
         }
@@ -977,12 +861,7 @@ impl Pass<'_> {
             let lane = ctx
                 .checked_sub(w)
                 .filter(|&l| l < w && self.send_lanes[l].busy)
-                .ok_or_else(|| {
-                    RingError::Transport(format!(
-                        "send completion for unknown context {}",
-                        c.context
-                    ))
-                })?;
+                .ok_or_else(|| RingError::Transport(format!("send completion for unknown context {}", c.context)))?;
             if let Some(entry) = self.send_lanes[lane].release {
                 self.entries[entry] = Entry::Free;
             }
@@ -991,18 +870,12 @@ impl Pass<'_> {
             return Ok(());
         }
         if ctx >= w || !self.recv_lanes[ctx].busy {
-            return Err(RingError::Transport(format!(
-                "receive completion for unknown context {}",
-                c.context
-            )));
+            return Err(RingError::Transport(format!("receive completion for unknown context {}", c.context)));
         }
         let k = self.recv_lanes[ctx].msg;
         self.recv_lanes[ctx] = IDLE_LANE;
         self.recvs_in_flight -= 1;
-        let m = self
-            .s
-            .recv_msg(k)
-            .expect("a posted receive names a message");
+        let m = self.s.recv_msg(k).expect("a posted receive names a message");
         let want = tag(self.seq, m.step, m.chunk);
         if c.tag != want || c.len != m.len {
             return Err(RingError::Transport(format!(
@@ -1016,11 +889,7 @@ impl Pass<'_> {
         let n = self.s.n;
         let elems = m.len / self.s.elem;
         // Combining goes pairwise; avg adds and divides once at the end.
-        let op = if self.op == ReduceOp::Avg {
-            ReduceOp::Sum
-        } else {
-            self.op
-        };
+        let op = if self.op == ReduceOp::Avg { ReduceOp::Sum } else { self.op };
         let mine = self.send.wrapping_add(m.off);
         let out = self.recv.wrapping_add(m.off);
         if m.step + 2 < n {
@@ -1029,11 +898,8 @@ impl Pass<'_> {
             // operation uses it (its receive completed, its forward is not
             // posted); `mine` is m.len bytes of the caller's send buffer,
             // which overlaps no slot. Out is exactly inputs[0], as allowed.
-            unsafe {
-                self.kernels
-                    .reduce_raw(self.dtype, op, slot, &[slot as *const u8, mine], elems)
-            }
-            .map_err(|e| RingError::Transport(format!("reduce: {e}")))?;
+            unsafe { self.kernels.reduce_raw(self.dtype, op, slot, &[slot as *const u8, mine], elems) }
+                .map_err(|e| RingError::Transport(format!("reduce: {e}")))?;
             self.entries[entry] = Entry::Ready(k);
         } else if m.step + 2 == n {
             // Last reduce-scatter step: this rank's segment is complete.
@@ -1041,18 +907,13 @@ impl Pass<'_> {
             // result and send buffers, which are either the same buffer
             // (in place: out is exactly inputs[0], as allowed) or disjoint;
             // the slot is disjoint from both and no operation uses it.
-            unsafe {
-                self.kernels
-                    .reduce_raw(self.dtype, op, out, &[mine, slot as *const u8], elems)
-            }
-            .map_err(|e| RingError::Transport(format!("reduce: {e}")))?;
+            unsafe { self.kernels.reduce_raw(self.dtype, op, out, &[mine, slot as *const u8], elems) }
+                .map_err(|e| RingError::Transport(format!("reduce: {e}")))?;
             if self.op == ReduceOp::Avg {
                 // SAFETY: m.len bytes of the result buffer, written just above
                 // and not otherwise referenced while this slice lives.
                 let result = unsafe { std::slice::from_raw_parts_mut(out, m.len) };
-                self.kernels
-                    .finish_avg(self.dtype, result, n as usize)
-                    .map_err(|e| RingError::Transport(format!("average: {e}")))?;
+                self.kernels.finish_avg(self.dtype, result, n as usize).map_err(|e| RingError::Transport(format!("average: {e}")))?;
             }
             if self.bounce {
                 // SAFETY: as above; the slot is forwarded from, so it gets a copy.
@@ -1066,11 +927,7 @@ impl Pass<'_> {
                 // is that chunk's range of the result buffer, disjoint from it.
                 unsafe { std::ptr::copy_nonoverlapping(slot, out, m.len) };
             }
-            self.entries[entry] = if m.step + 1 == self.s.steps {
-                Entry::Free
-            } else {
-                Entry::Ready(k)
-            };
+            self.entries[entry] = if m.step + 1 == self.s.steps { Entry::Free } else { Entry::Ready(k) };
         }
         Ok(())
     }
@@ -1086,20 +943,10 @@ impl Pass<'_> {
         } else {
             return format!("operation with context {context}");
         };
-        let m = if is_recv {
-            self.s.recv_msg(lane.msg)
-        } else {
-            self.s.send_msg(lane.msg)
-        };
+        let m = if is_recv { self.s.recv_msg(lane.msg) } else { self.s.send_msg(lane.msg) };
         match (m, is_recv) {
-            (Some(m), true) => format!(
-                "the receive of step {} chunk {} from rank {}",
-                m.step, m.chunk, self.prev_rank
-            ),
-            (Some(m), false) => format!(
-                "the send of step {} chunk {} to rank {}",
-                m.step, m.chunk, self.next_rank
-            ),
+            (Some(m), true) => format!("the receive of step {} chunk {} from rank {}", m.step, m.chunk, self.prev_rank),
+            (Some(m), false) => format!("the send of step {} chunk {} to rank {}", m.step, m.chunk, self.next_rank),
             (None, _) => format!("operation with context {context}"),
         }
     }
@@ -1112,12 +959,7 @@ impl Pass<'_> {
             .map(|l| l.msg)
             .min()
             .and_then(|k| self.s.recv_msg(k))
-            .map(|m| {
-                format!(
-                    "step {} chunk {} from rank {}",
-                    m.step, m.chunk, self.prev_rank
-                )
-            })
+            .map(|m| format!("step {} chunk {} from rank {}", m.step, m.chunk, self.prev_rank))
             .unwrap_or_else(|| format!("send completions from rank {}", self.next_rank));
         RingError::Stalled(format!(
             "no progress for {:.1} s, waiting for {waiting} ({} receives and {} sends in flight): \

@@ -77,11 +77,7 @@ pub struct ParsePolicyError {
 
 impl fmt::Display for ParsePolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid hugepage policy {:?} (expected require, prefer or off)",
-            self.input
-        )
+        write!(f, "invalid hugepage policy {:?} (expected require, prefer or off)", self.input)
     }
 }
 
@@ -96,9 +92,7 @@ impl FromStr for HugepagePolicy {
             "require" => Ok(HugepagePolicy::Require),
             "prefer" => Ok(HugepagePolicy::Prefer),
             "off" => Ok(HugepagePolicy::Off),
-            _ => Err(ParsePolicyError {
-                input: s.to_string(),
-            }),
+            _ => Err(ParsePolicyError { input: s.to_string() }),
         }
     }
 }
@@ -156,13 +150,7 @@ pub struct SlabConfig {
 impl SlabConfig {
     /// A config with policy `Prefer` and cache-line-aligned slots.
     pub fn new(label: impl Into<String>, slot_size: usize, slots: usize) -> SlabConfig {
-        SlabConfig {
-            label: label.into(),
-            slot_size,
-            slots,
-            policy: HugepagePolicy::Prefer,
-            page_aligned_slots: false,
-        }
+        SlabConfig { label: label.into(), slot_size, slots, policy: HugepagePolicy::Prefer, page_aligned_slots: false }
     }
 }
 
@@ -183,11 +171,7 @@ pub enum SlabError {
         source: io::Error,
     },
     /// Even a mapping of normal pages failed.
-    Map {
-        label: String,
-        len: usize,
-        source: io::Error,
-    },
+    Map { label: String, len: usize, source: io::Error },
 }
 
 impl fmt::Display for SlabError {
@@ -196,13 +180,7 @@ impl fmt::Display for SlabError {
             SlabError::InvalidConfig { label, reason } => {
                 write!(f, "slab {label}: invalid configuration: {reason}")
             }
-            SlabError::HugepagesUnavailable {
-                label,
-                need_pages,
-                page_size,
-                available,
-                source,
-            } => {
+            SlabError::HugepagesUnavailable { label, need_pages, page_size, available, source } => {
                 let shortfall = need_pages.saturating_sub(*available).max(1) * page_size;
                 write!(
                     f,
@@ -213,11 +191,7 @@ impl fmt::Display for SlabError {
                     format_size_arg(shortfall),
                 )
             }
-            SlabError::Map { label, len, source } => write!(
-                f,
-                "slab {label}: cannot map {} of memory: {source}",
-                format_size(*len as u64)
-            ),
+            SlabError::Map { label, len, source } => write!(f, "slab {label}: cannot map {} of memory: {source}", format_size(*len as u64)),
         }
     }
 }
@@ -226,9 +200,7 @@ impl std::error::Error for SlabError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SlabError::InvalidConfig { .. } => None,
-            SlabError::HugepagesUnavailable { source, .. } | SlabError::Map { source, .. } => {
-                Some(source)
-            }
+            SlabError::HugepagesUnavailable { source, .. } | SlabError::Map { source, .. } => Some(source),
         }
     }
 }
@@ -266,10 +238,7 @@ unsafe impl Send for Slab {}
 fn base_page_size() -> usize {
     // SAFETY: sysconf reads a constant of the running system.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size)
-        .ok()
-        .filter(|&s| s > 0)
-        .unwrap_or(4096)
+    usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
 /// `n` rounded up to a multiple of `to` (a power of two), or `None` on overflow.
@@ -300,32 +269,15 @@ impl Mapping {
 /// now, not as a SIGBUS at first touch.
 fn map_hugetlb(len: usize, page_size: u64) -> io::Result<Mapping> {
     let log2 = page_size.trailing_zeros() as libc::c_int;
-    let flags = libc::MAP_PRIVATE
-        | libc::MAP_ANONYMOUS
-        | libc::MAP_HUGETLB
-        | (log2 << libc::MAP_HUGE_SHIFT);
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (log2 << libc::MAP_HUGE_SHIFT);
     // SAFETY: an anonymous mapping at an address of the kernel's choosing
     // touches no existing memory; the result is checked before use.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags,
-            -1,
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
     let base = NonNull::new(p.cast::<u8>()).expect("mmap never returns NULL on success");
-    Ok(Mapping {
-        base,
-        len,
-        region: base,
-        region_len: len,
-    })
+    Ok(Mapping { base, len, region: base, region_len: len })
 }
 
 /// An anonymous private mapping of `len` writable bytes starting at a
@@ -338,22 +290,10 @@ fn map_hugetlb(len: usize, page_size: u64) -> io::Result<Mapping> {
 fn map_guarded(len: usize, align: usize, page: usize) -> io::Result<Mapping> {
     let too_big = || io::Error::from_raw_os_error(libc::ENOMEM);
     // Room for the region, alignment slack and a guard on each side.
-    let total = len
-        .checked_add(align)
-        .and_then(|n| n.checked_add(2 * page))
-        .ok_or_else(too_big)?;
+    let total = len.checked_add(align).and_then(|n| n.checked_add(2 * page)).ok_or_else(too_big)?;
     // SAFETY: an anonymous inaccessible mapping at an address of the
     // kernel's choosing touches no existing memory; checked before use.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            total,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(core::ptr::null_mut(), total, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
@@ -378,13 +318,7 @@ fn map_guarded(len: usize, align: usize, page: usize) -> io::Result<Mapping> {
         region_len: len,
     };
     // SAFETY: the region lies inside the mapping, between the guards.
-    let rc = unsafe {
-        libc::mprotect(
-            start as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
-    };
+    let rc = unsafe { libc::mprotect(start as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE) };
     if rc != 0 {
         let e = io::Error::last_os_error();
         mapping.unmap();
@@ -419,44 +353,28 @@ impl Slab {
     /// every page is written here, and first touch decides the NUMA node.
     pub fn new(config: &SlabConfig) -> Result<Slab, SlabError> {
         let label = config.label.clone();
-        let invalid = |reason: String| SlabError::InvalidConfig {
-            label: label.clone(),
-            reason,
-        };
+        let invalid = |reason: String| SlabError::InvalidConfig { label: label.clone(), reason };
         if config.slots == 0 || config.slot_size == 0 {
-            return Err(invalid(format!(
-                "{} slots of {} bytes: a slab needs at least one non-empty slot",
-                config.slots, config.slot_size
-            )));
+            return Err(invalid(format!("{} slots of {} bytes: a slab needs at least one non-empty slot", config.slots, config.slot_size)));
         }
         let page = base_page_size();
-        let slot_align = if config.page_aligned_slots {
-            page.max(4096)
-        } else {
-            64
-        };
-        let slot_size = round_up(config.slot_size, slot_align)
-            .ok_or_else(|| invalid(format!("slot size {} is too large", config.slot_size)))?;
+        let slot_align = if config.page_aligned_slots { page.max(4096) } else { 64 };
+        let slot_size =
+            round_up(config.slot_size, slot_align).ok_or_else(|| invalid(format!("slot size {} is too large", config.slot_size)))?;
         let len = slot_size
             .checked_mul(config.slots)
             .filter(|&n| n <= isize::MAX as usize / 2)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "{} slots x {} bytes is too large",
-                    config.slots, slot_size
-                ))
-            })?;
+            .ok_or_else(|| invalid(format!("{} slots x {} bytes is too large", config.slots, slot_size)))?;
 
         // Why each better backing was passed over, for the log line.
         let mut passed_over: Vec<String> = Vec::new();
         let (mapping, backing, page_size) = match config.policy {
             HugepagePolicy::Off => {
-                let m = map_guarded(round_up(len, page).expect("bounded above"), page, page)
-                    .map_err(|source| SlabError::Map {
-                        label: label.clone(),
-                        len,
-                        source,
-                    })?;
+                let m = map_guarded(round_up(len, page).expect("bounded above"), page, page).map_err(|source| SlabError::Map {
+                    label: label.clone(),
+                    len,
+                    source,
+                })?;
                 // Refuse THP even where the system mode is `always`: "off"
                 // must mean the same thing on every host. Kernels without
                 // THP reject the advice, which is then true anyway.
@@ -464,13 +382,11 @@ impl Slab {
                 passed_over.push("hugepages off".to_string());
                 (m, Backing::Normal, page)
             }
-            HugepagePolicy::Require | HugepagePolicy::Prefer => {
-                match Slab::try_hugetlb(&label, len, &mut passed_over) {
-                    Ok(found) => found,
-                    Err(e) if config.policy == HugepagePolicy::Require => return Err(e),
-                    Err(_) => Slab::map_thp_or_normal(&label, len, page, &mut passed_over)?,
-                }
-            }
+            HugepagePolicy::Require | HugepagePolicy::Prefer => match Slab::try_hugetlb(&label, len, &mut passed_over) {
+                Ok(found) => found,
+                Err(e) if config.policy == HugepagePolicy::Require => return Err(e),
+                Err(_) => Slab::map_thp_or_normal(&label, len, page, &mut passed_over)?,
+            },
         };
 
         let mut slab = Slab {
@@ -484,11 +400,7 @@ impl Slab {
             backing,
             page_size,
         };
-        slab.touch(if backing.is_hugetlb() {
-            page_size
-        } else {
-            page
-        });
+        slab.touch(if backing.is_hugetlb() { page_size } else { page });
 
         // A THP request is a hope, not a promise: now that every page is
         // faulted in, ask the kernel how much of it is huge.
@@ -521,23 +433,15 @@ impl Slab {
         }
 
         let what = match slab.backing {
-            Backing::Hugetlb1G | Backing::Hugetlb2M => format!(
-                "{} x {} hugetlb pages",
-                slab.region_len / slab.page_size,
-                format_size(slab.page_size as u64)
-            ),
+            Backing::Hugetlb1G | Backing::Hugetlb2M => {
+                format!("{} x {} hugetlb pages", slab.region_len / slab.page_size, format_size(slab.page_size as u64))
+            }
             Backing::TransparentHuge => "transparent huge pages".to_string(),
             Backing::Normal => format!("{} pages", format_size(page as u64)),
         };
-        let notes: Vec<&str> = core::iter::once(thp_note.as_str())
-            .filter(|n| !n.is_empty())
-            .chain(passed_over.iter().map(String::as_str))
-            .collect();
-        let notes = if notes.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", notes.join("; "))
-        };
+        let notes: Vec<&str> =
+            core::iter::once(thp_note.as_str()).filter(|n| !n.is_empty()).chain(passed_over.iter().map(String::as_str)).collect();
+        let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
         log::info!(
             "slab {}: {} in {what}{notes}, {} slots x {}",
             slab.label,
@@ -551,16 +455,9 @@ impl Slab {
     /// Try hugetlb 1 GiB (when the 1 GiB rule allows) then 2 MiB pages. On
     /// failure the error describes the 2 MiB shortfall, the pool an operator
     /// would fill.
-    fn try_hugetlb(
-        label: &str,
-        len: usize,
-        passed_over: &mut Vec<String>,
-    ) -> Result<(Mapping, Backing, usize), SlabError> {
-        let candidates: &[(u64, Backing)] = if wants_1g(len) {
-            &[(SIZE_1G, Backing::Hugetlb1G), (SIZE_2M, Backing::Hugetlb2M)]
-        } else {
-            &[(SIZE_2M, Backing::Hugetlb2M)]
-        };
+    fn try_hugetlb(label: &str, len: usize, passed_over: &mut Vec<String>) -> Result<(Mapping, Backing, usize), SlabError> {
+        let candidates: &[(u64, Backing)] =
+            if wants_1g(len) { &[(SIZE_1G, Backing::Hugetlb1G), (SIZE_2M, Backing::Hugetlb2M)] } else { &[(SIZE_2M, Backing::Hugetlb2M)] };
         let mut last_err = None;
         for &(size, backing) in candidates {
             let map_len = round_up(len, size as usize).expect("bounded above");
@@ -568,18 +465,10 @@ impl Slab {
             match map_hugetlb(map_len, size) {
                 Ok(m) => return Ok((m, backing, size as usize)),
                 Err(e) => {
-                    let available = hugepages::pool(size, None)
-                        .map(|p| p.available())
-                        .unwrap_or(0);
-                    log::debug!(
-                        "slab {label}: {need} x {} hugetlb pages: {e} ({available} available)",
-                        format_size(size)
-                    );
+                    let available = hugepages::pool(size, None).map(|p| p.available()).unwrap_or(0);
+                    log::debug!("slab {label}: {need} x {} hugetlb pages: {e} ({available} available)", format_size(size));
                     passed_over.push(if e.raw_os_error() == Some(libc::ENOMEM) {
-                        format!(
-                            "need {need} x {} hugetlb pages, {available} free",
-                            format_size(size)
-                        )
+                        format!("need {need} x {} hugetlb pages, {available} free", format_size(size))
                     } else {
                         format!("{} hugetlb pages: {e}", format_size(size))
                     });
@@ -620,13 +509,11 @@ impl Slab {
         } else {
             passed_over.push("THP mode never".to_string());
         }
-        let m = map_guarded(round_up(len, page).expect("bounded above"), page, page).map_err(
-            |source| SlabError::Map {
-                label: label.to_string(),
-                len,
-                source,
-            },
-        )?;
+        let m = map_guarded(round_up(len, page).expect("bounded above"), page, page).map_err(|source| SlabError::Map {
+            label: label.to_string(),
+            len,
+            source,
+        })?;
         Ok((m, Backing::Normal, page))
     }
 
@@ -743,12 +630,7 @@ impl Slab {
     }
 
     fn check(&self, i: usize) {
-        assert!(
-            i < self.slots,
-            "slab {}: slot {i} out of range ({} slots)",
-            self.label,
-            self.slots
-        );
+        assert!(i < self.slots, "slab {}: slot {i} out of range ({} slots)", self.label, self.slots);
     }
 }
 
@@ -771,11 +653,7 @@ impl Drop for Slab {
         // no slice of it outlives the slab (they all borrow it).
         let rc = unsafe { libc::munmap(self.map_base.as_ptr().cast(), self.map_len) };
         if rc != 0 {
-            log::warn!(
-                "slab {}: munmap failed: {}",
-                self.label,
-                io::Error::last_os_error()
-            );
+            log::warn!("slab {}: munmap failed: {}", self.label, io::Error::last_os_error());
         }
     }
 }
@@ -791,11 +669,7 @@ mod tests {
         assert_eq!("OFF".parse(), Ok(HugepagePolicy::Off));
         let err = "sometimes".parse::<HugepagePolicy>().unwrap_err();
         assert!(err.to_string().contains("\"sometimes\""));
-        for p in [
-            HugepagePolicy::Require,
-            HugepagePolicy::Prefer,
-            HugepagePolicy::Off,
-        ] {
+        for p in [HugepagePolicy::Require, HugepagePolicy::Prefer, HugepagePolicy::Off] {
             assert_eq!(p.to_string().parse(), Ok(p));
         }
         assert_eq!(HugepagePolicy::default(), HugepagePolicy::Prefer);
@@ -824,10 +698,7 @@ mod tests {
         };
         let msg = e.to_string();
         assert!(msg.starts_with("slab lcore 3: hugepages required"), "{msg}");
-        assert!(
-            msg.contains("need 8 x 2 MiB pages, pool has 0 free"),
-            "{msg}"
-        );
+        assert!(msg.contains("need 8 x 2 MiB pages, pool has 0 free"), "{msg}");
         assert!(msg.contains("`tally hugepages reserve 16M`"), "{msg}");
         assert!(msg.contains("--hugepages prefer"), "{msg}");
         assert!(msg.contains("Cannot allocate memory"), "{msg}");

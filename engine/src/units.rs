@@ -18,14 +18,7 @@
 use core::fmt;
 
 /// The multipliers, in order, with the letter that names each.
-const UNITS: [(char, u64); 6] = [
-    ('K', 1 << 10),
-    ('M', 1 << 20),
-    ('G', 1 << 30),
-    ('T', 1 << 40),
-    ('P', 1 << 50),
-    ('E', 1 << 60),
-];
+const UNITS: [(char, u64); 6] = [('K', 1 << 10), ('M', 1 << 20), ('G', 1 << 30), ('T', 1 << 40), ('P', 1 << 50), ('E', 1 << 60)];
 
 /// Why a size string was refused. Each variant names the input as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,10 +36,7 @@ impl fmt::Display for UnitsError {
         match self {
             UnitsError::Empty => write!(f, "empty size (expected e.g. 4096, 64K, 2M, 1G)"),
             UnitsError::Invalid { input, reason } => {
-                write!(
-                    f,
-                    "invalid size {input:?}: {reason} (expected e.g. 4096, 64K, 2M, 1G)"
-                )
+                write!(f, "invalid size {input:?}: {reason} (expected e.g. 4096, 64K, 2M, 1G)")
             }
             UnitsError::Overflow { input } => {
                 write!(f, "size {input:?} is too large (more than 2^64 - 1 bytes)")
@@ -67,17 +57,10 @@ pub fn parse_size(s: &str) -> Result<u64, UnitsError> {
     if input.is_empty() {
         return Err(UnitsError::Empty);
     }
-    let invalid = |reason| UnitsError::Invalid {
-        input: s.to_string(),
-        reason,
-    };
-    let overflow = || UnitsError::Overflow {
-        input: s.to_string(),
-    };
+    let invalid = |reason| UnitsError::Invalid { input: s.to_string(), reason };
+    let overflow = || UnitsError::Overflow { input: s.to_string() };
 
-    let num_end = input
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(input.len());
+    let num_end = input.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(input.len());
     let (number, suffix) = input.split_at(num_end);
     let (int_part, frac_part) = match number.split_once('.') {
         Some((i, f)) => (i, Some(f)),
@@ -95,10 +78,7 @@ pub fn parse_size(s: &str) -> Result<u64, UnitsError> {
     // than a wrap and so that "+4K" or "-4K" cannot sneak through `str::parse`.
     let mut whole: u64 = 0;
     for d in int_part.bytes() {
-        whole = whole
-            .checked_mul(10)
-            .and_then(|w| w.checked_add(u64::from(d - b'0')))
-            .ok_or_else(overflow)?;
+        whole = whole.checked_mul(10).and_then(|w| w.checked_add(u64::from(d - b'0'))).ok_or_else(overflow)?;
     }
     let mut bytes = whole.checked_mul(multiplier).ok_or_else(overflow)?;
 
@@ -130,10 +110,7 @@ fn parse_suffix(suffix: &str) -> Option<u64> {
     if first.eq_ignore_ascii_case(&'b') {
         return chars.next().is_none().then_some(1);
     }
-    let multiplier = UNITS
-        .iter()
-        .find(|(letter, _)| first.eq_ignore_ascii_case(letter))?
-        .1;
+    let multiplier = UNITS.iter().find(|(letter, _)| first.eq_ignore_ascii_case(letter))?.1;
     match chars.as_str() {
         "" | "b" | "B" | "ib" | "iB" | "IB" | "Ib" => Some(multiplier),
         _ => None,
@@ -173,11 +150,7 @@ pub fn format_size(bytes: u64) -> String {
 ///
 /// Used where a message suggests a command to run.
 pub fn format_size_arg(bytes: u64) -> String {
-    match UNITS
-        .iter()
-        .rev()
-        .find(|(_, unit)| bytes != 0 && bytes % unit == 0)
-    {
+    match UNITS.iter().rev().find(|(_, unit)| bytes != 0 && bytes % unit == 0) {
         Some(&(letter, unit)) => format!("{}{letter}", bytes / unit),
         None => bytes.to_string(),
     }
@@ -225,34 +198,14 @@ mod tests {
     fn refuses_garbage_and_overflow() {
         assert_eq!(parse_size(""), Err(UnitsError::Empty));
         assert_eq!(parse_size("   "), Err(UnitsError::Empty));
-        for bad in [
-            "K", "abc", "4X", "4KK", "4 K B", "-4K", "+4K", "4.5.1M", ".", "1.3B", "0.1K", "4 Ki",
-            "4MiBs", "1e6",
-        ] {
+        for bad in ["K", "abc", "4X", "4KK", "4 K B", "-4K", "+4K", "4.5.1M", ".", "1.3B", "0.1K", "4 Ki", "4MiBs", "1e6"] {
             let err = parse_size(bad).unwrap_err();
-            assert!(
-                matches!(err, UnitsError::Invalid { .. }),
-                "{bad:?} gave {err:?}"
-            );
-            assert!(
-                err.to_string().contains(&format!("{bad:?}")),
-                "message names the input: {err}"
-            );
+            assert!(matches!(err, UnitsError::Invalid { .. }), "{bad:?} gave {err:?}");
+            assert!(err.to_string().contains(&format!("{bad:?}")), "message names the input: {err}");
         }
-        for big in [
-            "18446744073709551616",
-            "16E",
-            "16384P",
-            "17179869184G",
-            "99999999999999999999K",
-        ] {
+        for big in ["18446744073709551616", "16E", "16384P", "17179869184G", "99999999999999999999K"] {
             let err = parse_size(big).unwrap_err();
-            assert_eq!(
-                err,
-                UnitsError::Overflow {
-                    input: big.to_string()
-                }
-            );
+            assert_eq!(err, UnitsError::Overflow { input: big.to_string() });
             assert!(err.to_string().contains(big));
         }
     }

@@ -36,59 +36,33 @@ fn refuses_bad_lists() {
     assert!(matches!(err, CpusetError::Reversed { lo: 9, hi: 2, .. }));
     assert!(err.to_string().contains("9-2"), "{err}");
 
-    for bad in [
-        "a", "1,a", "1,,2", "1,", ",1", "1-", "-1", "1-2-3", "+1", "1 2", "0x3",
-    ] {
+    for bad in ["a", "1,a", "1,,2", "1,", ",1", "1-", "-1", "1-2-3", "+1", "1 2", "0x3"] {
         let err = CoreList::parse(bad).unwrap_err();
-        assert!(
-            matches!(err, CpusetError::Invalid { .. }),
-            "{bad:?} gave {err:?}"
-        );
+        assert!(matches!(err, CpusetError::Invalid { .. }), "{bad:?} gave {err:?}");
         assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
     }
 
     for dup in ["1,1", "0-3,2", "2-4,1-2"] {
         let err = CoreList::parse(dup).unwrap_err();
-        assert!(
-            matches!(err, CpusetError::Duplicate { .. }),
-            "{dup:?} gave {err:?}"
-        );
+        assert!(matches!(err, CpusetError::Duplicate { .. }), "{dup:?} gave {err:?}");
         assert!(err.to_string().contains("more than once"), "{err}");
     }
 
-    for huge in [
-        "8192",
-        "0-8192",
-        "99999999999999999999999",
-        "18446744073709551615",
-    ] {
+    for huge in ["8192", "0-8192", "99999999999999999999999", "18446744073709551615"] {
         let err = CoreList::parse(huge).unwrap_err();
-        assert!(
-            matches!(err, CpusetError::TooLarge { .. }),
-            "{huge:?} gave {err:?}"
-        );
+        assert!(matches!(err, CpusetError::TooLarge { .. }), "{huge:?} gave {err:?}");
         assert!(err.to_string().contains("out of range"), "{err}");
     }
 
-    assert!(matches!(
-        CoreList::from_cores(vec![1, 2, 1]),
-        Err(CpusetError::Duplicate { core: 1, .. })
-    ));
-    assert!(matches!(
-        CoreList::from_cores(vec![MAX_CORES]),
-        Err(CpusetError::TooLarge { .. })
-    ));
+    assert!(matches!(CoreList::from_cores(vec![1, 2, 1]), Err(CpusetError::Duplicate { core: 1, .. })));
+    assert!(matches!(CoreList::from_cores(vec![MAX_CORES]), Err(CpusetError::TooLarge { .. })));
 }
 
 #[test]
 fn prints_back_compactly() {
-    for (input, want) in [
-        ("2-9,12", "2-9,12"),
-        ("2,3,4,5,6,7,8,9,12", "2-9,12"),
-        ("4,2", "4,2"),
-        (" 0 - 3 , 8 ", "0-3,8"),
-        ("7,0-3,4", "7,0-4"),
-    ] {
+    for (input, want) in
+        [("2-9,12", "2-9,12"), ("2,3,4,5,6,7,8,9,12", "2-9,12"), ("4,2", "4,2"), (" 0 - 3 , 8 ", "0-3,8"), ("7,0-3,4", "7,0-4")]
+    {
         let list = CoreList::parse(input).unwrap();
         assert_eq!(list.to_string(), want);
         // What is printed parses back to the same list, order included.
@@ -101,9 +75,7 @@ fn checks_against_the_affinity_mask() {
     let allowed = cpuset::allowed().expect("sched_getaffinity");
     assert!(!allowed.is_empty());
     assert!(allowed.as_slice().windows(2).all(|w| w[0] < w[1]));
-    allowed
-        .validate_against_allowed()
-        .expect("allowed cores are allowed");
+    allowed.validate_against_allowed().expect("allowed cores are allowed");
 
     let outside = CoreList::from_cores(vec![allowed.get(0).unwrap(), MAX_CORES - 1]).unwrap();
     let err = outside.validate_against(&allowed).unwrap_err();
@@ -136,10 +108,7 @@ fn pins_a_thread_to_every_allowed_core() {
         .join()
         .unwrap();
         assert_eq!(pinned_mask.as_slice(), &[core]);
-        assert!(
-            ran_on.iter().all(|&c| c == core),
-            "pinned to {core}, ran on {ran_on:?}"
-        );
+        assert!(ran_on.iter().all(|&c| c == core), "pinned to {core}, ran on {ran_on:?}");
     }
     // Pinning a spawned thread leaves the test thread's mask alone.
     assert_eq!(cpuset::allowed().unwrap(), allowed);
@@ -147,14 +116,8 @@ fn pins_a_thread_to_every_allowed_core() {
 
 #[test]
 fn refuses_to_pin_outside_the_mask() {
-    let err = std::thread::spawn(|| cpuset::pin_current_thread(MAX_CORES - 1))
-        .join()
-        .unwrap()
-        .unwrap_err();
+    let err = std::thread::spawn(|| cpuset::pin_current_thread(MAX_CORES - 1)).join().unwrap().unwrap_err();
     assert!(err.to_string().contains("8191"), "{err}");
-    let err = std::thread::spawn(|| cpuset::pin_current_thread(MAX_CORES))
-        .join()
-        .unwrap()
-        .unwrap_err();
+    let err = std::thread::spawn(|| cpuset::pin_current_thread(MAX_CORES)).join().unwrap().unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
 }

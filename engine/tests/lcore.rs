@@ -76,7 +76,8 @@ fn a_failed_setup_is_reported_and_stops_the_others() {
         if info.id == cores_len_minus_one() {
             return Err("no such NIC".to_string());
         }
-        let ep = Endpoint::open(&EndpointConfig { hints: Hints::new("shm"), cq_size: 0, contexts: 4, wait_object: false }).map_err(|e| e.to_string())?;
+        let ep = Endpoint::open(&EndpointConfig { hints: Hints::new("shm"), cq_size: 0, contexts: 4, wait_object: false })
+            .map_err(|e| e.to_string())?;
         Ok((Poller { ep, dropped: d2.clone(), shut: Arc::new(AtomicUsize::new(0)) }, ()))
     });
     let e = match r {
@@ -93,7 +94,8 @@ fn cores_len_minus_one() -> usize {
 
 #[test]
 fn cores_outside_the_affinity_mask_are_refused() {
-    let r = launch(&CoreList::parse("4095").unwrap(), PollMode::Busy, |_| -> Result<(Poller, ()), String> { unreachable!("no lcore starts") });
+    let r =
+        launch(&CoreList::parse("4095").unwrap(), PollMode::Busy, |_| -> Result<(Poller, ()), String> { unreachable!("no lcore starts") });
     let e = match r {
         Err(e) => e.to_string(),
         Ok(_) => panic!("pinned to a core this process may not use"),

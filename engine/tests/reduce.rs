@@ -14,8 +14,7 @@ use std::io::Write;
 use std::sync::OnceLock;
 
 use tally_engine::reduce::{
-    available_isas, canonical_nan, DataType, Isa, IsaError, Kernels, ReduceError, ReduceOp,
-    MAX_INPUTS, STREAM_MIN_BYTES,
+    available_isas, canonical_nan, DataType, Isa, IsaError, Kernels, ReduceError, ReduceOp, MAX_INPUTS, STREAM_MIN_BYTES,
 };
 
 // ---------------------------------------------------------------------------
@@ -55,30 +54,20 @@ fn seed() -> u64 {
     static SEED: OnceLock<u64> = OnceLock::new();
     *SEED.get_or_init(|| {
         let seed = match std::env::var("TALLY_TEST_SEED") {
-            Ok(s) => s
-                .trim()
-                .parse()
-                .expect("TALLY_TEST_SEED must be an unsigned integer"),
+            Ok(s) => s.trim().parse().expect("TALLY_TEST_SEED must be an unsigned integer"),
             Err(_) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap();
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
                 now.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
             }
         };
-        let _ = writeln!(
-            std::io::stderr(),
-            "reduce tests: seed {seed} (TALLY_TEST_SEED={seed} repeats this run)"
-        );
+        let _ = writeln!(std::io::stderr(), "reduce tests: seed {seed} (TALLY_TEST_SEED={seed} repeats this run)");
         seed
     })
 }
 
 /// A generator for one test, so that tests do not depend on their order.
 fn rng(test: &str) -> Rng {
-    let salt = test.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
+    let salt = test.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     Rng(seed() ^ salt)
 }
 
@@ -91,16 +80,9 @@ fn kernel_sets() -> Vec<Kernels> {
     let isas = available_isas();
     PRINTED.get_or_init(|| {
         let names: Vec<&str> = isas.iter().map(|isa| isa.name()).collect();
-        let _ = writeln!(
-            std::io::stderr(),
-            "isas under test: {} (cpu: {})",
-            names.join(", "),
-            cpu_features()
-        );
+        let _ = writeln!(std::io::stderr(), "isas under test: {} (cpu: {})", names.join(", "), cpu_features());
     });
-    isas.into_iter()
-        .map(|isa| Kernels::for_isa(isa).expect("listed as available"))
-        .collect()
+    isas.into_iter().map(|isa| Kernels::for_isa(isa).expect("listed as available")).collect()
 }
 
 fn cpu_features() -> String {
@@ -111,16 +93,7 @@ fn cpu_features() -> String {
         macro_rules! probe {
             ($($f:tt),*) => {$( if std::is_x86_feature_detected!($f) { found.push($f); } )*};
         }
-        probe!(
-            "avx2",
-            "f16c",
-            "fma",
-            "avx512f",
-            "avx512bw",
-            "avx512vl",
-            "avx512bf16",
-            "avx512fp16"
-        );
+        probe!("avx2", "f16c", "fma", "avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx512fp16");
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -168,12 +141,8 @@ fn decode(dtype: DataType, b: &[u8]) -> Value {
         Uint32 => Value::Int(i128::from(u32::from_ne_bytes(a4()))),
         Int64 => Value::Int(i128::from(i64::from_ne_bytes(a8()))),
         Uint64 => Value::Int(i128::from(u64::from_ne_bytes(a8()))),
-        Float16 => Value::Float(f64::from(
-            half::f16::from_bits(u16::from_ne_bytes(a2())).to_f32(),
-        )),
-        Bfloat16 => Value::Float(f64::from(
-            half::bf16::from_bits(u16::from_ne_bytes(a2())).to_f32(),
-        )),
+        Float16 => Value::Float(f64::from(half::f16::from_bits(u16::from_ne_bytes(a2())).to_f32())),
+        Bfloat16 => Value::Float(f64::from(half::bf16::from_bits(u16::from_ne_bytes(a2())).to_f32())),
         Float32 => Value::Float(f64::from(f32::from_ne_bytes(a4()))),
         Float64 => Value::Float(f64::from_ne_bytes(a8())),
     }
@@ -186,35 +155,19 @@ fn encode(dtype: DataType, v: Value, out: &mut [u8]) {
         (Int32 | Uint32, Value::Int(i)) => out.copy_from_slice(&(i as u32).to_ne_bytes()),
         (Int64 | Uint64, Value::Int(i)) => out.copy_from_slice(&(i as u64).to_ne_bytes()),
         (Float16, Value::Float(f)) => {
-            let h = if f.is_nan() {
-                canonical_nan::F16
-            } else {
-                half::f16::from_f32(f as f32).to_bits()
-            };
+            let h = if f.is_nan() { canonical_nan::F16 } else { half::f16::from_f32(f as f32).to_bits() };
             out.copy_from_slice(&h.to_ne_bytes())
         }
         (Bfloat16, Value::Float(f)) => {
-            let h = if f.is_nan() {
-                canonical_nan::BF16
-            } else {
-                half::bf16::from_f32(f as f32).to_bits()
-            };
+            let h = if f.is_nan() { canonical_nan::BF16 } else { half::bf16::from_f32(f as f32).to_bits() };
             out.copy_from_slice(&h.to_ne_bytes())
         }
         (Float32, Value::Float(f)) => {
-            let x = if f.is_nan() {
-                canonical_nan::F32
-            } else {
-                (f as f32).to_bits()
-            };
+            let x = if f.is_nan() { canonical_nan::F32 } else { (f as f32).to_bits() };
             out.copy_from_slice(&x.to_ne_bytes())
         }
         (Float64, Value::Float(f)) => {
-            let x = if f.is_nan() {
-                canonical_nan::F64
-            } else {
-                f.to_bits()
-            };
+            let x = if f.is_nan() { canonical_nan::F64 } else { f.to_bits() };
             out.copy_from_slice(&x.to_ne_bytes())
         }
         _ => unreachable!("{dtype} with {v:?}"),
@@ -250,11 +203,7 @@ fn extreme(a: f64, b: f64, greater: bool) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
     } else if a == 0.0 && b == 0.0 {
-        let positive = if greater {
-            a.is_sign_positive() || b.is_sign_positive()
-        } else {
-            a.is_sign_positive() && b.is_sign_positive()
-        };
+        let positive = if greater { a.is_sign_positive() || b.is_sign_positive() } else { a.is_sign_positive() && b.is_sign_positive() };
         if positive {
             0.0
         } else {
@@ -344,11 +293,8 @@ fn special_f32(rng: &mut Rng) -> f32 {
         // f16-subnormal territory, or around the f16 overflow threshold.
         _ => {
             let sign = rng.next() as u32 & 0x8000_0000;
-            let magnitude = if rng.chance(0.5) {
-                0x3300_0000 + rng.below(0x0600_0000) as u32
-            } else {
-                0x477f_0000 + rng.below(0x0002_0000) as u32
-            };
+            let magnitude =
+                if rng.chance(0.5) { 0x3300_0000 + rng.below(0x0600_0000) as u32 } else { 0x477f_0000 + rng.below(0x0002_0000) as u32 };
             f32::from_bits(sign | magnitude)
         }
     }
@@ -418,11 +364,7 @@ impl Placed {
     fn new(len: usize, offset: usize) -> Placed {
         let storage = vec![GUARD; len + offset + 192];
         let start = storage.as_ptr().align_offset(64) + 64 + offset;
-        Placed {
-            storage,
-            start,
-            len,
-        }
+        Placed { storage, start, len }
     }
     fn get(&self) -> &[u8] {
         &self.storage[self.start..self.start + self.len]
@@ -451,22 +393,9 @@ impl Case<'_> {
             let offset = rng.below(8);
             let mut out = Placed::new(expected.len(), offset);
             rng.bytes(out.get_mut());
-            k.reduce(self.dtype, self.op, out.get_mut(), &inputs)
-                .unwrap();
-            self.compare(
-                k.isa(),
-                &format!("out offset {offset}"),
-                out.get(),
-                expected,
-                &inputs,
-            );
-            assert!(
-                out.guards_intact(),
-                "{}: {} wrote outside its output ({})",
-                self.test,
-                k.isa(),
-                self.describe()
-            );
+            k.reduce(self.dtype, self.op, out.get_mut(), &inputs).unwrap();
+            self.compare(k.isa(), &format!("out offset {offset}"), out.get(), expected, &inputs);
+            assert!(out.guards_intact(), "{}: {} wrote outside its output ({})", self.test, k.isa(), self.describe());
         }
     }
 
@@ -488,16 +417,8 @@ impl Case<'_> {
             return;
         }
         let size = self.dtype.size();
-        let i = (0..expected.len() / size)
-            .find(|&i| got[i * size..][..size] != expected[i * size..][..size])
-            .unwrap();
-        let hex = |b: &[u8]| -> String {
-            b[i * size..][..size]
-                .iter()
-                .rev()
-                .map(|x| format!("{x:02x}"))
-                .collect()
-        };
+        let i = (0..expected.len() / size).find(|&i| got[i * size..][..size] != expected[i * size..][..size]).unwrap();
+        let hex = |b: &[u8]| -> String { b[i * size..][..size].iter().rev().map(|x| format!("{x:02x}")).collect() };
         let shown: Vec<String> = inputs.iter().take(8).map(|b| hex(b)).collect();
         panic!(
             "{}: {isa} differs from the reference at element {i} of {} ({}; {what}):\n  \
@@ -512,13 +433,7 @@ impl Case<'_> {
     }
 }
 
-fn random_inputs(
-    rng: &mut Rng,
-    dtype: DataType,
-    op: ReduceOp,
-    n: usize,
-    bytes: usize,
-) -> Vec<Placed> {
+fn random_inputs(rng: &mut Rng, dtype: DataType, op: ReduceOp, n: usize, bytes: usize) -> Vec<Placed> {
     let special = (1.0 / n as f64).min(0.25);
     (0..n)
         .map(|_| {
@@ -533,9 +448,7 @@ fn random_inputs(
 /// registers and blocks (up to 4 registers of 32 elements), and longer runs.
 fn lengths() -> Vec<usize> {
     let mut lengths: Vec<usize> = (0..=140).collect();
-    lengths.extend([
-        191, 255, 256, 257, 300, 383, 384, 385, 511, 513, 1000, 1025, 2049, 4099,
-    ]);
+    lengths.extend([191, 255, 256, 257, 300, 383, 384, 385, 511, 513, 1000, 1025, 2049, 4099]);
     lengths
 }
 
@@ -557,13 +470,7 @@ fn matrix(dtype: DataType) {
                 let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
                 let mut expected = vec![0u8; bytes];
                 reference(dtype, op, &views, &mut expected);
-                Case {
-                    dtype,
-                    op,
-                    inputs: &inputs,
-                    test: &test,
-                }
-                .check(&kernels, &expected, &mut rng);
+                Case { dtype, op, inputs: &inputs, test: &test }.check(&kernels, &expected, &mut rng);
             }
         }
     }
@@ -618,12 +525,7 @@ fn large_outputs_stream_and_stay_exact() {
     let test = "large_outputs";
     let mut rng = rng(test);
     let kernels = kernel_sets();
-    for dtype in [
-        DataType::Float32,
-        DataType::Bfloat16,
-        DataType::Float16,
-        DataType::Float64,
-    ] {
+    for dtype in [DataType::Float32, DataType::Bfloat16, DataType::Float16, DataType::Float64] {
         for op in [ReduceOp::Sum, ReduceOp::Avg] {
             let len = STREAM_MIN_BYTES / dtype.size() + 2 * 64 + 13;
             let bytes = len * dtype.size();
@@ -631,28 +533,13 @@ fn large_outputs_stream_and_stay_exact() {
             let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
             let mut expected = vec![0u8; bytes];
             reference(dtype, op, &views, &mut expected);
-            let case = Case {
-                dtype,
-                op,
-                inputs: &inputs,
-                test,
-            };
+            let case = Case { dtype, op, inputs: &inputs, test };
             for k in &kernels {
                 for offset in [0, dtype.size(), 1] {
                     let mut out = Placed::new(bytes, offset);
                     k.reduce(dtype, op, out.get_mut(), &views).unwrap();
-                    case.compare(
-                        k.isa(),
-                        &format!("out offset {offset}"),
-                        out.get(),
-                        &expected,
-                        &views,
-                    );
-                    assert!(
-                        out.guards_intact(),
-                        "{test}: {} wrote outside its output",
-                        k.isa()
-                    );
+                    case.compare(k.isa(), &format!("out offset {offset}"), out.get(), &expected, &views);
+                    assert!(out.guards_intact(), "{test}: {} wrote outside its output", k.isa());
                 }
             }
         }
@@ -678,12 +565,7 @@ fn reduce_raw_in_place_matches() {
                     let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
                     let mut expected = vec![0u8; bytes];
                     reference(dtype, op, &views, &mut expected);
-                    let case = Case {
-                        dtype,
-                        op,
-                        inputs: &inputs,
-                        test,
-                    };
+                    let case = Case { dtype, op, inputs: &inputs, test };
                     for k in &kernels {
                         let mut first = Placed::new(bytes, inputs[0].start % 64);
                         first.get_mut().copy_from_slice(views[0]);
@@ -716,19 +598,10 @@ fn accumulate_matches_reduce_and_finish_avg_divides() {
                 let bytes = len * dtype.size();
                 let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
                 let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
-                let case = Case {
-                    dtype,
-                    op,
-                    inputs: &inputs,
-                    test,
-                };
+                let case = Case { dtype, op, inputs: &inputs, test };
                 // What accumulating step by step must give: each step is a
                 // two-input reduction (`avg` adds), rounded to the type.
-                let step_op = if op == ReduceOp::Avg {
-                    ReduceOp::Sum
-                } else {
-                    op
-                };
+                let step_op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
                 let mut expected = views[0].to_vec();
                 for input in &views[1..] {
                     let acc = expected.clone();
@@ -769,104 +642,47 @@ fn accumulate_matches_reduce_and_finish_avg_divides() {
 #[test]
 fn documented_rules_hold() {
     let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
-    let bits = |b: &[u8]| -> Vec<u32> {
-        b.chunks(4)
-            .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
-            .collect()
-    };
+    let bits = |b: &[u8]| -> Vec<u32> { b.chunks(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect() };
     for k in kernel_sets() {
         let run = |op: ReduceOp, a: &[f32], b: &[f32]| -> Vec<u32> {
             let mut out = vec![0u8; a.len() * 4];
-            k.reduce(DataType::Float32, op, &mut out, &[&f32s(a), &f32s(b)])
-                .unwrap();
+            k.reduce(DataType::Float32, op, &mut out, &[&f32s(a), &f32s(b)]).unwrap();
             bits(&out)
         };
         let nan = canonical_nan::F32;
         let payload = f32::from_bits(0xffa5_a5a5);
         // max/min: -0 < +0 either way round; NaN from either side wins.
+        assert_eq!(run(ReduceOp::Max, &[-0.0, 0.0, 1.0, payload], &[0.0, -0.0, payload, 1.0]), [0, 0, nan, nan], "{}", k.isa());
         assert_eq!(
-            run(
-                ReduceOp::Max,
-                &[-0.0, 0.0, 1.0, payload],
-                &[0.0, -0.0, payload, 1.0]
-            ),
-            [0, 0, nan, nan],
-            "{}",
-            k.isa()
-        );
-        assert_eq!(
-            run(
-                ReduceOp::Min,
-                &[-0.0, 0.0, 1.0, payload],
-                &[0.0, -0.0, payload, 1.0]
-            ),
+            run(ReduceOp::Min, &[-0.0, 0.0, 1.0, payload], &[0.0, -0.0, payload, 1.0]),
             [0x8000_0000, 0x8000_0000, nan, nan],
             "{}",
             k.isa()
         );
         // Signed zeros add as IEEE says; inf - inf is the canonical NaN.
-        assert_eq!(
-            run(
-                ReduceOp::Sum,
-                &[-0.0, -0.0, f32::INFINITY],
-                &[-0.0, 0.0, f32::NEG_INFINITY]
-            ),
-            [0x8000_0000, 0, nan],
-            "{}",
-            k.isa()
-        );
+        assert_eq!(run(ReduceOp::Sum, &[-0.0, -0.0, f32::INFINITY], &[-0.0, 0.0, f32::NEG_INFINITY]), [0x8000_0000, 0, nan], "{}", k.isa());
         // avg divides (1/3 is not 1 * (1/3) rounded twice).
         let third = run(ReduceOp::Avg, &[1.0], &[0.0]);
         assert_eq!(third, [0.5f32.to_bits()]);
         let mut out = [0u8; 4];
-        k.reduce(
-            DataType::Float32,
-            ReduceOp::Avg,
-            &mut out,
-            &[&f32s(&[1.0]), &f32s(&[0.0]), &f32s(&[0.0])],
-        )
-        .unwrap();
+        k.reduce(DataType::Float32, ReduceOp::Avg, &mut out, &[&f32s(&[1.0]), &f32s(&[0.0]), &f32s(&[0.0])]).unwrap();
         assert_eq!(f32::from_ne_bytes(out), 1.0f32 / 3.0);
         // bf16 rounds once, after combining in f32: 1 + 2^-8 + 2^-8 is
         // 1 + 2^-7 exactly, though either addition alone would round to 1.
         let one = half::bf16::from_f32(1.0).to_bits().to_ne_bytes();
         let tiny = half::bf16::from_f32(1.0 / 256.0).to_bits().to_ne_bytes();
         let mut out = [0u8; 2];
-        k.reduce(
-            DataType::Bfloat16,
-            ReduceOp::Sum,
-            &mut out,
-            &[&one, &tiny, &tiny],
-        )
-        .unwrap();
-        assert_eq!(
-            half::bf16::from_bits(u16::from_ne_bytes(out)).to_f32(),
-            1.0 + 1.0 / 128.0,
-            "{}",
-            k.isa()
-        );
+        k.reduce(DataType::Bfloat16, ReduceOp::Sum, &mut out, &[&one, &tiny, &tiny]).unwrap();
+        assert_eq!(half::bf16::from_bits(u16::from_ne_bytes(out)).to_f32(), 1.0 + 1.0 / 128.0, "{}", k.isa());
         // Integers wrap and avg truncates toward zero.
         let mut out = [0u8; 1];
-        k.reduce(DataType::Int8, ReduceOp::Sum, &mut out, &[&[100], &[100]])
-            .unwrap();
+        k.reduce(DataType::Int8, ReduceOp::Sum, &mut out, &[&[100], &[100]]).unwrap();
         assert_eq!(out[0] as i8, -56);
-        k.reduce(
-            DataType::Int8,
-            ReduceOp::Avg,
-            &mut out,
-            &[&[(-7i8) as u8], &[0]],
-        )
-        .unwrap();
+        k.reduce(DataType::Int8, ReduceOp::Avg, &mut out, &[&[(-7i8) as u8], &[0]]).unwrap();
         assert_eq!(out[0] as i8, -3);
         // A NaN's payload and sign never reach the output.
         let mut out = [0u8; 2];
-        k.reduce(
-            DataType::Float16,
-            ReduceOp::Sum,
-            &mut out,
-            &[&0xfd01u16.to_ne_bytes()],
-        )
-        .unwrap();
+        k.reduce(DataType::Float16, ReduceOp::Sum, &mut out, &[&0xfd01u16.to_ne_bytes()]).unwrap();
         assert_eq!(u16::from_ne_bytes(out), canonical_nan::F16, "{}", k.isa());
     }
 }
@@ -877,39 +693,15 @@ fn bad_arguments_are_refused() {
     let a = [0u8; 8];
     let b = [0u8; 4];
     let mut out = [0u8; 8];
-    assert_eq!(
-        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &[]),
-        Err(ReduceError::NoInputs)
-    );
-    assert_eq!(
-        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &[&a, &b]),
-        Err(ReduceError::LengthMismatch)
-    );
-    assert_eq!(
-        k.reduce(DataType::Float64, ReduceOp::Sum, &mut out[..6], &[&a[..6]]),
-        Err(ReduceError::PartialElement)
-    );
+    assert_eq!(k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &[]), Err(ReduceError::NoInputs));
+    assert_eq!(k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &[&a, &b]), Err(ReduceError::LengthMismatch));
+    assert_eq!(k.reduce(DataType::Float64, ReduceOp::Sum, &mut out[..6], &[&a[..6]]), Err(ReduceError::PartialElement));
     let many = vec![&a[..]; MAX_INPUTS + 1];
-    assert_eq!(
-        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &many),
-        Err(ReduceError::TooManyInputs)
-    );
-    assert_eq!(
-        k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &many[1..]),
-        Ok(())
-    );
-    assert_eq!(
-        k.accumulate(DataType::Float32, ReduceOp::Sum, &mut out, &b),
-        Err(ReduceError::LengthMismatch)
-    );
-    assert_eq!(
-        k.finish_avg(DataType::Float32, &mut out, 0),
-        Err(ReduceError::BadCount)
-    );
-    assert_eq!(
-        k.finish_avg(DataType::Float32, &mut out[..7], 2),
-        Err(ReduceError::PartialElement)
-    );
+    assert_eq!(k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &many), Err(ReduceError::TooManyInputs));
+    assert_eq!(k.reduce(DataType::Float32, ReduceOp::Sum, &mut out, &many[1..]), Ok(()));
+    assert_eq!(k.accumulate(DataType::Float32, ReduceOp::Sum, &mut out, &b), Err(ReduceError::LengthMismatch));
+    assert_eq!(k.finish_avg(DataType::Float32, &mut out, 0), Err(ReduceError::BadCount));
+    assert_eq!(k.finish_avg(DataType::Float32, &mut out[..7], 2), Err(ReduceError::PartialElement));
 }
 
 #[test]
@@ -940,20 +732,11 @@ fn names_and_codes() {
 
 #[test]
 fn choosing_kernels_by_name() {
-    assert_eq!(
-        Kernels::for_name("auto").unwrap().isa(),
-        Kernels::best().isa()
-    );
+    assert_eq!(Kernels::for_name("auto").unwrap().isa(), Kernels::best().isa());
     assert_eq!(Kernels::for_name("").unwrap().isa(), Kernels::best().isa());
     assert_eq!(Kernels::for_name("scalar").unwrap().isa(), Isa::Scalar);
-    assert_eq!(
-        Kernels::for_name("sse9").unwrap_err(),
-        IsaError::UnknownName
-    );
-    let missing = Isa::ALL
-        .into_iter()
-        .find(|isa| !isa.is_available())
-        .expect("no CPU has both x86 and Arm SIMD");
+    assert_eq!(Kernels::for_name("sse9").unwrap_err(), IsaError::UnknownName);
+    let missing = Isa::ALL.into_iter().find(|isa| !isa.is_available()).expect("no CPU has both x86 and Arm SIMD");
     let err = Kernels::for_name(missing.name()).unwrap_err();
     assert_eq!(err, IsaError::Unavailable(missing));
     assert!(err.to_string().contains("not available"), "{err}");
@@ -963,10 +746,7 @@ fn choosing_kernels_by_name() {
     // `detect` honours TALLY_ISA when it is set (as the CI may do); checked
     // without touching the environment, which other tests share.
     match std::env::var("TALLY_ISA") {
-        Ok(name) => assert_eq!(
-            Kernels::detect().map(|k| k.isa()),
-            Kernels::for_name(&name).map(|k| k.isa())
-        ),
+        Ok(name) => assert_eq!(Kernels::detect().map(|k| k.isa()), Kernels::for_name(&name).map(|k| k.isa())),
         Err(_) => assert_eq!(Kernels::detect().unwrap().isa(), Kernels::best().isa()),
     }
 }

@@ -34,18 +34,12 @@ fn run_ranks<T: Send>(n: u32, f: impl Fn(Bootstrap) -> T + Sync) -> Vec<T> {
     let addr = listener.local_addr().to_string();
     thread::scope(|s| {
         let f = &f;
-        let mut handles =
-            vec![s.spawn(move || f(listener.accept(n, BOOT_TIMEOUT).expect("rank 0 bootstrap")))];
+        let mut handles = vec![s.spawn(move || f(listener.accept(n, BOOT_TIMEOUT).expect("rank 0 bootstrap")))];
         for r in 1..n {
             let addr = addr.clone();
-            handles.push(s.spawn(move || {
-                f(Bootstrap::connect(&addr, r, n, BOOT_TIMEOUT).expect("bootstrap"))
-            }));
+            handles.push(s.spawn(move || f(Bootstrap::connect(&addr, r, n, BOOT_TIMEOUT).expect("bootstrap"))));
         }
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     })
 }
 
@@ -69,10 +63,7 @@ fn is_unsigned(d: DataType) -> bool {
 /// Rank r's input element i: a small integer, chosen so that every partial
 /// result of n <= 4 inputs is exact in every type.
 fn input_value(d: DataType, op: ReduceOp, r: usize, i: usize) -> f64 {
-    let h = i
-        .wrapping_mul(7)
-        .wrapping_add(r.wrapping_mul(5))
-        .wrapping_add(3);
+    let h = i.wrapping_mul(7).wrapping_add(r.wrapping_mul(5)).wrapping_add(3);
     match (op, is_unsigned(d)) {
         (ReduceOp::Prod, false) => [1.0, 2.0, -1.0, -2.0, 0.0][(i + 3 * r) % 5],
         (ReduceOp::Prod, true) => [1.0, 2.0, 1.0, 0.0][(i + r) % 4],
@@ -136,11 +127,7 @@ fn expected(d: DataType, op: ReduceOp, n: usize, i: usize) -> f64 {
         };
     }
     if op == ReduceOp::Avg {
-        acc = if d.is_float() {
-            acc / n as f64
-        } else {
-            (acc as i64 / n as i64) as f64
-        };
+        acc = if d.is_float() { acc / n as f64 } else { (acc as i64 / n as i64) as f64 };
     }
     acc
 }
@@ -157,20 +144,11 @@ fn check(what: &str, d: DataType, op: ReduceOp, n: usize, got: &[u8]) {
         if g != &want[..es] {
             wrong += 1;
             if bad.len() < 5 {
-                bad.push(format!(
-                    "[{i}] got {} ({g:02x?}) want {v} ({:02x?})",
-                    decode(d, g),
-                    &want[..es]
-                ));
+                bad.push(format!("[{i}] got {} ({g:02x?}) want {v} ({:02x?})", decode(d, g), &want[..es]));
             }
         }
     }
-    assert!(
-        wrong == 0,
-        "{what}: {wrong} of {} elements wrong: {}",
-        got.len() / es,
-        bad.join("; ")
-    );
+    assert!(wrong == 0, "{what}: {wrong} of {} elements wrong: {}", got.len() / es, bad.join("; "));
 }
 
 // ---------------------------------------------------------------------------
@@ -196,8 +174,7 @@ fn matrix(provider: &str, n: u32) {
     let cfg = config(provider, 64 << 10, 3);
     let elements = run_ranks(n, |mut boot| {
         let rank = boot.rank() as usize;
-        let mut ring =
-            Ring::new(&cfg, &mut boot).unwrap_or_else(|e| panic!("{provider} rank {rank}: {e}"));
+        let mut ring = Ring::new(&cfg, &mut boot).unwrap_or_else(|e| panic!("{provider} rank {rank}: {e}"));
         let (mut cases, mut checked) = (0usize, 0usize);
         for (di, d) in DataType::ALL.into_iter().enumerate() {
             for (oi, op) in ReduceOp::ALL.into_iter().enumerate() {
@@ -207,13 +184,11 @@ fn matrix(provider: &str, n: u32) {
                     // Half the cases in place, half out of place.
                     let result = if (di + oi) % 2 == 0 {
                         let mut out = vec![0xA5u8; input.len()];
-                        ring.allreduce(&input, &mut out, d, op)
-                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        ring.allreduce(&input, &mut out, d, op).unwrap_or_else(|e| panic!("{what}: {e}"));
                         out
                     } else {
                         let mut buf = input;
-                        ring.allreduce_in_place(&mut buf, d, op)
-                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        ring.allreduce_in_place(&mut buf, d, op).unwrap_or_else(|e| panic!("{what}: {e}"));
                         buf
                     };
                     check(&what, d, op, n as usize, &result);
@@ -274,11 +249,7 @@ fn xorshift(mut x: u64) -> u64 {
 }
 
 fn random_f32(rank: usize, i: usize) -> f32 {
-    let x = xorshift(
-        (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ (i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)
-            | 1,
-    );
+    let x = xorshift((rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     // Uniform in [-1, 1), with a spread of magnitudes.
     let u = (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
     u * [1.0, 1e-3, 1e3][i % 3]
@@ -290,13 +261,10 @@ fn random_f32_within_tolerance(provider: &str, n: u32) {
     run_ranks(n, |mut boot| {
         let rank = boot.rank() as usize;
         let mut ring = Ring::new(&config(provider, 128 << 10, 4), &mut boot).unwrap();
-        let input: Vec<u8> = (0..count)
-            .flat_map(|i| random_f32(rank, i).to_le_bytes())
-            .collect();
+        let input: Vec<u8> = (0..count).flat_map(|i| random_f32(rank, i).to_le_bytes()).collect();
         for op in [ReduceOp::Sum, ReduceOp::Avg] {
             let mut out = vec![0u8; input.len()];
-            ring.allreduce(&input, &mut out, DataType::Float32, op)
-                .unwrap();
+            ring.allreduce(&input, &mut out, DataType::Float32, op).unwrap();
             let mut worst = 0.0f64;
             for (i, g) in out.chunks_exact(4).enumerate() {
                 let got = f32::from_le_bytes(g.try_into().unwrap()) as f64;
@@ -310,10 +278,7 @@ fn random_f32_within_tolerance(provider: &str, n: u32) {
                 // n-1 roundings of partial sums, one of the division: each at
                 // most half an ulp of something no larger than `scale`.
                 let err = (got - want).abs() / (scale * f32::EPSILON as f64 * n as f64);
-                assert!(
-                    err <= 1.0,
-                    "{provider} n={n} {op} [{i}]: got {got}, want {want} (inputs {xs:?})"
-                );
+                assert!(err <= 1.0, "{provider} n={n} {op} [{i}]: got {got}, want {want} (inputs {xs:?})");
                 worst = worst.max(err);
             }
             if rank == 0 {
@@ -356,12 +321,10 @@ fn bounce_mode(provider: &str) {
                 let what = format!("{provider} bounce rank {rank} {d} {op} count {count}");
                 let mut buf = fill(d, op, rank, count);
                 if count % 2 == 0 {
-                    ring.allreduce_in_place(&mut buf, d, op)
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    ring.allreduce_in_place(&mut buf, d, op).unwrap_or_else(|e| panic!("{what}: {e}"));
                 } else {
                     let mut out = vec![0u8; buf.len()];
-                    ring.allreduce(&buf, &mut out, d, op)
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    ring.allreduce(&buf, &mut out, d, op).unwrap_or_else(|e| panic!("{what}: {e}"));
                     buf = out;
                 }
                 check(&what, d, op, n as usize, &buf);
@@ -389,12 +352,10 @@ fn one_rank_is_a_copy() {
         for op in ReduceOp::ALL {
             let input = fill(DataType::Float16, op, 0, 1001);
             let mut out = vec![0u8; input.len()];
-            ring.allreduce(&input, &mut out, DataType::Float16, op)
-                .unwrap();
+            ring.allreduce(&input, &mut out, DataType::Float16, op).unwrap();
             assert_eq!(out, input);
             let mut buf = input.clone();
-            ring.allreduce_in_place(&mut buf, DataType::Float16, op)
-                .unwrap();
+            ring.allreduce_in_place(&mut buf, DataType::Float16, op).unwrap();
             assert_eq!(buf, input);
         }
     });
@@ -406,20 +367,12 @@ fn bad_buffers_are_refused() {
     run_ranks(1, |mut boot| {
         let mut ring = Ring::new(&config("shm", 4096, 2), &mut boot).unwrap();
         let mut out = [0u8; 8];
-        let e = ring
-            .allreduce(&[0u8; 12], &mut out, DataType::Float32, ReduceOp::Sum)
-            .unwrap_err();
+        let e = ring.allreduce(&[0u8; 12], &mut out, DataType::Float32, ReduceOp::Sum).unwrap_err();
         assert!(matches!(e, RingError::Buffers(_)), "{e}");
-        let e = ring
-            .allreduce_in_place(&mut [0u8; 6], DataType::Float32, ReduceOp::Sum)
-            .unwrap_err();
-        assert!(
-            matches!(e, RingError::Buffers(_)) && e.to_string().contains("whole number"),
-            "{e}"
-        );
+        let e = ring.allreduce_in_place(&mut [0u8; 6], DataType::Float32, ReduceOp::Sum).unwrap_err();
+        assert!(matches!(e, RingError::Buffers(_)) && e.to_string().contains("whole number"), "{e}");
         // Refusing bad arguments does not break the ring.
-        ring.allreduce_in_place(&mut [0u8; 8], DataType::Float32, ReduceOp::Sum)
-            .unwrap();
+        ring.allreduce_in_place(&mut [0u8; 8], DataType::Float32, ReduceOp::Sum).unwrap();
     });
 }
 
@@ -458,12 +411,7 @@ fn peer_process_that_dies(provider: &str) {
     let listener = Bootstrap::listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().to_string();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "helper_child_rank_that_dies",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "helper_child_rank_that_dies", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, format!("{provider} {addr} 2 {n}"))
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -478,13 +426,7 @@ fn peer_process_that_dies(provider: &str) {
                 let (addr, listener, done) = (&addr, &listener, &done);
                 s.spawn(move || {
                     let mut boot = match rank {
-                        0 => listener
-                            .lock()
-                            .unwrap()
-                            .take()
-                            .unwrap()
-                            .accept(n, BOOT_TIMEOUT)
-                            .unwrap(),
+                        0 => listener.lock().unwrap().take().unwrap().accept(n, BOOT_TIMEOUT).unwrap(),
                         r => Bootstrap::connect(addr, r, n, BOOT_TIMEOUT).unwrap(),
                     };
                     let mut ring = Ring::new(&config(provider, 64 << 10, 4), &mut boot).unwrap();
@@ -495,30 +437,20 @@ fn peer_process_that_dies(provider: &str) {
                     // The first calls may even succeed before the child is gone.
                     let e = loop {
                         match ring.allreduce(&input, &mut out, DataType::Float32, ReduceOp::Sum) {
-                            Ok(()) => assert!(
-                                started.elapsed() < Duration::from_secs(10),
-                                "rank {rank}: no failure"
-                            ),
+                            Ok(()) => assert!(started.elapsed() < Duration::from_secs(10), "rank {rank}: no failure"),
                             Err(e) => break e,
                         }
                     };
                     let took = started.elapsed();
-                    assert!(
-                        took < Duration::from_secs(15),
-                        "rank {rank}: took {took:?} to fail"
-                    );
-                    let again = ring
-                        .allreduce(&input, &mut out, DataType::Float32, ReduceOp::Sum)
-                        .unwrap_err();
+                    assert!(took < Duration::from_secs(15), "rank {rank}: took {took:?} to fail");
+                    let again = ring.allreduce(&input, &mut out, DataType::Float32, ReduceOp::Sum).unwrap_err();
                     assert!(matches!(again, RingError::Broken(_)), "{again}");
                     done.wait();
                     format!("rank {rank} failed after {:.1} s: {e}", took.as_secs_f64())
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect::<Vec<_>>()
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect::<Vec<_>>()
     });
     let status = child.wait().unwrap();
     assert!(status.success(), "child rank: {status}");
@@ -549,14 +481,9 @@ fn peer_that_stops_calling_is_an_error() {
         if rank != 2 {
             ring.set_progress_timeout(Duration::from_secs(1));
             let mut buf = fill(DataType::Float64, ReduceOp::Max, rank as usize, 100_000);
-            let e = ring
-                .allreduce_in_place(&mut buf, DataType::Float64, ReduceOp::Max)
-                .unwrap_err();
+            let e = ring.allreduce_in_place(&mut buf, DataType::Float64, ReduceOp::Max).unwrap_err();
             eprintln!("rank {rank}: {e}");
-            assert!(
-                matches!(e, RingError::Stalled(_)) && e.to_string().contains("no progress"),
-                "{e}"
-            );
+            assert!(matches!(e, RingError::Stalled(_)) && e.to_string().contains("no progress"), "{e}");
         }
         // Rank 2 keeps its endpoint open until the others have given up.
         done.wait();
@@ -572,9 +499,7 @@ fn different_lengths_on_different_ranks_are_an_error() {
             let mut ring = Ring::new(&config(provider, 64 << 10, 4), &mut boot).unwrap();
             ring.set_progress_timeout(Duration::from_secs(2));
             let mut buf = fill(DataType::Float32, ReduceOp::Sum, rank, 1000 * (rank + 1));
-            let e = ring
-                .allreduce_in_place(&mut buf, DataType::Float32, ReduceOp::Sum)
-                .unwrap_err();
+            let e = ring.allreduce_in_place(&mut buf, DataType::Float32, ReduceOp::Sum).unwrap_err();
             eprintln!("{provider} rank {rank}: {e}");
             boot.barrier().unwrap();
         });
@@ -588,18 +513,11 @@ fn different_configs_are_refused_at_setup() {
         let rank = boot.rank() as usize;
         let chunk = if rank == 1 { 128 << 10 } else { 64 << 10 };
         let e = Ring::new(&config("shm", chunk, 4), &mut boot).unwrap_err();
-        assert!(
-            matches!(e, RingError::Config(_)) && e.to_string().contains("chunk_bytes"),
-            "{e}"
-        );
+        assert!(matches!(e, RingError::Config(_)) && e.to_string().contains("chunk_bytes"), "{e}");
     });
     run_ranks(2, |mut boot| {
         // A rank that cannot set up says so to the others.
-        let provider = if boot.rank() == 0 {
-            "no-such-provider"
-        } else {
-            "shm"
-        };
+        let provider = if boot.rank() == 0 { "no-such-provider" } else { "shm" };
         let e = Ring::new(&config(provider, 64 << 10, 4), &mut boot).unwrap_err();
         assert!(e.to_string().contains("fi_getinfo"), "{e}");
     });
@@ -624,15 +542,10 @@ fn bootstrap_collectives() {
             }
             boot.barrier().unwrap();
         }
-        let b = boot
-            .broadcast(2, if r == 2 { b"from two" } else { b"ignored" })
-            .unwrap();
+        let b = boot.broadcast(2, if r == 2 { b"from two" } else { b"ignored" }).unwrap();
         assert_eq!(b, b"from two");
         assert_eq!(boot.reduce_sum_u64(r as u64 + 1).unwrap(), 10);
-        assert_eq!(
-            boot.reduce_sum_u64(u64::MAX).unwrap(),
-            u64::MAX.wrapping_mul(4)
-        );
+        assert_eq!(boot.reduce_sum_u64(u64::MAX).unwrap(), u64::MAX.wrapping_mul(4));
     });
 }
 
@@ -661,15 +574,9 @@ fn bootstrap_new_with_a_fixed_port() {
 fn bootstrap_refuses_bad_arguments() {
     let t = Duration::from_millis(200);
     let e = Bootstrap::new("127.0.0.1:0", 0, 2, t).unwrap_err();
-    assert!(
-        matches!(e, BootstrapError::Config(_)) && e.to_string().contains("fixed port"),
-        "{e}"
-    );
+    assert!(matches!(e, BootstrapError::Config(_)) && e.to_string().contains("fixed port"), "{e}");
     let e = Bootstrap::new("127.0.0.1:1", 2, 2, t).unwrap_err();
-    assert!(
-        matches!(e, BootstrapError::Config(_)) && e.to_string().contains("out of range"),
-        "{e}"
-    );
+    assert!(matches!(e, BootstrapError::Config(_)) && e.to_string().contains("out of range"), "{e}");
     let e = Bootstrap::new("not an address", 1, 2, t).unwrap_err();
     assert!(matches!(e, BootstrapError::Config(_)), "{e}");
 }
@@ -678,13 +585,7 @@ fn bootstrap_refuses_bad_arguments() {
 fn bootstrap_connect_times_out_without_rank_0() {
     let port = Bootstrap::listen("127.0.0.1:0").unwrap().port(); // closed again at once
     let started = Instant::now();
-    let e = Bootstrap::connect(
-        &format!("127.0.0.1:{port}"),
-        1,
-        2,
-        Duration::from_millis(300),
-    )
-    .unwrap_err();
+    let e = Bootstrap::connect(&format!("127.0.0.1:{port}"), 1, 2, Duration::from_millis(300)).unwrap_err();
     assert!(matches!(e, BootstrapError::Timeout { .. }), "{e}");
     assert!(started.elapsed() < Duration::from_secs(3));
     eprintln!("{e}");
@@ -697,19 +598,12 @@ fn bootstrap_mismatched_nranks_fails_on_both_sides() {
     let addr = listener.local_addr().to_string();
     let (root, leaf) = thread::scope(|s| {
         let root = s.spawn(move || listener.accept(3, Duration::from_secs(5)).unwrap_err());
-        let leaf =
-            s.spawn(move || Bootstrap::connect(&addr, 1, 2, Duration::from_secs(5)).unwrap_err());
+        let leaf = s.spawn(move || Bootstrap::connect(&addr, 1, 2, Duration::from_secs(5)).unwrap_err());
         (root.join().unwrap(), leaf.join().unwrap())
     });
     eprintln!("rank 0: {root}\nrank 1: {leaf}");
-    assert!(
-        matches!(root, BootstrapError::Protocol { .. }) && root.to_string().contains("2 ranks"),
-        "{root}"
-    );
-    assert!(
-        matches!(leaf, BootstrapError::Rejected(_)) && leaf.to_string().contains("2 ranks"),
-        "{leaf}"
-    );
+    assert!(matches!(root, BootstrapError::Protocol { .. }) && root.to_string().contains("2 ranks"), "{root}");
+    assert!(matches!(leaf, BootstrapError::Rejected(_)) && leaf.to_string().contains("2 ranks"), "{leaf}");
 }
 
 #[test]
@@ -721,17 +615,11 @@ fn bootstrap_stray_connection_is_an_error() {
     let e = thread::scope(|s| {
         let root = s.spawn(move || listener.accept(2, Duration::from_secs(5)).unwrap_err());
         let mut stray = std::net::TcpStream::connect(addr).unwrap();
-        stray
-            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n")
-            .unwrap();
+        stray.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n").unwrap();
         root.join().unwrap()
     });
     eprintln!("{e}");
-    assert!(
-        matches!(e, BootstrapError::Protocol { peer: None, .. })
-            && e.to_string().contains("not a tally"),
-        "{e}"
-    );
+    assert!(matches!(e, BootstrapError::Protocol { peer: None, .. }) && e.to_string().contains("not a tally"), "{e}");
 }
 
 #[test]
@@ -780,10 +668,7 @@ fn shm_4_ranks_64mib_f32_timing() {
             let mine = t.elapsed().as_secs_f64();
             // An all-reduce takes as long as its slowest rank.
             let all = boot.allgather(&mine.to_le_bytes()).unwrap();
-            let slowest = all
-                .iter()
-                .map(|b| f64::from_le_bytes(b[..8].try_into().unwrap()))
-                .fold(0.0, f64::max);
+            let slowest = all.iter().map(|b| f64::from_le_bytes(b[..8].try_into().unwrap())).fold(0.0, f64::max);
             if rep >= warmup {
                 times.push(slowest);
             }

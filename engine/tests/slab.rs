@@ -77,10 +77,7 @@ fn the_info_line(label: &str) -> String {
 // ---- helpers ----
 
 fn config(label: &str, slot_size: usize, slots: usize, policy: HugepagePolicy) -> SlabConfig {
-    SlabConfig {
-        policy,
-        ..SlabConfig::new(label, slot_size, slots)
-    }
+    SlabConfig { policy, ..SlabConfig::new(label, slot_size, slots) }
 }
 
 fn global_pool(size: u64) -> hugepages::PoolState {
@@ -93,13 +90,7 @@ fn global_pool(size: u64) -> hugepages::PoolState {
 fn empty_pools(test: &str) -> Option<Vec<PoolGuard>> {
     let sizes = hugepages::page_sizes().unwrap();
     if is_root() {
-        Some(
-            sizes
-                .iter()
-                .filter(|&&s| s == SIZE_2M || s == SIZE_1G)
-                .map(|&s| PoolGuard::set(s, 0).expect("empty hugepage pool"))
-                .collect(),
-        )
+        Some(sizes.iter().filter(|&&s| s == SIZE_2M || s == SIZE_1G).map(|&s| PoolGuard::set(s, 0).expect("empty hugepage pool")).collect())
     } else if sizes.iter().all(|&s| global_pool(s).available() == 0) {
         Some(Vec::new())
     } else {
@@ -149,29 +140,17 @@ fn prefer_falls_back_when_pools_are_empty() {
         return;
     };
     let label = "test-prefer-empty";
-    let mut slab = Slab::new(&config(label, 128 << 10, 512, HugepagePolicy::Prefer))
-        .expect("prefer never fails for want of hugepages");
-    assert!(
-        matches!(slab.backing(), Backing::TransparentHuge | Backing::Normal),
-        "{:?}",
-        slab.backing()
-    );
+    let mut slab = Slab::new(&config(label, 128 << 10, 512, HugepagePolicy::Prefer)).expect("prefer never fails for want of hugepages");
+    assert!(matches!(slab.backing(), Backing::TransparentHuge | Backing::Normal), "{:?}", slab.backing());
     assert_eq!(slab.len(), 64 << 20);
-    assert_eq!(
-        slab.as_ptr() as usize % (2 << 20),
-        0,
-        "THP wants 2 MiB alignment"
-    );
+    assert_eq!(slab.as_ptr() as usize % (2 << 20), 0, "THP wants 2 MiB alignment");
     fill_and_check(&mut slab, true);
 
     let line = the_info_line(label);
     println!("{line}");
     assert!(line.contains("64 MiB in"), "{line}");
     assert!(line.contains("512 slots x 128 KiB"), "{line}");
-    assert!(
-        line.contains("need 32 x 2 MiB hugetlb pages, 0 free"),
-        "{line}"
-    );
+    assert!(line.contains("need 32 x 2 MiB hugetlb pages, 0 free"), "{line}");
     match slab.backing() {
         Backing::TransparentHuge => {
             assert!(line.contains("transparent huge pages"), "{line}");
@@ -191,32 +170,13 @@ fn require_fails_clearly_when_pools_are_empty() {
     let Some(_guards) = empty_pools("require_fails_clearly_when_pools_are_empty") else {
         return;
     };
-    let err = Slab::new(&config(
-        "test-require-empty",
-        128 << 10,
-        512,
-        HugepagePolicy::Require,
-    ))
-    .expect_err("require without hugepages must fail");
+    let err =
+        Slab::new(&config("test-require-empty", 128 << 10, 512, HugepagePolicy::Require)).expect_err("require without hugepages must fail");
     let msg = err.to_string();
     println!("{msg}");
-    assert!(
-        matches!(
-            err,
-            SlabError::HugepagesUnavailable {
-                need_pages: 32,
-                page_size: SIZE_2M,
-                available: 0,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, SlabError::HugepagesUnavailable { need_pages: 32, page_size: SIZE_2M, available: 0, .. }), "{err:?}");
     assert!(msg.contains("hugepages"), "{msg}");
-    assert!(
-        msg.contains("need 32 x 2 MiB pages, pool has 0 free"),
-        "{msg}"
-    );
+    assert!(msg.contains("need 32 x 2 MiB pages, pool has 0 free"), "{msg}");
     assert!(msg.contains("tally hugepages reserve 64M"), "{msg}");
     assert!(msg.contains("--hugepages prefer"), "{msg}");
     assert!(info_lines("test-require-empty").is_empty());
@@ -234,35 +194,22 @@ fn hugetlb_2m_pages_back_the_slab_and_return_to_the_pool() {
     let _lock = lock_pools();
     let _no_1g = PoolGuard::set(SIZE_1G, 0).expect("empty 1 GiB pool");
     let pool = PoolGuard::reserve(SIZE_2M, 32).expect("grow 2 MiB pool");
-    assert_eq!(
-        pool.added(),
-        32,
-        "the kernel gave {} of 32 x 2 MiB pages",
-        pool.added()
-    );
+    assert_eq!(pool.added(), 32, "the kernel gave {} of 32 x 2 MiB pages", pool.added());
     let before = global_pool(SIZE_2M);
     assert!(before.available() >= 32, "{before:?}");
 
     let label = "test-2m";
-    let mut slab = Slab::new(&config(label, 128 << 10, 512, HugepagePolicy::Require))
-        .expect("32 free 2 MiB pages back a 64 MiB slab");
+    let mut slab = Slab::new(&config(label, 128 << 10, 512, HugepagePolicy::Require)).expect("32 free 2 MiB pages back a 64 MiB slab");
     assert_eq!(slab.backing(), Backing::Hugetlb2M);
     assert_eq!(slab.page_size(), 2 << 20);
     assert_eq!(slab.as_ptr() as usize % (2 << 20), 0);
     let during = global_pool(SIZE_2M);
-    assert_eq!(
-        before.free - during.free,
-        32,
-        "touching the slab faults in all its pages: {before:?} -> {during:?}"
-    );
+    assert_eq!(before.free - during.free, 32, "touching the slab faults in all its pages: {before:?} -> {during:?}");
     fill_and_check(&mut slab, true);
 
     let line = the_info_line(label);
     println!("{line}");
-    assert_eq!(
-        line,
-        "slab test-2m: 64 MiB in 32 x 2 MiB hugetlb pages, 512 slots x 128 KiB"
-    );
+    assert_eq!(line, "slab test-2m: 64 MiB in 32 x 2 MiB hugetlb pages, 512 slots x 128 KiB");
 
     drop(slab);
     let after = global_pool(SIZE_2M);
@@ -305,13 +252,7 @@ fn hugetlb_1g_pages_when_the_kernel_has_them() {
     let _no_2m = PoolGuard::set(SIZE_2M, 0).expect("empty 2 MiB pool");
     if !hugepages::page_sizes().unwrap().contains(&SIZE_1G) {
         println!("this kernel offers no 1 GiB hugetlb pages: checking the fallback");
-        let slab = Slab::new(&config(
-            "test-1g-none",
-            1 << 20,
-            1024,
-            HugepagePolicy::Prefer,
-        ))
-        .unwrap();
+        let slab = Slab::new(&config("test-1g-none", 1 << 20, 1024, HugepagePolicy::Prefer)).unwrap();
         assert!(!slab.backing().is_hugetlb());
         return;
     }
@@ -333,11 +274,7 @@ fn hugetlb_1g_pages_when_the_kernel_has_them() {
                 .join(", ")
         );
         let mut slab = Slab::new(&cfg).expect("prefer falls back");
-        assert!(
-            matches!(slab.backing(), Backing::TransparentHuge | Backing::Normal),
-            "{:?}",
-            slab.backing()
-        );
+        assert!(matches!(slab.backing(), Backing::TransparentHuge | Backing::Normal), "{:?}", slab.backing());
         fill_and_check(&mut slab, false);
         assert!(the_info_line(label).contains("need 1 x 1 GiB hugetlb pages, 0 free"));
         return;
@@ -349,30 +286,16 @@ fn hugetlb_1g_pages_when_the_kernel_has_them() {
     assert_eq!(slab.as_ptr() as usize % (1 << 30), 0);
     assert_eq!(global_pool(SIZE_1G).free, before.free - 1);
     fill_and_check(&mut slab, false);
-    assert_eq!(
-        the_info_line(label),
-        "slab test-1g: 1 GiB in 1 x 1 GiB hugetlb pages, 1024 slots x 1 MiB"
-    );
+    assert_eq!(the_info_line(label), "slab test-1g: 1 GiB in 1 x 1 GiB hugetlb pages, 1024 slots x 1 MiB");
     drop(slab);
     assert_eq!(global_pool(SIZE_1G).free, before.free);
 
     // A small slab does not take a whole gigabyte page even when one is free.
-    let small = Slab::new(&config(
-        "test-1g-small",
-        1 << 20,
-        64,
-        HugepagePolicy::Prefer,
-    ))
-    .expect("prefer falls back");
+    let small = Slab::new(&config("test-1g-small", 1 << 20, 64, HugepagePolicy::Prefer)).expect("prefer falls back");
     assert_ne!(small.backing(), Backing::Hugetlb1G);
     assert_eq!(global_pool(SIZE_1G).free, before.free);
-    let err = Slab::new(&config(
-        "test-1g-small-req",
-        1 << 20,
-        64,
-        HugepagePolicy::Require,
-    ))
-    .expect_err("no 2 MiB pages, and 1 GiB pages are not for small slabs");
+    let err = Slab::new(&config("test-1g-small-req", 1 << 20, 64, HugepagePolicy::Require))
+        .expect_err("no 2 MiB pages, and 1 GiB pages are not for small slabs");
     assert!(err.to_string().contains("need 32 x 2 MiB pages"), "{err}");
 }
 
@@ -387,15 +310,8 @@ fn off_means_normal_pages() {
     assert_eq!(slab.backing(), Backing::Normal);
     assert_eq!(slab.len(), 16 << 20);
     fill_and_check(&mut slab, true);
-    assert_eq!(
-        hugepages::thp_bytes_of_mapping(slab.as_ptr()).unwrap(),
-        Some(0),
-        "MADV_NOHUGEPAGE keeps THP out"
-    );
-    assert_eq!(
-        the_info_line(label),
-        "slab test-off: 16 MiB in 4 KiB pages (hugepages off), 256 slots x 64 KiB"
-    );
+    assert_eq!(hugepages::thp_bytes_of_mapping(slab.as_ptr()).unwrap(), Some(0), "MADV_NOHUGEPAGE keeps THP out");
+    assert_eq!(the_info_line(label), "slab test-off: 16 MiB in 4 KiB pages (hugepages off), 256 slots x 64 KiB");
 }
 
 // ---- the pool guard restores on panic ----
@@ -448,12 +364,7 @@ fn node_of_this_cpu() -> i32 {
     // SAFETY: getcpu writes one unsigned int to each pointer; the third
     // argument is unused by the kernel and may be NULL.
     let rc = unsafe {
-        libc::syscall(
-            libc::SYS_getcpu,
-            &mut cpu as *mut libc::c_uint,
-            &mut node as *mut libc::c_uint,
-            std::ptr::null_mut::<libc::c_void>(),
-        )
+        libc::syscall(libc::SYS_getcpu, &mut cpu as *mut libc::c_uint, &mut node as *mut libc::c_uint, std::ptr::null_mut::<libc::c_void>())
     };
     assert_eq!(rc, 0);
     node as i32

@@ -29,8 +29,7 @@ use bytemuck::Zeroable;
 use tally_engine::config::ServerFile;
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::wire::{
-    self, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, WireError,
-    MAX_RANKS, MAX_WINDOW, NAME_BYTES,
+    self, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, WireError, MAX_RANKS, MAX_WINDOW, NAME_BYTES,
 };
 
 /// xorshift64* (Vigna): small, fast, good enough to drive a fuzzer.
@@ -68,19 +67,14 @@ impl Rng {
         match self.below(4) {
             0 => EDGES[self.below(EDGES.len() as u64) as usize],
             1 => self.below(2048) as u32,
-            2 => (self.next() as u32)
-                .wrapping_add(self.below(3) as u32)
-                .wrapping_sub(1),
+            2 => (self.next() as u32).wrapping_add(self.below(3) as u32).wrapping_sub(1),
             _ => self.next() as u32,
         }
     }
 }
 
 fn seed() -> u64 {
-    let s = std::env::var("TALLY_PROP_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x7a11_7a11_5eed);
+    let s = std::env::var("TALLY_PROP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x7a11_7a11_5eed);
     eprintln!("wire_props seed {s} (set TALLY_PROP_SEED to reproduce another run)");
     s
 }
@@ -100,20 +94,9 @@ fn random_limits(rng: &mut Rng) -> Limits {
 }
 
 fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
-    let limits = Limits {
-        max_ranks: 64,
-        max_window: 16,
-        max_chunk_bytes: 1 << 20,
-        lcores: 4,
-    };
+    let limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 4 };
     let dtype = DataType::ALL[rng.below(DataType::ALL.len() as u64) as usize];
-    let op = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Max,
-        ReduceOp::Min,
-        ReduceOp::Avg,
-    ][rng.below(5) as usize];
+    let op = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg][rng.below(5) as usize];
     let nranks = 1 + rng.below(64) as u32;
     let spec = JobSpec {
         job_id: rng.next(),
@@ -125,13 +108,8 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         shards: rng.below(5) as u32,
     };
     let name = rng.some_bytes(1, NAME_BYTES as u64);
-    let h =
-        Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");
-    assert_eq!(
-        h.check(&limits)
-            .map(|s| (s.job_id, s.nranks, s.dtype, s.op)),
-        Ok((spec.job_id, nranks, dtype, op))
-    );
+    let h = Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");
+    assert_eq!(h.check(&limits).map(|s| (s.job_id, s.nranks, s.dtype, s.op)), Ok((spec.job_id, nranks, dtype, op)));
     (h, limits)
 }
 
@@ -140,18 +118,8 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     let h: Hello = match wire::read(bytes) {
         Ok(h) => h,
         Err(e) => {
-            assert!(
-                bytes.len() < core::mem::size_of::<Hello>(),
-                "read refused {} bytes: {e}",
-                bytes.len()
-            );
-            assert_eq!(
-                e,
-                WireError::Short {
-                    need: 336,
-                    got: bytes.len()
-                }
-            );
+            assert!(bytes.len() < core::mem::size_of::<Hello>(), "read refused {} bytes: {e}", bytes.len());
+            assert_eq!(e, WireError::Short { need: 336, got: bytes.len() });
             let _ = e.to_string();
             return false;
         }
@@ -168,51 +136,19 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     };
     let ctx = || format!("accepted {h:?} under {limits:?} as {spec:?}");
     assert_eq!(h.header.check(), Ok(Kind::Hello), "{}", ctx());
-    assert!(
-        spec.nranks >= 1 && spec.nranks <= limits.max_ranks.min(MAX_RANKS),
-        "{}",
-        ctx()
-    );
+    assert!(spec.nranks >= 1 && spec.nranks <= limits.max_ranks.min(MAX_RANKS), "{}", ctx());
     assert!(h.rank < spec.nranks, "{}", ctx());
-    assert_eq!(
-        DataType::from_nccl(h.dtype as i32),
-        Some(spec.dtype),
-        "{}",
-        ctx()
-    );
+    assert_eq!(DataType::from_nccl(h.dtype as i32), Some(spec.dtype), "{}", ctx());
     assert_eq!(ReduceOp::from_nccl(h.op as i32), Some(spec.op), "{}", ctx());
     assert!(spec.chunk_elems > 0, "{}", ctx());
-    assert!(
-        spec.piece_bytes() as u64 <= limits.max_chunk_bytes,
-        "{}",
-        ctx()
-    );
-    assert!(
-        spec.window >= 1 && spec.window <= limits.max_window && spec.window <= MAX_WINDOW,
-        "{}",
-        ctx()
-    );
-    assert!(
-        spec.shards >= 1 && spec.shards <= limits.lcores,
-        "{}",
-        ctx()
-    );
-    assert!(
-        h.shards == spec.shards || (h.shards == 0 && spec.shards == limits.lcores),
-        "{}",
-        ctx()
-    );
-    assert!(
-        h.name_len >= 1 && h.name_len as usize <= NAME_BYTES,
-        "{}",
-        ctx()
-    );
+    assert!(spec.piece_bytes() as u64 <= limits.max_chunk_bytes, "{}", ctx());
+    assert!(spec.window >= 1 && spec.window <= limits.max_window && spec.window <= MAX_WINDOW, "{}", ctx());
+    assert!(spec.shards >= 1 && spec.shards <= limits.lcores, "{}", ctx());
+    assert!(h.shards == spec.shards || (h.shards == 0 && spec.shards == limits.lcores), "{}", ctx());
+    assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
     assert_eq!((h._pad0, h._pad1), ([0; 2], [0; 6]), "{}", ctx());
-    assert_eq!(
-        (spec.job_id, spec.nranks, spec.chunk_elems, spec.window),
-        (h.job_id, h.nranks, h.chunk_elems, h.window)
-    );
+    assert_eq!((spec.job_id, spec.nranks, spec.chunk_elems, spec.window), (h.job_id, h.nranks, h.chunk_elems, h.window));
     true
 }
 
@@ -220,10 +156,7 @@ fn check_header(bytes: &[u8]) {
     match wire::read::<Header>(bytes) {
         Ok(h) => match h.check() {
             Ok(kind) => {
-                assert_eq!(
-                    (h.magic, h.version, h.kind),
-                    (wire::MAGIC, wire::VERSION, kind as u16)
-                );
+                assert_eq!((h.magic, h.version, h.kind), (wire::MAGIC, wire::VERSION, kind as u16));
             }
             Err(e) => {
                 let _ = e.to_string();
@@ -248,15 +181,9 @@ fn check_reject(bytes: &[u8]) {
     };
     let (field, message) = (r.field(), r.message());
     assert!(field.len() <= 24 && !field.contains('\0'), "{field:?}");
-    assert!(
-        message.len() <= 216 && !message.contains('\0'),
-        "{message:?}"
-    );
+    assert!(message.len() <= 216 && !message.contains('\0'), "{message:?}");
     let shown = r.to_string();
-    assert!(
-        shown.contains(message) && shown.contains(field),
-        "{shown:?}"
-    );
+    assert!(shown.contains(message) && shown.contains(field), "{shown:?}");
     let _ = format!("{r:?}");
     match r.code() {
         Some(c) => assert_eq!(c as u16, r.code),
@@ -290,37 +217,14 @@ fn check_config(text: &str) {
     };
     let ctx = || format!("{text:?} resolved to {cfg:?}");
     assert!(!cfg.lcores.as_slice().is_empty(), "{}", ctx());
-    assert!(
-        matches!(cfg.poll.as_str(), "busy" | "adaptive"),
-        "{}",
-        ctx()
-    );
-    assert!(
-        matches!(cfg.hugepages.as_str(), "require" | "prefer" | "off"),
-        "{}",
-        ctx()
-    );
-    assert!(
-        cfg.max_chunk >= 1 && cfg.max_chunk <= cfg.slab_size,
-        "{}",
-        ctx()
-    );
+    assert!(matches!(cfg.poll.as_str(), "busy" | "adaptive"), "{}", ctx());
+    assert!(matches!(cfg.hugepages.as_str(), "require" | "prefer" | "off"), "{}", ctx());
+    assert!(cfg.max_chunk >= 1 && cfg.max_chunk <= cfg.slab_size, "{}", ctx());
     assert!((1..=1024).contains(&cfg.max_window), "{}", ctx());
     assert!((1..=4096).contains(&cfg.max_jobs), "{}", ctx());
     assert!((1..=1024).contains(&cfg.max_ranks), "{}", ctx());
-    assert!(
-        cfg.listen
-            .rsplit_once(':')
-            .and_then(|(_, p)| p.parse::<u16>().ok())
-            .is_some(),
-        "{}",
-        ctx()
-    );
-    assert!(
-        cfg.nics.is_empty() || cfg.nics.len() == cfg.lcores.len(),
-        "{}",
-        ctx()
-    );
+    assert!(cfg.listen.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_some(), "{}", ctx());
+    assert!(cfg.nics.is_empty() || cfg.nics.len() == cfg.lcores.len(), "{}", ctx());
     // Overlaying a file on itself changes nothing.
     assert_eq!(file.clone().overlay(file).resolve().unwrap(), cfg);
 }
@@ -396,11 +300,7 @@ fn mutated_valid_hellos_are_refused_by_name_or_hold_every_invariant() {
     let (mut accepted, mut refused) = (0, 0);
     for _ in 0..ITERS {
         let (mut h, limits) = valid_hello(&mut rng);
-        let limits = if rng.chance(4) {
-            random_limits(&mut rng)
-        } else {
-            limits
-        };
+        let limits = if rng.chance(4) { random_limits(&mut rng) } else { limits };
         for _ in 0..1 + rng.below(3) {
             mutate_field(&mut rng, &mut h);
         }
@@ -416,10 +316,7 @@ fn mutated_valid_hellos_are_refused_by_name_or_hold_every_invariant() {
         check_header(&bytes);
     }
     eprintln!("{ITERS} mutated hellos: {accepted} accepted, {refused} refused");
-    assert!(
-        accepted > 0 && refused > 0,
-        "the mutations explore both sides"
-    );
+    assert!(accepted > 0 && refused > 0, "the mutations explore both sides");
 }
 
 #[test]
@@ -542,18 +439,14 @@ fn config_text_never_panics_and_what_resolves_is_in_bounds() {
             // Random bytes, lossily made UTF-8 (the file is read as UTF-8 text).
             0 => String::from_utf8_lossy(&rng.some_bytes(0, 200)).into_owned(),
             // Token soup.
-            1 => (0..rng.below(40))
-                .map(|_| TOKENS[rng.below(TOKENS.len() as u64) as usize])
-                .collect(),
+            1 => (0..rng.below(40)).map(|_| TOKENS[rng.below(TOKENS.len() as u64) as usize]).collect(),
             // A valid file with lines replaced by `key = token-soup`.
             2 => lines
                 .iter()
                 .map(|l| {
                     if rng.chance(3) {
                         let key = l.split('=').next().unwrap_or("");
-                        let v: String = (0..1 + rng.below(3))
-                            .map(|_| TOKENS[rng.below(TOKENS.len() as u64) as usize])
-                            .collect();
+                        let v: String = (0..1 + rng.below(3)).map(|_| TOKENS[rng.below(TOKENS.len() as u64) as usize]).collect();
                         format!("{key}= {v}\n")
                     } else {
                         format!("{l}\n")
@@ -574,12 +467,7 @@ fn config_text_never_panics_and_what_resolves_is_in_bounds() {
 /// Fixed inputs: edge cases worth keeping, and whatever the fuzz targets found.
 #[test]
 fn regression_inputs() {
-    let limits = Limits {
-        max_ranks: u32::MAX,
-        max_window: u32::MAX,
-        max_chunk_bytes: u64::MAX,
-        lcores: 1,
-    };
+    let limits = Limits { max_ranks: u32::MAX, max_window: u32::MAX, max_chunk_bytes: u64::MAX, lcores: 1 };
     // Every field at its largest: the largest ranks and window are capped by the wire limits.
     let mut h = Hello::zeroed();
     h.header = Header::new(Kind::Hello);
@@ -596,10 +484,7 @@ fn regression_inputs() {
     h.window = MAX_WINDOW;
     assert_eq!(h.check(&limits).unwrap_err().field, "name_len");
     h.name_len = NAME_BYTES as u16;
-    assert!(
-        check_hello(bytemuck::bytes_of(&h), &limits),
-        "a piece of 2^32 x 8 bytes does not overflow the check"
-    );
+    assert!(check_hello(bytemuck::bytes_of(&h), &limits), "a piece of 2^32 x 8 bytes does not overflow the check");
     // Too-short and empty inputs.
     for len in [0, 1, 7, 8, 255, 263, 335] {
         let b = vec![0xffu8; len];

@@ -59,14 +59,7 @@ pub const NCCL_NET: c_ulong = 0x10;
 
 /// `ncclDebugLogger_t`: printf-like, variadic. The plugin always passes the
 /// format `"%s"` and one NUL-terminated message.
-pub type NcclLogger = unsafe extern "C" fn(
-    level: c_int,
-    flags: c_ulong,
-    file: *const c_char,
-    line: c_int,
-    fmt: *const c_char,
-    ...
-);
+pub type NcclLogger = unsafe extern "C" fn(level: c_int, flags: c_ulong, file: *const c_char, line: c_int, fmt: *const c_char, ...);
 
 /// `ncclNetVDeviceProps_v11_t` (4 members) and `_v12_t` (8 members).
 #[repr(C)]
@@ -174,54 +167,18 @@ type PPtr = *mut *mut c_void;
 #[repr(C)]
 pub struct NetTable<P, V> {
     pub name: *const c_char,
-    pub init: unsafe extern "C" fn(
-        ctx: PPtr,
-        comm_id: u64,
-        config: *mut NetCommConfig,
-        log: Option<NcclLogger>,
-        prof: Ptr,
-    ) -> NcclResult,
+    pub init: unsafe extern "C" fn(ctx: PPtr, comm_id: u64, config: *mut NetCommConfig, log: Option<NcclLogger>, prof: Ptr) -> NcclResult,
     pub devices: unsafe extern "C" fn(ndev: *mut c_int) -> NcclResult,
     pub get_properties: unsafe extern "C" fn(dev: c_int, props: *mut P) -> NcclResult,
-    pub listen:
-        unsafe extern "C" fn(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: PPtr) -> NcclResult,
-    pub connect: unsafe extern "C" fn(
-        ctx: Ptr,
-        dev: c_int,
-        handle: Ptr,
-        send_comm: PPtr,
-        send_dev_comm: PPtr,
-    ) -> NcclResult,
-    pub accept:
-        unsafe extern "C" fn(listen_comm: Ptr, recv_comm: PPtr, recv_dev_comm: PPtr) -> NcclResult,
-    pub reg_mr: unsafe extern "C" fn(
-        comm: Ptr,
-        data: Ptr,
-        size: usize,
-        kind: c_int,
-        mhandle: PPtr,
-    ) -> NcclResult,
-    pub reg_mr_dma_buf: Option<
-        unsafe extern "C" fn(
-            comm: Ptr,
-            data: Ptr,
-            size: usize,
-            kind: c_int,
-            offset: u64,
-            fd: c_int,
-            mhandle: PPtr,
-        ) -> NcclResult,
-    >,
+    pub listen: unsafe extern "C" fn(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: PPtr) -> NcclResult,
+    pub connect: unsafe extern "C" fn(ctx: Ptr, dev: c_int, handle: Ptr, send_comm: PPtr, send_dev_comm: PPtr) -> NcclResult,
+    pub accept: unsafe extern "C" fn(listen_comm: Ptr, recv_comm: PPtr, recv_dev_comm: PPtr) -> NcclResult,
+    pub reg_mr: unsafe extern "C" fn(comm: Ptr, data: Ptr, size: usize, kind: c_int, mhandle: PPtr) -> NcclResult,
+    pub reg_mr_dma_buf:
+        Option<unsafe extern "C" fn(comm: Ptr, data: Ptr, size: usize, kind: c_int, offset: u64, fd: c_int, mhandle: PPtr) -> NcclResult>,
     pub dereg_mr: unsafe extern "C" fn(comm: Ptr, mhandle: Ptr) -> NcclResult,
-    pub isend: unsafe extern "C" fn(
-        send_comm: Ptr,
-        data: Ptr,
-        size: usize,
-        tag: c_int,
-        mhandle: Ptr,
-        phandle: Ptr,
-        request: PPtr,
-    ) -> NcclResult,
+    pub isend:
+        unsafe extern "C" fn(send_comm: Ptr, data: Ptr, size: usize, tag: c_int, mhandle: Ptr, phandle: Ptr, request: PPtr) -> NcclResult,
     #[allow(clippy::type_complexity)]
     pub irecv: unsafe extern "C" fn(
         recv_comm: Ptr,
@@ -233,22 +190,13 @@ pub struct NetTable<P, V> {
         phandles: PPtr,
         request: PPtr,
     ) -> NcclResult,
-    pub iflush: unsafe extern "C" fn(
-        recv_comm: Ptr,
-        n: c_int,
-        data: PPtr,
-        sizes: *mut c_int,
-        mhandles: PPtr,
-        request: PPtr,
-    ) -> NcclResult,
+    pub iflush: unsafe extern "C" fn(recv_comm: Ptr, n: c_int, data: PPtr, sizes: *mut c_int, mhandles: PPtr, request: PPtr) -> NcclResult,
     pub test: unsafe extern "C" fn(request: Ptr, done: *mut c_int, sizes: *mut c_int) -> NcclResult,
     pub close_send: unsafe extern "C" fn(send_comm: Ptr) -> NcclResult,
     pub close_recv: unsafe extern "C" fn(recv_comm: Ptr) -> NcclResult,
     pub close_listen: unsafe extern "C" fn(listen_comm: Ptr) -> NcclResult,
-    pub get_device_mr:
-        Option<unsafe extern "C" fn(comm: Ptr, mhandle: Ptr, dptr_mhandle: PPtr) -> NcclResult>,
-    pub irecv_consumed:
-        Option<unsafe extern "C" fn(recv_comm: Ptr, n: c_int, request: Ptr) -> NcclResult>,
+    pub get_device_mr: Option<unsafe extern "C" fn(comm: Ptr, mhandle: Ptr, dptr_mhandle: PPtr) -> NcclResult>,
+    pub irecv_consumed: Option<unsafe extern "C" fn(recv_comm: Ptr, n: c_int, request: Ptr) -> NcclResult>,
     pub make_v_device: Option<unsafe extern "C" fn(d: *mut c_int, props: *mut V) -> NcclResult>,
     pub finalize: unsafe extern "C" fn(ctx: Ptr) -> NcclResult,
     pub set_net_attr: Option<unsafe extern "C" fn(ctx: Ptr, attr: Ptr) -> NcclResult>,
@@ -264,34 +212,12 @@ pub struct CollNetTable<P, V> {
     pub init: unsafe extern "C" fn(ctx: PPtr, comm_id: u64, log: Option<NcclLogger>) -> NcclResult,
     pub devices: unsafe extern "C" fn(ndev: *mut c_int) -> NcclResult,
     pub get_properties: unsafe extern "C" fn(dev: c_int, props: *mut P) -> NcclResult,
-    pub listen:
-        unsafe extern "C" fn(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: PPtr) -> NcclResult,
-    pub connect: unsafe extern "C" fn(
-        handles: PPtr,
-        nranks: c_int,
-        rank: c_int,
-        listen_comm: Ptr,
-        coll_comm: PPtr,
-    ) -> NcclResult,
-    pub reduce_support:
-        unsafe extern "C" fn(dtype: c_int, op: c_int, supported: *mut c_int) -> NcclResult,
-    pub reg_mr: unsafe extern "C" fn(
-        coll_comm: Ptr,
-        data: Ptr,
-        size: usize,
-        kind: c_int,
-        mhandle: PPtr,
-    ) -> NcclResult,
+    pub listen: unsafe extern "C" fn(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: PPtr) -> NcclResult,
+    pub connect: unsafe extern "C" fn(handles: PPtr, nranks: c_int, rank: c_int, listen_comm: Ptr, coll_comm: PPtr) -> NcclResult,
+    pub reduce_support: unsafe extern "C" fn(dtype: c_int, op: c_int, supported: *mut c_int) -> NcclResult,
+    pub reg_mr: unsafe extern "C" fn(coll_comm: Ptr, data: Ptr, size: usize, kind: c_int, mhandle: PPtr) -> NcclResult,
     pub reg_mr_dma_buf: Option<
-        unsafe extern "C" fn(
-            coll_comm: Ptr,
-            data: Ptr,
-            size: usize,
-            kind: c_int,
-            offset: u64,
-            fd: c_int,
-            mhandle: PPtr,
-        ) -> NcclResult,
+        unsafe extern "C" fn(coll_comm: Ptr, data: Ptr, size: usize, kind: c_int, offset: u64, fd: c_int, mhandle: PPtr) -> NcclResult,
     >,
     pub dereg_mr: unsafe extern "C" fn(coll_comm: Ptr, mhandle: Ptr) -> NcclResult,
     #[allow(clippy::type_complexity)]
@@ -336,13 +262,7 @@ pub struct CollNetTable<P, V> {
             request: PPtr,
         ) -> NcclResult,
     >,
-    pub iflush: unsafe extern "C" fn(
-        coll_comm: Ptr,
-        data: Ptr,
-        size: c_int,
-        mhandle: Ptr,
-        request: PPtr,
-    ) -> NcclResult,
+    pub iflush: unsafe extern "C" fn(coll_comm: Ptr, data: Ptr, size: c_int, mhandle: Ptr, request: PPtr) -> NcclResult,
     pub test: unsafe extern "C" fn(request: Ptr, done: *mut c_int, size: *mut c_int) -> NcclResult,
     pub close_coll: unsafe extern "C" fn(coll_comm: Ptr) -> NcclResult,
     pub close_listen: unsafe extern "C" fn(listen_comm: Ptr) -> NcclResult,

@@ -88,14 +88,10 @@ pub struct CollMr {
 
 pub fn listen(ctx: &CollCtx, dev: i32) -> Result<(Box<CollListen>, Handle)> {
     if ctx.servers.is_empty() {
-        return Err(Error::InvalidUsage(
-            "CollNet has no devices: TALLY_SERVERS is not set".into(),
-        ));
+        return Err(Error::InvalidUsage("CollNet has no devices: TALLY_SERVERS is not set".into()));
     }
     if dev != 0 {
-        return Err(Error::arg(format!(
-            "CollNet device {dev} does not exist (1 device)"
-        )));
+        return Err(Error::arg(format!("CollNet device {dev} does not exist (1 device)")));
     }
     // Never 0, which the server may treat as "no job".
     let job_id = random_u64() | 1;
@@ -103,20 +99,12 @@ pub fn listen(ctx: &CollCtx, dev: i32) -> Result<(Box<CollListen>, Handle)> {
     h[0..4].copy_from_slice(&HANDLE_MAGIC);
     h[4] = PROTO_VERSION;
     h[8..16].copy_from_slice(&job_id.to_le_bytes());
-    Ok((
-        Box::new(CollListen {
-            job_id,
-            servers: ctx.servers.clone(),
-        }),
-        h,
-    ))
+    Ok((Box::new(CollListen { job_id, servers: ctx.servers.clone() }), h))
 }
 
 fn job_of(h: &Handle) -> Result<u64> {
     if h[0..4] != HANDLE_MAGIC || h[4] != PROTO_VERSION {
-        return Err(Error::InvalidUsage(
-            "a handle is not a tally CollNet handle of this version".into(),
-        ));
+        return Err(Error::InvalidUsage("a handle is not a tally CollNet handle of this version".into()));
     }
     Ok(u64::from_le_bytes(h[8..16].try_into().expect("8 bytes")))
 }
@@ -171,10 +159,7 @@ fn client_error(e: ClientError) -> Error {
 /// collective, like NCCL's call.
 pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box<CollComm>> {
     let nranks = handles.len();
-    let rank = u32::try_from(rank)
-        .ok()
-        .filter(|&r| (r as usize) < nranks)
-        .ok_or_else(|| Error::arg(format!("rank {rank} of {nranks}")))?;
+    let rank = u32::try_from(rank).ok().filter(|&r| (r as usize) < nranks).ok_or_else(|| Error::arg(format!("rank {rank} of {nranks}")))?;
     for h in handles {
         job_of(h)?;
     }
@@ -183,17 +168,11 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         return Err(Error::arg("no handles"));
     }
     let mut cfg = ClientConfig::new(listen.servers.clone(), job_id, rank, nranks as u32);
-    if let Some(t) = std::env::var("TALLY_TIMEOUT_S")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .filter(|&t| t > 0)
-    {
+    if let Some(t) = std::env::var("TALLY_TIMEOUT_S").ok().and_then(|s| s.trim().parse::<u64>().ok()).filter(|&t| t > 0) {
         cfg.timeout = Duration::from_secs(t);
     }
     let mut client = Client::connect(cfg).map_err(client_error)?;
-    client
-        .join(DataType::Float32, ReduceOp::Sum)
-        .map_err(client_error)?;
+    client.join(DataType::Float32, ReduceOp::Sum).map_err(client_error)?;
     log::info_init(&format!(
         "CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams)",
         listen.servers.join(","),
@@ -201,14 +180,8 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         client.streams()
     ));
     let mut c = Box::new(CollComm {
-        state: Mutex::new(State {
-            client,
-            slots: vec![None; MAX_REQUESTS],
-            joined: vec![(DataType::Float32, ReduceOp::Sum)],
-        }),
-        requests: (0..MAX_REQUESTS)
-            .map(|index| CollRequest { owner: 0, index })
-            .collect(),
+        state: Mutex::new(State { client, slots: vec![None; MAX_REQUESTS], joined: vec![(DataType::Float32, ReduceOp::Sum)] }),
+        requests: (0..MAX_REQUESTS).map(|index| CollRequest { owner: 0, index }).collect(),
         rank,
         nranks: nranks as u32,
         job_id,
@@ -231,27 +204,12 @@ impl CollComm {
     /// `send` and `recv` must hold `count` elements of `dtype` and stay valid
     /// (and `recv` untouched by anyone else) until [`CollComm::test`] reports
     /// the request done or the comm is closed.
-    pub unsafe fn iallreduce(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: i32,
-        op: i32,
-    ) -> Result<Option<usize>> {
-        let dt = DataType::from_nccl(dtype)
-            .ok_or_else(|| Error::arg(format!("data type {dtype} is not supported")))?;
-        let rop = ReduceOp::from_nccl(op)
-            .ok_or_else(|| Error::arg(format!("reduction operation {op} is not supported")))?;
-        let bytes = count
-            .checked_mul(dt.size())
-            .filter(|&b| b <= crate::device::MAX_COLL_BYTES)
-            .ok_or_else(|| {
-                Error::arg(format!(
-                    "{count} elements of {dt} exceed the {} bytes one all-reduce may carry",
-                    crate::device::MAX_COLL_BYTES
-                ))
-            })?;
+    pub unsafe fn iallreduce(&self, send: *const u8, recv: *mut u8, count: usize, dtype: i32, op: i32) -> Result<Option<usize>> {
+        let dt = DataType::from_nccl(dtype).ok_or_else(|| Error::arg(format!("data type {dtype} is not supported")))?;
+        let rop = ReduceOp::from_nccl(op).ok_or_else(|| Error::arg(format!("reduction operation {op} is not supported")))?;
+        let bytes = count.checked_mul(dt.size()).filter(|&b| b <= crate::device::MAX_COLL_BYTES).ok_or_else(|| {
+            Error::arg(format!("{count} elements of {dt} exceed the {} bytes one all-reduce may carry", crate::device::MAX_COLL_BYTES))
+        })?;
         if bytes > 0 && (send.is_null() || recv.is_null()) {
             return Err(Error::arg("null buffer"));
         }
@@ -267,12 +225,7 @@ impl CollComm {
             // first: drive them here, report them through `test` later, and
             // have NCCL retry this call until none is left.
             let st = &mut *st;
-            for f in st
-                .slots
-                .iter_mut()
-                .flatten()
-                .filter(|f| f.outcome.is_none())
-            {
+            for f in st.slots.iter_mut().flatten().filter(|f| f.outcome.is_none()) {
                 match st.client.test(f.req) {
                     Ok(true) => f.outcome = Some(Ok(())),
                     Ok(false) => {}
@@ -284,19 +237,12 @@ impl CollComm {
             }
             st.client.join(dt, rop).map_err(client_error)?;
             st.joined.push((dt, rop));
-            log::info(&format!(
-                "CollNet rank {}: joined the job for {dt} {rop}",
-                self.rank
-            ));
+            log::info(&format!("CollNet rank {}: joined the job for {dt} {rop}", self.rank));
         }
         // SAFETY: the caller's contract is the client's: both buffers stay
         // valid until the request is reported done or the comm is dropped.
         let req = unsafe { st.client.start(send, recv, count, dt, rop) }.map_err(client_error)?;
-        st.slots[slot] = Some(Flight {
-            req,
-            bytes,
-            outcome: None,
-        });
+        st.slots[slot] = Some(Flight { req, bytes, outcome: None });
         Ok(Some(slot))
     }
 
@@ -304,17 +250,12 @@ impl CollComm {
     pub fn test(&self, index: usize) -> Result<Option<usize>> {
         let mut st = self.state.lock()?;
         let Some(f) = st.slots.get(index).cloned().flatten() else {
-            return Err(Error::InvalidUsage(format!(
-                "request {index} is not in flight"
-            )));
+            return Err(Error::InvalidUsage(format!("request {index} is not in flight")));
         };
         let outcome = match f.outcome {
             Some(Ok(())) => Ok(true),
             Some(Err(e)) => Err(e),
-            None => st
-                .client
-                .test(f.req)
-                .map_err(|e| client_error(e).to_string()),
+            None => st.client.test(f.req).map_err(|e| client_error(e).to_string()),
         };
         match outcome {
             Ok(false) => Ok(None),
@@ -340,9 +281,7 @@ impl CollComm {
         let st = state.into_inner()?;
         let in_flight = st.slots.iter().flatten().count();
         if in_flight > 0 {
-            log::info(&format!(
-                "CollNet rank {rank}: closed with {in_flight} all-reduce(s) in flight"
-            ));
+            log::info(&format!("CollNet rank {rank}: closed with {in_flight} all-reduce(s) in flight"));
         }
         drop(st.client);
         Ok(())

@@ -72,9 +72,7 @@ impl Device {
     }
 
     fn pci_ptr(&self) -> *mut c_char {
-        self.pci_path
-            .as_ref()
-            .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut())
+        self.pci_path.as_ref().map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut())
     }
 
     /// Every field of the v11 properties, truthfully.
@@ -147,11 +145,7 @@ struct Registry {
     retired: Vec<Arc<Devices>>,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    current: None,
-    users: 0,
-    retired: Vec::new(),
-});
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { current: None, users: 0, retired: Vec::new() });
 
 /// libfabric settings the plugin changes from their defaults, unless the
 /// user set them: (variable, value). rxm sends messages above its eager
@@ -218,39 +212,24 @@ pub fn current() -> Option<Arc<Devices>> {
 }
 
 pub fn get(dev: i32) -> Result<(Arc<Devices>, usize)> {
-    let devs = current()
-        .ok_or_else(|| Error::InvalidUsage("no device table: init was not called".into()))?;
+    let devs = current().ok_or_else(|| Error::InvalidUsage("no device table: init was not called".into()))?;
     let i = usize::try_from(dev)
         .ok()
         .filter(|&i| i < devs.list.len())
-        .ok_or_else(|| {
-            Error::arg(format!(
-                "device {dev} does not exist ({} devices)",
-                devs.list.len()
-            ))
-        })?;
+        .ok_or_else(|| Error::arg(format!("device {dev} does not exist ({} devices)", devs.list.len())))?;
     Ok((devs, i))
 }
 
 fn discover() -> Result<Devices> {
     let provider = select_provider(None, false);
-    let node = std::env::var("TALLY_FABRIC_ADDR")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().to_string());
+    let node = std::env::var("TALLY_FABRIC_ADDR").ok().filter(|s| !s.trim().is_empty()).map(|s| s.trim().to_string());
     let hints = Hints::new(&provider).with_node(node.as_deref());
-    let info = InfoList::get(&hints).map_err(|e| Error::System(format!("libfabric provider {provider} is not available: {e} (set TALLY_PROVIDER to efa, tcp or shm)")))?;
+    let info = InfoList::get(&hints).map_err(|e| {
+        Error::System(format!("libfabric provider {provider} is not available: {e} (set TALLY_PROVIDER to efa, tcp or shm)"))
+    })?;
     let max_msg = info.max_msg_size();
-    let domains = if provider == "efa" {
-        info.domains()
-    } else {
-        vec![info.domain_name()]
-    };
-    let list = domains
-        .into_iter()
-        .enumerate()
-        .map(|(index, domain)| describe(index, &provider, domain, node.clone(), max_msg))
-        .collect();
+    let domains = if provider == "efa" { info.domains() } else { vec![info.domain_name()] };
+    let list = domains.into_iter().enumerate().map(|(index, domain)| describe(index, &provider, domain, node.clone(), max_msg)).collect();
     Ok(Devices { provider, list })
 }
 
@@ -264,31 +243,17 @@ fn nominal_latency_us(provider: &str) -> f32 {
     }
 }
 
-fn describe(
-    index: usize,
-    provider: &str,
-    domain: String,
-    node: Option<String>,
-    max_msg: usize,
-) -> Device {
+fn describe(index: usize, provider: &str, domain: String, node: Option<String>, max_msg: usize) -> Device {
     let (shown, pci, speed, guid, port) = match provider {
         "efa" => {
             // EFA domains are `<ibdev>-rdm` / `<ibdev>-dgrm`.
             let ibdev = domain.split('-').next().unwrap_or(&domain).to_string();
             let sys = format!("/sys/class/infiniband/{ibdev}");
-            let speed = read_trim(&format!("{sys}/ports/1/rate"))
-                .and_then(|r| parse_ib_rate_mbps(&r))
-                .unwrap_or(100_000);
+            let speed = read_trim(&format!("{sys}/ports/1/rate")).and_then(|r| parse_ib_rate_mbps(&r)).unwrap_or(100_000);
             let guid = read_trim(&format!("{sys}/node_guid"))
                 .and_then(|g| u64::from_str_radix(&g.replace(':', ""), 16).ok())
                 .unwrap_or(index as u64);
-            (
-                ibdev,
-                std::fs::canonicalize(format!("{sys}/device")).ok(),
-                speed,
-                guid,
-                1,
-            )
+            (ibdev, std::fs::canonicalize(format!("{sys}/device")).ok(), speed, guid, 1)
         }
         "shm" => ("shm".to_string(), None, 0, index as u64, 0),
         _ => {
@@ -298,13 +263,7 @@ fn describe(
                 .filter(|&s| s > 0)
                 .map(|s| s.min(i32::MAX as i64) as i32)
                 .unwrap_or(0);
-            (
-                domain.clone(),
-                std::fs::canonicalize(format!("{sys}/device")).ok(),
-                speed,
-                index as u64,
-                0,
-            )
+            (domain.clone(), std::fs::canonicalize(format!("{sys}/device")).ok(), speed, index as u64, 0)
         }
     };
     // Where neither the provider nor the device says (loopback, shm), use
@@ -333,9 +292,7 @@ fn describe(
 }
 
 fn read_trim(path: &str) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }
 
 /// `100 Gb/sec (4X EDR)` -> 100000.

@@ -97,9 +97,7 @@ fn host_only(kind: c_int) -> Result<()> {
     if kind == NCCL_PTR_HOST {
         Ok(())
     } else {
-        Err(Error::arg(format!(
-            "memory type {kind}: this transport reaches host memory only (NCCL_PTR_HOST)"
-        )))
+        Err(Error::arg(format!("memory type {kind}: this transport reaches host memory only (NCCL_PTR_HOST)")))
     }
 }
 
@@ -126,24 +124,13 @@ pub unsafe extern "C" fn net_init(
         non_null(ctx, "ctx")?;
         let tuned = device::tune_provider_env();
         if !tuned.is_empty() {
-            log::info_init(&format!(
-                "libfabric defaults set (unset before): {}",
-                tuned.join(" ")
-            ));
+            log::info_init(&format!("libfabric defaults set (unset before): {}", tuned.join(" ")));
         }
         let devices = device::acquire()?;
         let list: Vec<String> = devices
             .list
             .iter()
-            .map(|d| {
-                format!(
-                    "[{}]{} ({}, {} Mbps)",
-                    d.index,
-                    d.name.to_string_lossy(),
-                    d.domain,
-                    d.speed_mbps
-                )
-            })
+            .map(|d| format!("[{}]{} ({}, {} Mbps)", d.index, d.name.to_string_lossy(), d.domain, d.speed_mbps))
             .collect();
         log::info_init(&format!(
             "plugin {} (ncclNet v11/v12) comm {comm_id:#x}: provider {}, {} device(s): {}",
@@ -166,46 +153,23 @@ pub unsafe extern "C" fn net_devices(ndev: *mut c_int) -> NcclResult {
     })
 }
 
-pub unsafe extern "C" fn net_get_properties_v11(
-    dev: c_int,
-    props: *mut NetPropertiesV11,
-) -> NcclResult {
+pub unsafe extern "C" fn net_get_properties_v11(dev: c_int, props: *mut NetPropertiesV11) -> NcclResult {
     guard("getProperties", || {
         let (devs, i) = device::get(dev)?;
         // SAFETY: NCCL passes a writable properties struct of this version.
-        unsafe {
-            write(
-                props,
-                devs.list[i].properties_v11(device::MAX_COLL_BYTES),
-                "props",
-            )
-        }
+        unsafe { write(props, devs.list[i].properties_v11(device::MAX_COLL_BYTES), "props") }
     })
 }
 
-pub unsafe extern "C" fn net_get_properties_v12(
-    dev: c_int,
-    props: *mut NetPropertiesV12,
-) -> NcclResult {
+pub unsafe extern "C" fn net_get_properties_v12(dev: c_int, props: *mut NetPropertiesV12) -> NcclResult {
     guard("getProperties", || {
         let (devs, i) = device::get(dev)?;
         // SAFETY: as for v11.
-        unsafe {
-            write(
-                props,
-                devs.list[i].properties_v12(device::MAX_COLL_BYTES),
-                "props",
-            )
-        }
+        unsafe { write(props, devs.list[i].properties_v12(device::MAX_COLL_BYTES), "props") }
     })
 }
 
-pub unsafe extern "C" fn net_listen(
-    ctx: *mut c_void,
-    dev: c_int,
-    handle: *mut c_void,
-    listen_comm: *mut *mut c_void,
-) -> NcclResult {
+pub unsafe extern "C" fn net_listen(ctx: *mut c_void, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     guard("listen", || {
         non_null(handle, "handle")?;
         non_null(listen_comm, "listenComm")?;
@@ -242,11 +206,7 @@ pub unsafe extern "C" fn net_connect(
     })
 }
 
-pub unsafe extern "C" fn net_accept(
-    listen_comm: *mut c_void,
-    recv_comm: *mut *mut c_void,
-    _recv_dev_comm: *mut *mut c_void,
-) -> NcclResult {
+pub unsafe extern "C" fn net_accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void, _recv_dev_comm: *mut *mut c_void) -> NcclResult {
     guard("accept", || {
         // SAFETY: NCCL passes a writable comm pointer (NULL is rejected).
         unsafe { write(recv_comm, ptr::null_mut(), "recvComm")? };
@@ -295,13 +255,7 @@ pub unsafe extern "C" fn net_dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -
 ///
 /// # Safety
 /// As [`Conn::post`]; `request` writable.
-unsafe fn post(
-    c: &Conn,
-    data: *mut c_void,
-    size: usize,
-    mhandle: *mut c_void,
-    request: *mut *mut c_void,
-) -> Result<()> {
+unsafe fn post(c: &Conn, data: *mut c_void, size: usize, mhandle: *mut c_void, request: *mut *mut c_void) -> Result<()> {
     let mr = if mhandle.is_null() {
         None
     } else {
@@ -310,9 +264,7 @@ unsafe fn post(
     };
     // SAFETY: NCCL keeps the buffer valid until the request completes.
     let r = unsafe { c.post(data.cast::<u8>(), size, mr)? };
-    let p = r.map_or(ptr::null_mut(), |i| {
-        c.request(i) as *const Request as *mut c_void
-    });
+    let p = r.map_or(ptr::null_mut(), |i| c.request(i) as *const Request as *mut c_void);
     // SAFETY: the caller checked request.
     unsafe { write(request, p, "request") }
 }
@@ -394,11 +346,7 @@ pub unsafe extern "C" fn net_iflush(
     })
 }
 
-pub unsafe extern "C" fn net_test(
-    request: *mut c_void,
-    done: *mut c_int,
-    sizes: *mut c_int,
-) -> NcclResult {
+pub unsafe extern "C" fn net_test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
     guard("test", || {
         non_null(done, "done")?;
         // SAFETY: requests are slots of live comms (net::Request).
@@ -464,25 +412,16 @@ pub unsafe extern "C" fn net_finalize(ctx: *mut c_void) -> NcclResult {
 // ---------------------------------------------------------------------------
 // ncclCollNet
 
-pub unsafe extern "C" fn coll_init(
-    ctx: *mut *mut c_void,
-    comm_id: u64,
-    logger: Option<NcclLogger>,
-) -> NcclResult {
+pub unsafe extern "C" fn coll_init(ctx: *mut *mut c_void, comm_id: u64, logger: Option<NcclLogger>) -> NcclResult {
     log::set_logger(logger);
     guard("CollNet init", || {
         non_null(ctx, "ctx")?;
         let _ = device::tune_provider_env();
         let servers = collnet::servers_from_env();
         if servers.is_empty() {
-            log::info_init(&format!(
-                "CollNet comm {comm_id:#x}: TALLY_SERVERS is not set, no CollNet device"
-            ));
+            log::info_init(&format!("CollNet comm {comm_id:#x}: TALLY_SERVERS is not set, no CollNet device"));
         } else {
-            log::info_init(&format!(
-                "CollNet comm {comm_id:#x}: tally servers {}",
-                servers.join(",")
-            ));
+            log::info_init(&format!("CollNet comm {comm_id:#x}: tally servers {}", servers.join(",")));
         }
         let boxed = Box::into_raw(Box::new(CollCtx { servers }));
         // SAFETY: checked non-NULL above.
@@ -506,46 +445,23 @@ fn coll_device(dev: c_int) -> Result<std::sync::Arc<device::Devices>> {
     Ok(devs.expect("counted above"))
 }
 
-pub unsafe extern "C" fn coll_get_properties_v11(
-    dev: c_int,
-    props: *mut NetPropertiesV11,
-) -> NcclResult {
+pub unsafe extern "C" fn coll_get_properties_v11(dev: c_int, props: *mut NetPropertiesV11) -> NcclResult {
     guard("CollNet getProperties", || {
         let devs = coll_device(dev)?;
         // SAFETY: NCCL passes a writable properties struct of this version.
-        unsafe {
-            write(
-                props,
-                devs.list[0].properties_v11(device::MAX_COLL_BYTES),
-                "props",
-            )
-        }
+        unsafe { write(props, devs.list[0].properties_v11(device::MAX_COLL_BYTES), "props") }
     })
 }
 
-pub unsafe extern "C" fn coll_get_properties_v12(
-    dev: c_int,
-    props: *mut NetPropertiesV12,
-) -> NcclResult {
+pub unsafe extern "C" fn coll_get_properties_v12(dev: c_int, props: *mut NetPropertiesV12) -> NcclResult {
     guard("CollNet getProperties", || {
         let devs = coll_device(dev)?;
         // SAFETY: as for v11.
-        unsafe {
-            write(
-                props,
-                devs.list[0].properties_v12(device::MAX_COLL_BYTES),
-                "props",
-            )
-        }
+        unsafe { write(props, devs.list[0].properties_v12(device::MAX_COLL_BYTES), "props") }
     })
 }
 
-pub unsafe extern "C" fn coll_listen(
-    ctx: *mut c_void,
-    dev: c_int,
-    handle: *mut c_void,
-    listen_comm: *mut *mut c_void,
-) -> NcclResult {
+pub unsafe extern "C" fn coll_listen(ctx: *mut c_void, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     guard("CollNet listen", || {
         non_null(handle, "handle")?;
         non_null(listen_comm, "listenComm")?;
@@ -569,10 +485,7 @@ pub unsafe extern "C" fn coll_connect(
         // SAFETY: NCCL passes a writable comm pointer (NULL is rejected).
         unsafe { write(coll_comm, ptr::null_mut(), "collComm")? };
         let handles = non_null(handles, "handles")?;
-        let n = usize::try_from(nranks)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| Error::arg(format!("nranks {nranks}")))?;
+        let n = usize::try_from(nranks).ok().filter(|&n| n > 0).ok_or_else(|| Error::arg(format!("nranks {nranks}")))?;
         let hs = (0..n)
             .map(|i| {
                 // SAFETY: NCCL passes an array of nranks handle pointers.
@@ -587,20 +500,10 @@ pub unsafe extern "C" fn coll_connect(
     })
 }
 
-pub unsafe extern "C" fn coll_reduce_support(
-    dtype: c_int,
-    op: c_int,
-    supported: *mut c_int,
-) -> NcclResult {
+pub unsafe extern "C" fn coll_reduce_support(dtype: c_int, op: c_int, supported: *mut c_int) -> NcclResult {
     guard("CollNet reduceSupport", || {
         // SAFETY: NCCL passes a writable int (NULL is rejected).
-        unsafe {
-            write(
-                supported,
-                collnet::reduce_support(dtype, op) as c_int,
-                "supported",
-            )
-        }
+        unsafe { write(supported, collnet::reduce_support(dtype, op) as c_int, "supported") }
     })
 }
 
@@ -616,10 +519,7 @@ pub unsafe extern "C" fn coll_reg_mr(
         non_null(mhandle, "mhandle")?;
         host_only(kind)?;
         check_buffer(data, size)?;
-        let mr = Box::new(CollMr {
-            addr: data as usize,
-            len: size,
-        });
+        let mr = Box::new(CollMr { addr: data as usize, len: size });
         // SAFETY: checked non-NULL above.
         unsafe { write(mhandle, Box::into_raw(mr).cast::<c_void>(), "mhandle") }
     })
@@ -653,9 +553,7 @@ pub unsafe extern "C" fn coll_iallreduce(
         let c: &CollComm = unsafe { obj(coll_comm, "collComm")? };
         // SAFETY: NCCL keeps both buffers valid until the request completes.
         let r = unsafe { c.iallreduce(send.cast::<u8>(), recv.cast::<u8>(), count, dtype, op)? };
-        let p = r.map_or(ptr::null_mut(), |i| {
-            c.request(i) as *const CollRequest as *mut c_void
-        });
+        let p = r.map_or(ptr::null_mut(), |i| c.request(i) as *const CollRequest as *mut c_void);
         // SAFETY: checked above.
         unsafe { write(request, p, "request") }
     })
@@ -676,11 +574,7 @@ pub unsafe extern "C" fn coll_iflush(
     })
 }
 
-pub unsafe extern "C" fn coll_test(
-    request: *mut c_void,
-    done: *mut c_int,
-    size: *mut c_int,
-) -> NcclResult {
+pub unsafe extern "C" fn coll_test(request: *mut c_void, done: *mut c_int, size: *mut c_int) -> NcclResult {
     guard("CollNet test", || {
         non_null(done, "done")?;
         // SAFETY: requests are slots of live comms (collnet::CollRequest).

@@ -98,11 +98,7 @@ impl log::Log for Bridge {
             log::Level::Info => Level::Info,
             log::Level::Debug | log::Level::Trace => Level::Trace,
         };
-        log(
-            level,
-            NET,
-            &format!("{}: {}", record.target(), record.args()),
-        );
+        log(level, NET, &format!("{}: {}", record.target(), record.args()));
     }
 
     fn flush(&self) {}

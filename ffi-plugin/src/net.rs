@@ -66,10 +66,7 @@ use crate::log;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tally_engine::fabric::{
-    Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, PollError,
-    PostError,
-};
+use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, PollError, PostError};
 
 pub const HANDLE_BYTES: usize = NCCL_NET_HANDLE_MAXSIZE;
 pub type Handle = [u8; HANDLE_BYTES];
@@ -122,12 +119,7 @@ pub fn random_u64() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     h.write_u32(std::process::id());
     h.finish()
 }
@@ -150,10 +142,7 @@ struct HandleInfo {
 fn encode_handle(provider: u8, listen_id: u32, nonce: u32, name: &EndpointName) -> Result<Handle> {
     let n = name.as_bytes();
     if n.len() > HANDLE_NAME_MAX {
-        return Err(Error::System(format!(
-            "endpoint name of {} bytes does not fit a {HANDLE_BYTES}-byte handle",
-            n.len()
-        )));
+        return Err(Error::System(format!("endpoint name of {} bytes does not fit a {HANDLE_BYTES}-byte handle", n.len())));
     }
     let mut h = [0u8; HANDLE_BYTES];
     h[0..4].copy_from_slice(&HANDLE_MAGIC);
@@ -168,15 +157,10 @@ fn encode_handle(provider: u8, listen_id: u32, nonce: u32, name: &EndpointName) 
 
 fn decode_handle(h: &Handle) -> Result<HandleInfo> {
     if h[0..4] != HANDLE_MAGIC {
-        return Err(Error::InvalidUsage(
-            "the handle is not a tally ncclNet listen handle".into(),
-        ));
+        return Err(Error::InvalidUsage("the handle is not a tally ncclNet listen handle".into()));
     }
     if h[4] != PROTO_VERSION {
-        return Err(Error::InvalidUsage(format!(
-            "handle protocol version {} (this plugin speaks {PROTO_VERSION})",
-            h[4]
-        )));
+        return Err(Error::InvalidUsage(format!("handle protocol version {} (this plugin speaks {PROTO_VERSION})", h[4])));
     }
     let len = h[6] as usize;
     let name = (len <= HANDLE_NAME_MAX)
@@ -210,19 +194,21 @@ fn encode_connect(provider: u8, listen_id: u32, nonce: u32, name: &EndpointName)
 /// the connecting endpoint's name (for the log).
 fn check_connect(m: &[u8], provider: u8, listen_id: u32, nonce: u32) -> Result<Vec<u8>> {
     if m.len() < CONNECT_HEADER || m[0..4] != CONNECT_MAGIC || m[4] != PROTO_VERSION {
-        return Err(Error::Remote(format!(
-            "malformed connect message of {} bytes",
-            m.len()
-        )));
+        return Err(Error::Remote(format!("malformed connect message of {} bytes", m.len())));
     }
     if m[5] != provider {
-        return Err(Error::InvalidUsage(format!("peer uses provider code {}, this endpoint {provider}: set the same TALLY_PROVIDER on every rank", m[5])));
+        return Err(Error::InvalidUsage(format!(
+            "peer uses provider code {}, this endpoint {provider}: set the same TALLY_PROVIDER on every rank",
+            m[5]
+        )));
     }
     let len = u16::from_le_bytes([m[6], m[7]]) as usize;
     let id = u32::from_le_bytes(m[8..12].try_into().expect("4 bytes"));
     let n = u32::from_le_bytes(m[12..16].try_into().expect("4 bytes"));
     if id != listen_id || n != nonce || CONNECT_HEADER + len != m.len() {
-        return Err(Error::Remote(format!("connect message for listen id {id} nonce {n:#x} arrived at listen id {listen_id} nonce {nonce:#x}")));
+        return Err(Error::Remote(format!(
+            "connect message for listen id {id} nonce {n:#x} arrived at listen id {listen_id} nonce {nonce:#x}"
+        )));
     }
     Ok(m[CONNECT_HEADER..].to_vec())
 }
@@ -278,25 +264,11 @@ pub type PortRef = Arc<Mutex<Port>>;
 
 impl Port {
     pub fn open(dev: &Device) -> Result<Port> {
-        let cfg = EndpointConfig {
-            hints: dev.hints(),
-            cq_size: 0,
-            contexts: CONTEXTS,
-            wait_object: false,
-        };
-        let ep = Endpoint::open(&cfg).map_err(|e| {
-            Error::System(format!(
-                "opening a {} endpoint on {}: {e}",
-                dev.provider, dev.domain
-            ))
-        })?;
+        let cfg = EndpointConfig { hints: dev.hints(), cq_size: 0, contexts: CONTEXTS, wait_object: false };
+        let ep = Endpoint::open(&cfg).map_err(|e| Error::System(format!("opening a {} endpoint on {}: {e}", dev.provider, dev.domain)))?;
         let name = ep.name().map_err(|e| Error::System(e.to_string()))?;
         if name.as_bytes().len() > HANDLE_NAME_MAX {
-            return Err(Error::System(format!(
-                "{} endpoint name of {} bytes does not fit a handle",
-                dev.provider,
-                name.as_bytes().len()
-            )));
+            return Err(Error::System(format!("{} endpoint name of {} bytes does not fit a handle", dev.provider, name.as_bytes().len())));
         }
         log::info_init(&format!(
             "device {} ({}, {}): endpoint {} opened",
@@ -343,12 +315,7 @@ impl Port {
     /// Reads completions (which also drives the provider) until the queue is
     /// empty or a bounded number was handled.
     fn progress(&mut self) -> Result<()> {
-        let mut batch = [Completion {
-            context: 0,
-            is_recv: false,
-            len: 0,
-            tag: 0,
-        }; 16];
+        let mut batch = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 16];
         for _ in 0..8 {
             match self.ep.poll(&mut batch) {
                 Ok(0) => return Ok(()),
@@ -361,9 +328,7 @@ impl Port {
                     Some(ctx) => self.complete(ctx, Err(e.to_string())),
                     None => log::warn(&format!("completion error for no known operation: {e}")),
                 },
-                Err(PollError::Fabric(e)) => {
-                    return Err(Error::System(format!("reading the completion queue: {e}")))
-                }
+                Err(PollError::Fabric(e)) => return Err(Error::System(format!("reading the completion queue: {e}"))),
             }
         }
         Ok(())
@@ -415,12 +380,10 @@ impl Port {
         if let Some(&a) = self.peers.get(name.as_bytes()) {
             return Ok(a);
         }
-        let a = self.ep.insert_peer(name).map_err(|e| {
-            Error::System(format!(
-                "adding peer {} to the address vector: {e}",
-                hex(name.as_bytes())
-            ))
-        })?;
+        let a = self
+            .ep
+            .insert_peer(name)
+            .map_err(|e| Error::System(format!("adding peer {} to the address vector: {e}", hex(name.as_bytes()))))?;
         self.peers.insert(name.as_bytes().to_vec(), a);
         Ok(a)
     }
@@ -454,10 +417,7 @@ impl Port {
             // released (after its completion) or the endpoint is closed.
             Some((_, dest)) => unsafe { self.ep.send(buf.as_ptr(), buf.len(), mh, dest, tag, ctx) },
             // SAFETY: as above; nothing else reads or writes buf meanwhile.
-            None => unsafe {
-                self.ep
-                    .recv(buf.as_mut_ptr(), buf.len(), mh, None, tag, 0, ctx)
-            },
+            None => unsafe { self.ep.recv(buf.as_mut_ptr(), buf.len(), mh, None, tag, 0, ctx) },
         };
         self.ctrl.insert(ctx, CtrlBuf { buf, mh });
         match r {
@@ -484,25 +444,20 @@ impl Port {
         // SAFETY: NCCL keeps a registered buffer mapped until it calls
         // deregMr (the contract of regMr); the endpoint's registration is
         // removed there, or when the endpoint closes.
-        let mh = unsafe { self.ep.register(addr as *mut u8, len) }
-            .map_err(|e| Error::System(format!("registering {len} bytes: {e}")))?;
+        let mh = unsafe { self.ep.register(addr as *mut u8, len) }.map_err(|e| Error::System(format!("registering {len} bytes: {e}")))?;
         self.mrs.insert((addr, len), (mh, 1));
         Ok(mh)
     }
 
     fn deregister(&mut self, addr: usize, len: usize) -> Result<()> {
         let Some((mh, refs)) = self.mrs.get_mut(&(addr, len)) else {
-            return Err(Error::arg(
-                "memory handle is not registered on this endpoint",
-            ));
+            return Err(Error::arg("memory handle is not registered on this endpoint"));
         };
         *refs -= 1;
         if *refs == 0 {
             let mh = *mh;
             self.mrs.remove(&(addr, len));
-            self.ep
-                .deregister(mh)
-                .map_err(|e| Error::System(e.to_string()))?;
+            self.ep.deregister(mh).map_err(|e| Error::System(e.to_string()))?;
         }
         Ok(())
     }
@@ -536,10 +491,7 @@ enum Role {
 
 /// Lanes per direction for a provider.
 fn lanes(provider: &str) -> usize {
-    if let Some(n) = std::env::var("TALLY_NET_LANES")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-    {
+    if let Some(n) = std::env::var("TALLY_NET_LANES").ok().and_then(|s| s.trim().parse::<usize>().ok()) {
         return n.clamp(1, 64);
     }
     if provider == "tcp;ofi_rxm" {
@@ -551,29 +503,16 @@ fn lanes(provider: &str) -> usize {
 
 impl NetCtx {
     pub fn new(devices: Arc<Devices>) -> NetCtx {
-        let ports = devices
-            .list
-            .iter()
-            .map(|d| vec![None; 2 * lanes(&d.provider)])
-            .collect();
+        let ports = devices.list.iter().map(|d| vec![None; 2 * lanes(&d.provider)]).collect();
         let next = vec![[0, 0]; devices.list.len()];
-        NetCtx {
-            devices,
-            ports: Mutex::new(ports),
-            next: Mutex::new(next),
-        }
+        NetCtx { devices, ports: Mutex::new(ports), next: Mutex::new(next) }
     }
 
     fn device(&self, dev: i32) -> Result<usize> {
         usize::try_from(dev)
             .ok()
             .filter(|&i| i < self.devices.list.len())
-            .ok_or_else(|| {
-                Error::arg(format!(
-                    "device {dev} does not exist ({} devices)",
-                    self.devices.list.len()
-                ))
-            })
+            .ok_or_else(|| Error::arg(format!("device {dev} does not exist ({} devices)", self.devices.list.len())))
     }
 
     /// A lane of this context on `dev` (the next one in turn for `role` when
@@ -583,11 +522,7 @@ impl NetCtx {
         let n = ports[dev].len() / 2;
         let lane = match lane {
             Some(l) if l < n => l,
-            Some(l) => {
-                return Err(Error::InvalidUsage(format!(
-                    "the handle names connecting lane {l} of {n}"
-                )))
-            }
+            Some(l) => return Err(Error::InvalidUsage(format!("the handle names connecting lane {l} of {n}"))),
             None => {
                 let mut next = self.next.lock()?;
                 let l = next[dev][role as usize] % n;
@@ -624,34 +559,21 @@ pub fn listen(ctx: &NetCtx, dev: i32) -> Result<(Box<ListenComm>, Handle)> {
     let port = &port;
     let mut p = port.lock()?;
     if p.next_listen > LISTEN_ID_MAX {
-        return Err(Error::System(
-            "listen ids of this endpoint are used up".into(),
-        ));
+        return Err(Error::System("listen ids of this endpoint are used up".into()));
     }
     let listen_id = p.next_listen;
     p.next_listen += 1;
     let nonce = random_u64() as u32;
     let handle = encode_handle(p.provider, listen_id, nonce, &p.name)?;
     let ctx = p.post_ctrl(None, connect_tag(listen_id))?;
-    Ok((
-        Box::new(ListenComm {
-            port: port.clone(),
-            listen_id,
-            nonce,
-            ctx,
-            accepted: false,
-        }),
-        handle,
-    ))
+    Ok((Box::new(ListenComm { port: port.clone(), listen_id, nonce, ctx, accepted: false }), handle))
 }
 
 impl ListenComm {
     /// The receiving comm, once the peer's connect message has arrived.
     pub fn accept(&mut self) -> Result<Option<Box<Conn>>> {
         if self.accepted {
-            return Err(Error::InvalidUsage(
-                "a listen handle takes one connection, and this one was accepted".into(),
-            ));
+            return Err(Error::InvalidUsage("a listen handle takes one connection, and this one was accepted".into()));
         }
         let mut p = self.port.lock()?;
         if self.ctx.is_none() {
@@ -660,11 +582,7 @@ impl ListenComm {
         p.progress()?;
         let Some(ctx) = self.ctx else { return Ok(None) };
         let msg = match &p.ops[ctx as usize] {
-            OpState::Done(len) => p
-                .ctrl
-                .get(&ctx)
-                .map(|c| c.buf[..(*len).min(c.buf.len())].to_vec())
-                .unwrap_or_default(),
+            OpState::Done(len) => p.ctrl.get(&ctx).map(|c| c.buf[..(*len).min(c.buf.len())].to_vec()).unwrap_or_default(),
             OpState::Failed(_) => Vec::new(),
             _ => return Ok(None),
         };
@@ -675,17 +593,8 @@ impl ListenComm {
         let device = p.device;
         drop(p);
         self.accepted = true;
-        log::info(&format!(
-            "device {device}: accepted a connection from {} on listen id {}",
-            hex(&peer),
-            self.listen_id
-        ));
-        Ok(Some(Conn::boxed(
-            self.port.clone(),
-            false,
-            PeerAddr::default(),
-            self.listen_id,
-        )))
+        log::info(&format!("device {device}: accepted a connection from {} on listen id {}", hex(&peer), self.listen_id));
+        Ok(Some(Conn::boxed(self.port.clone(), false, PeerAddr::default(), self.listen_id)))
     }
 
     // Takes the Box NCCL held: closing consumes the comm.
@@ -709,15 +618,14 @@ pub fn connect(ctx: &NetCtx, dev: i32, handle: &mut Handle) -> Result<Option<Box
     let h = decode_handle(handle)?;
     // The first call takes the next connecting lane and records it in the
     // handle next to the token; retries come back to it.
-    let (port, lane) = ctx.port(
-        dev,
-        Role::Connect,
-        (h.token != 0).then_some(handle[LANE_AT] as usize),
-    )?;
+    let (port, lane) = ctx.port(dev, Role::Connect, (h.token != 0).then_some(handle[LANE_AT] as usize))?;
     let port = &port;
     let mut p = port.lock()?;
     if h.provider != p.provider {
-        return Err(Error::InvalidUsage(format!("the listener uses provider code {}, this endpoint {}: set the same TALLY_PROVIDER on every rank", h.provider, p.provider)));
+        return Err(Error::InvalidUsage(format!(
+            "the listener uses provider code {}, this endpoint {}: set the same TALLY_PROVIDER on every rank",
+            h.provider, p.provider
+        )));
     }
     let token = if h.token == 0 {
         let peer = p.peer(&h.name)?;
@@ -727,25 +635,17 @@ pub fn connect(ctx: &NetCtx, dev: i32, handle: &mut Handle) -> Result<Option<Box
             token = random_u64() | 1;
         }
         let conn = Conn::boxed(port.clone(), true, peer, h.listen_id);
-        p.pending.insert(
-            token,
-            PendingConnect {
-                conn,
-                msg,
-                ctx: None,
-            },
-        );
+        p.pending.insert(token, PendingConnect { conn, msg, ctx: None });
         handle[TOKEN_AT..TOKEN_AT + 8].copy_from_slice(&token.to_le_bytes());
         handle[LANE_AT] = lane as u8;
         token
     } else {
         h.token
     };
-    let mut pc = p.pending.remove(&token).ok_or_else(|| {
-        Error::InvalidUsage(
-            "the handle's connect token names no connection in progress on this endpoint".into(),
-        )
-    })?;
+    let mut pc = p
+        .pending
+        .remove(&token)
+        .ok_or_else(|| Error::InvalidUsage("the handle's connect token names no connection in progress on this endpoint".into()))?;
     if pc.ctx.is_none() {
         let dest = pc.conn.peer;
         match p.post_ctrl(Some((&pc.msg, dest)), connect_tag(h.listen_id)) {
@@ -764,18 +664,10 @@ pub fn connect(ctx: &NetCtx, dev: i32, handle: &mut Handle) -> Result<Option<Box
             Ok(None)
         }
         Some(Ok(_)) => {
-            log::info(&format!(
-                "device {}: connected to {} listen id {}",
-                p.device,
-                hex(h.name.as_bytes()),
-                h.listen_id
-            ));
+            log::info(&format!("device {}: connected to {} listen id {}", p.device, hex(h.name.as_bytes()), h.listen_id));
             Ok(Some(pc.conn))
         }
-        Some(Err(e)) => Err(Error::Remote(format!(
-            "sending the connect message to {}: {e}",
-            hex(h.name.as_bytes())
-        ))),
+        Some(Err(e)) => Err(Error::Remote(format!("sending the connect message to {}: {e}", hex(h.name.as_bytes())))),
     }
 }
 
@@ -827,10 +719,7 @@ impl Conn {
             is_send,
             peer,
             listen_id,
-            state: Mutex::new(ConnState {
-                next_seq: 0,
-                slots: [None; NCCL_NET_MAX_REQUESTS],
-            }),
+            state: Mutex::new(ConnState { next_seq: 0, slots: [None; NCCL_NET_MAX_REQUESTS] }),
             requests: std::array::from_fn(|index| Request { owner: 0, index }),
         });
         let owner = &*c as *const Conn as usize;
@@ -846,11 +735,7 @@ impl Conn {
 
     pub fn reg_mr(&self, addr: usize, len: usize) -> Result<Box<Mr>> {
         let mut p = self.port.lock()?;
-        let mh = if p.mr_local {
-            Some(p.register(addr, len)?)
-        } else {
-            None
-        };
+        let mh = if p.mr_local { Some(p.register(addr, len)?) } else { None };
         Ok(Box::new(Mr { addr, len, mh }))
     }
 
@@ -863,26 +748,15 @@ impl Conn {
         Ok(())
     }
 
-    fn memory(
-        &self,
-        p: &Port,
-        addr: usize,
-        size: usize,
-        mr: Option<&Mr>,
-    ) -> Result<Option<MemoryHandle>> {
+    fn memory(&self, p: &Port, addr: usize, size: usize, mr: Option<&Mr>) -> Result<Option<MemoryHandle>> {
         match mr {
             Some(m) => {
                 if size > 0 && (addr < m.addr || addr + size > m.addr + m.len) {
-                    return Err(Error::arg(format!(
-                        "buffer {addr:#x}+{size} is outside its registration {:#x}+{}",
-                        m.addr, m.len
-                    )));
+                    return Err(Error::arg(format!("buffer {addr:#x}+{size} is outside its registration {:#x}+{}", m.addr, m.len)));
                 }
                 Ok(m.mh)
             }
-            None if p.mr_local && size > 0 => Err(Error::arg(
-                "this provider needs registered memory, and no memory handle was given",
-            )),
+            None if p.mr_local && size > 0 => Err(Error::arg("this provider needs registered memory, and no memory handle was given")),
             None => Ok(None),
         }
     }
@@ -894,22 +768,14 @@ impl Conn {
     /// `[data, data+size)` must stay valid (and, for a receive, untouched by
     /// anyone else) until [`Conn::test`] reports the request done or the
     /// connection is closed.
-    pub unsafe fn post(
-        &self,
-        data: *mut u8,
-        size: usize,
-        mr: Option<&Mr>,
-    ) -> Result<Option<usize>> {
+    pub unsafe fn post(&self, data: *mut u8, size: usize, mr: Option<&Mr>) -> Result<Option<usize>> {
         let mut st = self.state.lock()?;
         let Some(slot) = st.slots.iter().position(Option::is_none) else {
             return Ok(None);
         };
         let mut p = self.port.lock()?;
         if size > p.max_bytes {
-            return Err(Error::arg(format!(
-                "{size} bytes exceed the device's maxP2pBytes ({})",
-                p.max_bytes
-            )));
+            return Err(Error::arg(format!("{size} bytes exceed the device's maxP2pBytes ({})", p.max_bytes)));
         }
         let mh = self.memory(&p, data as usize, size, mr)?;
         let tag = data_tag(self.listen_id, st.next_seq);
@@ -938,10 +804,7 @@ impl Conn {
                 Err(PostError::Again) => p.release(ctx),
                 Err(e) => {
                     p.release(ctx);
-                    return Err(Error::System(format!(
-                        "posting a {} of {size} bytes: {e}",
-                        if self.is_send { "send" } else { "receive" }
-                    )));
+                    return Err(Error::System(format!("posting a {} of {size} bytes: {e}", if self.is_send { "send" } else { "receive" })));
                 }
             }
         }
@@ -952,9 +815,7 @@ impl Conn {
     pub fn test(&self, index: usize) -> Result<Option<usize>> {
         let mut st = self.state.lock()?;
         let Some(f) = st.slots.get(index).copied().flatten() else {
-            return Err(Error::InvalidUsage(format!(
-                "request {index} is not in flight"
-            )));
+            return Err(Error::InvalidUsage(format!("request {index} is not in flight")));
         };
         let mut p = self.port.lock()?;
         // One progress round per call: NCCL's proxy thread tests every
@@ -968,11 +829,7 @@ impl Conn {
             Some(r) => {
                 st.slots[index] = None;
                 let len = r.map_err(|e| {
-                    Error::Remote(format!(
-                        "{} on listen id {}: {e}",
-                        if self.is_send { "send" } else { "receive" },
-                        self.listen_id
-                    ))
+                    Error::Remote(format!("{} on listen id {}: {e}", if self.is_send { "send" } else { "receive" }, self.listen_id))
                 })?;
                 Ok(Some(if self.is_send { f.size } else { len }))
             }
@@ -994,23 +851,13 @@ impl Conn {
             p.abandon(ctx, !self.is_send);
         }
         let deadline = Instant::now() + CLOSE_DRAIN;
-        while live
-            .iter()
-            .any(|&c| p.ops[c as usize] == OpState::Abandoned)
-            && Instant::now() < deadline
-        {
+        while live.iter().any(|&c| p.ops[c as usize] == OpState::Abandoned) && Instant::now() < deadline {
             p.progress()?;
             std::thread::yield_now();
         }
-        let left = live
-            .iter()
-            .filter(|&&c| p.ops[c as usize] == OpState::Abandoned)
-            .count();
+        let left = live.iter().filter(|&&c| p.ops[c as usize] == OpState::Abandoned).count();
         if left > 0 {
-            log::info(&format!(
-                "closed a connection (listen id {}) with {left} operation(s) still in flight",
-                self.listen_id
-            ));
+            log::info(&format!("closed a connection (listen id {}) with {left} operation(s) still in flight", self.listen_id));
         }
         Ok(())
     }
@@ -1025,10 +872,7 @@ mod tests {
         let name = EndpointName::from_bytes(b"fi_shm://1234:0:0\0").unwrap();
         let mut h = encode_handle(3, 77, 0xdead_beef, &name).unwrap();
         let d = decode_handle(&h).unwrap();
-        assert_eq!(
-            (d.provider, d.listen_id, d.nonce, d.token),
-            (3, 77, 0xdead_beef, 0)
-        );
+        assert_eq!((d.provider, d.listen_id, d.nonce, d.token), (3, 77, 0xdead_beef, 0));
         assert_eq!(d.name.as_bytes(), name.as_bytes());
         h[TOKEN_AT..TOKEN_AT + 8].copy_from_slice(&42u64.to_le_bytes());
         assert_eq!(decode_handle(&h).unwrap().token, 42);
@@ -1043,10 +887,7 @@ mod tests {
         let name = EndpointName::from_bytes(&[7u8; 16]).unwrap();
         let m = encode_connect(2, 5, 9, &name);
         assert_eq!(check_connect(&m, 2, 5, 9).unwrap(), vec![7u8; 16]);
-        assert!(matches!(
-            check_connect(&m, 3, 5, 9),
-            Err(Error::InvalidUsage(_))
-        ));
+        assert!(matches!(check_connect(&m, 3, 5, 9), Err(Error::InvalidUsage(_))));
         assert!(check_connect(&m, 2, 6, 9).is_err());
         assert!(check_connect(&m, 2, 5, 8).is_err());
         assert!(check_connect(&m[..10], 2, 5, 9).is_err());

@@ -20,18 +20,10 @@ fn exported_symbols(path: &std::path::Path) -> Vec<String> {
     let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
     let section = |i: usize| {
         let s = shoff + i * shentsize;
-        (
-            u32_at(s + 4),
-            u64_at(s + 24),
-            u64_at(s + 32),
-            u32_at(s + 40),
-        )
+        (u32_at(s + 4), u64_at(s + 24), u64_at(s + 32), u32_at(s + 40))
     };
     const SHT_DYNSYM: usize = 11;
-    let (_, symoff, symsize, link) = (0..shnum)
-        .map(section)
-        .find(|s| s.0 == SHT_DYNSYM)
-        .expect("no .dynsym");
+    let (_, symoff, symsize, link) = (0..shnum).map(section).find(|s| s.0 == SHT_DYNSYM).expect("no .dynsym");
     let (_, stroff, _, _) = section(link);
     let mut names = Vec::new();
     for s in (symoff..symoff + symsize).step_by(24) {
@@ -39,10 +31,7 @@ fn exported_symbols(path: &std::path::Path) -> Vec<String> {
         let bind = info >> 4;
         let visible = matches!(other & 3, 0 | 3);
         if shndx != 0 && matches!(bind, 1 | 2 | 10) && visible {
-            let n = CStr::from_bytes_until_nul(&f[stroff + name..])
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
+            let n = CStr::from_bytes_until_nul(&f[stroff + name..]).unwrap().to_string_lossy().into_owned();
             names.push(n);
         }
     }
@@ -56,26 +45,15 @@ fn exports_exactly_the_four_plugin_tables() {
     let syms = exported_symbols(&lib);
     assert_eq!(
         syms,
-        [
-            "ncclCollNetPlugin_v11",
-            "ncclCollNetPlugin_v12",
-            "ncclNetPlugin_v11",
-            "ncclNetPlugin_v12"
-        ],
+        ["ncclCollNetPlugin_v11", "ncclCollNetPlugin_v12", "ncclNetPlugin_v11", "ncclNetPlugin_v12"],
         "dynamic symbols of {}",
         lib.display()
     );
     // Cross-check with binutils where it is installed.
-    if let Ok(out) = std::process::Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(&lib)
-        .output()
-    {
+    if let Ok(out) = std::process::Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output() {
         if out.status.success() {
-            let mut nm: Vec<String> = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
-                .collect();
+            let mut nm: Vec<String> =
+                String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_whitespace().nth(2).map(str::to_string)).collect();
             nm.sort();
             assert_eq!(nm, syms, "nm -D --defined-only disagrees");
         }
@@ -90,24 +68,13 @@ fn tables_are_complete_and_named_tally() {
         assert_eq!(unsafe { CStr::from_ptr(name) }.to_str().unwrap(), "Tally");
     }
     // Optional entries the plugin does not implement are NULL, as NCCL expects.
-    assert!(
-        p.net11.reg_mr_dma_buf.is_none()
-            && p.net11.get_device_mr.is_none()
-            && p.net11.irecv_consumed.is_none()
-    );
+    assert!(p.net11.reg_mr_dma_buf.is_none() && p.net11.get_device_mr.is_none() && p.net11.irecv_consumed.is_none());
     assert!(p.net11.make_v_device.is_none() && p.net11.set_net_attr.is_none());
-    assert!(
-        p.coll11.iallgather.is_none()
-            && p.coll11.ireducescatter.is_none()
-            && p.coll11.reg_mr_dma_buf.is_none()
-    );
+    assert!(p.coll11.iallgather.is_none() && p.coll11.ireducescatter.is_none() && p.coll11.reg_mr_dma_buf.is_none());
     // Both versions share the functions; only getProperties differs.
     assert_eq!(p.net11.isend as usize, p.net12.isend as usize);
     assert_eq!(p.coll11.iallreduce as usize, p.coll12.iallreduce as usize);
-    assert_ne!(
-        p.net11.get_properties as usize,
-        p.net12.get_properties as usize
-    );
+    assert_ne!(p.net11.get_properties as usize, p.net12.get_properties as usize);
 }
 
 #[test]
@@ -119,60 +86,16 @@ fn null_and_bad_arguments_get_error_codes() {
     // SAFETY: every call below gets an invalid argument the plugin must
     // refuse before touching anything.
     unsafe {
-        assert_eq!(
-            (p.net11.init)(
-                std::ptr::null_mut(),
-                1,
-                std::ptr::null_mut(),
-                logger(),
-                null()
-            ),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.devices)(std::ptr::null_mut()),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.net11.init)(std::ptr::null_mut(), 1, std::ptr::null_mut(), logger(), null()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.devices)(std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
         let mut h = [0u8; HANDLE];
-        assert_eq!(
-            (p.net11.listen)(null(), 0, h.as_mut_ptr().cast(), &mut out),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.connect)(null(), 0, h.as_mut_ptr().cast(), &mut out, null().cast()),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.connect)(
-                null(),
-                0,
-                h.as_mut_ptr().cast(),
-                std::ptr::null_mut(),
-                null().cast()
-            ),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.accept)(null(), &mut out, null().cast()),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.reg_mr)(null(), h.as_mut_ptr().cast(), 16, NCCL_PTR_HOST, &mut out),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.net11.listen)(null(), 0, h.as_mut_ptr().cast(), &mut out), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.connect)(null(), 0, h.as_mut_ptr().cast(), &mut out, null().cast()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.connect)(null(), 0, h.as_mut_ptr().cast(), std::ptr::null_mut(), null().cast()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.accept)(null(), &mut out, null().cast()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.reg_mr)(null(), h.as_mut_ptr().cast(), 16, NCCL_PTR_HOST, &mut out), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.net11.dereg_mr)(null(), null()), NCCL_INVALID_ARGUMENT);
-        assert_eq!(
-            (p.net11.isend)(
-                null(),
-                h.as_mut_ptr().cast(),
-                16,
-                0,
-                null(),
-                null(),
-                &mut req
-            ),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.net11.isend)(null(), h.as_mut_ptr().cast(), 16, 0, null(), null(), &mut req), NCCL_INVALID_ARGUMENT);
         assert_eq!(
             (p.net11.irecv)(
                 null(),
@@ -187,67 +110,27 @@ fn null_and_bad_arguments_get_error_codes() {
             NCCL_INVALID_ARGUMENT
         );
         assert_eq!(
-            (p.net11.iflush)(
-                null(),
-                1,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                &mut req
-            ),
+            (p.net11.iflush)(null(), 1, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), &mut req),
             NCCL_INVALID_ARGUMENT
         );
-        assert_eq!(
-            (p.net11.test)(null(), &mut n, &mut n),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.net11.test)(null(), &mut n, &mut n), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.net11.close_send)(null()), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.net11.close_recv)(null()), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.net11.close_listen)(null()), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.net11.finalize)(null()), NCCL_INVALID_ARGUMENT);
 
-        assert_eq!(
-            (p.coll11.init)(std::ptr::null_mut(), 1, logger()),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.coll11.devices)(std::ptr::null_mut()),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.coll11.init)(std::ptr::null_mut(), 1, logger()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll11.devices)(std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
         let mut props: NetPropertiesV11 = std::mem::zeroed();
-        assert_eq!(
-            (p.coll11.get_properties)(5, &mut props),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.coll11.listen)(null(), 0, h.as_mut_ptr().cast(), &mut out),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.coll11.get_properties)(5, &mut props), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll11.listen)(null(), 0, h.as_mut_ptr().cast(), &mut out), NCCL_INVALID_ARGUMENT);
         let mut hp = [h.as_mut_ptr().cast::<std::ffi::c_void>()];
-        assert_eq!(
-            (p.coll11.connect)(hp.as_mut_ptr(), 1, 0, null(), &mut out),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.coll11.connect)(std::ptr::null_mut(), 1, 0, null(), &mut out),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.coll11.reduce_support)(7, 0, std::ptr::null_mut()),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.coll11.iallreduce)(null(), null(), null(), 4, 7, 0, null(), null(), &mut req),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.coll11.iflush)(null(), null(), 0, null(), &mut req),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.coll11.test)(null(), &mut n, &mut n),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.coll11.connect)(hp.as_mut_ptr(), 1, 0, null(), &mut out), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll11.connect)(std::ptr::null_mut(), 1, 0, null(), &mut out), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll11.reduce_support)(7, 0, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll11.iallreduce)(null(), null(), null(), 4, 7, 0, null(), null(), &mut req), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll11.iflush)(null(), null(), 0, null(), &mut req), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll11.test)(null(), &mut n, &mut n), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.coll11.close_coll)(null()), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.coll11.close_listen)(null()), NCCL_INVALID_ARGUMENT);
         assert_eq!((p.coll11.finalize)(null()), NCCL_INVALID_ARGUMENT);
@@ -261,10 +144,7 @@ fn reduce_support_is_every_nccl_type_and_op_and_nothing_else() {
         for op in -1..8 {
             let mut s: c_int = -7;
             // SAFETY: valid out-pointer.
-            assert_eq!(
-                unsafe { (p.coll12.reduce_support)(dtype, op, &mut s) },
-                NCCL_SUCCESS
-            );
+            assert_eq!(unsafe { (p.coll12.reduce_support)(dtype, op, &mut s) }, NCCL_SUCCESS);
             // NCCL types 0..=9 (int8 .. bfloat16; fp8 types 10 and 11 are not
             // reduced by tally) and ops sum, prod, max, min, avg.
             let want = (0..=9).contains(&dtype) && (0..=4).contains(&op);

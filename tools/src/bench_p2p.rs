@@ -100,7 +100,8 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     };
     let core_a = cores.get(0).ok_or("no cores")?;
     let core_b = cores.get(1).unwrap_or(core_a);
-    let plan = Plan { provider: provider.clone(), sizes: sizes.clone(), iters: args.iters.max(1), warmup: args.warmup, window, busy, policy, max };
+    let plan =
+        Plan { provider: provider.clone(), sizes: sizes.clone(), iters: args.iters.max(1), warmup: args.warmup, window, busy, policy, max };
     if !args.json {
         println!(
             "# tally bench p2p: provider {provider}, tagged messages, {} polling, ends pinned to cores {core_a} and {core_b}",
@@ -256,7 +257,10 @@ impl Side {
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.sends_done < sends || self.recvs_done < recvs {
             if self.progress()? == 0 && Instant::now() > deadline {
-                return Err(format!("timed out waiting for the peer ({}/{sends} sends, {}/{recvs} receives)", self.sends_done, self.recvs_done));
+                return Err(format!(
+                    "timed out waiting for the peer ({}/{sends} sends, {}/{recvs} receives)",
+                    self.sends_done, self.recvs_done
+                ));
             }
         }
         Ok(())

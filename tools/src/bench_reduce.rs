@@ -43,9 +43,7 @@ pub struct ReduceArgs {
 }
 
 fn parse_dtype(s: &str) -> Result<DataType, String> {
-    DataType::parse(s).ok_or_else(|| {
-        format!("unknown data type {s:?} (f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64)")
-    })
+    DataType::parse(s).ok_or_else(|| format!("unknown data type {s:?} (f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64)"))
 }
 
 fn parse_op(s: &str) -> Result<ReduceOp, String> {
@@ -112,23 +110,14 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
         })
         .collect::<Result<_, _>>()?;
     if sizes.is_empty() || args.dtype.is_empty() || args.op.is_empty() || args.inputs.is_empty() {
-        return Err(
-            "nothing to measure: --sizes, --dtype, --op and --inputs need at least one value"
-                .into(),
-        );
+        return Err("nothing to measure: --sizes, --dtype, --op and --inputs need at least one value".into());
     }
     if let Some(&n) = args.inputs.iter().find(|&&n| n == 0 || n > MAX_INPUTS) {
         return Err(format!("--inputs: {n} is not between 1 and {MAX_INPUTS}"));
     }
-    let isas = if args.isa.is_empty() {
-        available_isas()
-    } else {
-        args.isa.clone()
-    };
-    let kernels: Vec<Kernels> = isas
-        .iter()
-        .map(|&isa| Kernels::for_isa(isa).map_err(|e| format!("--isa: {e}")))
-        .collect::<Result<_, _>>()?;
+    let isas = if args.isa.is_empty() { available_isas() } else { args.isa.clone() };
+    let kernels: Vec<Kernels> =
+        isas.iter().map(|&isa| Kernels::for_isa(isa).map_err(|e| format!("--isa: {e}"))).collect::<Result<_, _>>()?;
     let reps = args.reps.max(1);
     let max_inputs = *args.inputs.iter().max().unwrap();
 
@@ -154,18 +143,11 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
     let mut memcpy = Vec::new();
     let mut rows = Vec::new();
     for &size in &sizes {
-        let mut slab = Slab::new(&SlabConfig {
-            page_aligned_slots: true,
-            ..SlabConfig::new("bench reduce", size, max_inputs + 1)
-        })
-        .map_err(|e| format!("buffers for {}: {e}", format_size(size as u64)))?;
+        let mut slab = Slab::new(&SlabConfig { page_aligned_slots: true, ..SlabConfig::new("bench reduce", size, max_inputs + 1) })
+            .map_err(|e| format!("buffers for {}: {e}", format_size(size as u64)))?;
         let backing = slab.backing();
         let slot = slab.slot_size();
-        let mut slots: Vec<&mut [u8]> = slab
-            .as_mut_slice()
-            .chunks_exact_mut(slot)
-            .map(|s| &mut s[..size])
-            .collect();
+        let mut slots: Vec<&mut [u8]> = slab.as_mut_slice().chunks_exact_mut(slot).map(|s| &mut s[..size]).collect();
         let (out, inputs) = slots.split_first_mut().unwrap();
         if !args.json {
             println!("# {} per input ({backing})", format_size(size as u64));
@@ -188,33 +170,19 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
                     for k in &kernels {
                         let out = &mut out[..bytes];
                         let source = &*inputs[0];
-                        let [reduce, copy] = time_paired(
-                            reps,
-                            args.warmup,
-                            [repeats(moved), repeats(2 * bytes)],
-                            |which| {
-                                if which == 0 {
-                                    k.reduce(dtype, op, out, black_box(&views))
-                                        .expect("checked arguments");
-                                } else {
-                                    out.copy_from_slice(black_box(&source[..bytes]));
-                                }
-                                black_box(&mut *out);
-                            },
-                        );
+                        let [reduce, copy] = time_paired(reps, args.warmup, [repeats(moved), repeats(2 * bytes)], |which| {
+                            if which == 0 {
+                                k.reduce(dtype, op, out, black_box(&views)).expect("checked arguments");
+                            } else {
+                                out.copy_from_slice(black_box(&source[..bytes]));
+                            }
+                            black_box(&mut *out);
+                        });
                         let gbps = moved as f64 / median(&reduce) / 1e9;
                         let memcpy_gbps = 2.0 * bytes as f64 / median(&copy) / 1e9;
                         memcpy_samples.extend(copy.iter().map(|t| t * size as f64 / bytes as f64));
-                        let row = Row {
-                            dtype,
-                            op,
-                            inputs: n,
-                            bytes,
-                            isa: k.isa(),
-                            seconds: median(&reduce),
-                            gbps,
-                            roofline: gbps / memcpy_gbps,
-                        };
+                        let row =
+                            Row { dtype, op, inputs: n, bytes, isa: k.isa(), seconds: median(&reduce), gbps, roofline: gbps / memcpy_gbps };
                         if !args.json {
                             println!(
                                 "{:>5} {:>5} {:>4} {:>9} {:>10} {:>11.2} {:>9.2} {:>12.2} {:>9.3}",
@@ -235,10 +203,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
             }
         }
         let memcpy_gbps = 2.0 * size as f64 / median(&memcpy_samples) / 1e9;
-        memcpy.push(MemcpyJson {
-            bytes: size,
-            gbps: memcpy_gbps,
-        });
+        memcpy.push(MemcpyJson { bytes: size, gbps: memcpy_gbps });
         if !args.json {
             println!(
                 "# {}: memcpy {:.1} GB/s copied, {:.1} GB/s moved (read + write), median of all {} samples",
@@ -264,10 +229,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
             })
             .collect();
         let report = Report { memcpy, results };
-        println!(
-            "{}",
-            serde_json::to_string(&report).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     }
     Ok(())
 }
@@ -281,12 +243,7 @@ fn repeats(bytes: usize) -> usize {
 /// same machine (on a shared host, memory bandwidth drifts within seconds):
 /// `call(0)` and `call(1)`, `inner[i]` calls per sample. Returns the seconds
 /// per call of every sample of each.
-fn time_paired(
-    reps: usize,
-    warmup: usize,
-    inner: [usize; 2],
-    mut call: impl FnMut(usize),
-) -> [Vec<f64>; 2] {
+fn time_paired(reps: usize, warmup: usize, inner: [usize; 2], mut call: impl FnMut(usize)) -> [Vec<f64>; 2] {
     let mut sample = |which: usize| {
         let start = Instant::now();
         for _ in 0..inner[which] {
@@ -324,20 +281,15 @@ fn median(samples: &[f64]) -> f64 {
 fn fill(dtype: DataType, stream: u64, buf: &mut [u8]) {
     let mut rng = XorShift(stream.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     match dtype {
-        DataType::Float32 => buf
-            .chunks_exact_mut(4)
-            .for_each(|c| c.copy_from_slice(&rng.value().to_ne_bytes())),
-        DataType::Float64 => buf
-            .chunks_exact_mut(8)
-            .for_each(|c| c.copy_from_slice(&f64::from(rng.value()).to_ne_bytes())),
+        DataType::Float32 => buf.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&rng.value().to_ne_bytes())),
+        DataType::Float64 => buf.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&f64::from(rng.value()).to_ne_bytes())),
         // Truncating the f32 keeps the values normal in both 16-bit formats.
-        DataType::Bfloat16 => buf
-            .chunks_exact_mut(2)
-            .for_each(|c| c.copy_from_slice(&((rng.value().to_bits() >> 16) as u16).to_ne_bytes())),
+        DataType::Bfloat16 => {
+            buf.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&((rng.value().to_bits() >> 16) as u16).to_ne_bytes()))
+        }
         DataType::Float16 => buf.chunks_exact_mut(2).for_each(|c| {
             let bits = rng.value().to_bits();
-            let (sign, exponent, mantissa) =
-                (bits >> 31, (bits >> 23) & 0xff, (bits >> 13) & 0x3ff);
+            let (sign, exponent, mantissa) = (bits >> 31, (bits >> 23) & 0xff, (bits >> 13) & 0x3ff);
             let half = (sign << 15) | ((exponent - 127 + 15) << 10) | mantissa;
             c.copy_from_slice(&(half as u16).to_ne_bytes())
         }),

@@ -53,25 +53,14 @@ struct Snapshot {
 
 /// GETs /metrics from `addr`, bounded in time.
 fn fetch(addr: &str) -> Result<String, String> {
-    let sa = addr
-        .to_socket_addrs()
-        .map_err(|e| format!("{addr}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{addr}: no address"))?;
-    let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(2))
+    let sa = addr.to_socket_addrs().map_err(|e| format!("{addr}: {e}"))?.next().ok_or_else(|| format!("{addr}: no address"))?;
+    let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(2)).map_err(|e| format!("{addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
         .map_err(|e| format!("{addr}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    s.write_all(
-        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .map_err(|e| format!("{addr}: {e}"))?;
     let mut text = String::new();
-    s.read_to_string(&mut text)
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("{addr}: not an HTTP response"))?;
+    s.read_to_string(&mut text).map_err(|e| format!("{addr}: {e}"))?;
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{addr}: not an HTTP response"))?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         return Err(format!("{addr}: {}", head.lines().next().unwrap_or("")));
     }
@@ -133,11 +122,7 @@ fn rows(a: &Sample, b: &Sample, dt: f64) -> Vec<LcoreRow> {
             LcoreRow {
                 lcore: l,
                 polls_per_s: polls / dt,
-                empty_pct: if polls > 0.0 {
-                    100.0 * d("empty_polls_total") / polls
-                } else {
-                    0.0
-                },
+                empty_pct: if polls > 0.0 { 100.0 * d("empty_polls_total") / polls } else { 0.0 },
                 completions_per_s: d("completions_total") / dt,
                 gb_per_s_in: d("bytes_in_total") / dt / 1e9,
                 gb_per_s_out: d("bytes_out_total") / dt / 1e9,
@@ -149,10 +134,7 @@ fn rows(a: &Sample, b: &Sample, dt: f64) -> Vec<LcoreRow> {
 }
 
 fn table(addr: &str, s: &Snapshot) -> String {
-    let mut o = format!(
-        "tally stats {addr}: {} jobs running, {:.2} s interval\n",
-        s.jobs_running, s.interval_s
-    );
+    let mut o = format!("tally stats {addr}: {} jobs running, {:.2} s interval\n", s.jobs_running, s.interval_s);
     o += &format!(
         "{:>5} {:>12} {:>7} {:>12} {:>9} {:>9} {:>9} {:>7}\n",
         "lcore", "polls/s", "empty%", "compl/s", "GB/s in", "GB/s out", "inflight", "errors"
@@ -160,25 +142,14 @@ fn table(addr: &str, s: &Snapshot) -> String {
     for r in &s.lcores {
         o += &format!(
             "{:>5} {:>12.0} {:>7.1} {:>12.0} {:>9.3} {:>9.3} {:>9.0} {:>7.0}\n",
-            r.lcore,
-            r.polls_per_s,
-            r.empty_pct,
-            r.completions_per_s,
-            r.gb_per_s_in,
-            r.gb_per_s_out,
-            r.in_flight,
-            r.errors
+            r.lcore, r.polls_per_s, r.empty_pct, r.completions_per_s, r.gb_per_s_in, r.gb_per_s_out, r.in_flight, r.errors
         );
     }
     o
 }
 
 pub fn run(args: &StatsArgs) -> Result<(), String> {
-    let interval = if args.once {
-        Duration::from_millis(500)
-    } else {
-        Duration::from_secs_f64(args.interval.max(0.1))
-    };
+    let interval = if args.once { Duration::from_millis(500) } else { Duration::from_secs_f64(args.interval.max(0.1)) };
     let (mut prev, _) = sample(&fetch(&args.addr)?);
     let mut t_prev = Instant::now();
     loop {
@@ -186,16 +157,9 @@ pub fn run(args: &StatsArgs) -> Result<(), String> {
         let (now, running) = sample(&fetch(&args.addr)?);
         let t_now = Instant::now();
         let dt = (t_now - t_prev).as_secs_f64();
-        let snap = Snapshot {
-            interval_s: dt,
-            jobs_running: running,
-            lcores: rows(&prev, &now, dt),
-        };
+        let snap = Snapshot { interval_s: dt, jobs_running: running, lcores: rows(&prev, &now, dt) };
         if args.json {
-            println!(
-                "{}",
-                serde_json::to_string(&snap).map_err(|e| e.to_string())?
-            );
+            println!("{}", serde_json::to_string(&snap).map_err(|e| e.to_string())?);
         } else if args.once {
             print!("{}", table(&args.addr, &snap));
         } else {
@@ -219,10 +183,7 @@ mod tests {
         assert_eq!(parse_line("# HELP x y"), None);
         assert_eq!(parse_line("tally_x 3"), Some(("tally_x", vec![], 3.0)));
         let (n, l, v) = parse_line("tally_lcore_polls_total{lcore=\"1\"} 42").unwrap();
-        assert_eq!(
-            (n, l, v),
-            ("tally_lcore_polls_total", vec![("lcore", "1")], 42.0)
-        );
+        assert_eq!((n, l, v), ("tally_lcore_polls_total", vec![("lcore", "1")], 42.0));
         let (_, l, _) = parse_line("h_bucket{job=\"0x1\",lcore=\"0\",le=\"+Inf\"} 7").unwrap();
         assert_eq!(l, vec![("job", "0x1"), ("lcore", "0"), ("le", "+Inf")]);
     }
@@ -232,9 +193,6 @@ mod tests {
         let a = sample("tally_lcore_polls_total{lcore=\"0\"} 100\ntally_lcore_empty_polls_total{lcore=\"0\"} 50\ntally_lcore_bytes_in_total{lcore=\"0\"} 0\n").0;
         let b = sample("tally_lcore_polls_total{lcore=\"0\"} 300\ntally_lcore_empty_polls_total{lcore=\"0\"} 100\ntally_lcore_bytes_in_total{lcore=\"0\"} 2000000000\ntally_lcore_in_flight{lcore=\"0\"} 8\n").0;
         let r = &rows(&a, &b, 2.0)[0];
-        assert_eq!(
-            (r.polls_per_s, r.empty_pct, r.gb_per_s_in, r.in_flight),
-            (100.0, 25.0, 1.0, 8.0)
-        );
+        assert_eq!((r.polls_per_s, r.empty_pct, r.gb_per_s_in, r.in_flight), (100.0, 25.0, 1.0, 8.0));
     }
 }

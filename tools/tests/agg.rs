@@ -42,9 +42,10 @@ fn fill(dtype: DataType, buf: &mut [u8], rng: &mut Rng) {
 }
 
 fn seed() -> u64 {
-    let s = std::env::var("TALLY_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
+    let s = std::env::var("TALLY_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     eprintln!("seed {s} (TALLY_TEST_SEED to repeat)");
     s
 }

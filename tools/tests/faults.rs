@@ -33,16 +33,7 @@ use tally_engine::reduce::{DataType, ReduceOp};
 const ERROR_BOUND: Duration = Duration::from_secs(10);
 
 fn server(provider: &str, extra: &[&str]) -> ServerProcess {
-    let mut args = vec![
-        "--lcores",
-        "0-1",
-        "--provider",
-        provider,
-        "--poll",
-        "adaptive",
-        "--slab-size",
-        "16M",
-    ];
+    let mut args = vec!["--lcores", "0-1", "--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
     args.extend_from_slice(extra);
     ServerProcess::start(&args)
 }
@@ -59,14 +50,7 @@ fn client(provider: &str, addr: &str, job: u64, rank: u32, n: u32) -> ClientConf
 }
 
 /// A job of `n` rank threads: f32 sums of `rounds` all-reduces, every element checked.
-fn sum_job(
-    provider: &str,
-    addr: &str,
-    job: u64,
-    n: u32,
-    count: usize,
-    rounds: usize,
-) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
+fn sum_job(provider: &str, addr: &str, job: u64, n: u32, count: usize, rounds: usize) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
     (0..n)
         .map(|rank| {
             let cfg = client(provider, addr, job, rank, n);
@@ -99,30 +83,9 @@ fn join_all(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) {
 /// `tally bench allreduce` as one rank process of an agg job (what a worker is).
 fn rank_process(provider: &str, server: &str, boot: &str, job: u64, rank: u32, n: u32) -> Child {
     Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args([
-            "bench",
-            "allreduce",
-            "--rank",
-            &rank.to_string(),
-            "--ranks",
-            &n.to_string(),
-            "--bootstrap",
-            boot,
-        ])
-        .args([
-            "--job-id",
-            &job.to_string(),
-            "--servers",
-            server,
-            "--provider",
-            provider,
-            "--mode",
-            "agg",
-        ])
-        .args([
-            "--sizes", "64M", "--iters", "1000", "--warmup", "0", "--chunk", "256K", "--window",
-            "4",
-        ])
+        .args(["bench", "allreduce", "--rank", &rank.to_string(), "--ranks", &n.to_string(), "--bootstrap", boot])
+        .args(["--job-id", &job.to_string(), "--servers", server, "--provider", provider, "--mode", "agg"])
+        .args(["--sizes", "64M", "--iters", "1000", "--warmup", "0", "--chunk", "256K", "--window", "4"])
         .env("TALLY_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -145,20 +108,13 @@ fn server_that_should_fail(args: &[&str]) -> (bool, String) {
         if let Some(st) = child.try_wait().unwrap() {
             let mut err = String::new();
             std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-            eprintln!(
-                "tally server {} -> {st} after {:?}:\n{err}",
-                args.join(" "),
-                t.elapsed()
-            );
+            eprintln!("tally server {} -> {st} after {:?}:\n{err}", args.join(" "), t.elapsed());
             return (st.success(), err);
         }
         if t.elapsed() > Duration::from_secs(60) {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "tally server {} kept running: it should have refused to start",
-                args.join(" ")
-            );
+            panic!("tally server {} kept running: it should have refused to start", args.join(" "));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -210,12 +166,7 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
                         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
                     });
                 }
-                match c.allreduce(
-                    bytemuck::cast_slice(&send),
-                    bytemuck::cast_slice_mut(&mut out),
-                    DataType::Float32,
-                    ReduceOp::Sum,
-                ) {
+                match c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum) {
                     Ok(()) => None,
                     Err(e) => Some((i, format!("all-reduce: {e}"))),
                 }
@@ -230,10 +181,7 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
             .unwrap_or_else(|| panic!("rank 0 failed in iteration {iter}, before the kill: {err}; rank 1 ({st}): {child_err}"));
         assert!(!st.success(), "rank 1 was killed: {st}");
         eprintln!("FAULT rank-process-SIGKILL ({provider}, #{attempt}): rank 0 error in iteration {iter} {took:?} after the kill: {err}");
-        assert!(
-            took < ERROR_BOUND,
-            "rank 0's error came {took:?} after the kill: {err}"
-        );
+        assert!(took < ERROR_BOUND, "rank 0's error came {took:?} after the kill: {err}");
         drop(c);
         drop(bs);
         // The job's slab regions return to the pool once every lcore drained it.
@@ -242,10 +190,7 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
         let freed = srv.wait_log(&format!("job {job:#x} ended"), ERROR_BOUND);
         eprintln!("FAULT rank-process-SIGKILL ({provider}, #{attempt}): job {job:#x} freed by the server: {freed}");
         if strict {
-            assert!(
-                freed,
-                "the server did not free job {job:#x} of the killed rank within {ERROR_BOUND:?}"
-            );
+            assert!(freed, "the server did not free job {job:#x} of the killed rank within {ERROR_BOUND:?}");
         }
     }
     // The other job carried on, and the server still admits and computes new jobs.
@@ -256,14 +201,8 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
     if strict {
         other.unwrap();
         new.unwrap();
-        assert!(
-            srv.wait_log("job 0x50 ended", ERROR_BOUND),
-            "the other job ended cleanly"
-        );
-        assert!(
-            srv.wait_log("job 0x51 ended", ERROR_BOUND),
-            "the new job ended cleanly"
-        );
+        assert!(srv.wait_log("job 0x50 ended", ERROR_BOUND), "the other job ended cleanly");
+        assert!(srv.wait_log("job 0x51 ended", ERROR_BOUND), "the new job ended cleanly");
     }
     if strict {
         assert!(srv.stop().success());
@@ -275,11 +214,7 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
 /// PID would fail to enable its endpoint (EBUSY) on the stale region.
 fn remove_shm_regions(pid: u32) {
     let prefix = format!("{pid}:");
-    for e in std::fs::read_dir("/dev/shm")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
+    for e in std::fs::read_dir("/dev/shm").into_iter().flatten().flatten() {
         if e.file_name().to_string_lossy().starts_with(&prefix) {
             let _ = std::fs::remove_file(e.path());
         }
@@ -287,9 +222,7 @@ fn remove_shm_regions(pid: u32) {
 }
 
 fn join_results(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) -> Result<(), String> {
-    hs.into_iter()
-        .map(|h| h.join().expect("rank thread"))
-        .collect()
+    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
 }
 
 #[test]
@@ -321,18 +254,12 @@ fn kill_the_server(provider: &str) {
                 let send = vec![1f32; count];
                 let mut out = vec![0f32; count];
                 for round in 0.. {
-                    if let Err(e) = c.allreduce(
-                        bytemuck::cast_slice(&send),
-                        bytemuck::cast_slice_mut(&mut out),
-                        DataType::Float32,
-                        ReduceOp::Sum,
-                    ) {
+                    if let Err(e) =
+                        c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                    {
                         return (Instant::now(), round, e);
                     }
-                    assert!(
-                        out.iter().all(|&v| v == n as f32),
-                        "round {round} computed wrong"
-                    );
+                    assert!(out.iter().all(|&v| v == n as f32), "round {round} computed wrong");
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 unreachable!("the loop ends with an error")
@@ -341,10 +268,7 @@ fn kill_the_server(provider: &str) {
         .collect();
     let t = Instant::now();
     while done.load(Ordering::Relaxed) < 4 {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the ranks made no progress"
-        );
+        assert!(t.elapsed() < Duration::from_secs(60), "the ranks made no progress");
         std::thread::sleep(Duration::from_millis(5));
     }
     srv.child.kill().unwrap();
@@ -355,10 +279,7 @@ fn kill_the_server(provider: &str) {
         let (at, round, e) = h.join().expect("rank thread");
         let took = at.saturating_duration_since(killed_at);
         eprintln!("FAULT server-SIGKILL ({provider}): rank {rank} error in round {round} {took:?} after the kill: {e}");
-        assert!(
-            took < ERROR_BOUND,
-            "rank {rank}'s error came {took:?} after the kill: {e}"
-        );
+        assert!(took < ERROR_BOUND, "rank {rank}'s error came {took:?} after the kill: {e}");
     }
 }
 
@@ -371,27 +292,11 @@ fn a_server_killed_mid_allreduce_fails_every_client_quickly_tcp() {
 fn a_second_server_on_a_port_in_use_fails_naming_the_address() {
     let srv = server("shm", &[]);
     let t = Instant::now();
-    let (ok, err) = server_that_should_fail(&[
-        "--listen",
-        &srv.addr,
-        "--lcores",
-        "0",
-        "--provider",
-        "shm",
-        "--slab-size",
-        "8M",
-    ]);
+    let (ok, err) = server_that_should_fail(&["--listen", &srv.addr, "--lcores", "0", "--provider", "shm", "--slab-size", "8M"]);
     eprintln!("FAULT port-in-use: refused after {:?}", t.elapsed());
     assert!(!ok, "a second server on {} must not start", srv.addr);
-    assert!(
-        err.contains(&srv.addr),
-        "the error names the address {}: {err}",
-        srv.addr
-    );
-    assert!(
-        err.to_lowercase().contains("in use"),
-        "the error says why: {err}"
-    );
+    assert!(err.contains(&srv.addr), "the error names the address {}: {err}", srv.addr);
+    assert!(err.to_lowercase().contains("in use"), "the error says why: {err}");
     // The first server is untouched.
     join_all(sum_job("shm", &srv.addr, 3, 2, 1000, 1));
     assert!(srv.stop().success());
@@ -400,22 +305,10 @@ fn a_second_server_on_a_port_in_use_fails_naming_the_address() {
 #[test]
 fn an_unknown_fabric_provider_fails_clearly() {
     let t = Instant::now();
-    let (ok, err) = server_that_should_fail(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--lcores",
-        "0",
-        "--provider",
-        "nosuch",
-        "--slab-size",
-        "8M",
-    ]);
+    let (ok, err) = server_that_should_fail(&["--listen", "127.0.0.1:0", "--lcores", "0", "--provider", "nosuch", "--slab-size", "8M"]);
     eprintln!("FAULT provider-missing: refused after {:?}", t.elapsed());
     assert!(!ok, "a server with provider nosuch must not start");
-    assert!(
-        err.contains("tally: error:") && err.contains("nosuch"),
-        "the error names the provider: {err}"
-    );
+    assert!(err.contains("tally: error:") && err.contains("nosuch"), "the error names the provider: {err}");
 }
 
 fn read_number(path: &str) -> Option<u64> {
@@ -427,17 +320,9 @@ fn hugepages_required_but_the_pool_cannot_hold_the_slab_fails_clearly() {
     // Every pool's free pages, in bytes; the slab asked for is larger than all of
     // them together, so the pool is exhausted whatever this host has reserved.
     let mut free_bytes = 0u64;
-    for e in std::fs::read_dir("/sys/kernel/mm/hugepages")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
+    for e in std::fs::read_dir("/sys/kernel/mm/hugepages").into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(kb) = name
-            .strip_prefix("hugepages-")
-            .and_then(|s| s.strip_suffix("kB"))
-            .and_then(|s| s.parse::<u64>().ok())
-        else {
+        let Some(kb) = name.strip_prefix("hugepages-").and_then(|s| s.strip_suffix("kB")).and_then(|s| s.parse::<u64>().ok()) else {
             continue;
         };
         let dir = e.path().display().to_string();
@@ -466,12 +351,6 @@ fn hugepages_required_but_the_pool_cannot_hold_the_slab_fails_clearly() {
         &slab,
     ]);
     eprintln!("FAULT hugepages-exhausted: refused after {:?}", t.elapsed());
-    assert!(
-        !ok,
-        "a server that requires hugepages it cannot have must not start"
-    );
-    assert!(
-        err.contains("tally: error:") && err.contains("hugepages"),
-        "the error is about hugepages: {err}"
-    );
+    assert!(!ok, "a server that requires hugepages it cannot have must not start");
+    assert!(err.contains("tally: error:") && err.contains("hugepages"), "the error is about hugepages: {err}");
 }

@@ -22,14 +22,7 @@ static POOLS: Mutex<()> = Mutex::new(());
 fn tally() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));
     // The decisions read these; the test's own environment must not leak in.
-    for v in [
-        "FI_EFA_FORK_SAFE",
-        "FI_EFA_USE_HUGE_PAGE",
-        "RDMAV_FORK_SAFE",
-        "IBV_FORK_SAFE",
-        "FI_PROVIDER",
-        "TALLY_PROVIDER",
-    ] {
+    for v in ["FI_EFA_FORK_SAFE", "FI_EFA_USE_HUGE_PAGE", "RDMAV_FORK_SAFE", "IBV_FORK_SAFE", "FI_PROVIDER", "TALLY_PROVIDER"] {
         c.env_remove(v);
     }
     c.env("TALLY_LOG", "warn");
@@ -56,11 +49,7 @@ fn finish(o: Output) -> Run {
 
 impl std::fmt::Debug for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
+        write!(f, "exit {}\n--- stdout\n{}--- stderr\n{}", self.code, self.stdout, self.stderr)
     }
 }
 
@@ -70,16 +59,11 @@ fn is_root() -> bool {
 }
 
 fn has_2m_pages() -> bool {
-    hugepages::page_sizes()
-        .unwrap_or_default()
-        .contains(&SIZE_2M)
+    hugepages::page_sizes().unwrap_or_default().contains(&SIZE_2M)
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 /// Puts the system-wide pools back as they were, and unmounts what the test
@@ -91,20 +75,12 @@ struct Restore {
 
 impl Restore {
     fn new() -> Restore {
-        let pools = hugepages::pools()
-            .unwrap()
-            .into_iter()
-            .filter(|p| p.node.is_none())
-            .map(|p| (p.page_size, p.total))
-            .collect();
+        let pools = hugepages::pools().unwrap().into_iter().filter(|p| p.node.is_none()).map(|p| (p.page_size, p.total)).collect();
         Restore { pools, mount: None }
     }
 
     fn total_2m(&self) -> u64 {
-        self.pools
-            .iter()
-            .find(|(s, _)| *s == SIZE_2M)
-            .map_or(0, |(_, n)| *n)
+        self.pools.iter().find(|(s, _)| *s == SIZE_2M).map_or(0, |(_, n)| *n)
     }
 }
 
@@ -123,10 +99,7 @@ impl Drop for Restore {
 }
 
 fn is_mounted(dir: &Path) -> bool {
-    hugepages::mounts()
-        .unwrap()
-        .iter()
-        .any(|m| m.mount_point == dir)
+    hugepages::mounts().unwrap().iter().any(|m| m.mount_point == dir)
 }
 
 fn total_2m() -> u64 {
@@ -162,25 +135,16 @@ fn hugepages_show_table_and_json() {
     assert_eq!(r.code, 0, "{r:?}");
     let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert!(j["pools"].is_array() && j["mounts"].is_array(), "{j}");
-    assert!(
-        ["always", "madvise", "never"].contains(&j["thp"].as_str().unwrap()),
-        "{j}"
-    );
+    assert!(["always", "madvise", "never"].contains(&j["thp"].as_str().unwrap()), "{j}");
     if has_2m_pages() {
-        assert!(j["pools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p["page_size"] == SIZE_2M && p["node"].is_null()));
+        assert!(j["pools"].as_array().unwrap().iter().any(|p| p["page_size"] == SIZE_2M && p["node"].is_null()));
     }
 }
 
 #[test]
 fn hugepages_reserve_adds_sets_and_clears() {
     if !is_root() || !has_2m_pages() {
-        println!(
-            "skipped: needs root and 2 MiB hugepages (see changes_need_root for the non-root case)"
-        );
+        println!("skipped: needs root and 2 MiB hugepages (see changes_need_root for the non-root case)");
         return;
     }
     let _lock = POOLS.lock().unwrap_or_else(|e| e.into_inner());
@@ -192,21 +156,9 @@ fn hugepages_reserve_adds_sets_and_clears() {
     assert_eq!(r.code, 0, "{r:?}");
     let want = before + 4;
     assert_eq!(total_2m(), want, "{r:?}");
-    assert!(
-        r.stdout.contains(&format!(
-            "system pool of 2 MiB pages: {before} -> {want} pages"
-        )),
-        "{r:?}"
-    );
-    assert!(
-        r.stdout.contains(&format!("vm.nr_hugepages = {want}")),
-        "{r:?}"
-    );
-    assert!(
-        r.stdout
-            .contains(&format!("hugepagesz=2M hugepages={want}")),
-        "{r:?}"
-    );
+    assert!(r.stdout.contains(&format!("system pool of 2 MiB pages: {before} -> {want} pages")), "{r:?}");
+    assert!(r.stdout.contains(&format!("vm.nr_hugepages = {want}")), "{r:?}");
+    assert!(r.stdout.contains(&format!("hugepagesz=2M hugepages={want}")), "{r:?}");
 
     // A size that is not whole pages rounds up: 3 MiB is 2 pages.
     let r = run(&["hugepages", "reserve", "3M"]);
@@ -222,13 +174,7 @@ fn hugepages_reserve_adds_sets_and_clears() {
     assert_eq!(r.code, 0, "{r:?}");
     let now = total_2m();
     assert_eq!(now, after_set(0), "{r:?}");
-    assert!(
-        r.stdout.contains(&format!(
-            "system pool of 2 MiB pages: {} -> {now} page",
-            after_set(2)
-        )),
-        "{r:?}"
-    );
+    assert!(r.stdout.contains(&format!("system pool of 2 MiB pages: {} -> {now} page", after_set(2))), "{r:?}");
     if now > 0 {
         assert!(r.stdout.contains("still in use"), "{r:?}");
     }
@@ -259,11 +205,7 @@ fn hugepages_mount_and_unmount_in_a_temporary_directory() {
     let r = run(&["hugepages", "mount", "--directory", d, "--pagesize", "2M"]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(is_mounted(&dir), "{r:?}");
-    assert!(
-        r.stdout
-            .contains(&format!("mounted hugetlbfs (2 MiB pages) on {d}")),
-        "{r:?}"
-    );
+    assert!(r.stdout.contains(&format!("mounted hugetlbfs (2 MiB pages) on {d}")), "{r:?}");
     // Mounting again is not an error.
     let r = run(&["hugepages", "mount", "--directory", d]);
     assert_eq!(r.code, 0, "{r:?}");
@@ -291,15 +233,7 @@ fn hugepages_setup_clears_reserves_and_mounts() {
     restore.mount = Some(dir.clone());
     let d = dir.to_str().unwrap();
     // setup creates the directory, and leaves the pool at exactly SIZE.
-    let r = run(&[
-        "hugepages",
-        "setup",
-        "6M",
-        "--pagesize",
-        "2M",
-        "--directory",
-        d,
-    ]);
+    let r = run(&["hugepages", "setup", "6M", "--pagesize", "2M", "--directory", d]);
     assert_eq!(r.code, 0, "{r:?}");
     // Cleared to the pages in use (none, unless the machine is shared), plus 3.
     assert_eq!(total_2m(), in_use_2m() + 3, "{r:?}");
@@ -380,22 +314,11 @@ fn efa_env_check_says_plainly_what_is_missing() {
     ] {
         assert!(r.stdout.contains(word), "{word}: {r:?}");
     }
-    assert!(
-        r.stdout.contains("Role server (") && r.stdout.contains("Role worker ("),
-        "{r:?}"
-    );
+    assert!(r.stdout.contains("Role server (") && r.stdout.contains("Role worker ("), "{r:?}");
     if !Path::new("/sys/class/infiniband").exists() {
         // This build host: no RDMA device, and it must read that way.
-        assert!(
-            r.stdout
-                .contains("RDMA devices          none: no RDMA devices"),
-            "{r:?}"
-        );
-        assert!(
-            r.stdout
-                .contains("EFA devices           none: shm/tcp only (fine for development)"),
-            "{r:?}"
-        );
+        assert!(r.stdout.contains("RDMA devices          none: no RDMA devices"), "{r:?}");
+        assert!(r.stdout.contains("EFA devices           none: shm/tcp only (fine for development)"), "{r:?}");
         assert!(r.stdout.contains("efa provider finds no device"), "{r:?}");
     }
     let r = run(&["efa-env", "check", "--json"]);
@@ -409,55 +332,26 @@ fn efa_env_check_says_plainly_what_is_missing() {
 #[test]
 fn efa_env_print_formats() {
     // sh: what `eval` gives a shell.
-    let r = run(&[
-        "efa-env",
-        "print",
-        "--role",
-        "worker",
-        "--format",
-        "sh",
-        "--assume-efa",
-    ]);
+    let r = run(&["efa-env", "print", "--role", "worker", "--format", "sh", "--assume-efa"]);
     assert_eq!(r.code, 0, "{r:?}");
     let script = format!("export RDMAV_FORK_SAFE=1\n{}\nenv", r.stdout);
     let path = std::env::var("PATH").unwrap_or_default();
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .env_clear()
-        .env("PATH", path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new("bash").arg("-c").arg(&script).env_clear().env("PATH", path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let env = String::from_utf8(out.stdout).unwrap();
     assert!(env.lines().any(|l| l == "FI_EFA_USE_HUGE_PAGE=0"), "{env}");
     assert!(env.lines().any(|l| l == "FI_PROVIDER=efa"), "{env}");
     // Either fork support is needed here (and set), or RDMAV_FORK_SAFE is gone.
-    assert!(
-        env.lines().any(|l| l == "FI_EFA_FORK_SAFE=1") || !env.contains("RDMAV_FORK_SAFE"),
-        "{env}"
-    );
+    assert!(env.lines().any(|l| l == "FI_EFA_FORK_SAFE=1") || !env.contains("RDMAV_FORK_SAFE"), "{env}");
 
     // systemd: NAME=value lines and comments only.
-    let r = run(&[
-        "efa-env", "print", "--role", "server", "--format", "systemd",
-    ]);
+    let r = run(&["efa-env", "print", "--role", "server", "--format", "systemd"]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.lines().any(|l| l == "FI_EFA_FORK_SAFE=0"), "{r:?}");
-    assert!(
-        r.stdout.lines().any(|l| l == "FI_EFA_USE_HUGE_PAGE=1"),
-        "{r:?}"
-    );
+    assert!(r.stdout.lines().any(|l| l == "FI_EFA_USE_HUGE_PAGE=1"), "{r:?}");
     for line in r.stdout.lines().filter(|l| !l.starts_with('#')) {
         let (name, _) = line.split_once('=').unwrap_or_else(|| panic!("{line}"));
-        assert!(
-            name.chars().all(|c| c.is_ascii_uppercase() || c == '_'),
-            "{line}"
-        );
+        assert!(name.chars().all(|c| c.is_ascii_uppercase() || c == '_'), "{line}");
     }
 
     // json: settings with a reason each.
@@ -471,9 +365,7 @@ fn efa_env_print_formats() {
 }
 
 fn efa_absent() -> bool {
-    run(&["efa-env", "check"])
-        .stdout
-        .contains("efa provider finds no device")
+    run(&["efa-env", "check"]).stdout.contains("efa provider finds no device")
 }
 
 #[test]
@@ -481,11 +373,7 @@ fn doctor_on_this_host() {
     let no_efa = efa_absent();
     // The defaults describe a development box: a host without EFA warns but passes.
     let r = run(&["doctor"]);
-    assert!(
-        r.stdout
-            .contains("tally doctor: checking against the built-in defaults"),
-        "{r:?}"
-    );
+    assert!(r.stdout.contains("tally doctor: checking against the built-in defaults"), "{r:?}");
     for row in [
         "provider efa",
         "provider shm",
@@ -503,11 +391,7 @@ fn doctor_on_this_host() {
         assert!(r.stdout.lines().any(|l| l.starts_with(row)), "{row}: {r:?}");
     }
     if no_efa {
-        assert!(
-            r.stdout
-                .contains("warn    no EFA device; shm/tcp only (fine for development)"),
-            "{r:?}"
-        );
+        assert!(r.stdout.contains("warn    no EFA device; shm/tcp only (fine for development)"), "{r:?}");
         // This build host: shm and tcp work, so nothing fails for a dev config.
         assert_eq!(r.code, 0, "{r:?}");
         assert!(r.stdout.contains(" warnings, 0 failed"), "{r:?}");
@@ -521,20 +405,13 @@ fn doctor_on_this_host() {
     assert_eq!(r.code, i32::from(any_fail), "{r:?}");
     assert_eq!(j["exit_code"].as_i64().unwrap(), i64::from(r.code), "{r:?}");
     for c in checks {
-        assert!(
-            ["pass", "info", "warn", "fail"].contains(&c["status"].as_str().unwrap()),
-            "{c}"
-        );
+        assert!(["pass", "info", "warn", "fail"].contains(&c["status"].as_str().unwrap()), "{c}");
         if c["status"] == "warn" || c["status"] == "fail" {
             assert!(c["fix"].is_string(), "a warning without a fix: {c}");
         }
     }
     if no_efa {
-        let r = run(&[
-            "doctor",
-            "--config",
-            repo().join("config/local.toml").to_str().unwrap(),
-        ]);
+        let r = run(&["doctor", "--config", repo().join("config/local.toml").to_str().unwrap()]);
         assert_eq!(r.code, 0, "{r:?}");
     }
 }
@@ -543,72 +420,44 @@ fn doctor_on_this_host() {
 fn doctor_with_the_production_config_fails_without_efa() {
     let path = repo().join("config/c7gn.16xlarge.toml");
     let r = run(&["doctor", "--config", path.to_str().unwrap()]);
-    let efa_here = r
-        .stdout
-        .lines()
-        .any(|l| l.starts_with("provider efa") && l.contains(" pass "));
+    let efa_here = r.stdout.lines().any(|l| l.starts_with("provider efa") && l.contains(" pass "));
     if efa_here {
         println!("this host has EFA: only the general shape is checked");
         assert!(r.stdout.contains("lcores"), "{r:?}");
         return;
     }
     assert_eq!(r.code, 1, "{r:?}");
-    let line = |name: &str| {
-        r.stdout
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("{name}: {r:?}"))
-            .to_string()
-    };
-    assert!(
-        line("provider efa")
-            .contains("fail    no EFA device, and the configuration asks for provider efa"),
-        "{r:?}"
-    );
+    let line = |name: &str| r.stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}: {r:?}")).to_string();
+    assert!(line("provider efa").contains("fail    no EFA device, and the configuration asks for provider efa"), "{r:?}");
     assert!(line("hugepages").contains("fail"), "{r:?}");
     assert!(r.stdout.contains("fix: tally hugepages reserve "), "{r:?}");
     // A configuration that does not load is an error, not a report.
     let r = run(&["doctor", "--config", "/nonexistent/tally.toml"]);
     assert_eq!(r.code, 1, "{r:?}");
-    assert!(
-        r.stderr.contains("cannot read /nonexistent/tally.toml"),
-        "{r:?}"
-    );
+    assert!(r.stderr.contains("cannot read /nonexistent/tally.toml"), "{r:?}");
 }
 
 // ---- shipped configuration files ----
 
 #[test]
 fn server_configs_load() {
-    let local = ServerFile::load(&repo().join("config/local.toml"))
-        .unwrap()
-        .resolve()
-        .unwrap();
+    let local = ServerFile::load(&repo().join("config/local.toml")).unwrap().resolve().unwrap();
     assert_eq!(local.lcores.len(), 2);
     assert_eq!(local.poll, "adaptive");
     assert!(matches!(local.provider.as_deref(), Some("shm" | "tcp")));
 
-    let c7gn = ServerFile::load(&repo().join("config/c7gn.16xlarge.toml"))
-        .unwrap()
-        .resolve()
-        .unwrap();
+    let c7gn = ServerFile::load(&repo().join("config/c7gn.16xlarge.toml")).unwrap().resolve().unwrap();
     assert_eq!(c7gn.provider.as_deref(), Some("efa"));
     assert_eq!(c7gn.poll, "busy");
     assert_eq!(c7gn.hugepages, "require");
-    assert!(
-        !c7gn.lcores.contains(0) && !c7gn.lcores.contains(1),
-        "core 0 and the IRQ core stay free"
-    );
+    assert!(!c7gn.lcores.contains(0) && !c7gn.lcores.contains(1), "core 0 and the IRQ core stay free");
     assert!(c7gn.lcores.iter().all(|c| c < 64));
     assert_eq!(c7gn.lcores.len(), 62);
 
     // The sysctl file reserves exactly what the c7gn configuration needs.
     let need_pages = c7gn.lcores.len() as u64 * c7gn.slab_size.div_ceil(SIZE_2M);
     let conf = std::fs::read_to_string(repo().join("config/hugepages.conf")).unwrap();
-    let line = conf
-        .lines()
-        .find(|l| l.starts_with("vm.nr_hugepages"))
-        .expect("vm.nr_hugepages line");
+    let line = conf.lines().find(|l| l.starts_with("vm.nr_hugepages")).expect("vm.nr_hugepages line");
     let pages: u64 = line.split('=').nth(1).unwrap().trim().parse().unwrap();
     assert_eq!(pages, need_pages, "{line}");
 }
@@ -617,18 +466,12 @@ fn server_configs_load() {
 fn unit_entries(text: &str) -> Vec<(String, String, String)> {
     let mut section = String::new();
     let mut out = Vec::new();
-    for line in text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-    {
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
         if line.starts_with('[') {
             section = line.trim_matches(|c| c == '[' || c == ']').to_string();
             continue;
         }
-        let (k, v) = line
-            .split_once('=')
-            .unwrap_or_else(|| panic!("not key=value: {line}"));
+        let (k, v) = line.split_once('=').unwrap_or_else(|| panic!("not key=value: {line}"));
         out.push((section.clone(), k.to_string(), v.to_string()));
     }
     out
@@ -638,25 +481,15 @@ fn unit_entries(text: &str) -> Vec<(String, String, String)> {
 fn systemd_unit() {
     let text = std::fs::read_to_string(repo().join("config/tally-server.service")).unwrap();
     let e = unit_entries(&text);
-    let get = |k: &str| {
-        e.iter()
-            .find(|(s, key, _)| s == "Service" && key == k)
-            .map(|(_, _, v)| v.as_str())
-    };
+    let get = |k: &str| e.iter().find(|(s, key, _)| s == "Service" && key == k).map(|(_, _, v)| v.as_str());
     assert_eq!(get("LimitMEMLOCK"), Some("infinity"));
-    assert_eq!(
-        get("ExecStart"),
-        Some("/usr/local/bin/tally server --config /etc/tally/server.toml")
-    );
+    assert_eq!(get("ExecStart"), Some("/usr/local/bin/tally server --config /etc/tally/server.toml"));
     assert!(get("EnvironmentFile").is_some_and(|f| f.trim_start_matches('-').starts_with('/')));
     assert!(text.contains("tally efa-env print --role server --format systemd"));
     // The unit's CPUs cover every c7gn lcore and leave core 0 to the kernel.
     let cpus = tally_engine::cpuset::CoreList::parse(get("CPUAffinity").unwrap()).unwrap();
     assert!(!cpus.contains(0));
-    let c7gn = ServerFile::load(&repo().join("config/c7gn.16xlarge.toml"))
-        .unwrap()
-        .resolve()
-        .unwrap();
+    let c7gn = ServerFile::load(&repo().join("config/c7gn.16xlarge.toml")).unwrap().resolve().unwrap();
     assert!(c7gn.lcores.iter().all(|c| cpus.contains(c)));
     for (s, _, _) in &e {
         assert!(["Unit", "Service", "Install"].contains(&s.as_str()), "{s}");
@@ -673,17 +506,11 @@ fn yaml_docs(path: &str) -> Vec<serde_yaml::Value> {
 }
 
 fn kind<'a>(docs: &'a [serde_yaml::Value], k: &str) -> &'a serde_yaml::Value {
-    docs.iter()
-        .find(|d| d["kind"] == k)
-        .unwrap_or_else(|| panic!("no {k}"))
+    docs.iter().find(|d| d["kind"] == k).unwrap_or_else(|| panic!("no {k}"))
 }
 
 fn env_from_secret(container: &serde_yaml::Value, name: &str) -> bool {
-    container["env"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .any(|e| e["name"] == name && e["valueFrom"]["secretKeyRef"]["key"].is_string())
+    container["env"].as_sequence().unwrap().iter().any(|e| e["name"] == name && e["valueFrom"]["secretKeyRef"]["key"].is_string())
 }
 
 #[test]
@@ -698,23 +525,14 @@ fn kubernetes_server() {
     assert_eq!(req, lim);
     let cpus: u64 = req["cpu"].as_str().unwrap().parse().expect("integer CPUs");
     assert!(cpus > 0);
-    assert!(
-        req["vpc.amazonaws.com/efa"].as_str().is_some()
-            || req["vpc.amazonaws.com/efa"].as_u64().is_some()
-    );
+    assert!(req["vpc.amazonaws.com/efa"].as_str().is_some() || req["vpc.amazonaws.com/efa"].as_u64().is_some());
     assert!(req["hugepages-2Mi"].is_string() || req["hugepages-1Gi"].is_string());
     assert!(req["memory"].is_string());
     assert!(env_from_secret(c, "TALLY_TOKEN"));
     assert_eq!(pod["hostNetwork"], true);
     let script = c["args"][0].as_str().unwrap();
-    assert!(
-        script.contains("tally efa-env print --role server"),
-        "{script}"
-    );
-    assert!(
-        script.contains("exec tally server --config /etc/tally/server.toml"),
-        "{script}"
-    );
+    assert!(script.contains("tally efa-env print --role server"), "{script}");
+    assert!(script.contains("exec tally server --config /etc/tally/server.toml"), "{script}");
 
     // The embedded configuration loads, and its slabs fit the hugepages asked for.
     let cm = kind(&docs, "ConfigMap");
@@ -722,16 +540,8 @@ fn kubernetes_server() {
     let cfg = ServerFile::parse(toml).unwrap().resolve().unwrap();
     assert_eq!(cfg.provider.as_deref(), Some("efa"));
     assert_eq!(cfg.poll, "busy");
-    let huge = tally_engine::units::parse_size(
-        req["hugepages-2Mi"].as_str().unwrap().trim_end_matches('i'),
-    )
-    .unwrap();
-    assert!(
-        huge >= cpus * cfg.slab_size,
-        "{} lcores x {} slab > {huge}",
-        cpus,
-        cfg.slab_size
-    );
+    let huge = tally_engine::units::parse_size(req["hugepages-2Mi"].as_str().unwrap().trim_end_matches('i')).unwrap();
+    assert!(huge >= cpus * cfg.slab_size, "{} lcores x {} slab > {huge}", cpus, cfg.slab_size);
 }
 
 #[test]
@@ -744,54 +554,23 @@ fn kubernetes_worker() {
     assert_eq!(env["FI_PROVIDER"], "efa");
     assert_eq!(env["FI_EFA_USE_HUGE_PAGE"], "0");
     let servers = env["TALLY_SERVERS"].as_str().unwrap();
-    assert!(
-        servers.split(',').all(|s| s
-            .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())),
-        "{servers}"
-    );
+    assert!(servers.split(',').all(|s| s.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())), "{servers}");
     let job = kind(&docs, "Job");
     let c = &job["spec"]["template"]["spec"]["containers"][0];
     assert!(env_from_secret(c, "TALLY_TOKEN"));
-    assert_eq!(
-        c["envFrom"][0]["configMapRef"]["name"],
-        cm["metadata"]["name"]
-    );
-    assert!(c["resources"]["limits"]["vpc.amazonaws.com/efa"]
-        .as_u64()
-        .is_some());
+    assert_eq!(c["envFrom"][0]["configMapRef"]["name"], cm["metadata"]["name"]);
+    assert!(c["resources"]["limits"]["vpc.amazonaws.com/efa"].as_u64().is_some());
 
     // The fork/hugepage settings are the ones efa-env decides for an EFA host
     // on a kernel with copy-on-fork (as this build host's kernel is).
-    let r = run(&[
-        "efa-env",
-        "print",
-        "--role",
-        "worker",
-        "--format",
-        "json",
-        "--assume-efa",
-    ]);
+    let r = run(&["efa-env", "print", "--role", "worker", "--format", "json", "--assume-efa"]);
     let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    let decided = |n: &str| {
-        j["settings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["name"] == n)
-            .map(|s| s["value"].clone())
-    };
-    assert_eq!(
-        decided("FI_EFA_USE_HUGE_PAGE"),
-        Some(serde_json::json!("0"))
-    );
+    let decided = |n: &str| j["settings"].as_array().unwrap().iter().find(|s| s["name"] == n).map(|s| s["value"].clone());
+    assert_eq!(decided("FI_EFA_USE_HUGE_PAGE"), Some(serde_json::json!("0")));
     assert_eq!(decided("FI_PROVIDER"), Some(serde_json::json!("efa")));
     let kernel = &j["facts"]["kernel"];
     if kernel["major"].as_u64().unwrap() * 100 + kernel["minor"].as_u64().unwrap() >= 513 {
-        assert_eq!(
-            decided("FI_EFA_FORK_SAFE"),
-            Some(serde_json::json!(env["FI_EFA_FORK_SAFE"].as_str().unwrap()))
-        );
+        assert_eq!(decided("FI_EFA_FORK_SAFE"), Some(serde_json::json!(env["FI_EFA_FORK_SAFE"].as_str().unwrap())));
     }
 }
 
@@ -799,11 +578,7 @@ fn kubernetes_worker() {
 fn slurm_script() {
     let path = repo().join("config/slurm/tally-train.sbatch");
     let out = Command::new("bash").arg("-n").arg(&path).output().unwrap();
-    assert!(
-        out.status.success(),
-        "bash -n: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "bash -n: {}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&path).unwrap();
     for needle in [
         "#!/bin/bash",
@@ -819,8 +594,7 @@ fn slurm_script() {
         "export TALLY_TOKEN",
         "SLURM_JOB_NODELIST_HET_GROUP_0",
     ] {
-        let found = text.contains(needle)
-            || text.contains(&needle.replace("tally efa-env", "\"$TALLY\" efa-env"));
+        let found = text.contains(needle) || text.contains(&needle.replace("tally efa-env", "\"$TALLY\" efa-env"));
         assert!(found, "{needle} missing from the sbatch script");
     }
 }

@@ -18,18 +18,13 @@ const JOB: u64 = 0x77;
 
 /// A port that was free a moment ago (the server binds it right after).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn get(addr: &str, path: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
@@ -40,29 +35,19 @@ fn get(addr: &str, path: &str) -> (String, String) {
 fn scrape(addr: &str) -> HashMap<String, f64> {
     let (head, body) = get(addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    assert!(
-        head.contains("Content-Type: text/plain; version=0.0.4"),
-        "{head}"
-    );
+    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
     body.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {
             let (k, v) = l.rsplit_once(' ').unwrap();
-            (
-                k.to_string(),
-                v.parse::<f64>()
-                    .unwrap_or_else(|_| panic!("bad value in {l:?}")),
-            )
+            (k.to_string(), v.parse::<f64>().unwrap_or_else(|_| panic!("bad value in {l:?}")))
         })
         .collect()
 }
 
 /// Sum of every series of metric `name` whose labels contain `with`.
 fn sum(m: &HashMap<String, f64>, name: &str, with: &str) -> f64 {
-    m.iter()
-        .filter(|(k, _)| k.split('{').next() == Some(name) && k.contains(with))
-        .map(|(_, v)| v)
-        .sum()
+    m.iter().filter(|(k, _)| k.split('{').next() == Some(name) && k.contains(with)).map(|(_, v)| v).sum()
 }
 
 fn rank(addr: String, rank: u32) -> std::thread::JoinHandle<()> {
@@ -75,26 +60,11 @@ fn rank(addr: String, rank: u32) -> std::thread::JoinHandle<()> {
         cfg.spin_polls = 16;
         let mut c = Client::connect(cfg).unwrap();
         for round in 0..ROUNDS {
-            let send: Vec<f32> = (0..COUNT)
-                .map(|i| (rank as usize + i % 97 + round) as f32)
-                .collect();
+            let send: Vec<f32> = (0..COUNT).map(|i| (rank as usize + i % 97 + round) as f32).collect();
             let mut out = vec![0f32; COUNT];
-            c.allreduce(
-                bytemuck::cast_slice(&send),
-                bytemuck::cast_slice_mut(&mut out),
-                DataType::Float32,
-                ReduceOp::Sum,
-            )
-            .unwrap();
-            let want = |i: usize| {
-                (0..NRANKS)
-                    .map(|r| (r as usize + i % 97 + round) as f32)
-                    .sum::<f32>()
-            };
-            assert!(
-                out.iter().enumerate().all(|(i, v)| *v == want(i)),
-                "rank {rank} round {round}: wrong result"
-            );
+            c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum).unwrap();
+            let want = |i: usize| (0..NRANKS).map(|r| (r as usize + i % 97 + round) as f32).sum::<f32>();
+            assert!(out.iter().enumerate().all(|(i, v)| *v == want(i)), "rank {rank} round {round}: wrong result");
         }
     })
 }
@@ -103,29 +73,13 @@ fn rank(addr: String, rank: u32) -> std::thread::JoinHandle<()> {
 fn metrics_count_what_the_clients_sent() {
     let port = free_port();
     let maddr = format!("127.0.0.1:{port}");
-    let srv = ServerProcess::start(&[
-        "--lcores",
-        "0-1",
-        "--provider",
-        "shm",
-        "--poll",
-        "adaptive",
-        "--slab-size",
-        "8M",
-        "--metrics",
-        &maddr,
-    ]);
+    let srv =
+        ServerProcess::start(&["--lcores", "0-1", "--provider", "shm", "--poll", "adaptive", "--slab-size", "8M", "--metrics", &maddr]);
 
     // Before any job: lcore series exist, no job series, and only /metrics is served.
     let m0 = scrape(&maddr);
-    assert!(
-        m0.contains_key("tally_lcore_polls_total{lcore=\"0\"}"),
-        "{m0:?}"
-    );
-    assert!(
-        m0.contains_key("tally_lcore_in_flight{lcore=\"1\"}"),
-        "{m0:?}"
-    );
+    assert!(m0.contains_key("tally_lcore_polls_total{lcore=\"0\"}"), "{m0:?}");
+    assert!(m0.contains_key("tally_lcore_in_flight{lcore=\"1\"}"), "{m0:?}");
     assert_eq!(sum(&m0, "tally_lcore_bytes_in_total", ""), 0.0);
     assert!(!m0.keys().any(|k| k.starts_with("tally_job_")), "{m0:?}");
     assert!(get(&maddr, "/").0.starts_with("HTTP/1.1 404"));
@@ -159,22 +113,12 @@ fn metrics_count_what_the_clients_sent() {
     assert!(rounds > 0.0, "{m:?}");
     // Every reduced slot round was sent back: one result per rank per round.
     let chunk_bytes_total: f64 = bytes / NRANKS as f64;
-    assert!(
-        rounds * (16 << 10) as f64 >= chunk_bytes_total,
-        "{rounds} rounds cannot carry {chunk_bytes_total} bytes"
-    );
-    assert_eq!(
-        sum(&m, "tally_job_round_latency_seconds_count", &job),
-        rounds
-    );
+    assert!(rounds * (16 << 10) as f64 >= chunk_bytes_total, "{rounds} rounds cannot carry {chunk_bytes_total} bytes");
+    assert_eq!(sum(&m, "tally_job_round_latency_seconds_count", &job), rounds);
     // Buckets are cumulative: the +Inf one holds every round.
     assert_eq!(
         m.iter()
-            .filter(
-                |(k, _)| k.starts_with("tally_job_round_latency_seconds_bucket")
-                    && k.contains(&job)
-                    && k.contains("le=\"+Inf\"")
-            )
+            .filter(|(k, _)| k.starts_with("tally_job_round_latency_seconds_bucket") && k.contains(&job) && k.contains("le=\"+Inf\""))
             .map(|(_, v)| v)
             .sum::<f64>(),
         rounds
@@ -186,15 +130,8 @@ fn metrics_count_what_the_clients_sent() {
     assert_eq!(sum(&m, "tally_lcore_cq_errors_total", ""), 0.0);
 
     // The terminal view's script mode reads the same endpoint.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(["stats", &maddr, "--once", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tally")).args(["stats", &maddr, "--once", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let lcores = v["lcores"].as_array().unwrap();
     assert_eq!(lcores.len(), 2, "{v}");

@@ -35,45 +35,14 @@ const F32: c_int = 7;
 const SUM: c_int = 0;
 
 fn cases() -> Vec<Case> {
-    let mut v: Vec<Case> = [0usize, 1, 1000, 65536 + 3, 4 << 20]
-        .iter()
-        .map(|&count| Case {
-            dtype: F32,
-            op: SUM,
-            count,
-        })
-        .collect();
+    let mut v: Vec<Case> = [0usize, 1, 1000, 65536 + 3, 4 << 20].iter().map(|&count| Case { dtype: F32, op: SUM, count }).collect();
     v.extend([
-        Case {
-            dtype: 2,
-            op: 2,
-            count: 100_003,
-        }, // i32 max
-        Case {
-            dtype: 8,
-            op: 1,
-            count: 50_001,
-        }, // f64 prod
-        Case {
-            dtype: 9,
-            op: 0,
-            count: 300_007,
-        }, // bf16 sum
-        Case {
-            dtype: 0,
-            op: 3,
-            count: 77_777,
-        }, // i8 min
-        Case {
-            dtype: 7,
-            op: 4,
-            count: 200_000,
-        }, // f32 avg
-        Case {
-            dtype: 5,
-            op: 0,
-            count: 10_000,
-        }, // u64 sum
+        Case { dtype: 2, op: 2, count: 100_003 }, // i32 max
+        Case { dtype: 8, op: 1, count: 50_001 },  // f64 prod
+        Case { dtype: 9, op: 0, count: 300_007 }, // bf16 sum
+        Case { dtype: 0, op: 3, count: 77_777 },  // i8 min
+        Case { dtype: 7, op: 4, count: 200_000 }, // f32 avg
+        Case { dtype: 5, op: 0, count: 10_000 },  // u64 sum
     ]);
     v
 }
@@ -127,11 +96,7 @@ fn buffer(case: Case, r: usize) -> Vec<u8> {
     let es = elem_size(case.dtype);
     let mut b = vec![0u8; case.count * es];
     for i in 0..case.count {
-        encode(
-            case.dtype,
-            input(case, r, i) as f64,
-            &mut b[i * es..(i + 1) * es],
-        );
+        encode(case.dtype, input(case, r, i) as f64, &mut b[i * es..(i + 1) * es]);
     }
     b
 }
@@ -141,67 +106,39 @@ fn check_result(case: Case, n: usize, got: &[u8], what: &str) {
     let mut want = vec![0u8; es];
     for i in 0..case.count {
         encode(case.dtype, expected(case, n, i), &mut want);
-        assert_eq!(
-            &got[i * es..(i + 1) * es],
-            &want[..],
-            "{what}: element {i} of {case:?}"
-        );
+        assert_eq!(&got[i * es..(i + 1) * es], &want[..], "{what}: element {i} of {case:?}");
     }
 }
 
-fn rank_main(
-    p: &Plugin,
-    r: usize,
-    n: usize,
-    handles: &Mutex<Vec<[u8; HANDLE]>>,
-    barrier: &Barrier,
-    net_name: &str,
-) {
+fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, net_name: &str) {
     let t = p.coll11;
     let mut ctx = null();
     // SAFETY: valid out-pointer; the logger matches NCCL's calling convention.
     unsafe {
-        assert_eq!(
-            (t.init)(&mut ctx, 0xc011_0000 + r as u64, logger()),
-            NCCL_SUCCESS
-        );
+        assert_eq!((t.init)(&mut ctx, 0xc011_0000 + r as u64, logger()), NCCL_SUCCESS);
         let mut ndev: c_int = -1;
         assert_eq!((t.devices)(&mut ndev), NCCL_SUCCESS);
         assert_eq!(ndev, 1, "one CollNet device when TALLY_SERVERS is set");
         let mut props: NetPropertiesV11 = std::mem::zeroed();
         assert_eq!((t.get_properties)(0, &mut props), NCCL_SUCCESS);
-        assert_eq!(
-            CStr::from_ptr(props.name).to_str().unwrap(),
-            net_name,
-            "CollNet rides on the net device"
-        );
+        assert_eq!(CStr::from_ptr(props.name).to_str().unwrap(), net_name, "CollNet rides on the net device");
         assert!(props.max_coll_bytes > 0 && props.max_coll_bytes <= NCCL_MAX_NET_SIZE_BYTES);
         let mut v12: NetPropertiesV12 = std::mem::zeroed();
         assert_eq!((p.coll12.get_properties)(0, &mut v12), NCCL_SUCCESS);
-        assert_eq!(
-            (v12.name, v12.pci_path, v12.rail_id),
-            (props.name, props.pci_path, NCCL_NET_ID_UNDEF)
-        );
+        assert_eq!((v12.name, v12.pci_path, v12.rail_id), (props.name, props.pci_path, NCCL_NET_ID_UNDEF));
     }
     // listen, exchange every rank's handle, connect (collective, blocking)
     let mut h = [0u8; HANDLE];
     let mut listen = null();
     // SAFETY: valid context, handle buffer and out-pointer.
-    assert_eq!(
-        unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), &mut listen) },
-        NCCL_SUCCESS
-    );
+    assert_eq!(unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), &mut listen) }, NCCL_SUCCESS);
     handles.lock().unwrap()[r] = h;
     barrier.wait();
     let mut all = handles.lock().unwrap().clone();
     let mut ptrs: Vec<*mut c_void> = all.iter_mut().map(|h| h.as_mut_ptr().cast()).collect();
     let mut comm = null();
     // SAFETY: nranks handle pointers, a live listen comm.
-    assert_eq!(
-        unsafe { (t.connect)(ptrs.as_mut_ptr(), n as c_int, r as c_int, listen, &mut comm) },
-        NCCL_SUCCESS,
-        "rank {r}: connect"
-    );
+    assert_eq!(unsafe { (t.connect)(ptrs.as_mut_ptr(), n as c_int, r as c_int, listen, &mut comm) }, NCCL_SUCCESS, "rank {r}: connect");
     assert!(!comm.is_null());
     // SAFETY: closed once, after connect, as NCCL does.
     assert_eq!(unsafe { (t.close_listen)(listen) }, NCCL_SUCCESS);
@@ -209,51 +146,19 @@ fn rank_main(
     // Every case in flight at once (all ranks issue them in the same order).
     let cases = cases();
     let sends: Vec<Vec<u8>> = cases.iter().map(|&c| buffer(c, r)).collect();
-    let mut recvs: Vec<Vec<u8>> = cases
-        .iter()
-        .map(|c| vec![0xeeu8; c.count * elem_size(c.dtype)])
-        .collect();
+    let mut recvs: Vec<Vec<u8>> = cases.iter().map(|c| vec![0xeeu8; c.count * elem_size(c.dtype)]).collect();
     let mut mhs = Vec::new();
     for (s, rv) in sends.iter().zip(recvs.iter_mut()) {
         let (mut a, mut b) = (null(), null());
         // SAFETY: live comm; buffers outlive the registrations.
         unsafe {
-            assert_eq!(
-                (t.reg_mr)(
-                    comm,
-                    s.as_ptr() as *mut c_void,
-                    s.len(),
-                    NCCL_PTR_HOST,
-                    &mut a
-                ),
-                NCCL_SUCCESS
-            );
-            assert_eq!(
-                (t.reg_mr)(
-                    comm,
-                    rv.as_mut_ptr().cast(),
-                    rv.len(),
-                    NCCL_PTR_HOST,
-                    &mut b
-                ),
-                NCCL_SUCCESS
-            );
+            assert_eq!((t.reg_mr)(comm, s.as_ptr() as *mut c_void, s.len(), NCCL_PTR_HOST, &mut a), NCCL_SUCCESS);
+            assert_eq!((t.reg_mr)(comm, rv.as_mut_ptr().cast(), rv.len(), NCCL_PTR_HOST, &mut b), NCCL_SUCCESS);
         }
         mhs.push((a, b));
     }
     // SAFETY: a CUDA registration is refused.
-    assert_eq!(
-        unsafe {
-            (t.reg_mr)(
-                comm,
-                recvs[0].as_mut_ptr().cast(),
-                4,
-                NCCL_PTR_CUDA,
-                &mut null(),
-            )
-        },
-        NCCL_INVALID_ARGUMENT
-    );
+    assert_eq!(unsafe { (t.reg_mr)(comm, recvs[0].as_mut_ptr().cast(), 4, NCCL_PTR_CUDA, &mut null(),) }, NCCL_INVALID_ARGUMENT);
     let t0 = Instant::now();
     for round in 0..2 {
         let mut reqs = vec![null(); cases.len()];
@@ -288,18 +193,9 @@ fn rank_main(
                     continue;
                 }
                 let (mut done, mut size) = (0, -1);
-                let sz = if k % 2 == 0 {
-                    &mut size as *mut c_int
-                } else {
-                    std::ptr::null_mut()
-                };
+                let sz = if k % 2 == 0 { &mut size as *mut c_int } else { std::ptr::null_mut() };
                 // SAFETY: a request of a live comm.
-                assert_eq!(
-                    unsafe { (t.test)(*req, &mut done, sz) },
-                    NCCL_SUCCESS,
-                    "rank {r}: test {:?}",
-                    cases[k]
-                );
+                assert_eq!(unsafe { (t.test)(*req, &mut done, sz) }, NCCL_SUCCESS, "rank {r}: test {:?}", cases[k]);
                 if done == 1 {
                     if !sz.is_null() {
                         assert_eq!(size as usize, cases[k].count * elem_size(cases[k].dtype));
@@ -308,10 +204,7 @@ fn rank_main(
                     left -= 1;
                 }
             }
-            assert!(
-                t0.elapsed() < TIMEOUT,
-                "rank {r}: {left} all-reduces not done"
-            );
+            assert!(t0.elapsed() < TIMEOUT, "rank {r}: {left} all-reduces not done");
         }
         for (k, &c) in cases.iter().enumerate() {
             check_result(c, n, &recvs[k], &format!("rank {r} round {round}"));
@@ -322,68 +215,17 @@ fn rank_main(
     let mut req = null();
     // SAFETY: every call is refused before any buffer is touched.
     unsafe {
-        let (s, d) = (
-            sends[2].as_ptr() as *mut c_void,
-            recvs[2].as_mut_ptr().cast::<c_void>(),
-        );
-        assert_eq!(
-            (t.iallreduce)(comm, s, d, 4, 10, SUM, null(), null(), &mut req),
-            NCCL_INVALID_ARGUMENT,
-            "fp8 e4m3"
-        );
-        assert_eq!(
-            (t.iallreduce)(comm, s, d, 4, -1, SUM, null(), null(), &mut req),
-            NCCL_INVALID_ARGUMENT,
-            "unknown type"
-        );
-        assert_eq!(
-            (t.iallreduce)(comm, s, d, 4, F32, 5, null(), null(), &mut req),
-            NCCL_INVALID_ARGUMENT,
-            "unknown op"
-        );
-        assert_eq!(
-            (t.iallreduce)(
-                comm,
-                s,
-                d,
-                usize::MAX / 2,
-                F32,
-                SUM,
-                null(),
-                null(),
-                &mut req
-            ),
-            NCCL_INVALID_ARGUMENT,
-            "oversize"
-        );
-        assert_eq!(
-            (t.iallreduce)(comm, null(), d, 4, F32, SUM, null(), null(), &mut req),
-            NCCL_INVALID_ARGUMENT,
-            "NULL send buffer"
-        );
-        assert_eq!(
-            (t.iallreduce)(
-                comm,
-                s,
-                d,
-                4,
-                F32,
-                SUM,
-                null(),
-                null(),
-                std::ptr::null_mut()
-            ),
-            NCCL_INVALID_ARGUMENT,
-            "NULL request"
-        );
+        let (s, d) = (sends[2].as_ptr() as *mut c_void, recvs[2].as_mut_ptr().cast::<c_void>());
+        assert_eq!((t.iallreduce)(comm, s, d, 4, 10, SUM, null(), null(), &mut req), NCCL_INVALID_ARGUMENT, "fp8 e4m3");
+        assert_eq!((t.iallreduce)(comm, s, d, 4, -1, SUM, null(), null(), &mut req), NCCL_INVALID_ARGUMENT, "unknown type");
+        assert_eq!((t.iallreduce)(comm, s, d, 4, F32, 5, null(), null(), &mut req), NCCL_INVALID_ARGUMENT, "unknown op");
+        assert_eq!((t.iallreduce)(comm, s, d, usize::MAX / 2, F32, SUM, null(), null(), &mut req), NCCL_INVALID_ARGUMENT, "oversize");
+        assert_eq!((t.iallreduce)(comm, null(), d, 4, F32, SUM, null(), null(), &mut req), NCCL_INVALID_ARGUMENT, "NULL send buffer");
+        assert_eq!((t.iallreduce)(comm, s, d, 4, F32, SUM, null(), null(), std::ptr::null_mut()), NCCL_INVALID_ARGUMENT, "NULL request");
         assert_eq!((t.iflush)(comm, d, 16, mhs[2].1, &mut req), NCCL_SUCCESS);
         assert!(req.is_null(), "host memory needs no flush");
     }
-    eprintln!(
-        "rank {r}/{n}: {} all-reduces x 2 rounds in {:?}",
-        cases.len(),
-        t0.elapsed()
-    );
+    eprintln!("rank {r}/{n}: {} all-reduces x 2 rounds in {:?}", cases.len(), t0.elapsed());
     barrier.wait();
     for (a, b) in mhs {
         // SAFETY: registrations of this comm, removed once.
@@ -419,16 +261,7 @@ fn run_job(p: &Plugin, n: usize, net_name: &str) {
 fn suite(p: &Plugin, provider: &str) {
     // The plugin's CollNet clients use TALLY_PROVIDER, like the servers' --provider.
     std::env::set_var("TALLY_PROVIDER", provider);
-    let common = [
-        "--provider",
-        provider,
-        "--poll",
-        "adaptive",
-        "--slab-size",
-        "64M",
-        "--hugepages",
-        "off",
-    ];
+    let common = ["--provider", provider, "--poll", "adaptive", "--slab-size", "64M", "--hugepages", "off"];
     let one = ServerProcess::start(&[&["--lcores", "0-1"][..], &common].concat());
     let two = ServerProcess::start(&[&["--lcores", "1"][..], &common].concat());
 
@@ -439,29 +272,17 @@ fn suite(p: &Plugin, provider: &str) {
     let mut net_ctx = null();
     let mut cfg = NetCommConfig { traffic_class: -1 };
     // SAFETY: valid out-pointers.
-    assert_eq!(
-        unsafe { (p.net11.init)(&mut net_ctx, 1, &mut cfg, logger(), null()) },
-        NCCL_SUCCESS
-    );
+    assert_eq!(unsafe { (p.net11.init)(&mut net_ctx, 1, &mut cfg, logger(), null()) }, NCCL_SUCCESS);
     let mut props: NetPropertiesV11 = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer.
-    assert_eq!(
-        unsafe { (p.net11.get_properties)(0, &mut props) },
-        NCCL_SUCCESS
-    );
+    assert_eq!(unsafe { (p.net11.get_properties)(0, &mut props) }, NCCL_SUCCESS);
     // SAFETY: a static C string of the plugin.
-    let net_name = unsafe { CStr::from_ptr(props.name) }
-        .to_str()
-        .unwrap()
-        .to_string();
+    let net_name = unsafe { CStr::from_ptr(props.name) }.to_str().unwrap().to_string();
 
     std::env::set_var("TALLY_SERVERS", &one.addr);
     let t0 = Instant::now();
     run_job(p, 2, &net_name);
-    eprintln!(
-        "{provider}: 2 ranks, 1 server x 2 lcores: {:?}",
-        t0.elapsed()
-    );
+    eprintln!("{provider}: 2 ranks, 1 server x 2 lcores: {:?}", t0.elapsed());
     std::env::set_var("TALLY_SERVERS", format!("{},{}", one.addr, two.addr));
     let t0 = Instant::now();
     run_job(p, 4, &net_name);

@@ -155,9 +155,8 @@ impl Endpoint {
     pub fn open(cfg: &EndpointConfig) -> Result<Endpoint, FabricError> {
         let info = InfoList::get(&cfg.hints)?;
         let provider = info.provider_name();
-        let contexts: Box<[OpContext]> = (0..cfg.contexts)
-            .map(|id| OpContext { fi: sys::fi_context2::default(), id, in_flight: false })
-            .collect();
+        let contexts: Box<[OpContext]> =
+            (0..cfg.contexts).map(|id| OpContext { fi: sys::fi_context2::default(), id, in_flight: false }).collect();
         let mut me = Endpoint {
             info,
             fabric: ptr::null_mut(),
@@ -207,10 +206,7 @@ impl Endpoint {
             }
             check!("fi_endpoint", sys::fi_endpoint(self.domain, info, &mut self.ep, ptr::null_mut()));
             check!("fi_ep_bind(av)", sys::fi_ep_bind(self.ep, &mut (*self.av).fid, 0));
-            check!(
-                "fi_ep_bind(cq)",
-                sys::fi_ep_bind(self.ep, &mut (*self.cq).fid, sys::FI_TRANSMIT as u64 | sys::FI_RECV as u64)
-            );
+            check!("fi_ep_bind(cq)", sys::fi_ep_bind(self.ep, &mut (*self.cq).fid, sys::FI_TRANSMIT as u64 | sys::FI_RECV as u64));
             check!("fi_enable", sys::fi_enable(self.ep));
         }
         Ok(())
@@ -359,7 +355,15 @@ impl Endpoint {
     /// `[buf, buf+len)` must stay valid and unmodified until the completion
     /// for `context` has been returned by [`Endpoint::poll`] (or the endpoint
     /// is dropped).
-    pub unsafe fn send(&mut self, buf: *const u8, len: usize, mh: Option<MemoryHandle>, dest: PeerAddr, tag: u64, context: u32) -> Result<(), PostError> {
+    pub unsafe fn send(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        mh: Option<MemoryHandle>,
+        dest: PeerAddr,
+        tag: u64,
+        context: u32,
+    ) -> Result<(), PostError> {
         let ctx = self.take_context(context)?;
         let desc = self.desc_for(mh, buf as usize, len)?;
         // SAFETY: ep is open; the caller guarantees the buffer's lifetime;
@@ -376,7 +380,16 @@ impl Endpoint {
     /// anyone else, until the completion for `context` has been returned by
     /// [`Endpoint::poll`] (or the endpoint is dropped).
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn recv(&mut self, buf: *mut u8, len: usize, mh: Option<MemoryHandle>, src: Option<PeerAddr>, tag: u64, ignore: u64, context: u32) -> Result<(), PostError> {
+    pub unsafe fn recv(
+        &mut self,
+        buf: *mut u8,
+        len: usize,
+        mh: Option<MemoryHandle>,
+        src: Option<PeerAddr>,
+        tag: u64,
+        ignore: u64,
+        context: u32,
+    ) -> Result<(), PostError> {
         let ctx = self.take_context(context)?;
         let desc = self.desc_for(mh, buf as usize, len)?;
         // SAFETY: as for send; the caller guarantees exclusive access to the buffer.

@@ -92,8 +92,7 @@ pub struct InfoList {
 unsafe impl Send for InfoList {}
 
 /// The MR modes EFA needs; a provider that needs fewer clears bits in its answer.
-pub const MR_MODE_WANTED: u32 =
-    sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
+pub const MR_MODE_WANTED: u32 = sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
 
 impl InfoList {
     pub fn get(h: &Hints) -> Result<InfoList, FabricError> {
@@ -210,7 +209,14 @@ pub fn list_providers() -> Vec<String> {
     let mut info: *mut sys::fi_info = ptr::null_mut();
     // SAFETY: NULL hints asks for everything; the result list is freed below.
     let ret = unsafe {
-        sys::fi_getinfo(sys::make_version(sys::FI_MAJOR_VERSION, sys::FI_MINOR_VERSION), ptr::null(), ptr::null(), 0, ptr::null_mut(), &mut info)
+        sys::fi_getinfo(
+            sys::make_version(sys::FI_MAJOR_VERSION, sys::FI_MINOR_VERSION),
+            ptr::null(),
+            ptr::null(),
+            0,
+            ptr::null_mut(),
+            &mut info,
+        )
     };
     if ret != 0 {
         return out;

@@ -24,12 +24,7 @@ pub(crate) static TABLE: Table = kernel_table!(
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn int_kernel<E: Element, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn int_kernel<E: Element, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract.
     unsafe { scalar::reduce::<E, O>(out, inputs, elems, divisor) }
 }
@@ -37,12 +32,7 @@ unsafe fn int_kernel<E: Element, O: OpKind>(
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn float_kernel<L: Lanes, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn float_kernel<L: Lanes, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract and has the
     // instruction set the `Lanes` types below need.
     unsafe { simd::reduce::<L, O, 4>(out, inputs, elems, divisor) }
@@ -274,10 +264,7 @@ pub(crate) struct Pair {
 impl Pair {
     #[inline(always)]
     fn map(self, x: Self, f: impl Fn(__m256, __m256) -> __m256) -> Self {
-        Pair {
-            a: f(self.a, x.a),
-            b: f(self.b, x.b),
-        }
+        Pair { a: f(self.a, x.a), b: f(self.b, x.b) }
     }
 }
 
@@ -323,10 +310,7 @@ macro_rules! pair_arith {
                 if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(self.0.a, self.0.b)) == 0 {
                     return self;
                 }
-                Self(Pair {
-                    a: canonical_ps(self.0.a),
-                    b: canonical_ps(self.0.b),
-                })
+                Self(Pair { a: canonical_ps(self.0.a), b: canonical_ps(self.0.b) })
             }
         }
         #[inline(always)]
@@ -361,12 +345,7 @@ impl Lanes for F16x16 {
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         // SAFETY: see the note above `RNE`; 32 bytes are readable.
-        unsafe {
-            Self(Pair {
-                a: _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-                b: _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
-            })
-        }
+        unsafe { Self(Pair { a: _mm256_cvtph_ps(_mm_loadu_si128(p.cast())), b: _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())) }) }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut u8) {
@@ -410,10 +389,7 @@ unsafe fn round_bf16(v: __m256) -> __m256i {
     unsafe {
         let bits = _mm256_castps_si256(v);
         let lowest_kept = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
-        _mm256_add_epi32(
-            _mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)),
-            lowest_kept,
-        )
+        _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lowest_kept)
     }
 }
 
@@ -428,10 +404,7 @@ impl Lanes for Bf16x16 {
         unsafe {
             let h = _mm256_loadu_si256(p.cast());
             let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
-            Self(Pair {
-                a: _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h)),
-                b: _mm256_castsi256_ps(_mm256_and_si256(h, high)),
-            })
+            Self(Pair { a: _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h)), b: _mm256_castsi256_ps(_mm256_and_si256(h, high)) })
         }
     }
     #[inline(always)]

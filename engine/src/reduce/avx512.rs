@@ -42,12 +42,7 @@ pub(crate) static TABLE_BF16: Table = kernel_table!(
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn int_kernel<E: Element, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn int_kernel<E: Element, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract.
     unsafe { scalar::reduce::<E, O>(out, inputs, elems, divisor) }
 }
@@ -55,12 +50,7 @@ unsafe fn int_kernel<E: Element, O: OpKind>(
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn float_kernel<L: Lanes, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn float_kernel<L: Lanes, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract and has the
     // instruction set the `Lanes` types below need.
     unsafe { simd::reduce::<L, O, 4>(out, inputs, elems, divisor) }
@@ -69,12 +59,7 @@ unsafe fn float_kernel<L: Lanes, O: OpKind>(
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has AVX-512 F, BW, VL, DQ and BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,f16c")]
-unsafe fn bf16_kernel<L: Lanes, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn bf16_kernel<L: Lanes, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract and has the
     // instruction set `Bf16x32<true>` needs.
     unsafe { simd::reduce::<L, O, 4>(out, inputs, elems, divisor) }
@@ -282,11 +267,7 @@ impl Lanes for F64x8 {
             let equal = _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(a, b);
             let (ai, bi) = (_mm512_castpd_si512(a), _mm512_castpd_si512(b));
             let m = _mm512_castsi512_pd(_mm512_mask_and_epi64(m, equal, ai, bi));
-            Self(_mm512_mask_mov_pd(
-                m,
-                _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(a, a),
-                a,
-            ))
+            Self(_mm512_mask_mov_pd(m, _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(a, a), a))
         }
     }
     #[inline(always)]
@@ -298,11 +279,7 @@ impl Lanes for F64x8 {
             let equal = _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(a, b);
             let (ai, bi) = (_mm512_castpd_si512(a), _mm512_castpd_si512(b));
             let m = _mm512_castsi512_pd(_mm512_mask_or_epi64(m, equal, ai, bi));
-            Self(_mm512_mask_mov_pd(
-                m,
-                _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(a, a),
-                a,
-            ))
+            Self(_mm512_mask_mov_pd(m, _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(a, a), a))
         }
     }
     #[inline(always)]
@@ -350,10 +327,7 @@ pub(crate) struct Pair {
 impl Pair {
     #[inline(always)]
     fn map(self, x: Self, f: impl Fn(__m512, __m512) -> __m512) -> Self {
-        Pair {
-            a: f(self.a, x.a),
-            b: f(self.b, x.b),
-        }
+        Pair { a: f(self.a, x.a), b: f(self.b, x.b) }
     }
 
     /// Both registers with NaNs made canonical.
@@ -365,10 +339,7 @@ impl Pair {
             if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(self.a, self.b) == 0 {
                 return self;
             }
-            Pair {
-                a: canonical_ps(self.a),
-                b: canonical_ps(self.b),
-            }
+            Pair { a: canonical_ps(self.a), b: canonical_ps(self.b) }
         }
     }
 }
@@ -423,12 +394,7 @@ impl F16x32 {
     #[inline(always)]
     unsafe fn from_bits(h: __m512i) -> Self {
         // SAFETY: see the note above `first`.
-        unsafe {
-            Self(Pair {
-                a: _mm512_cvtph_ps(_mm512_castsi512_si256(h)),
-                b: _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h)),
-            })
-        }
+        unsafe { Self(Pair { a: _mm512_cvtph_ps(_mm512_castsi512_si256(h)), b: _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h)) }) }
     }
 
     #[inline(always)]
@@ -450,12 +416,7 @@ impl Lanes for F16x32 {
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         // SAFETY: see the note above `first`; 64 bytes are readable.
-        unsafe {
-            Self(Pair {
-                a: _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
-                b: _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
-            })
-        }
+        unsafe { Self(Pair { a: _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), b: _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())) }) }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut u8) {
@@ -499,10 +460,7 @@ impl<const NATIVE: bool> Bf16x32<NATIVE> {
         // SAFETY: see the note above `first`.
         unsafe {
             let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
-            Self(Pair {
-                a: _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)),
-                b: _mm512_castsi512_ps(_mm512_and_si512(h, high)),
-            })
+            Self(Pair { a: _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)), b: _mm512_castsi512_ps(_mm512_and_si512(h, high)) })
         }
     }
 
@@ -519,16 +477,14 @@ impl<const NATIVE: bool> Bf16x32<NATIVE> {
                 // NaN payloads and subnormals (it flushes them to zero).
                 const NAN_OR_SUBNORMAL: i32 = 0x01 | 0x80 | 0x20;
                 let (a, b) = (self.0.a, self.0.b);
-                let awkward = _mm512_fpclass_ps_mask::<NAN_OR_SUBNORMAL>(a)
-                    | _mm512_fpclass_ps_mask::<NAN_OR_SUBNORMAL>(b);
+                let awkward = _mm512_fpclass_ps_mask::<NAN_OR_SUBNORMAL>(a) | _mm512_fpclass_ps_mask::<NAN_OR_SUBNORMAL>(b);
                 if awkward != 0 {
                     return bf16_bits_by_shifts(self.0.canonical());
                 }
                 // Evens in the low 16 lanes, odds in the high 16: interleave.
                 let packed: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
                 let interleave = _mm512_set_epi16(
-                    31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
-                    5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
+                    31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
                 );
                 _mm512_permutexvar_epi16(interleave, packed)
             }
@@ -575,10 +531,7 @@ unsafe fn round_bf16(v: __m512) -> __m512i {
     unsafe {
         let bits = _mm512_castps_si512(v);
         let lowest_kept = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
-        _mm512_add_epi32(
-            _mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)),
-            lowest_kept,
-        )
+        _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lowest_kept)
     }
 }
 

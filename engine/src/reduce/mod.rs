@@ -146,9 +146,7 @@ impl DataType {
 
     /// The type with NCCL code `code`, if there is one.
     pub fn from_nccl(code: i32) -> Option<Self> {
-        usize::try_from(code)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
+        usize::try_from(code).ok().and_then(|i| Self::ALL.get(i).copied())
     }
 
     /// Bytes per element.
@@ -163,10 +161,7 @@ impl DataType {
 
     /// Whether this is a floating-point type.
     pub const fn is_float(self) -> bool {
-        matches!(
-            self,
-            DataType::Float16 | DataType::Float32 | DataType::Float64 | DataType::Bfloat16
-        )
+        matches!(self, DataType::Float16 | DataType::Float32 | DataType::Float64 | DataType::Bfloat16)
     }
 
     /// The short name: `i8`, `u8`, `i32`, `u32`, `i64`, `u64`, `f16`, `f32`,
@@ -235,20 +230,12 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every operation, in NCCL code order.
-    pub const ALL: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Max,
-        ReduceOp::Min,
-        ReduceOp::Avg,
-    ];
+    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
 
     /// The operation with NCCL code `code`, if there is one. (NCCL's
     /// user-defined operations, codes from `ncclNumOps` on, are not.)
     pub fn from_nccl(code: i32) -> Option<Self> {
-        usize::try_from(code)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
+        usize::try_from(code).ok().and_then(|i| Self::ALL.get(i).copied())
     }
 
     /// `sum`, `prod`, `max`, `min` or `avg`.
@@ -265,9 +252,7 @@ impl ReduceOp {
     /// Parses a name as [`ReduceOp::name`] writes it, ignoring ASCII case.
     pub fn parse(s: &str) -> Option<Self> {
         let s = s.trim();
-        Self::ALL
-            .into_iter()
-            .find(|op| op.name().eq_ignore_ascii_case(s))
+        Self::ALL.into_iter().find(|op| op.name().eq_ignore_ascii_case(s))
     }
 }
 
@@ -296,13 +281,7 @@ pub enum Isa {
 
 impl Isa {
     /// Every instruction set, best last within each architecture.
-    pub const ALL: [Isa; 5] = [
-        Isa::Scalar,
-        Isa::Avx2,
-        Isa::Avx512,
-        Isa::Avx512Bf16,
-        Isa::Neon,
-    ];
+    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Neon];
 
     /// `scalar`, `avx2`, `avx512`, `avx512bf16` or `neon`.
     pub fn name(self) -> &'static str {
@@ -318,9 +297,7 @@ impl Isa {
     /// Parses a name as [`Isa::name`] writes it, ignoring ASCII case.
     pub fn parse(s: &str) -> Option<Self> {
         let s = s.trim();
-        Self::ALL
-            .into_iter()
-            .find(|isa| isa.name().eq_ignore_ascii_case(s))
+        Self::ALL.into_iter().find(|isa| isa.name().eq_ignore_ascii_case(s))
     }
 
     /// The CPU features this instruction set's kernels use.
@@ -349,10 +326,7 @@ impl Isa {
 
     /// The best instruction set this CPU has.
     pub fn best() -> Isa {
-        [Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Neon]
-            .into_iter()
-            .find(|isa| isa.is_available())
-            .unwrap_or(Isa::Scalar)
+        [Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|isa| isa.is_available()).unwrap_or(Isa::Scalar)
     }
 }
 
@@ -365,10 +339,7 @@ impl fmt::Display for Isa {
 /// The instruction sets this CPU can run, scalar first and best last.
 #[cfg(feature = "std")]
 pub fn available_isas() -> std::vec::Vec<Isa> {
-    Isa::ALL
-        .into_iter()
-        .filter(|isa| isa.is_available())
-        .collect()
+    Isa::ALL.into_iter().filter(|isa| isa.is_available()).collect()
 }
 
 /// Why a set of kernels could not be had.
@@ -383,14 +354,10 @@ pub enum IsaError {
 impl fmt::Display for IsaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            IsaError::UnknownName => f.write_str(
-                "unknown instruction set name (TALLY_ISA takes scalar, avx2, avx512, avx512bf16, neon or auto)",
-            ),
-            IsaError::Unavailable(isa) => write!(
-                f,
-                "instruction set {isa} is not available on this CPU (it needs {})",
-                isa.requires()
-            ),
+            IsaError::UnknownName => {
+                f.write_str("unknown instruction set name (TALLY_ISA takes scalar, avx2, avx512, avx512bf16, neon or auto)")
+            }
+            IsaError::Unavailable(isa) => write!(f, "instruction set {isa} is not available on this CPU (it needs {})", isa.requires()),
         }
     }
 }
@@ -419,9 +386,7 @@ impl fmt::Display for ReduceError {
             ReduceError::NoInputs => "no inputs to reduce",
             ReduceError::TooManyInputs => "too many inputs to reduce (more than MAX_INPUTS)",
             ReduceError::LengthMismatch => "reduction buffers differ in length",
-            ReduceError::PartialElement => {
-                "reduction buffer length is not a multiple of the element size"
-            }
+            ReduceError::PartialElement => "reduction buffer length is not a multiple of the element size",
             ReduceError::BadCount => "average over zero inputs, or over more than u32::MAX",
         })
     }
@@ -480,13 +445,7 @@ macro_rules! kernel_table {
         use $crate::reduce::{Avg, Max, Min, Prod, Sum};
         macro_rules! row {
             ($k:ident, $t:ty) => {
-                [
-                    $k::<$t, Sum> as $crate::reduce::Kernel,
-                    $k::<$t, Prod>,
-                    $k::<$t, Max>,
-                    $k::<$t, Min>,
-                    $k::<$t, Avg>,
-                ]
+                [$k::<$t, Sum> as $crate::reduce::Kernel, $k::<$t, Prod>, $k::<$t, Max>, $k::<$t, Min>, $k::<$t, Avg>]
             };
         }
         [
@@ -569,10 +528,7 @@ impl Kernels {
 
     /// The portable kernels; they run anywhere.
     pub fn scalar() -> Kernels {
-        Kernels {
-            isa: Isa::Scalar,
-            table: &scalar::TABLE,
-        }
+        Kernels { isa: Isa::Scalar, table: &scalar::TABLE }
     }
 
     /// Which instruction set these kernels use.
@@ -587,13 +543,7 @@ impl Kernels {
     /// `out = op(inputs[0], ..., inputs[n-1])` elementwise, combined in rank
     /// order. All slices have the same length, a whole number of elements;
     /// none needs any alignment.
-    pub fn reduce(
-        &self,
-        dtype: DataType,
-        op: ReduceOp,
-        out: &mut [u8],
-        inputs: &[&[u8]],
-    ) -> Result<(), ReduceError> {
+    pub fn reduce(&self, dtype: DataType, op: ReduceOp, out: &mut [u8], inputs: &[&[u8]]) -> Result<(), ReduceError> {
         let elems = elements(dtype, out.len())?;
         check_count(inputs.len())?;
         if inputs.iter().any(|input| input.len() != out.len()) {
@@ -634,22 +584,12 @@ impl Kernels {
 
     /// `acc = op(acc, input)` elementwise. With [`ReduceOp::Avg`] this adds;
     /// call [`Kernels::finish_avg`] after the last input.
-    pub fn accumulate(
-        &self,
-        dtype: DataType,
-        op: ReduceOp,
-        acc: &mut [u8],
-        input: &[u8],
-    ) -> Result<(), ReduceError> {
+    pub fn accumulate(&self, dtype: DataType, op: ReduceOp, acc: &mut [u8], input: &[u8]) -> Result<(), ReduceError> {
         let elems = elements(dtype, acc.len())?;
         if input.len() != acc.len() {
             return Err(ReduceError::LengthMismatch);
         }
-        let op = if op == ReduceOp::Avg {
-            ReduceOp::Sum
-        } else {
-            op
-        };
+        let op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
         let out = acc.as_mut_ptr();
         let addrs = [out as *const u8, input.as_ptr()];
         // SAFETY: both buffers are `elems` elements long; `out` is exactly
@@ -664,10 +604,7 @@ impl Kernels {
     /// floats: widened, divided in `f32`, rounded).
     pub fn finish_avg(&self, dtype: DataType, buf: &mut [u8], n: usize) -> Result<(), ReduceError> {
         let elems = elements(dtype, buf.len())?;
-        let divisor = u32::try_from(n)
-            .ok()
-            .filter(|&d| d > 0)
-            .ok_or(ReduceError::BadCount)?;
+        let divisor = u32::try_from(n).ok().filter(|&d| d > 0).ok_or(ReduceError::BadCount)?;
         let out = buf.as_mut_ptr();
         let addrs = [out as *const u8];
         // SAFETY: one input, exactly `out`, `elems` elements long.
@@ -687,10 +624,7 @@ fn elements(dtype: DataType, len: usize) -> Result<usize, ReduceError> {
 /// Calls `f` with the start addresses of `inputs` (at most [`MAX_INPUTS`]),
 /// gathered on the stack; the common few-input case fills a small array.
 fn with_addresses<R>(inputs: &[&[u8]], f: impl FnOnce(&[*const u8]) -> R) -> R {
-    fn gather<'a, const N: usize>(
-        inputs: &[&[u8]],
-        addrs: &'a mut [*const u8; N],
-    ) -> &'a [*const u8] {
+    fn gather<'a, const N: usize>(inputs: &[&[u8]], addrs: &'a mut [*const u8; N]) -> &'a [*const u8] {
         for (addr, input) in addrs.iter_mut().zip(inputs) {
             *addr = input.as_ptr();
         }

@@ -43,12 +43,7 @@ pub(crate) static TABLE: Table = kernel_table!(
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has NEON.
 #[target_feature(enable = "neon")]
-unsafe fn int_kernel<E: Element, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn int_kernel<E: Element, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract.
     unsafe { scalar::reduce::<E, O>(out, inputs, elems, divisor) }
 }
@@ -56,12 +51,7 @@ unsafe fn int_kernel<E: Element, O: OpKind>(
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has NEON.
 #[target_feature(enable = "neon")]
-unsafe fn float_kernel<L: Lanes, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn float_kernel<L: Lanes, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract and has NEON.
     unsafe { simd::reduce::<L, O, 8>(out, inputs, elems, divisor) }
 }
@@ -206,10 +196,7 @@ pub(crate) struct Pair {
 impl Pair {
     #[inline(always)]
     fn map(self, x: Self, f: impl Fn(float32x4_t, float32x4_t) -> float32x4_t) -> Self {
-        Pair {
-            a: f(self.a, x.a),
-            b: f(self.b, x.b),
-        }
+        Pair { a: f(self.a, x.a), b: f(self.b, x.b) }
     }
 }
 
@@ -250,12 +237,7 @@ macro_rules! pair_arith {
         #[inline(always)]
         unsafe fn canonical(self) -> Self {
             // SAFETY: see the note above `F32x4`.
-            unsafe {
-                Self(Pair {
-                    a: canonical_f32(self.0.a),
-                    b: canonical_f32(self.0.b),
-                })
-            }
+            unsafe { Self(Pair { a: canonical_f32(self.0.a), b: canonical_f32(self.0.b) }) }
         }
     };
 }
@@ -337,10 +319,7 @@ impl Lanes for Bf16x8 {
         // SAFETY: see the note above `F32x4`.
         unsafe {
             let h = vreinterpretq_u32_u8(vld1q_u8(p));
-            Self(Pair {
-                a: vreinterpretq_f32_u32(vshlq_n_u32::<16>(h)),
-                b: vreinterpretq_f32_u32(vandq_u32(h, vdupq_n_u32(0xffff_0000))),
-            })
+            Self(Pair { a: vreinterpretq_f32_u32(vshlq_n_u32::<16>(h)), b: vreinterpretq_f32_u32(vandq_u32(h, vdupq_n_u32(0xffff_0000))) })
         }
     }
     #[inline(always)]

@@ -57,12 +57,7 @@ pub(crate) static TABLE: Table = kernel_table!(
 ///
 /// # Safety
 /// As for [`super::Kernel`].
-unsafe fn kernel<E: Element, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+unsafe fn kernel<E: Element, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     // SAFETY: the caller upholds the kernel contract, which is `reduce`'s.
     unsafe { reduce::<E, O>(out, inputs, elems, divisor) }
 }
@@ -77,12 +72,7 @@ unsafe fn kernel<E: Element, O: OpKind>(
 /// # Safety
 /// As for [`super::Kernel`], without the instruction-set condition.
 #[inline(always)]
-pub(crate) unsafe fn reduce<E: Element, O: OpKind>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+pub(crate) unsafe fn reduce<E: Element, O: OpKind>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     const BLOCK: usize = 64;
     let Some((&first, rest)) = inputs.split_first() else {
         return;
@@ -94,8 +84,7 @@ pub(crate) unsafe fn reduce<E: Element, O: OpKind>(
         // below `elems`, so they lie in every input and in `out`; every
         // input's block is read before `out`'s is written.
         unsafe {
-            let mut partial: [E::Acc; BLOCK] =
-                core::array::from_fn(|j| E::load(first.add(base + j * E::SIZE)));
+            let mut partial: [E::Acc; BLOCK] = core::array::from_fn(|j| E::load(first.add(base + j * E::SIZE)));
             for &input in rest {
                 for (j, acc) in partial.iter_mut().enumerate() {
                     *acc = acc.combine::<O>(E::load(input.add(base + j * E::SIZE)));
@@ -413,24 +402,11 @@ mod tests {
             let b = widen(h).to_bits();
             let step = widen(h.wrapping_add(1)).to_bits().wrapping_sub(b);
             let mid = b.wrapping_add(step / 2);
-            [
-                b,
-                b.wrapping_add(1),
-                b.wrapping_sub(1),
-                mid,
-                mid.wrapping_add(1),
-                mid.wrapping_sub(1),
-            ]
+            [b, b.wrapping_add(1), b.wrapping_sub(1), mid, mid.wrapping_add(1), mid.wrapping_sub(1)]
         })
     }
 
-    fn check_narrowing(
-        narrow: fn(f32) -> u16,
-        widen: fn(u16) -> f32,
-        reference: fn(f32) -> u16,
-        nan: u16,
-        seed: u64,
-    ) {
+    fn check_narrowing(narrow: fn(f32) -> u16, widen: fn(u16) -> f32, reference: fn(f32) -> u16, nan: u16, seed: u64) {
         let mut state = seed;
         let random = core::iter::repeat_with(move || splitmix(&mut state) as u32).take(1_000_000);
         for bits in rounding_edges(widen).chain(random) {
@@ -457,17 +433,9 @@ mod tests {
         let divisors = (1..=1100).chain([65_535, 65_536, 1 << 31, u32::MAX - 1, u32::MAX]);
         for d in divisors {
             for x in i16::from(i8::MIN)..=i16::from(u8::MAX) {
-                assert_eq!(
-                    quotient_i16(x, d),
-                    (i64::from(x) / i64::from(d)) as i16,
-                    "{x} / {d}"
-                );
+                assert_eq!(quotient_i16(x, d), (i64::from(x) / i64::from(d)) as i16, "{x} / {d}");
                 let x = i32::from(x);
-                assert_eq!(
-                    quotient_i32(x, d),
-                    (i64::from(x) / i64::from(d)) as i32,
-                    "{x} / {d}"
-                );
+                assert_eq!(quotient_i32(x, d), (i64::from(x) / i64::from(d)) as i32, "{x} / {d}");
             }
         }
         let mut state = 3;
@@ -476,20 +444,12 @@ mod tests {
             // Any value, by any divisor (small ones more often).
             let d = (((r >> 32) as u32) >> (r >> 59)).max(1);
             let (x, y) = (r as i32, r as u32);
-            assert_eq!(
-                quotient_i32(x, d),
-                (i64::from(x) / i64::from(d)) as i32,
-                "{x} / {d}"
-            );
+            assert_eq!(quotient_i32(x, d), (i64::from(x) / i64::from(d)) as i32, "{x} / {d}");
             assert_eq!(quotient_u32(y, d), y / d, "{y} / {d}");
         }
         for d in [1, 2, 3, 7, u32::MAX / 2, u32::MAX] {
             for x in [i32::MIN, i32::MIN + 1, -1, i32::MAX] {
-                assert_eq!(
-                    quotient_i32(x, d),
-                    (i64::from(x) / i64::from(d)) as i32,
-                    "{x} / {d}"
-                );
+                assert_eq!(quotient_i32(x, d), (i64::from(x) / i64::from(d)) as i32, "{x} / {d}");
             }
             for y in [u32::MAX, u32::MAX - 1, 1 << 31] {
                 assert_eq!(quotient_u32(y, d), y / d, "{y} / {d}");
@@ -499,14 +459,8 @@ mod tests {
 
     #[test]
     fn max_and_min_order_zeros_and_propagate_nan() {
-        let max = |a: f32, b: f32| {
-            a.combine::<super::super::Max>(b)
-                .finish::<super::super::Max>(1)
-        };
-        let min = |a: f32, b: f32| {
-            a.combine::<super::super::Min>(b)
-                .finish::<super::super::Min>(1)
-        };
+        let max = |a: f32, b: f32| a.combine::<super::super::Max>(b).finish::<super::super::Max>(1);
+        let min = |a: f32, b: f32| a.combine::<super::super::Min>(b).finish::<super::super::Min>(1);
         assert_eq!(max(-0.0, 0.0).to_bits(), 0.0f32.to_bits());
         assert_eq!(max(0.0, -0.0).to_bits(), 0.0f32.to_bits());
         assert_eq!(min(-0.0, 0.0).to_bits(), (-0.0f32).to_bits());

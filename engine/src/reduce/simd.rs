@@ -122,11 +122,7 @@ unsafe fn combine<L: Lanes, O: OpKind>(acc: L, x: L) -> L {
 unsafe fn finish<L: Lanes, O: OpKind>(acc: L, divisor: L) -> L {
     // SAFETY: as in `combine`.
     unsafe {
-        let value = if O::OP == ReduceOp::Avg {
-            acc.div(divisor)
-        } else {
-            acc
-        };
+        let value = if O::OP == ReduceOp::Avg { acc.div(divisor) } else { acc };
         value.canonical()
     }
 }
@@ -144,12 +140,7 @@ struct Buffers<'a> {
 /// # Safety
 /// As for [`super::Kernel`]; `L`'s instruction set is enabled in the caller.
 #[inline(always)]
-pub(crate) unsafe fn reduce<L: Lanes, O: OpKind, const U: usize>(
-    out: *mut u8,
-    inputs: &[*const u8],
-    elems: usize,
-    divisor: u32,
-) {
+pub(crate) unsafe fn reduce<L: Lanes, O: OpKind, const U: usize>(out: *mut u8, inputs: &[*const u8], elems: usize, divisor: u32) {
     let Some((&first, rest)) = inputs.split_first() else {
         return;
     };
@@ -159,9 +150,7 @@ pub(crate) unsafe fn reduce<L: Lanes, O: OpKind, const U: usize>(
     // given element ranges inside `0..elems` only.
     unsafe {
         let divisor = L::divisor(divisor);
-        let stream = L::STREAM_ALIGN != 0
-            && elems.saturating_mul(L::SIZE) >= STREAM_MIN_BYTES
-            && (out as usize) % L::SIZE == 0;
+        let stream = L::STREAM_ALIGN != 0 && elems.saturating_mul(L::SIZE) >= STREAM_MIN_BYTES && (out as usize) % L::SIZE == 0;
         let mut done = 0;
         if stream {
             let misaligned = (out as usize) % L::STREAM_ALIGN;
@@ -204,8 +193,7 @@ unsafe fn blocks<L: Lanes, O: OpKind, const U: usize, const STREAM: bool>(
         // every buffer; the whole block of every input is read before any
         // of `out` is written, so `out` may be the first input.
         unsafe {
-            let mut acc: [L; U] =
-                core::array::from_fn(|u| L::load(buffers.first.add(base + u * step)));
+            let mut acc: [L; U] = core::array::from_fn(|u| L::load(buffers.first.add(base + u * step)));
             for &input in buffers.rest {
                 for u in 0..U {
                     acc[u] = combine::<L, O>(acc[u], L::load(input.add(base + u * step)));
@@ -232,12 +220,7 @@ unsafe fn blocks<L: Lanes, O: OpKind, const U: usize, const STREAM: bool>(
 /// # Safety
 /// As for [`reduce`], with `start + count <= elems`.
 #[inline(always)]
-unsafe fn partial<L: Lanes, O: OpKind>(
-    buffers: Buffers<'_>,
-    start: usize,
-    count: usize,
-    divisor: L,
-) -> usize {
+unsafe fn partial<L: Lanes, O: OpKind>(buffers: Buffers<'_>, start: usize, count: usize, divisor: L) -> usize {
     let base = start * L::SIZE;
     // SAFETY: elements `start .. start + count` lie in every buffer.
     unsafe {

@@ -56,8 +56,12 @@ pub struct Joining {
 pub enum ConnEvent {
     Join(Box<Joining>),
     /// The rank finished cleanly.
-    Bye { conn: u64 },
-    Closed { conn: u64 },
+    Bye {
+        conn: u64,
+    },
+    Closed {
+        conn: u64,
+    },
 }
 
 struct Conn {
@@ -281,7 +285,12 @@ impl ControlPlane {
         let names: Vec<EndpointName> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
         let Some(index) = (0..self.active.len()).find(|&i| self.active[i].is_none() && !self.quarantined[i]) else {
             log::warn!("job {:#x} refused: already serving {} jobs", spec.job_id, self.active.len());
-            self.refuse_all(&mut conns, RejectCode::TooManyJobs, "", &format!("the server already runs its limit of {} jobs", self.active.len()));
+            self.refuse_all(
+                &mut conns,
+                RejectCode::TooManyJobs,
+                "",
+                &format!("the server already runs its limit of {} jobs", self.active.len()),
+            );
             return;
         };
         let stride = spec.piece_bytes().div_ceil(64) * 64;
@@ -326,7 +335,18 @@ impl ControlPlane {
             spec.window,
             spec.shards
         );
-        self.active[index] = Some(Active { job_id: spec.job_id, spec, tag, conns, regions, ready: 0, ended: 0, stuck_lcores: Vec::new(), done: vec![false; spec.nranks as usize], phase: Phase::Starting });
+        self.active[index] = Some(Active {
+            job_id: spec.job_id,
+            spec,
+            tag,
+            conns,
+            regions,
+            ready: 0,
+            ended: 0,
+            stuck_lcores: Vec::new(),
+            done: vec![false; spec.nranks as usize],
+            phase: Phase::Starting,
+        });
     }
 
     fn find(&mut self, tag: u16) -> Option<(usize, &mut Active)> {
@@ -570,7 +590,14 @@ fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
 
 /// Reads and checks one Hello; answers bad ones with a Reject naming the
 /// field. Bounded in time (the handshake deadline) and memory (one Hello).
-fn handshake(mut stream: TcpStream, peer: SocketAddr, conn: u64, limits: &Limits, token: Option<&[u8; TOKEN_BYTES]>, timeout: Duration) -> Option<Joining> {
+fn handshake(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    conn: u64,
+    limits: &Limits,
+    token: Option<&[u8; TOKEN_BYTES]>,
+    timeout: Duration,
+) -> Option<Joining> {
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
     let _ = stream.set_nodelay(true);

@@ -37,12 +37,26 @@ pub enum Command {
 /// Messages to the control plane, from lcores and connection threads.
 pub enum Event {
     Conn(control::ConnEvent),
-    JobReady { lcore: usize, tag: u16 },
-    JobFailed { lcore: usize, tag: u16, reason: String },
+    JobReady {
+        lcore: usize,
+        tag: u16,
+    },
+    JobFailed {
+        lcore: usize,
+        tag: u16,
+        reason: String,
+    },
     /// The lcore is done with the job; `stuck` operations never completed
     /// (their region and job slot must not be reused).
-    JobEnded { lcore: usize, tag: u16, stuck: u32 },
-    LcoreError { lcore: usize, reason: String },
+    JobEnded {
+        lcore: usize,
+        tag: u16,
+        stuck: u32,
+    },
+    LcoreError {
+        lcore: usize,
+        reason: String,
+    },
 }
 
 /// Granularity of slab regions: pages, so regions never share one.
@@ -156,11 +170,7 @@ impl Server {
             .name("tally-control".into())
             .spawn(move || plane.run(listener, ev_rx, stop2))
             .map_err(|e| e.to_string())?;
-        log::info!(
-            "tally server listening on {local_addr}: {} lcores on cores {}, provider {provider}",
-            cfg.lcores.len(),
-            cfg.lcores
-        );
+        log::info!("tally server listening on {local_addr}: {} lcores on cores {}, provider {provider}", cfg.lcores.len(), cfg.lcores);
         Ok(Server { lcores: Some(lcores), control: Some(control), stop, local_addr, provider, names, jobs, metrics })
     }
 

@@ -150,7 +150,6 @@ impl ShardWorker {
         }
     }
 
-
     /// Posts the operation a context id stands for (receive into its piece,
     /// or send of its slot's result). On EAGAIN it is queued for retry.
     fn post(&mut self, context: u32) -> Result<(), String> {

@@ -23,17 +23,9 @@ pub fn built_library() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps/..")
-        .to_path_buf();
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps/..").to_path_buf();
     let lib = dir.join("libnccl_net_tally.so");
-    assert!(
-        lib.exists(),
-        "{} is missing: build the plugin first (cargo build -p tally-nccl-plugin, same profile)",
-        lib.display()
-    );
+    assert!(lib.exists(), "{} is missing: build the plugin first (cargo build -p tally-nccl-plugin, same profile)", lib.display());
     lib
 }
 
@@ -85,9 +77,7 @@ pub fn load() -> Plugin {
     let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
         // SAFETY: dlerror returns a NUL-terminated message after a failure.
-        panic!("dlopen {}: {:?}", path.display(), unsafe {
-            CStr::from_ptr(libc::dlerror())
-        });
+        panic!("dlopen {}: {:?}", path.display(), unsafe { CStr::from_ptr(libc::dlerror()) });
     }
     Plugin {
         path,
@@ -110,26 +100,11 @@ pub static LOG_CALLS: AtomicUsize = AtomicUsize::new(0);
 /// AAPCS64 (Linux) calling conventions a variadic call passes those six
 /// arguments exactly as a call to this non-variadic function would, so the
 /// test can receive them without C code.
-unsafe extern "C" fn test_logger(
-    level: c_int,
-    flags: c_ulong,
-    _file: *const c_char,
-    _line: c_int,
-    fmt: *const c_char,
-    msg: *const c_char,
-) {
+unsafe extern "C" fn test_logger(level: c_int, flags: c_ulong, _file: *const c_char, _line: c_int, fmt: *const c_char, msg: *const c_char) {
     LOG_CALLS.fetch_add(1, Ordering::Relaxed);
     // SAFETY: the plugin passes NUL-terminated strings.
-    let (fmt, msg) = unsafe {
-        (
-            CStr::from_ptr(fmt).to_string_lossy().into_owned(),
-            CStr::from_ptr(msg).to_string_lossy().into_owned(),
-        )
-    };
-    assert_eq!(
-        fmt, "%s",
-        "the plugin must pass its text as an argument, never as a format"
-    );
+    let (fmt, msg) = unsafe { (CStr::from_ptr(fmt).to_string_lossy().into_owned(), CStr::from_ptr(msg).to_string_lossy().into_owned()) };
+    assert_eq!(fmt, "%s", "the plugin must pass its text as an argument, never as a format");
     if std::env::var_os("TALLY_TEST_VERBOSE").is_some() {
         eprintln!("NCCL log {level} {flags:#x}: {msg}");
     }
@@ -137,18 +112,14 @@ unsafe extern "C" fn test_logger(
 }
 
 pub fn logger() -> Option<NcclLogger> {
-    type Fixed =
-        unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, *const c_char);
+    type Fixed = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int, *const c_char, *const c_char);
     let f: Fixed = test_logger;
     // SAFETY: see test_logger: same arguments in the same registers.
     Some(unsafe { std::mem::transmute::<Fixed, NcclLogger>(f) })
 }
 
 pub fn logged(needle: &str) -> bool {
-    LOG.lock()
-        .unwrap()
-        .iter()
-        .any(|(_, _, m)| m.contains(needle))
+    LOG.lock().unwrap().iter().any(|(_, _, m)| m.contains(needle))
 }
 
 // ---------------------------------------------------------------------------
@@ -156,18 +127,13 @@ pub fn logged(needle: &str) -> bool {
 
 /// Threads of this process (to check nothing outlives finalize).
 pub fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| d.count())
-        .unwrap_or(0)
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
 }
 
 /// A deterministic byte for position `k` of message `id` (different
 /// messages differ, so a message landing in the wrong buffer is caught).
 pub fn pattern(id: u64, k: usize) -> u8 {
-    ((k as u64)
-        .wrapping_mul(131)
-        .wrapping_add(id.wrapping_mul(0x9e37_79b9))
-        % 251) as u8
+    ((k as u64).wrapping_mul(131).wrapping_add(id.wrapping_mul(0x9e37_79b9)) % 251) as u8
 }
 
 pub fn fill(buf: &mut [u8], id: u64) {
@@ -177,17 +143,8 @@ pub fn fill(buf: &mut [u8], id: u64) {
 }
 
 pub fn check(buf: &[u8], id: u64, what: &str) {
-    if let Some(k) = buf
-        .iter()
-        .enumerate()
-        .position(|(k, &b)| b != pattern(id, k))
-    {
-        panic!(
-            "{what}: byte {k} of {} is {} (expected {})",
-            buf.len(),
-            buf[k],
-            pattern(id, k)
-        );
+    if let Some(k) = buf.iter().enumerate().position(|(k, &b)| b != pattern(id, k)) {
+        panic!("{what}: byte {k} of {} is {} (expected {})", buf.len(), buf[k], pattern(id, k));
     }
 }
 
@@ -195,11 +152,7 @@ pub const HANDLE: usize = NCCL_NET_HANDLE_MAXSIZE;
 
 /// Calls `f` until it returns a non-NULL object, failing on an error code or
 /// after `timeout`.
-pub fn until_some(
-    what: &str,
-    timeout: Duration,
-    mut f: impl FnMut() -> (NcclResult, *mut c_void),
-) -> *mut c_void {
+pub fn until_some(what: &str, timeout: Duration, mut f: impl FnMut() -> (NcclResult, *mut c_void)) -> *mut c_void {
     let t = Instant::now();
     loop {
         let (rc, p) = f();

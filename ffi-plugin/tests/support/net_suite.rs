@@ -16,14 +16,7 @@ const CHANNELS: usize = 2;
 /// Extra room in every receive: receives are larger than sends.
 const SLACK: usize = 64;
 /// (message size, requests in flight per comm) rounds.
-const ROUNDS: &[(usize, usize)] = &[
-    (0, 32),
-    (1, 32),
-    (4097, 32),
-    (65536, 32),
-    ((1 << 20) + 3, 8),
-    (16 << 20, 2),
-];
+const ROUNDS: &[(usize, usize)] = &[(0, 32), (1, 32), (4097, 32), (65536, 32), ((1 << 20) + 3, 8), (16 << 20, 2)];
 const BUF: usize = 2 * CHANNELS * ((16 << 20) + SLACK) + 4096;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -43,11 +36,7 @@ fn check_props_v11(p: &NetPropertiesV11, dev: c_int) {
     assert_eq!(p.force_flush, 0);
     assert!(p.speed > 0 && p.speed <= 1_600_000, "speed {}", p.speed);
     assert!((0..=64).contains(&p.port), "port {}", p.port);
-    assert!(
-        p.latency > 0.0 && p.latency < 1000.0,
-        "latency {}",
-        p.latency
-    );
+    assert!(p.latency > 0.0 && p.latency < 1000.0, "latency {}", p.latency);
     assert!(p.max_comms >= 1024, "maxComms {}", p.max_comms);
     assert_eq!(p.max_recvs, 1);
     assert_eq!(p.net_device_type, NCCL_NET_DEVICE_HOST);
@@ -74,26 +63,14 @@ pub fn properties(p: &Plugin) -> (NetPropertiesV11, usize) {
     for dev in 0..n {
         let mut v11: NetPropertiesV11 = garbage();
         // SAFETY: valid out-pointer of the v11 type.
-        assert_eq!(
-            unsafe { (p.net11.get_properties)(dev, &mut v11) },
-            NCCL_SUCCESS
-        );
+        assert_eq!(unsafe { (p.net11.get_properties)(dev, &mut v11) }, NCCL_SUCCESS);
         check_props_v11(&v11, dev);
         let mut v12: NetPropertiesV12 = garbage();
         // SAFETY: as above, v12.
-        assert_eq!(
-            unsafe { (p.net12.get_properties)(dev, &mut v12) },
-            NCCL_SUCCESS
-        );
-        assert_eq!(
-            (v12.name, v12.pci_path, v12.speed, v12.max_p2p_bytes),
-            (v11.name, v11.pci_path, v11.speed, v11.max_p2p_bytes)
-        );
+        assert_eq!(unsafe { (p.net12.get_properties)(dev, &mut v12) }, NCCL_SUCCESS);
+        assert_eq!((v12.name, v12.pci_path, v12.speed, v12.max_p2p_bytes), (v11.name, v11.pci_path, v11.speed, v11.max_p2p_bytes));
         assert_eq!((v12.v_props.ndevs, v12.v_props.devs[0]), (1, dev));
-        assert_eq!(
-            (v12.rail_id, v12.plane_id),
-            (NCCL_NET_ID_UNDEF, NCCL_NET_ID_UNDEF)
-        );
+        assert_eq!((v12.rail_id, v12.plane_id), (NCCL_NET_ID_UNDEF, NCCL_NET_ID_UNDEF));
         assert_eq!(v12.max_multi_request_size, v11.max_multi_request_size);
     }
     let mut v11: NetPropertiesV11 = garbage();
@@ -134,70 +111,35 @@ fn rank_main<P, V>(
     for (ch, l) in listens.iter_mut().enumerate() {
         let mut h = [0u8; HANDLE];
         // SAFETY: valid context, handle buffer and out-pointer.
-        assert_eq!(
-            unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), l) },
-            NCCL_SUCCESS
-        );
+        assert_eq!(unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), l) }, NCCL_SUCCESS);
         assert!(!l.is_null());
         ex.lock().unwrap().handles[r][ch] = h.to_vec();
     }
     barrier.wait();
-    let mut peer: Vec<[u8; HANDLE]> = (0..CHANNELS)
-        .map(|ch| {
-            ex.lock().unwrap().handles[1 - r][ch]
-                .clone()
-                .try_into()
-                .unwrap()
-        })
-        .collect();
-    let mut c = Comms {
-        send: [null(); CHANNELS],
-        recv: [null(); CHANNELS],
-        send_mh: [null(); CHANNELS],
-        recv_mh: [null(); CHANNELS],
-    };
+    let mut peer: Vec<[u8; HANDLE]> = (0..CHANNELS).map(|ch| ex.lock().unwrap().handles[1 - r][ch].clone().try_into().unwrap()).collect();
+    let mut c = Comms { send: [null(); CHANNELS], recv: [null(); CHANNELS], send_mh: [null(); CHANNELS], recv_mh: [null(); CHANNELS] };
     let t0 = Instant::now();
     let mut calls = 0usize;
     while c.send.iter().chain(c.recv.iter()).any(|p| p.is_null()) {
         for ch in 0..CHANNELS {
             if c.send[ch].is_null() {
                 // SAFETY: the same handle buffer on every retry, as NCCL does.
-                assert_eq!(
-                    unsafe {
-                        (t.connect)(
-                            ctx,
-                            0,
-                            peer[ch].as_mut_ptr().cast(),
-                            &mut c.send[ch],
-                            null().cast(),
-                        )
-                    },
-                    NCCL_SUCCESS
-                );
+                assert_eq!(unsafe { (t.connect)(ctx, 0, peer[ch].as_mut_ptr().cast(), &mut c.send[ch], null().cast(),) }, NCCL_SUCCESS);
                 calls += 1;
             }
             if c.recv[ch].is_null() {
                 // SAFETY: a live listen comm.
-                assert_eq!(
-                    unsafe { (t.accept)(listens[ch], &mut c.recv[ch], null().cast()) },
-                    NCCL_SUCCESS
-                );
+                assert_eq!(unsafe { (t.accept)(listens[ch], &mut c.recv[ch], null().cast()) }, NCCL_SUCCESS);
                 calls += 1;
             }
         }
-        assert!(
-            t0.elapsed() < TIMEOUT,
-            "rank {r}: connections not established after {calls} calls"
-        );
+        assert!(t0.elapsed() < TIMEOUT, "rank {r}: connections not established after {calls} calls");
         std::thread::yield_now();
     }
     // A listen handle takes one connection.
     let mut extra = null();
     // SAFETY: a live listen comm.
-    assert_eq!(
-        unsafe { (t.accept)(listens[0], &mut extra, null().cast()) },
-        NCCL_INVALID_USAGE
-    );
+    assert_eq!(unsafe { (t.accept)(listens[0], &mut extra, null().cast()) }, NCCL_INVALID_USAGE);
     for l in listens {
         // SAFETY: a live listen comm, closed once.
         assert_eq!(unsafe { (t.close_listen)(l) }, NCCL_SUCCESS);
@@ -210,48 +152,15 @@ fn rank_main<P, V>(
     for ch in 0..CHANNELS {
         // SAFETY: live comms; the buffers outlive the registrations.
         unsafe {
-            assert_eq!(
-                (t.reg_mr)(
-                    c.send[ch],
-                    sbuf.as_mut_ptr().cast(),
-                    BUF,
-                    NCCL_PTR_HOST,
-                    &mut c.send_mh[ch]
-                ),
-                NCCL_SUCCESS
-            );
-            assert_eq!(
-                (t.reg_mr)(
-                    c.recv[ch],
-                    rbuf.as_mut_ptr().cast(),
-                    BUF,
-                    NCCL_PTR_HOST,
-                    &mut c.recv_mh[ch]
-                ),
-                NCCL_SUCCESS
-            );
+            assert_eq!((t.reg_mr)(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, &mut c.send_mh[ch]), NCCL_SUCCESS);
+            assert_eq!((t.reg_mr)(c.recv[ch], rbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, &mut c.recv_mh[ch]), NCCL_SUCCESS);
             let mut mh = null();
             assert_eq!(
-                (t.reg_mr)(
-                    c.send[ch],
-                    sbuf.as_mut_ptr().cast(),
-                    BUF,
-                    NCCL_PTR_CUDA,
-                    &mut mh
-                ),
+                (t.reg_mr)(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_CUDA, &mut mh),
                 NCCL_INVALID_ARGUMENT,
                 "CUDA memory must be refused"
             );
-            assert_eq!(
-                (t.reg_mr)(
-                    c.send[ch],
-                    sbuf.as_mut_ptr().cast(),
-                    BUF,
-                    NCCL_PTR_HOST,
-                    std::ptr::null_mut()
-                ),
-                NCCL_INVALID_ARGUMENT
-            );
+            assert_eq!((t.reg_mr)(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
         }
     }
 
@@ -261,10 +170,7 @@ fn rank_main<P, V>(
         let slot = |ch: usize, i: usize| (ch * inflight + i) * stride;
         for ch in 0..CHANNELS {
             for i in 0..inflight {
-                fill(
-                    &mut sbuf[slot(ch, i)..slot(ch, i) + size],
-                    msg_id(round, r, ch, i),
-                );
+                fill(&mut sbuf[slot(ch, i)..slot(ch, i) + size], msg_id(round, r, ch, i));
             }
         }
         rbuf[..CHANNELS * inflight * stride].fill(0xee);
@@ -281,18 +187,7 @@ fn rank_main<P, V>(
                 loop {
                     // SAFETY: live comm, one-element arrays, buffer valid until the test completes.
                     assert_eq!(
-                        unsafe {
-                            (t.irecv)(
-                                c.recv[ch],
-                                1,
-                                &mut data,
-                                &mut sz,
-                                &mut tag,
-                                &mut mh,
-                                null().cast(),
-                                req,
-                            )
-                        },
+                        unsafe { (t.irecv)(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), req,) },
                         NCCL_SUCCESS
                     );
                     if !req.is_null() {
@@ -307,18 +202,7 @@ fn rank_main<P, V>(
                 let (mut sz, mut tag, mut mh, mut req) = (16usize, 7, c.recv_mh[ch], null());
                 // SAFETY: as above.
                 assert_eq!(
-                    unsafe {
-                        (t.irecv)(
-                            c.recv[ch],
-                            1,
-                            &mut data,
-                            &mut sz,
-                            &mut tag,
-                            &mut mh,
-                            null().cast(),
-                            &mut req,
-                        )
-                    },
+                    unsafe { (t.irecv)(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), &mut req,) },
                     NCCL_SUCCESS
                 );
                 assert!(req.is_null(), "a 33rd request must not be accepted");
@@ -331,17 +215,7 @@ fn rank_main<P, V>(
                 loop {
                     // SAFETY: live comm; the buffer stays valid until the test completes.
                     assert_eq!(
-                        unsafe {
-                            (t.isend)(
-                                c.send[ch],
-                                sbuf[slot(ch, i)..].as_mut_ptr().cast(),
-                                size,
-                                7,
-                                c.send_mh[ch],
-                                null(),
-                                req,
-                            )
-                        },
+                        unsafe { (t.isend)(c.send[ch], sbuf[slot(ch, i)..].as_mut_ptr().cast(), size, 7, c.send_mh[ch], null(), req,) },
                         NCCL_SUCCESS
                     );
                     if !req.is_null() {
@@ -362,17 +236,9 @@ fn rank_main<P, V>(
                         }
                         let (mut done, mut n): (c_int, c_int) = (0, -1);
                         // Half the tests pass NULL sizes, as NCCL may.
-                        let sizes = if (i + ch) % 2 == 0 {
-                            &mut n as *mut c_int
-                        } else {
-                            std::ptr::null_mut()
-                        };
+                        let sizes = if (i + ch) % 2 == 0 { &mut n as *mut c_int } else { std::ptr::null_mut() };
                         // SAFETY: a request of a live comm.
-                        assert_eq!(
-                            unsafe { (t.test)(*req, &mut done, sizes) },
-                            NCCL_SUCCESS,
-                            "test failed (size {size})"
-                        );
+                        assert_eq!(unsafe { (t.test)(*req, &mut done, sizes) }, NCCL_SUCCESS, "test failed (size {size})");
                         if done == 1 {
                             if !sizes.is_null() {
                                 assert_eq!(
@@ -388,23 +254,13 @@ fn rank_main<P, V>(
                     }
                 }
             }
-            assert!(
-                t0.elapsed() < TIMEOUT,
-                "rank {r}: round of {inflight} x {size} B not done in {TIMEOUT:?} ({left} left)"
-            );
+            assert!(t0.elapsed() < TIMEOUT, "rank {r}: round of {inflight} x {size} B not done in {TIMEOUT:?} ({left} left)");
         }
         for ch in 0..CHANNELS {
             for i in 0..inflight {
                 let got = &rbuf[slot(ch, i)..slot(ch, i) + stride];
-                check(
-                    &got[..size],
-                    msg_id(round, 1 - r, ch, i),
-                    &format!("rank {r} channel {ch} message {i} of {size} B"),
-                );
-                assert!(
-                    got[size..].iter().all(|&b| b == 0xee),
-                    "bytes written past the message"
-                );
+                check(&got[..size], msg_id(round, 1 - r, ch, i), &format!("rank {r} channel {ch} message {i} of {size} B"));
+                assert!(got[size..].iter().all(|&b| b == 0xee), "bytes written past the message");
             }
         }
         barrier.wait();
@@ -415,46 +271,18 @@ fn rank_main<P, V>(
     // SAFETY: the calls must fail cleanly without touching the buffers.
     unsafe {
         assert_eq!(
-            (t.isend)(
-                c.send[0],
-                sbuf.as_mut_ptr().cast(),
-                max_p2p + 1,
-                0,
-                c.send_mh[0],
-                null(),
-                &mut req
-            ),
+            (t.isend)(c.send[0], sbuf.as_mut_ptr().cast(), max_p2p + 1, 0, c.send_mh[0], null(), &mut req),
             NCCL_INVALID_ARGUMENT,
             "oversize send"
         );
+        assert_eq!((t.isend)(c.send[0], null(), 10, 0, c.send_mh[0], null(), &mut req), NCCL_INVALID_ARGUMENT, "NULL data");
         assert_eq!(
-            (t.isend)(c.send[0], null(), 10, 0, c.send_mh[0], null(), &mut req),
-            NCCL_INVALID_ARGUMENT,
-            "NULL data"
-        );
-        assert_eq!(
-            (t.isend)(
-                c.recv[0],
-                sbuf.as_mut_ptr().cast(),
-                10,
-                0,
-                c.recv_mh[0],
-                null(),
-                &mut req
-            ),
+            (t.isend)(c.recv[0], sbuf.as_mut_ptr().cast(), 10, 0, c.recv_mh[0], null(), &mut req),
             NCCL_INVALID_USAGE,
             "isend on a receive comm"
         );
         assert_eq!(
-            (t.isend)(
-                c.send[0],
-                sbuf.as_mut_ptr().cast(),
-                10,
-                0,
-                c.send_mh[0],
-                null(),
-                std::ptr::null_mut()
-            ),
+            (t.isend)(c.send[0], sbuf.as_mut_ptr().cast(), 10, 0, c.send_mh[0], null(), std::ptr::null_mut()),
             NCCL_INVALID_ARGUMENT,
             "NULL request"
         );
@@ -463,88 +291,31 @@ fn rank_main<P, V>(
         let mut tg = [0 as c_int; 2];
         let mut m = [c.recv_mh[0]; 2];
         assert_eq!(
-            (t.irecv)(
-                c.recv[0],
-                2,
-                d.as_mut_ptr(),
-                s.as_mut_ptr(),
-                tg.as_mut_ptr(),
-                m.as_mut_ptr(),
-                null().cast(),
-                &mut req
-            ),
+            (t.irecv)(c.recv[0], 2, d.as_mut_ptr(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), &mut req),
             NCCL_INVALID_ARGUMENT,
             "grouped receive"
         );
         assert_eq!(
-            (t.irecv)(
-                c.recv[0],
-                1,
-                std::ptr::null_mut(),
-                s.as_mut_ptr(),
-                tg.as_mut_ptr(),
-                m.as_mut_ptr(),
-                null().cast(),
-                &mut req
-            ),
+            (t.irecv)(c.recv[0], 1, std::ptr::null_mut(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), &mut req),
             NCCL_INVALID_ARGUMENT,
             "NULL data array"
         );
         assert_eq!(
-            (t.irecv)(
-                c.recv[0],
-                1,
-                d.as_mut_ptr(),
-                s.as_mut_ptr(),
-                tg.as_mut_ptr(),
-                m.as_mut_ptr(),
-                null().cast(),
-                std::ptr::null_mut()
-            ),
+            (t.irecv)(c.recv[0], 1, d.as_mut_ptr(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), std::ptr::null_mut()),
             NCCL_INVALID_ARGUMENT
         );
         let mut done = 0;
-        assert_eq!(
-            (t.test)(null(), &mut done, std::ptr::null_mut()),
-            NCCL_INVALID_ARGUMENT,
-            "NULL request"
-        );
-        assert_eq!(
-            (t.iflush)(
-                c.recv[0],
-                1,
-                d.as_mut_ptr(),
-                tg.as_mut_ptr(),
-                m.as_mut_ptr(),
-                &mut req
-            ),
-            NCCL_SUCCESS
-        );
+        assert_eq!((t.test)(null(), &mut done, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT, "NULL request");
+        assert_eq!((t.iflush)(c.recv[0], 1, d.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), &mut req), NCCL_SUCCESS);
         assert!(req.is_null(), "host memory needs no flush");
         let mut nc = null();
         let mut bogus = [0x5au8; HANDLE];
-        assert_eq!(
-            (t.connect)(ctx, 0, bogus.as_mut_ptr().cast(), &mut nc, null().cast()),
-            NCCL_INVALID_USAGE,
-            "foreign handle"
-        );
-        assert_eq!(
-            (t.connect)(ctx, 7, bogus.as_mut_ptr().cast(), &mut nc, null().cast()),
-            NCCL_INVALID_ARGUMENT,
-            "bad device"
-        );
+        assert_eq!((t.connect)(ctx, 0, bogus.as_mut_ptr().cast(), &mut nc, null().cast()), NCCL_INVALID_USAGE, "foreign handle");
+        assert_eq!((t.connect)(ctx, 7, bogus.as_mut_ptr().cast(), &mut nc, null().cast()), NCCL_INVALID_ARGUMENT, "bad device");
         let mut l = null();
         let mut h = [0u8; HANDLE];
-        assert_eq!(
-            (t.listen)(ctx, 99, h.as_mut_ptr().cast(), &mut l),
-            NCCL_INVALID_ARGUMENT,
-            "bad device"
-        );
-        assert_eq!(
-            (t.listen)(ctx, 0, null(), &mut l),
-            NCCL_INVALID_ARGUMENT,
-            "NULL handle"
-        );
+        assert_eq!((t.listen)(ctx, 99, h.as_mut_ptr().cast(), &mut l), NCCL_INVALID_ARGUMENT, "bad device");
+        assert_eq!((t.listen)(ctx, 0, null(), &mut l), NCCL_INVALID_ARGUMENT, "NULL handle");
     }
     barrier.wait();
 
@@ -556,39 +327,14 @@ fn rank_main<P, V>(
         let mut data = rbuf[i * 4096..].as_mut_ptr().cast::<c_void>();
         let (mut sz, mut tag, mut mh, mut req) = (4096usize, 0, c.recv_mh[0], null());
         // SAFETY: the buffers outlive the comms (dropped at the end).
-        unsafe {
-            assert_eq!(
-                (t.irecv)(
-                    c.recv[0],
-                    1,
-                    &mut data,
-                    &mut sz,
-                    &mut tag,
-                    &mut mh,
-                    null().cast(),
-                    &mut req
-                ),
-                NCCL_SUCCESS
-            )
-        };
+        unsafe { assert_eq!((t.irecv)(c.recv[0], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), &mut req), NCCL_SUCCESS) };
         pending.push(req);
     }
     for i in 0..2 {
         let mut req = null();
         // SAFETY: as above; the peer never posts the matching receives.
         unsafe {
-            assert_eq!(
-                (t.isend)(
-                    c.send[1],
-                    sbuf[i << 20..].as_mut_ptr().cast(),
-                    1 << 20,
-                    0,
-                    c.send_mh[1],
-                    null(),
-                    &mut req
-                ),
-                NCCL_SUCCESS
-            )
+            assert_eq!((t.isend)(c.send[1], sbuf[i << 20..].as_mut_ptr().cast(), 1 << 20, 0, c.send_mh[1], null(), &mut req), NCCL_SUCCESS)
         };
         pending.push(req);
     }
@@ -617,47 +363,25 @@ fn rank_main<P, V>(
 pub fn run(expect_provider: &str) {
     let threads_before = thread_count();
     let p = load();
-    assert_eq!(
-        unsafe { CStr::from_ptr(p.net11.name) }.to_str().unwrap(),
-        "Tally"
-    );
+    assert_eq!(unsafe { CStr::from_ptr(p.net11.name) }.to_str().unwrap(), "Tally");
     let mut cfg = NetCommConfig { traffic_class: -1 };
     let mut ctx = [null(); 2];
     for (i, c) in ctx.iter_mut().enumerate() {
         // SAFETY: valid out-pointers; the logger matches NCCL's calling convention.
-        assert_eq!(
-            unsafe { (p.net11.init)(c, 0x7a11_0000 + i as u64, &mut cfg, logger(), null()) },
-            NCCL_SUCCESS
-        );
+        assert_eq!(unsafe { (p.net11.init)(c, 0x7a11_0000 + i as u64, &mut cfg, logger(), null()) }, NCCL_SUCCESS);
         assert!(!c.is_null());
     }
-    assert!(
-        logged(&format!("provider {expect_provider}")),
-        "init should log the provider: {:?}",
-        LOG.lock().unwrap()
-    );
+    assert!(logged(&format!("provider {expect_provider}")), "init should log the provider: {:?}", LOG.lock().unwrap());
     let (props, ndev) = properties(&p);
     let max_p2p = props.max_p2p_bytes;
     // Bad device indices and NULL out-pointers.
     let mut v11: NetPropertiesV11 = garbage();
     // SAFETY: invalid arguments are refused without writing.
     unsafe {
-        assert_eq!(
-            (p.net11.get_properties)(ndev as c_int, &mut v11),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.get_properties)(-1, &mut v11),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.get_properties)(0, std::ptr::null_mut()),
-            NCCL_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (p.net11.devices)(std::ptr::null_mut()),
-            NCCL_INVALID_ARGUMENT
-        );
+        assert_eq!((p.net11.get_properties)(ndev as c_int, &mut v11), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.get_properties)(-1, &mut v11), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.get_properties)(0, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net11.devices)(std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
     }
 
     let ex = Mutex::new(Exchange::default());
@@ -671,11 +395,7 @@ pub fn run(expect_provider: &str) {
         let b = s.spawn(move || rank_main(p.net12, c1 as *mut c_void, 1, ex, barrier, max_p2p));
         (a.join().unwrap(), b.join().unwrap())
     });
-    eprintln!(
-        "{expect_provider}: two ranks, {CHANNELS} connections each way, {} rounds in {:?}",
-        ROUNDS.len(),
-        t0.elapsed()
-    );
+    eprintln!("{expect_provider}: two ranks, {CHANNELS} connections each way, {} rounds in {:?}", ROUNDS.len(), t0.elapsed());
     for c in ctx {
         // SAFETY: contexts from init, finalized once.
         assert_eq!(unsafe { (p.net11.finalize)(c) }, NCCL_SUCCESS);
@@ -683,22 +403,11 @@ pub fn run(expect_provider: &str) {
     drop(buffers);
     // SAFETY: NULL is refused.
     assert_eq!(unsafe { (p.net11.finalize)(null()) }, NCCL_INVALID_ARGUMENT);
-    assert!(
-        thread_count() <= threads_before,
-        "threads outlived finalize: {} before, {} after",
-        threads_before,
-        thread_count()
-    );
+    assert!(thread_count() <= threads_before, "threads outlived finalize: {} before, {} after", threads_before, thread_count());
     let log = LOG.lock().unwrap();
+    assert!(log.iter().any(|(lvl, flags, _)| *lvl == NCCL_LOG_INFO && flags & NCCL_NET != 0), "no INFO line under NCCL_NET");
     assert!(
-        log.iter()
-            .any(|(lvl, flags, _)| *lvl == NCCL_LOG_INFO && flags & NCCL_NET != 0),
-        "no INFO line under NCCL_NET"
-    );
-    assert!(
-        log.iter().any(|(lvl, flags, m)| *lvl == NCCL_LOG_WARN
-            && flags & NCCL_NET != 0
-            && m.contains("invalid argument")),
+        log.iter().any(|(lvl, flags, m)| *lvl == NCCL_LOG_WARN && flags & NCCL_NET != 0 && m.contains("invalid argument")),
         "refused arguments are logged as warnings"
     );
 }

@@ -76,12 +76,7 @@ pub struct Check {
 }
 
 fn row(name: &str, status: Status, detail: impl Into<String>, fix: Option<String>) -> Check {
-    Check {
-        name: name.to_string(),
-        status,
-        detail: detail.into(),
-        fix,
-    }
+    Check { name: name.to_string(), status, detail: detail.into(), fix }
 }
 
 /// What the host is checked against: a configuration file's settings, or
@@ -93,10 +88,7 @@ pub struct Target {
 
 impl Target {
     fn provider(&self) -> Option<String> {
-        self.config
-            .provider
-            .as_deref()
-            .map(tally_engine::fabric::canonical_provider)
+        self.config.provider.as_deref().map(tally_engine::fabric::canonical_provider)
     }
 
     fn busy(&self) -> bool {
@@ -159,9 +151,7 @@ pub fn parse_cpu_list(s: &str) -> Vec<usize> {
     if s.is_empty() {
         return Vec::new();
     }
-    CoreList::parse(s)
-        .map(|c| c.as_slice().to_vec())
-        .unwrap_or_default()
+    CoreList::parse(s).map(|c| c.as_slice().to_vec()).unwrap_or_default()
 }
 
 /// The CPUs named by `isolcpus=` and `nohz_full=` on a kernel command line.
@@ -175,10 +165,7 @@ pub fn cmdline_isolated(cmdline: &str) -> Vec<usize> {
         if key != "isolcpus" && key != "nohz_full" {
             continue;
         }
-        let cpus: Vec<&str> = value
-            .split(',')
-            .filter(|p| p.starts_with(|c: char| c.is_ascii_digit()))
-            .collect();
+        let cpus: Vec<&str> = value.split(',').filter(|p| p.starts_with(|c: char| c.is_ascii_digit())).collect();
         out.extend(parse_cpu_list(&cpus.join(",")));
     }
     out
@@ -232,14 +219,9 @@ fn rdma_nics() -> Vec<NicFact> {
         .flatten()
         .map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let driver = fs::read_link(e.path().join("device/driver"))
-                .ok()
-                .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()));
-            NicFact {
-                numa_node: super::verbs::device_numa_node(&name),
-                driver,
-                name,
-            }
+            let driver =
+                fs::read_link(e.path().join("device/driver")).ok().and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()));
+            NicFact { numa_node: super::verbs::device_numa_node(&name), driver, name }
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -259,10 +241,7 @@ fn has_cap_ipc_lock() -> bool {
 }
 
 fn memlock_limit() -> Option<u64> {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `r` is a valid out-parameter for getrlimit.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
         return Some(0);
@@ -274,42 +253,21 @@ fn memlock_limit() -> Option<u64> {
 /// to read.
 pub fn gather(lcores: &CoreList) -> HostFacts {
     use tally_engine::fabric;
-    let providers = ["efa", "shm", "tcp;ofi_rxm"]
-        .iter()
-        .map(|p| (p.to_string(), fabric::provider_available(p)))
-        .collect();
+    let providers = ["efa", "shm", "tcp;ofi_rxm"].iter().map(|p| (p.to_string(), fabric::provider_available(p))).collect();
     let cmdline = read_trim("/proc/cmdline").unwrap_or_default();
-    let mut isolated =
-        parse_cpu_list(&read_trim("/sys/devices/system/cpu/isolated").unwrap_or_default());
-    isolated.extend(parse_cpu_list(
-        &read_trim("/sys/devices/system/cpu/nohz_full").unwrap_or_default(),
-    ));
+    let mut isolated = parse_cpu_list(&read_trim("/sys/devices/system/cpu/isolated").unwrap_or_default());
+    isolated.extend(parse_cpu_list(&read_trim("/sys/devices/system/cpu/nohz_full").unwrap_or_default()));
     isolated.extend(cmdline_isolated(&cmdline));
     isolated.sort_unstable();
     isolated.dedup();
-    let governors = lcores
-        .iter()
-        .map(|c| {
-            (
-                c,
-                read_trim(format!(
-                    "/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_governor"
-                )),
-            )
-        })
-        .collect();
-    let pools = hugepages::pools()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|p| p.node.is_none())
-        .collect();
+    let governors = lcores.iter().map(|c| (c, read_trim(format!("/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_governor")))).collect();
+    let pools = hugepages::pools().unwrap_or_default().into_iter().filter(|p| p.node.is_none()).collect();
     let nic_irqs = parse_interrupts(&fs::read_to_string("/proc/interrupts").unwrap_or_default())
         .into_iter()
         .map(|(irq, name)| IrqFact {
             irq,
             name,
-            affinity: read_trim(format!("/proc/irq/{irq}/smp_affinity_list"))
-                .map(|s| parse_cpu_list(&s)),
+            affinity: read_trim(format!("/proc/irq/{irq}/smp_affinity_list")).map(|s| parse_cpu_list(&s)),
         })
         .collect();
     HostFacts {
@@ -324,13 +282,10 @@ pub fn gather(lcores: &CoreList) -> HostFacts {
         thp: hugepages::thp_mode().ok().map(|m| m.to_string()),
         memlock: memlock_limit(),
         cap_ipc_lock: has_cap_ipc_lock(),
-        rt_runtime_us: read_trim("/proc/sys/kernel/sched_rt_runtime_us")
-            .and_then(|s| s.parse().ok()),
+        rt_runtime_us: read_trim("/proc/sys/kernel/sched_rt_runtime_us").and_then(|s| s.parse().ok()),
         rt_period_us: read_trim("/proc/sys/kernel/sched_rt_period_us").and_then(|s| s.parse().ok()),
         nic_irqs,
-        allowed: cpuset::allowed()
-            .map(|c| c.as_slice().to_vec())
-            .unwrap_or_default(),
+        allowed: cpuset::allowed().map(|c| c.as_slice().to_vec()).unwrap_or_default(),
     }
 }
 
@@ -338,9 +293,7 @@ fn list(cores: &[usize]) -> String {
     let mut sorted = cores.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    CoreList::from_cores(sorted)
-        .map(|c| c.to_string())
-        .unwrap_or_default()
+    CoreList::from_cores(sorted).map(|c| c.to_string()).unwrap_or_default()
 }
 
 fn check_providers(t: &Target, h: &HostFacts) -> Vec<Check> {
@@ -348,10 +301,7 @@ fn check_providers(t: &Target, h: &HostFacts) -> Vec<Check> {
     let any = h.providers.iter().any(|(_, ok)| *ok);
     let mut out = Vec::new();
     for (name, ok) in &h.providers {
-        let label = format!(
-            "provider {}",
-            if name == "tcp;ofi_rxm" { "tcp" } else { name }
-        );
+        let label = format!("provider {}", if name == "tcp;ofi_rxm" { "tcp" } else { name });
         let configured = wanted.as_deref() == Some(name.as_str());
         let c = match (ok, name.as_str()) {
             (true, "efa") => row(&label, Status::Pass, "efa finds an EFA device", None),
@@ -388,21 +338,13 @@ fn check_providers(t: &Target, h: &HostFacts) -> Vec<Check> {
 
 fn check_lcores(t: &Target, h: &HostFacts) -> Check {
     let lcores = t.config.lcores.as_slice();
-    let missing: Vec<usize> = lcores
-        .iter()
-        .copied()
-        .filter(|c| !h.allowed.contains(c))
-        .collect();
+    let missing: Vec<usize> = lcores.iter().copied().filter(|c| !h.allowed.contains(c)).collect();
     if !missing.is_empty() {
         return row(
             "lcores",
             Status::Fail,
             if missing.len() == lcores.len() {
-                format!(
-                    "lcores {} are all outside this host's allowed CPUs ({})",
-                    t.config.lcores,
-                    list(&h.allowed)
-                )
+                format!("lcores {} are all outside this host's allowed CPUs ({})", t.config.lcores, list(&h.allowed))
             } else {
                 format!(
                     "lcores {} include cores {} outside this host's allowed CPUs ({})",
@@ -411,10 +353,7 @@ fn check_lcores(t: &Target, h: &HostFacts) -> Check {
                     list(&h.allowed)
                 )
             },
-            Some(format!(
-                "choose lcores within {} (or run on the host this configuration is for)",
-                list(&h.allowed)
-            )),
+            Some(format!("choose lcores within {} (or run on the host this configuration is for)", list(&h.allowed))),
         );
     }
     if lcores.contains(&0) {
@@ -422,47 +361,22 @@ fn check_lcores(t: &Target, h: &HostFacts) -> Check {
         return row(
             "lcores",
             status,
-            format!(
-                "{} lcores on {}, including core 0 (the kernel's housekeeping core)",
-                lcores.len(),
-                t.config.lcores
-            ),
+            format!("{} lcores on {}, including core 0 (the kernel's housekeeping core)", lcores.len(), t.config.lcores),
             Some("leave core 0 (and the NIC's interrupt cores) out of lcores".into()),
         );
     }
-    row(
-        "lcores",
-        Status::Pass,
-        format!("{} lcores on {}", lcores.len(), t.config.lcores),
-        None,
-    )
+    row("lcores", Status::Pass, format!("{} lcores on {}", lcores.len(), t.config.lcores), None)
 }
 
 fn check_nic_numa(t: &Target, h: &HostFacts) -> Check {
-    let efa: Vec<&NicFact> = h
-        .nics
-        .iter()
-        .filter(|n| n.driver.as_deref() == Some("efa"))
-        .collect();
+    let efa: Vec<&NicFact> = h.nics.iter().filter(|n| n.driver.as_deref() == Some("efa")).collect();
     if efa.is_empty() {
         let others = if h.nics.is_empty() {
             "no RDMA devices in /sys/class/infiniband".to_string()
         } else {
-            format!(
-                "RDMA devices {} but none with the efa driver",
-                h.nics
-                    .iter()
-                    .map(|n| n.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+            format!("RDMA devices {} but none with the efa driver", h.nics.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", "))
         };
-        return row(
-            "EFA NUMA",
-            Status::Info,
-            format!("{others}: nothing to place"),
-            None,
-        );
+        return row("EFA NUMA", Status::Info, format!("{others}: nothing to place"), None);
     }
     let mut lcore_nodes: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for c in t.config.lcores.iter() {
@@ -489,23 +403,11 @@ fn check_nic_numa(t: &Target, h: &HostFacts) -> Check {
         return row(
             "EFA NUMA",
             Status::Warn,
-            format!(
-                "{}; lcores {} are on another node (cross-socket DMA)",
-                parts.join(", "),
-                list(&far)
-            ),
-            Some(
-                "pick lcores on the NIC's node (lscpu, /sys/class/infiniband/*/device/numa_node)"
-                    .into(),
-            ),
+            format!("{}; lcores {} are on another node (cross-socket DMA)", parts.join(", "), list(&far)),
+            Some("pick lcores on the NIC's node (lscpu, /sys/class/infiniband/*/device/numa_node)".into()),
         );
     }
-    row(
-        "EFA NUMA",
-        Status::Pass,
-        format!("{}; lcores on the same node", parts.join(", ")),
-        None,
-    )
+    row("EFA NUMA", Status::Pass, format!("{}; lcores on the same node", parts.join(", ")), None)
 }
 
 fn check_hugepages(t: &Target, h: &HostFacts) -> Check {
@@ -523,19 +425,10 @@ fn check_hugepages(t: &Target, h: &HostFacts) -> Check {
         format_size(total)
     );
     if c.hugepages == "off" {
-        return row(
-            "hugepages",
-            Status::Info,
-            format!("off in the configuration; slabs use normal pages ({detail})"),
-            None,
-        );
+        return row("hugepages", Status::Info, format!("off in the configuration; slabs use normal pages ({detail})"), None);
     }
     if h.pools.is_empty() {
-        let status = if c.hugepages == "require" {
-            Status::Fail
-        } else {
-            Status::Warn
-        };
+        let status = if c.hugepages == "require" { Status::Fail } else { Status::Warn };
         return row(
             "hugepages",
             status,
@@ -546,34 +439,17 @@ fn check_hugepages(t: &Target, h: &HostFacts) -> Check {
     if have >= need {
         return row("hugepages", Status::Pass, detail, None);
     }
-    let fix = Some(format!(
-        "tally hugepages reserve {} (a running server's pages count as used)",
-        format_size_arg(need - have)
-    ));
+    let fix = Some(format!("tally hugepages reserve {} (a running server's pages count as used)", format_size_arg(need - have)));
     if c.hugepages == "require" {
-        row(
-            "hugepages",
-            Status::Fail,
-            format!("{detail}: the server will refuse to start"),
-            fix,
-        )
+        row("hugepages", Status::Fail, format!("{detail}: the server will refuse to start"), fix)
     } else {
-        row(
-            "hugepages",
-            Status::Warn,
-            format!("{detail}: slabs fall back to transparent huge pages or normal pages"),
-            fix,
-        )
+        row("hugepages", Status::Warn, format!("{detail}: slabs fall back to transparent huge pages or normal pages"), fix)
     }
 }
 
 fn check_isolation(t: &Target, h: &HostFacts) -> Check {
     let lcores = t.config.lcores.as_slice();
-    let not: Vec<usize> = lcores
-        .iter()
-        .copied()
-        .filter(|c| !h.isolated.contains(c))
-        .collect();
+    let not: Vec<usize> = lcores.iter().copied().filter(|c| !h.isolated.contains(c)).collect();
     if !not.is_empty() {
         let all = list(lcores);
         let fix = Some(format!("kernel command line: isolcpus=managed_irq,domain,{all} nohz_full={all} rcu_nocbs={all}"));
@@ -583,65 +459,25 @@ fn check_isolation(t: &Target, h: &HostFacts) -> Check {
             format!("isolated cores are {}", list(&h.isolated))
         };
         return if t.busy() {
-            row(
-                "isolated cores",
-                Status::Warn,
-                format!(
-                    "{what}; lcores {} share their cores with the scheduler",
-                    list(&not)
-                ),
-                fix,
-            )
+            row("isolated cores", Status::Warn, format!("{what}; lcores {} share their cores with the scheduler", list(&not)), fix)
         } else {
-            row(
-                "isolated cores",
-                Status::Info,
-                format!("{what}; fine for adaptive polling"),
-                fix,
-            )
+            row("isolated cores", Status::Info, format!("{what}; fine for adaptive polling"), fix)
         };
     }
-    row(
-        "isolated cores",
-        Status::Pass,
-        format!("lcores {} are isolated", list(lcores)),
-        None,
-    )
+    row("isolated cores", Status::Pass, format!("lcores {} are isolated", list(lcores)), None)
 }
 
 fn check_governor(h: &HostFacts) -> Check {
-    let known: Vec<(usize, &str)> = h
-        .governors
-        .iter()
-        .filter_map(|(c, g)| g.as_deref().map(|g| (*c, g)))
-        .collect();
+    let known: Vec<(usize, &str)> = h.governors.iter().filter_map(|(c, g)| g.as_deref().map(|g| (*c, g))).collect();
     if known.is_empty() {
-        return row(
-            "CPU governor",
-            Status::Info,
-            "no cpufreq in sysfs (a VM, or the firmware controls the clock)",
-            None,
-        );
+        return row("CPU governor", Status::Info, "no cpufreq in sysfs (a VM, or the firmware controls the clock)", None);
     }
-    let slow: Vec<usize> = known
-        .iter()
-        .filter(|(_, g)| *g != "performance")
-        .map(|(c, _)| *c)
-        .collect();
+    let slow: Vec<usize> = known.iter().filter(|(_, g)| *g != "performance").map(|(c, _)| *c).collect();
     if slow.is_empty() {
-        return row(
-            "CPU governor",
-            Status::Pass,
-            "performance on every lcore",
-            None,
-        );
+        return row("CPU governor", Status::Pass, "performance on every lcore", None);
     }
     let names: Vec<&str> = {
-        let mut v: Vec<&str> = known
-            .iter()
-            .filter(|(_, g)| *g != "performance")
-            .map(|(_, g)| *g)
-            .collect();
+        let mut v: Vec<&str> = known.iter().filter(|(_, g)| *g != "performance").map(|(_, g)| *g).collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -656,18 +492,8 @@ fn check_governor(h: &HostFacts) -> Check {
 
 fn check_thp(h: &HostFacts) -> Check {
     match h.thp.as_deref() {
-        Some("madvise") => row(
-            "THP",
-            Status::Pass,
-            "madvise: slabs ask for transparent huge pages when hugetlb pools fall short",
-            None,
-        ),
-        Some("always") => row(
-            "THP",
-            Status::Pass,
-            "always: slabs get transparent huge pages when hugetlb pools fall short",
-            None,
-        ),
+        Some("madvise") => row("THP", Status::Pass, "madvise: slabs ask for transparent huge pages when hugetlb pools fall short", None),
+        Some("always") => row("THP", Status::Pass, "always: slabs get transparent huge pages when hugetlb pools fall short", None),
         Some(m) => row(
             "THP",
             Status::Warn,
@@ -684,12 +510,14 @@ fn check_memlock(t: &Target, h: &HostFacts) -> Check {
     };
     let fix = Some("LimitMEMLOCK=infinity in the unit; shells: `* - memlock unlimited` in /etc/security/limits.d/".to_string());
     let efa = t.provider().as_deref() == Some("efa");
-    let what = format!(
-        "limit {}: EFA pins every registered buffer and needs unlimited",
-        format_size(limit)
-    );
+    let what = format!("limit {}: EFA pins every registered buffer and needs unlimited", format_size(limit));
     if h.cap_ipc_lock {
-        return row("memlock", Status::Warn, format!("{what} (not enforced here: this process has CAP_IPC_LOCK; a server without it would fail)"), fix);
+        return row(
+            "memlock",
+            Status::Warn,
+            format!("{what} (not enforced here: this process has CAP_IPC_LOCK; a server without it would fail)"),
+            fix,
+        );
     }
     if efa {
         row("memlock", Status::Fail, what, fix)
@@ -700,35 +528,17 @@ fn check_memlock(t: &Target, h: &HostFacts) -> Check {
 
 fn check_rt(t: &Target, h: &HostFacts) -> Check {
     match h.rt_runtime_us {
-        None => row(
-            "RT throttling",
-            Status::Info,
-            "kernel.sched_rt_runtime_us unreadable",
-            None,
-        ),
-        Some(-1) => row(
-            "RT throttling",
-            Status::Pass,
-            "off (sched_rt_runtime_us = -1)",
-            None,
-        ),
+        None => row("RT throttling", Status::Info, "kernel.sched_rt_runtime_us unreadable", None),
+        Some(-1) => row("RT throttling", Status::Pass, "off (sched_rt_runtime_us = -1)", None),
         Some(rt) => {
             let period = h.rt_period_us.unwrap_or(1_000_000);
             let paused = period.saturating_sub(rt).max(0) / 1000;
-            let detail = format!(
-                "on ({rt} of {period} us): real-time pollers are paused {paused} ms every period"
-            );
-            let fix =
-                Some("sysctl -w kernel.sched_rt_runtime_us=-1 (with isolated lcores)".to_string());
+            let detail = format!("on ({rt} of {period} us): real-time pollers are paused {paused} ms every period");
+            let fix = Some("sysctl -w kernel.sched_rt_runtime_us=-1 (with isolated lcores)".to_string());
             if t.busy() {
                 row("RT throttling", Status::Warn, detail, fix)
             } else {
-                row(
-                    "RT throttling",
-                    Status::Info,
-                    format!("{detail}; no matter for adaptive polling"),
-                    None,
-                )
+                row("RT throttling", Status::Info, format!("{detail}; no matter for adaptive polling"), None)
             }
         }
     }
@@ -736,12 +546,7 @@ fn check_rt(t: &Target, h: &HostFacts) -> Check {
 
 fn check_irqs(t: &Target, h: &HostFacts) -> Check {
     if h.nic_irqs.is_empty() {
-        return row(
-            "NIC interrupts",
-            Status::Info,
-            "no efa interrupts in /proc/interrupts",
-            None,
-        );
+        return row("NIC interrupts", Status::Info, "no efa interrupts in /proc/interrupts", None);
     }
     let lcores = t.config.lcores.as_slice();
     let mut clash: Vec<u32> = Vec::new();
@@ -751,11 +556,7 @@ fn check_irqs(t: &Target, h: &HostFacts) -> Check {
         match &irq.affinity {
             None => unknown += 1,
             Some(cpus) => {
-                let hit: Vec<usize> = cpus
-                    .iter()
-                    .copied()
-                    .filter(|c| lcores.contains(c))
-                    .collect();
+                let hit: Vec<usize> = cpus.iter().copied().filter(|c| lcores.contains(c)).collect();
                 if !hit.is_empty() {
                     clash.push(irq.irq);
                     on.extend(hit);
@@ -765,17 +566,8 @@ fn check_irqs(t: &Target, h: &HostFacts) -> Check {
     }
     if !clash.is_empty() {
         let irqs: Vec<String> = clash.iter().map(|i| i.to_string()).collect();
-        let housekeeping: Vec<usize> = h
-            .allowed
-            .iter()
-            .copied()
-            .filter(|c| !lcores.contains(c))
-            .collect();
-        let target = if housekeeping.is_empty() {
-            "a non-lcore core".to_string()
-        } else {
-            list(&housekeeping)
-        };
+        let housekeeping: Vec<usize> = h.allowed.iter().copied().filter(|c| !lcores.contains(c)).collect();
+        let target = if housekeeping.is_empty() { "a non-lcore core".to_string() } else { list(&housekeeping) };
         return row(
             "NIC interrupts",
             Status::Warn,
@@ -790,14 +582,7 @@ fn check_irqs(t: &Target, h: &HostFacts) -> Check {
     row(
         "NIC interrupts",
         Status::Pass,
-        format!(
-            "{seen} efa IRQs, none on lcore cores{}",
-            if unknown > 0 {
-                format!(" ({unknown} unreadable)")
-            } else {
-                String::new()
-            }
-        ),
+        format!("{seen} efa IRQs, none on lcore cores{}", if unknown > 0 { format!(" ({unknown} unreadable)") } else { String::new() }),
         None,
     )
 }
@@ -811,8 +596,7 @@ pub fn evaluate(t: &Target, h: &HostFacts) -> Vec<Check> {
             "{}.{}; configured provider: {}",
             h.libfabric.0,
             h.libfabric.1,
-            t.provider()
-                .unwrap_or_else(|| "chosen at start (efa, else shm/tcp)".into())
+            t.provider().unwrap_or_else(|| "chosen at start (efa, else shm/tcp)".into())
         ),
         None,
     )];
@@ -836,17 +620,9 @@ pub fn exit_code(checks: &[Check]) -> u8 {
 
 /// The table: one line per check, its fix on the next line.
 pub fn render(source: &str, checks: &[Check]) -> String {
-    let mut t = Table::new(&[
-        ("Check", Align::Left),
-        ("Status", Align::Left),
-        ("Result", Align::Left),
-    ]);
+    let mut t = Table::new(&[("Check", Align::Left), ("Status", Align::Left), ("Result", Align::Left)]);
     for c in checks {
-        t.row([
-            c.name.clone(),
-            c.status.name().to_string(),
-            c.detail.clone(),
-        ]);
+        t.row([c.name.clone(), c.status.name().to_string(), c.detail.clone()]);
         if let Some(fix) = &c.fix {
             if c.status >= Status::Warn {
                 t.row([String::new(), String::new(), format!("fix: {fix}")]);
@@ -876,14 +652,8 @@ struct Report<'a> {
 
 pub fn run(args: &DoctorArgs) -> Result<u8, String> {
     let (file, source) = match &args.config {
-        Some(p) => (
-            ServerFile::load(p).map_err(|e| e.to_string())?,
-            p.display().to_string(),
-        ),
-        None => (
-            ServerFile::default(),
-            "the built-in defaults (no --config)".to_string(),
-        ),
+        Some(p) => (ServerFile::load(p).map_err(|e| e.to_string())?, p.display().to_string()),
+        None => (ServerFile::default(), "the built-in defaults (no --config)".to_string()),
     };
     let config = file.resolve().map_err(|e| format!("{source}: {e}"))?;
     let target = Target { config };
@@ -913,29 +683,16 @@ mod tests {
     use tally_engine::hugepages::SIZE_2M;
 
     fn target(toml: &str) -> Target {
-        Target {
-            config: ServerFile::parse(toml).unwrap().resolve().unwrap(),
-        }
+        Target { config: ServerFile::parse(toml).unwrap().resolve().unwrap() }
     }
 
     /// This build host: no EFA, 2 cores, no cpufreq, empty pools, THP madvise.
     fn dev_host() -> HostFacts {
         HostFacts {
-            providers: vec![
-                ("efa".into(), false),
-                ("shm".into(), true),
-                ("tcp;ofi_rxm".into(), true),
-            ],
+            providers: vec![("efa".into(), false), ("shm".into(), true), ("tcp;ofi_rxm".into(), true)],
             libfabric: (1, 17),
             cpu_node: [(0, 0), (1, 0)].into_iter().collect(),
-            pools: vec![PoolState {
-                page_size: SIZE_2M,
-                node: None,
-                total: 0,
-                free: 0,
-                reserved: Some(0),
-                surplus: 0,
-            }],
+            pools: vec![PoolState { page_size: SIZE_2M, node: None, total: 0, free: 0, reserved: Some(0), surplus: 0 }],
             governors: [(0, None), (1, None)].into_iter().collect(),
             thp: Some("madvise".into()),
             memlock: Some(8 << 20),
@@ -950,39 +707,18 @@ mod tests {
     /// A tuned c7gn-like host: EFA on node 0, 64 cores, isolated 2-63.
     fn efa_host() -> HostFacts {
         HostFacts {
-            providers: vec![
-                ("efa".into(), true),
-                ("shm".into(), true),
-                ("tcp;ofi_rxm".into(), true),
-            ],
+            providers: vec![("efa".into(), true), ("shm".into(), true), ("tcp;ofi_rxm".into(), true)],
             libfabric: (1, 22),
-            nics: vec![NicFact {
-                name: "rdmap0s6".into(),
-                driver: Some("efa".into()),
-                numa_node: Some(0),
-            }],
+            nics: vec![NicFact { name: "rdmap0s6".into(), driver: Some("efa".into()), numa_node: Some(0) }],
             cpu_node: (0..64).map(|c| (c, 0)).collect(),
-            pools: vec![PoolState {
-                page_size: SIZE_2M,
-                node: None,
-                total: 20_000,
-                free: 20_000,
-                reserved: Some(0),
-                surplus: 0,
-            }],
+            pools: vec![PoolState { page_size: SIZE_2M, node: None, total: 20_000, free: 20_000, reserved: Some(0), surplus: 0 }],
             isolated: (2..64).collect(),
-            governors: (2..64)
-                .map(|c| (c, Some("performance".to_string())))
-                .collect(),
+            governors: (2..64).map(|c| (c, Some("performance".to_string()))).collect(),
             thp: Some("madvise".into()),
             memlock: None,
             rt_runtime_us: Some(-1),
             rt_period_us: Some(1_000_000),
-            nic_irqs: vec![IrqFact {
-                irq: 40,
-                name: "efa-comp0@pci:0000:00:06.0".into(),
-                affinity: Some(vec![1]),
-            }],
+            nic_irqs: vec![IrqFact { irq: 40, name: "efa-comp0@pci:0000:00:06.0".into(), affinity: Some(vec![1]) }],
             allowed: (0..64).collect(),
             ..Default::default()
         }
@@ -991,11 +727,7 @@ mod tests {
     const C7GN: &str = "lcores = \"2-63\"\nprovider = \"efa\"\npoll = \"busy\"\nhugepages = \"require\"\nslab_size = \"512M\"\n";
 
     fn status(checks: &[Check], name: &str) -> Status {
-        checks
-            .iter()
-            .find(|c| c.name == name)
-            .unwrap_or_else(|| panic!("no row {name}: {checks:#?}"))
-            .status
+        checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no row {name}: {checks:#?}")).status
     }
 
     fn detail<'a>(checks: &'a [Check], name: &str) -> &'a str {
@@ -1006,10 +738,7 @@ mod tests {
     fn dev_host_with_defaults_only_warns() {
         let c = evaluate(&target(""), &dev_host());
         assert_eq!(status(&c, "provider efa"), Status::Warn);
-        assert_eq!(
-            detail(&c, "provider efa"),
-            "no EFA device; shm/tcp only (fine for development)"
-        );
+        assert_eq!(detail(&c, "provider efa"), "no EFA device; shm/tcp only (fine for development)");
         assert_eq!(status(&c, "provider shm"), Status::Pass);
         assert_eq!(status(&c, "provider tcp"), Status::Pass);
         assert_eq!(status(&c, "hugepages"), Status::Warn);
@@ -1020,12 +749,7 @@ mod tests {
         assert_eq!(status(&c, "memlock"), Status::Warn);
         assert_eq!(exit_code(&c), 0);
         // Every warning carries a fix.
-        assert!(
-            c.iter()
-                .filter(|x| x.status >= Status::Warn)
-                .all(|x| x.fix.is_some()),
-            "{c:#?}"
-        );
+        assert!(c.iter().filter(|x| x.status >= Status::Warn).all(|x| x.fix.is_some()), "{c:#?}");
     }
 
     #[test]
@@ -1037,17 +761,8 @@ mod tests {
         assert_eq!(status(&c, "memlock"), Status::Fail);
         assert_eq!(status(&c, "isolated cores"), Status::Warn);
         assert_eq!(status(&c, "RT throttling"), Status::Warn);
-        assert_eq!(
-            detail(&c, "lcores"),
-            "lcores 2-63 are all outside this host's allowed CPUs (0-1)"
-        );
-        let fix = c
-            .iter()
-            .find(|x| x.name == "hugepages")
-            .unwrap()
-            .fix
-            .clone()
-            .unwrap();
+        assert_eq!(detail(&c, "lcores"), "lcores 2-63 are all outside this host's allowed CPUs (0-1)");
+        let fix = c.iter().find(|x| x.name == "hugepages").unwrap().fix.clone().unwrap();
         assert!(fix.starts_with("tally hugepages reserve 31G"), "{fix}");
         assert_eq!(exit_code(&c), 1);
     }
@@ -1067,19 +782,12 @@ mod tests {
         for c in 32..64 {
             h.cpu_node.insert(c, 1);
         }
-        h.nic_irqs.push(IrqFact {
-            irq: 41,
-            name: "efa-comp1".into(),
-            affinity: Some(vec![5, 6]),
-        });
+        h.nic_irqs.push(IrqFact { irq: 41, name: "efa-comp1".into(), affinity: Some(vec![5, 6]) });
         h.governors.insert(7, Some("powersave".into()));
         h.isolated.retain(|&c| c != 9);
         let c = evaluate(&target(C7GN), &h);
         assert_eq!(status(&c, "EFA NUMA"), Status::Warn);
-        assert!(
-            detail(&c, "EFA NUMA").contains("lcores 32-63 are on another node"),
-            "{c:#?}"
-        );
+        assert!(detail(&c, "EFA NUMA").contains("lcores 32-63 are on another node"), "{c:#?}");
         assert_eq!(status(&c, "NIC interrupts"), Status::Warn);
         assert!(detail(&c, "NIC interrupts").contains("IRQs 41 may fire on lcore cores 5-6"));
         assert_eq!(status(&c, "CPU governor"), Status::Warn);
@@ -1124,10 +832,7 @@ mod tests {
     fn parses_host_files() {
         assert_eq!(parse_cpu_list(""), Vec::<usize>::new());
         assert_eq!(parse_cpu_list("2-4,8\n"), vec![2, 3, 4, 8]);
-        assert_eq!(
-            cmdline_isolated("quiet isolcpus=managed_irq,domain,2-5 nohz_full=2-5,9 ro"),
-            vec![2, 3, 4, 5, 2, 3, 4, 5, 9]
-        );
+        assert_eq!(cmdline_isolated("quiet isolcpus=managed_irq,domain,2-5 nohz_full=2-5,9 ro"), vec![2, 3, 4, 5, 2, 3, 4, 5, 9]);
         assert_eq!(cmdline_isolated("console=ttyS0 quiet"), Vec::<usize>::new());
         let interrupts = "           CPU0       CPU1\n  \
             24:          0          0   PCI-MSI 81920-edge      ena-mgmnt@pci:0000:00:05.0\n  \
@@ -1136,10 +841,7 @@ mod tests {
             NMI:          0          0   Non-maskable interrupts\n";
         assert_eq!(
             parse_interrupts(interrupts),
-            vec![
-                (40, "efa-mgmnt@pci:0000:00:06.0".to_string()),
-                (41, "efa-comp0@pci:0000:00:06.0".to_string())
-            ]
+            vec![(40, "efa-mgmnt@pci:0000:00:06.0".to_string()), (41, "efa-comp0@pci:0000:00:06.0".to_string())]
         );
     }
 
@@ -1148,15 +850,8 @@ mod tests {
         let c = evaluate(&target(""), &dev_host());
         let text = render("defaults", &c);
         let lines: Vec<&str> = text.lines().collect();
-        let i = lines
-            .iter()
-            .position(|l| l.starts_with("provider efa"))
-            .unwrap();
-        assert!(
-            lines[i].contains("warn")
-                && lines[i].ends_with("no EFA device; shm/tcp only (fine for development)"),
-            "{text}"
-        );
+        let i = lines.iter().position(|l| l.starts_with("provider efa")).unwrap();
+        assert!(lines[i].contains("warn") && lines[i].ends_with("no EFA device; shm/tcp only (fine for development)"), "{text}");
         assert!(lines[i + 1].trim_start().starts_with("fix: "), "{text}");
         assert!(text.contains(" failed ("), "{text}");
     }

@@ -98,13 +98,7 @@ pub enum Format {
 }
 
 /// The variables `check` reports from the current environment.
-pub const WATCHED: &[&str] = &[
-    "FI_EFA_FORK_SAFE",
-    "FI_EFA_USE_HUGE_PAGE",
-    "RDMAV_FORK_SAFE",
-    "IBV_FORK_SAFE",
-    "FI_PROVIDER",
-];
+pub const WATCHED: &[&str] = &["FI_EFA_FORK_SAFE", "FI_EFA_USE_HUGE_PAGE", "RDMAV_FORK_SAFE", "IBV_FORK_SAFE", "FI_PROVIDER"];
 
 /// A kernel release, `major.minor.patch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -116,26 +110,16 @@ pub struct KernelVersion {
 
 impl KernelVersion {
     /// The first kernel that copies pinned pages on fork.
-    pub const COPY_ON_FORK: KernelVersion = KernelVersion {
-        major: 5,
-        minor: 13,
-        patch: 0,
-    };
+    pub const COPY_ON_FORK: KernelVersion = KernelVersion { major: 5, minor: 13, patch: 0 };
 
     /// From a `uname -r` string: `6.1.0-18-amd64`, `5.10.205-195.807.amzn2.aarch64`.
     pub fn parse(release: &str) -> Option<KernelVersion> {
-        let mut nums = release
-            .split(|c: char| !c.is_ascii_digit())
-            .map(|s| s.parse::<u32>());
+        let mut nums = release.split(|c: char| !c.is_ascii_digit()).map(|s| s.parse::<u32>());
         let major = nums.next()?.ok()?;
         let minor = nums.next()?.ok()?;
         // "5.13" alone is 5.13.0; anything not a number ends the patch.
         let patch = nums.next().and_then(Result::ok).unwrap_or(0);
-        Some(KernelVersion {
-            major,
-            minor,
-            patch,
-        })
+        Some(KernelVersion { major, minor, patch })
     }
 }
 
@@ -179,19 +163,11 @@ pub struct Setting {
 
 impl Setting {
     fn set(name: &'static str, value: &str, reason: impl Into<String>) -> Setting {
-        Setting {
-            name,
-            value: Some(value.to_string()),
-            reason: reason.into(),
-        }
+        Setting { name, value: Some(value.to_string()), reason: reason.into() }
     }
 
     fn unset(name: &'static str, reason: impl Into<String>) -> Setting {
-        Setting {
-            name,
-            value: None,
-            reason: reason.into(),
-        }
+        Setting { name, value: None, reason: reason.into() }
     }
 
     /// `NAME=value` or `NAME unset`.
@@ -210,10 +186,7 @@ fn fork_support_needed(f: &Facts) -> (bool, String) {
         None => "rdma-core".to_string(),
     };
     if f.fork_status == Some(ForkStatus::Unneeded) {
-        return (
-            false,
-            format!("{rdma} reports IBV_FORK_UNNEEDED: the kernel copies pinned pages on fork"),
-        );
+        return (false, format!("{rdma} reports IBV_FORK_UNNEEDED: the kernel copies pinned pages on fork"));
     }
     if f.kernel_rdma && f.fork_query {
         if let Some(s) = f.fork_status {
@@ -221,13 +194,7 @@ fn fork_support_needed(f: &Facts) -> (bool, String) {
         }
     }
     let k = match f.kernel {
-        None => {
-            return (
-                true,
-                "kernel version unknown: cannot rule out forks corrupting registered memory"
-                    .to_string(),
-            )
-        }
+        None => return (true, "kernel version unknown: cannot rule out forks corrupting registered memory".to_string()),
         Some(k) => k,
     };
     if k < KernelVersion::COPY_ON_FORK {
@@ -242,11 +209,7 @@ fn fork_support_needed(f: &Facts) -> (bool, String) {
             ),
         );
     }
-    let note = if f.rdma_core_present {
-        ""
-    } else {
-        "; rdma-core not installed here (EFA hosts need >= 35)"
-    };
+    let note = if f.rdma_core_present { "" } else { "; rdma-core not installed here (EFA hosts need >= 35)" };
     (false, format!("kernel {k} >= 5.13 copies pinned pages on fork (IBV_FORK_UNNEEDED where RDMA is loaded){note}"))
 }
 
@@ -270,10 +233,7 @@ pub fn decide(role: Role, f: &Facts) -> Vec<Setting> {
                 "RDMAV_FORK_SAFE",
                 "libibverbs calls ibv_fork_init whenever it is set, whatever its value: the server must not have it",
             ));
-            out.push(Setting::unset(
-                "IBV_FORK_SAFE",
-                "libibverbs' other name for RDMAV_FORK_SAFE: same reason",
-            ));
+            out.push(Setting::unset("IBV_FORK_SAFE", "libibverbs' other name for RDMAV_FORK_SAFE: same reason"));
             out.push(Setting::set(
                 "FI_EFA_USE_HUGE_PAGE",
                 "1",
@@ -289,11 +249,7 @@ pub fn decide(role: Role, f: &Facts) -> Vec<Setting> {
             let (needed, why) = fork_support_needed(f);
             if needed {
                 if has_fi_efa_fork_safe(f) {
-                    out.push(Setting::set(
-                        "FI_EFA_FORK_SAFE",
-                        "1",
-                        format!("data loaders fork: {why}"),
-                    ));
+                    out.push(Setting::set("FI_EFA_FORK_SAFE", "1", format!("data loaders fork: {why}")));
                 } else {
                     out.push(Setting::set(
                         "RDMAV_FORK_SAFE",
@@ -311,29 +267,17 @@ pub fn decide(role: Role, f: &Facts) -> Vec<Setting> {
                 ));
             } else {
                 if has_fi_efa_fork_safe(f) {
-                    out.push(Setting::set(
-                        "FI_EFA_FORK_SAFE",
-                        "0",
-                        format!("not needed: {why}"),
-                    ));
+                    out.push(Setting::set("FI_EFA_FORK_SAFE", "0", format!("not needed: {why}")));
                 }
-                let see = if has_fi_efa_fork_safe(f) {
-                    "see FI_EFA_FORK_SAFE".to_string()
-                } else {
-                    why
-                };
+                let see = if has_fi_efa_fork_safe(f) { "see FI_EFA_FORK_SAFE".to_string() } else { why };
                 out.push(Setting::unset(
                     "RDMAV_FORK_SAFE",
                     format!("not needed ({see}); if set, libibverbs would madvise every registration and EFA would drop huge pages"),
                 ));
                 let pool = if f.hugepage_pages > 0 {
-                    format!(
-                        "a few forks can exhaust this host's pool of {} pages",
-                        f.hugepage_pages
-                    )
+                    format!("a few forks can exhaust this host's pool of {} pages", f.hugepage_pages)
                 } else {
-                    "the pool is empty here, but one reserved later (or a pod's hugepages request) would run out the same way"
-                        .to_string()
+                    "the pool is empty here, but one reserved later (or a pod's hugepages request) would run out the same way".to_string()
                 };
                 out.push(Setting::set(
                     "FI_EFA_USE_HUGE_PAGE",
@@ -345,7 +289,11 @@ pub fn decide(role: Role, f: &Facts) -> Vec<Setting> {
                 ));
             }
             if f.efa_device {
-                out.push(Setting::set("FI_PROVIDER", "efa", "this host has EFA: NCCL and the tally plugin must use it, never fall back to tcp"));
+                out.push(Setting::set(
+                    "FI_PROVIDER",
+                    "efa",
+                    "this host has EFA: NCCL and the tally plugin must use it, never fall back to tcp",
+                ));
             } else {
                 out.push(Setting::unset(
                     "FI_PROVIDER",
@@ -359,10 +307,7 @@ pub fn decide(role: Role, f: &Facts) -> Vec<Setting> {
 
 /// `export`/`unset` lines with the reasons as comments, for `eval`.
 pub fn render_sh(role: Role, f: &Facts, settings: &[Setting]) -> String {
-    let mut out = format!(
-        "# tally efa-env print --role {role} ({})\n",
-        facts_summary(f)
-    );
+    let mut out = format!("# tally efa-env print --role {role} ({})\n", facts_summary(f));
     for s in settings {
         out.push_str(&format!("# {}: {}\n", s.name, s.reason));
         match &s.value {
@@ -376,20 +321,14 @@ pub fn render_sh(role: Role, f: &Facts, settings: &[Setting]) -> String {
 /// A systemd EnvironmentFile: `NAME=value` lines. A file cannot unset a
 /// variable, so those become comments naming the unit directive that does.
 pub fn render_systemd(role: Role, f: &Facts, settings: &[Setting]) -> String {
-    let mut out = format!(
-        "# EnvironmentFile: tally efa-env print --role {role} --format systemd ({})\n",
-        facts_summary(f)
-    );
+    let mut out = format!("# EnvironmentFile: tally efa-env print --role {role} --format systemd ({})\n", facts_summary(f));
     for s in settings {
         match &s.value {
             Some(v) => {
                 out.push_str(&format!("# {}\n", s.reason));
                 out.push_str(&format!("{}={v}\n", s.name));
             }
-            None => out.push_str(&format!(
-                "# {} must stay unset (UnsetEnvironment={} in the unit): {}\n",
-                s.name, s.name, s.reason
-            )),
+            None => out.push_str(&format!("# {} must stay unset (UnsetEnvironment={} in the unit): {}\n", s.name, s.name, s.reason)),
         }
     }
     out
@@ -423,10 +362,7 @@ fn settings_json(settings: &[Setting]) -> Vec<SettingJson<'_>> {
 }
 
 fn sh_quote(v: &str) -> String {
-    if !v.is_empty()
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.,:/".contains(&b))
-    {
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.,:/".contains(&b)) {
         v.to_string()
     } else {
         format!("'{}'", v.replace('\'', "'\\''"))
@@ -434,23 +370,14 @@ fn sh_quote(v: &str) -> String {
 }
 
 fn facts_summary(f: &Facts) -> String {
-    let kernel = f
-        .kernel
-        .map_or("kernel unknown".to_string(), |k| format!("kernel {k}"));
+    let kernel = f.kernel.map_or("kernel unknown".to_string(), |k| format!("kernel {k}"));
     let rdma = match (f.rdma_core_present, f.rdma_core_release) {
         (false, _) => "no rdma-core".to_string(),
         (true, Some(r)) => format!("rdma-core {r}"),
         (true, None) => "rdma-core".to_string(),
     };
-    let efa = if f.efa_device {
-        "EFA present"
-    } else {
-        "no EFA device"
-    };
-    format!(
-        "{kernel}, {rdma}, libfabric {}.{}, {efa}",
-        f.libfabric.0, f.libfabric.1
-    )
+    let efa = if f.efa_device { "EFA present" } else { "no EFA device" };
+    format!("{kernel}, {rdma}, libfabric {}.{}, {efa}", f.libfabric.0, f.libfabric.1)
 }
 
 /// Everything `check` looked at, beyond the facts the decision needs.
@@ -482,18 +409,12 @@ fn kernel_release() -> String {
         return String::new();
     }
     // SAFETY: uname fills `release` with a NUL-terminated string.
-    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
 }
 
 fn hugepage_pages() -> u64 {
     let sizes = tally_engine::hugepages::page_sizes().unwrap_or_default();
-    sizes
-        .iter()
-        .filter_map(|&s| tally_engine::hugepages::pool(s, None).ok())
-        .map(|p| p.total)
-        .sum()
+    sizes.iter().filter_map(|&s| tally_engine::hugepages::pool(s, None).ok()).map(|p| p.total).sum()
 }
 
 /// Look at this host.
@@ -523,13 +444,7 @@ pub fn gather() -> HostReport {
         libfabric_headers: fabric::info::HEADER_VERSION,
         efa_domains,
         efa_provider_error,
-        env: WATCHED
-            .iter()
-            .map(|n| EnvVar {
-                name: n.to_string(),
-                value: std::env::var(n).ok(),
-            })
-            .collect(),
+        env: WATCHED.iter().map(|n| EnvVar { name: n.to_string(), value: std::env::var(n).ok() }).collect(),
     }
 }
 
@@ -540,37 +455,25 @@ pub fn render_check(r: &HostReport) -> String {
     let mut t = Table::new(&[("Fact", Align::Left), ("Found", Align::Left)]);
     let kernel = match f.kernel {
         Some(k) if k >= KernelVersion::COPY_ON_FORK => {
-            format!(
-                "{}: copies pinned pages on fork (>= 5.13)",
-                r.kernel_release
-            )
+            format!("{}: copies pinned pages on fork (>= 5.13)", r.kernel_release)
         }
-        Some(_) => format!(
-            "{}: no copy-on-fork for pinned pages (< 5.13)",
-            r.kernel_release
-        ),
+        Some(_) => format!("{}: no copy-on-fork for pinned pages (< 5.13)", r.kernel_release),
         None => format!("{:?}: version not understood", r.kernel_release),
     };
     t.row(["kernel".to_string(), kernel]);
     let v = &r.verbs;
     let rdma = match (&v.library, v.rdma_core) {
-        (None, _) => format!(
-            "not found ({}): EFA needs rdma-core >= 35",
-            v.load_error.as_deref().unwrap_or("dlopen failed")
-        ),
+        (None, _) => format!("not found ({}): EFA needs rdma-core >= 35", v.load_error.as_deref().unwrap_or("dlopen failed")),
         (Some(lib), Some(rel)) => format!("{rel} ({lib})"),
         (Some(lib), None) => format!("release unknown ({lib})"),
     };
     t.row(["rdma-core".to_string(), rdma]);
     let fork = match (v.loaded(), v.has_fork_query, v.fork_status) {
         (false, _, _) => "unknown (no libibverbs)".to_string(),
-        (true, false, _) => {
-            "ibv_is_fork_initialized() missing: rdma-core older than 35".to_string()
+        (true, false, _) => "ibv_is_fork_initialized() missing: rdma-core older than 35".to_string(),
+        (true, true, Some(s)) if s != ForkStatus::Unneeded && !v.kernel_rdma() => {
+            format!("ibv_is_fork_initialized() = {} (not the kernel's word: no RDMA support loaded to ask)", s.name())
         }
-        (true, true, Some(s)) if s != ForkStatus::Unneeded && !v.kernel_rdma() => format!(
-            "ibv_is_fork_initialized() = {} (not the kernel's word: no RDMA support loaded to ask)",
-            s.name()
-        ),
         (true, true, Some(s)) => format!("ibv_is_fork_initialized() = {}", s.name()),
         (true, true, None) => "ibv_is_fork_initialized() returned an unknown value".to_string(),
     };
@@ -582,23 +485,15 @@ pub fn render_check(r: &HostReport) -> String {
     };
     t.row([
         "libfabric".to_string(),
-        format!(
-            "{}.{} (built against {}.{}); {efa_prov}",
-            f.libfabric.0, f.libfabric.1, r.libfabric_headers.0, r.libfabric_headers.1
-        ),
+        format!("{}.{} (built against {}.{}); {efa_prov}", f.libfabric.0, f.libfabric.1, r.libfabric_headers.0, r.libfabric_headers.1),
     ]);
     t.row(["RDMA devices".to_string(), v.devices_line()]);
     let efa_devs: Vec<&verbs::RdmaDevice> = v.efa_devices().collect();
     if efa_devs.is_empty() {
-        t.row([
-            "EFA devices".to_string(),
-            "none: shm/tcp only (fine for development)".to_string(),
-        ]);
+        t.row(["EFA devices".to_string(), "none: shm/tcp only (fine for development)".to_string()]);
     }
     for d in efa_devs {
-        let node = d.numa_node.map_or("NUMA node unknown".to_string(), |n| {
-            format!("NUMA node {n}")
-        });
+        let node = d.numa_node.map_or("NUMA node unknown".to_string(), |n| format!("NUMA node {n}"));
         let what = match (&d.efa, &d.efa_error) {
             (Some(a), _) => a.summary(),
             (None, Some(e)) => e.clone(),
@@ -606,25 +501,14 @@ pub fn render_check(r: &HostReport) -> String {
         };
         t.row([format!("EFA {}", d.name), format!("{node}; {what}")]);
     }
-    t.row([
-        "hugepage pool".to_string(),
-        format!("{} pages (all sizes)", f.hugepage_pages),
-    ]);
+    t.row(["hugepage pool".to_string(), format!("{} pages (all sizes)", f.hugepage_pages)]);
     for e in &r.env {
-        t.row([
-            e.name.clone(),
-            e.value
-                .clone()
-                .map_or("(unset)".to_string(), |v| format!("={v}")),
-        ]);
+        t.row([e.name.clone(), e.value.clone().map_or("(unset)".to_string(), |v| format!("={v}"))]);
     }
     let mut out = t.render();
     for (role, what) in [
         (Role::Server, "tally itself: never forks, hugepage buffers"),
-        (
-            Role::Worker,
-            "an NCCL training process with the plugin: forks data loaders",
-        ),
+        (Role::Worker, "an NCCL training process with the plugin: forks data loaders"),
     ] {
         out.push_str(&format!("\nRole {role} ({what}):\n"));
         let settings = decide(role, f);
@@ -635,10 +519,7 @@ pub fn render_check(r: &HostReport) -> String {
         out.push_str(&t.render());
         let differs = env_differences(&settings, &r.env);
         if !differs.is_empty() {
-            out.push_str(&format!(
-                "  this environment differs: {}\n",
-                differs.join("; ")
-            ));
+            out.push_str(&format!("  this environment differs: {}\n", differs.join("; ")));
         }
     }
     out.push_str("\nApply with: eval \"$(tally efa-env print --role worker)\", or --format systemd for the server's unit.\n");
@@ -649,14 +530,9 @@ pub fn render_check(r: &HostReport) -> String {
 pub fn env_differences(settings: &[Setting], env: &[EnvVar]) -> Vec<String> {
     let mut out = Vec::new();
     for s in settings {
-        let now = env
-            .iter()
-            .find(|e| e.name == s.name)
-            .and_then(|e| e.value.as_deref());
+        let now = env.iter().find(|e| e.name == s.name).and_then(|e| e.value.as_deref());
         match (&s.value, now) {
-            (Some(want), Some(have)) if want != have => {
-                out.push(format!("{} is {have}, wants {want}", s.name))
-            }
+            (Some(want), Some(have)) if want != have => out.push(format!("{} is {have}, wants {want}", s.name)),
             (Some(want), None) => out.push(format!("{} unset, wants {want}", s.name)),
             (None, Some(have)) => out.push(format!("{} is {have}, must be unset", s.name)),
             _ => {}
@@ -679,22 +555,14 @@ pub fn run(args: &EfaEnvArgs) -> Result<(), String> {
             if *json {
                 let server = decide(Role::Server, &r.facts);
                 let worker = decide(Role::Worker, &r.facts);
-                let j = CheckJson {
-                    host: &r,
-                    server: settings_json(&server),
-                    worker: settings_json(&worker),
-                };
+                let j = CheckJson { host: &r, server: settings_json(&server), worker: settings_json(&worker) };
                 super::out(&(serde_json::to_string_pretty(&j).map_err(|e| e.to_string())? + "\n"))?;
             } else {
                 super::out(&render_check(&r))?;
             }
             Ok(())
         }
-        EfaEnvCmd::Print {
-            role,
-            format,
-            assume_efa,
-        } => {
+        EfaEnvCmd::Print { role, format, assume_efa } => {
             let mut facts = gather().facts;
             facts.efa_device |= *assume_efa;
             let settings = decide(*role, &facts);
@@ -702,14 +570,8 @@ pub fn run(args: &EfaEnvArgs) -> Result<(), String> {
                 Format::Sh => super::out(&render_sh(*role, &facts, &settings))?,
                 Format::Systemd => super::out(&render_systemd(*role, &facts, &settings))?,
                 Format::Json => {
-                    let j = PrintJson {
-                        role: *role,
-                        facts: &facts,
-                        settings: settings_json(&settings),
-                    };
-                    super::out(
-                        &(serde_json::to_string_pretty(&j).map_err(|e| e.to_string())? + "\n"),
-                    )?;
+                    let j = PrintJson { role: *role, facts: &facts, settings: settings_json(&settings) };
+                    super::out(&(serde_json::to_string_pretty(&j).map_err(|e| e.to_string())? + "\n"))?;
                 }
             }
             Ok(())
@@ -722,11 +584,7 @@ mod tests {
     use super::*;
 
     fn k(major: u32, minor: u32) -> Option<KernelVersion> {
-        Some(KernelVersion {
-            major,
-            minor,
-            patch: 0,
-        })
+        Some(KernelVersion { major, minor, patch: 0 })
     }
 
     /// An EFA host on a current kernel with rdma-core 46 and libfabric 1.22:
@@ -746,9 +604,7 @@ mod tests {
     }
 
     fn value<'a>(s: &'a [Setting], name: &str) -> Option<Option<&'a str>> {
-        s.iter()
-            .find(|x| x.name == name)
-            .map(|x| x.value.as_deref())
+        s.iter().find(|x| x.name == name).map(|x| x.value.as_deref())
     }
 
     fn reason<'a>(s: &'a [Setting], name: &str) -> &'a str {
@@ -758,19 +614,9 @@ mod tests {
     #[test]
     fn kernel_versions() {
         assert_eq!(KernelVersion::parse("6.1.0-18-amd64"), k(6, 1));
-        assert_eq!(
-            KernelVersion::parse("5.10.205-195.807.amzn2.aarch64"),
-            Some(KernelVersion {
-                major: 5,
-                minor: 10,
-                patch: 205
-            })
-        );
+        assert_eq!(KernelVersion::parse("5.10.205-195.807.amzn2.aarch64"), Some(KernelVersion { major: 5, minor: 10, patch: 205 }));
         assert_eq!(KernelVersion::parse("5.13"), k(5, 13));
-        assert_eq!(
-            KernelVersion::parse("6.18.44-fc-v669").map(|v| v.patch),
-            Some(44)
-        );
+        assert_eq!(KernelVersion::parse("6.18.44-fc-v669").map(|v| v.patch), Some(44));
         assert_eq!(KernelVersion::parse("garbage"), None);
         assert!(KernelVersion::parse("5.12.19").unwrap() < KernelVersion::COPY_ON_FORK);
         assert!(KernelVersion::parse("5.13.0").unwrap() >= KernelVersion::COPY_ON_FORK);
@@ -780,32 +626,12 @@ mod tests {
     /// provider, a phrase the fork reason must contain).
     #[test]
     fn worker_decisions() {
-        type Case = (
-            &'static str,
-            Facts,
-            (&'static str, &'static str),
-            &'static str,
-            Option<&'static str>,
-            &'static str,
-        );
+        type Case = (&'static str, Facts, (&'static str, &'static str), &'static str, Option<&'static str>, &'static str);
         let cases: Vec<Case> = vec![
-            (
-                "rdma-core says unneeded",
-                modern(),
-                ("FI_EFA_FORK_SAFE", "0"),
-                "0",
-                Some("efa"),
-                "IBV_FORK_UNNEEDED",
-            ),
+            ("rdma-core says unneeded", modern(), ("FI_EFA_FORK_SAFE", "0"), "0", Some("efa"), "IBV_FORK_UNNEEDED"),
             (
                 "new kernel, no RDMA loaded here (this build host)",
-                Facts {
-                    fork_status: Some(ForkStatus::Disabled),
-                    kernel_rdma: false,
-                    efa_device: false,
-                    hugepage_pages: 0,
-                    ..modern()
-                },
+                Facts { fork_status: Some(ForkStatus::Disabled), kernel_rdma: false, efa_device: false, hugepage_pages: 0, ..modern() },
                 ("FI_EFA_FORK_SAFE", "0"),
                 "0",
                 None,
@@ -813,11 +639,7 @@ mod tests {
             ),
             (
                 "old kernel",
-                Facts {
-                    kernel: k(5, 10),
-                    fork_status: Some(ForkStatus::Disabled),
-                    ..modern()
-                },
+                Facts { kernel: k(5, 10), fork_status: Some(ForkStatus::Disabled), ..modern() },
                 ("FI_EFA_FORK_SAFE", "1"),
                 "0",
                 Some("efa"),
@@ -825,12 +647,7 @@ mod tests {
             ),
             (
                 "old kernel, no verdict from rdma-core",
-                Facts {
-                    kernel: k(5, 4),
-                    fork_status: Some(ForkStatus::Disabled),
-                    kernel_rdma: false,
-                    ..modern()
-                },
+                Facts { kernel: k(5, 4), fork_status: Some(ForkStatus::Disabled), kernel_rdma: false, ..modern() },
                 ("FI_EFA_FORK_SAFE", "1"),
                 "0",
                 Some("efa"),
@@ -838,12 +655,7 @@ mod tests {
             ),
             (
                 "new kernel, rdma-core too old to ask",
-                Facts {
-                    rdma_core_release: Some(32),
-                    fork_query: false,
-                    fork_status: None,
-                    ..modern()
-                },
+                Facts { rdma_core_release: Some(32), fork_query: false, fork_status: None, ..modern() },
                 ("FI_EFA_FORK_SAFE", "1"),
                 "0",
                 Some("efa"),
@@ -851,10 +663,7 @@ mod tests {
             ),
             (
                 "kernel RDMA core says no copy-on-fork",
-                Facts {
-                    fork_status: Some(ForkStatus::Disabled),
-                    ..modern()
-                },
+                Facts { fork_status: Some(ForkStatus::Disabled), ..modern() },
                 ("FI_EFA_FORK_SAFE", "1"),
                 "0",
                 Some("efa"),
@@ -862,14 +671,7 @@ mod tests {
             ),
             (
                 "unknown kernel",
-                Facts {
-                    kernel: None,
-                    fork_status: None,
-                    fork_query: false,
-                    rdma_core_present: false,
-                    kernel_rdma: false,
-                    ..modern()
-                },
+                Facts { kernel: None, fork_status: None, fork_query: false, rdma_core_present: false, kernel_rdma: false, ..modern() },
                 ("FI_EFA_FORK_SAFE", "1"),
                 "0",
                 Some("efa"),
@@ -877,13 +679,7 @@ mod tests {
             ),
             (
                 "old libfabric, old kernel",
-                Facts {
-                    kernel: k(4, 14),
-                    libfabric: (1, 11),
-                    fork_status: None,
-                    fork_query: false,
-                    ..modern()
-                },
+                Facts { kernel: k(4, 14), libfabric: (1, 11), fork_status: None, fork_query: false, ..modern() },
                 ("RDMAV_FORK_SAFE", "1"),
                 "0",
                 Some("efa"),
@@ -908,41 +704,21 @@ mod tests {
         for (name, facts, (fork_var, fork_val), huge, provider, phrase) in cases {
             let s = decide(Role::Worker, &facts);
             assert_eq!(value(&s, fork_var), Some(Some(fork_val)), "{name}: {s:#?}");
-            assert!(
-                reason(&s, fork_var).contains(phrase),
-                "{name}: {:?}",
-                reason(&s, fork_var)
-            );
-            assert_eq!(
-                value(&s, "FI_EFA_USE_HUGE_PAGE"),
-                Some(Some(huge)),
-                "{name}"
-            );
+            assert!(reason(&s, fork_var).contains(phrase), "{name}: {:?}", reason(&s, fork_var));
+            assert_eq!(value(&s, "FI_EFA_USE_HUGE_PAGE"), Some(Some(huge)), "{name}");
             assert_eq!(value(&s, "FI_PROVIDER"), Some(provider), "{name}");
             if fork_val == "1" {
                 // Fork support is on: the huge-page reason is the incompatibility.
-                assert!(
-                    reason(&s, "FI_EFA_USE_HUGE_PAGE").contains("do not mix"),
-                    "{name}"
-                );
-                assert!(
-                    value(&s, "RDMAV_FORK_SAFE").is_none() || fork_var == "RDMAV_FORK_SAFE",
-                    "{name}"
-                );
+                assert!(reason(&s, "FI_EFA_USE_HUGE_PAGE").contains("do not mix"), "{name}");
+                assert!(value(&s, "RDMAV_FORK_SAFE").is_none() || fork_var == "RDMAV_FORK_SAFE", "{name}");
             } else {
                 // Copy-on-fork: the huge-page reason is pool exhaustion, and
                 // RDMAV_FORK_SAFE must go.
-                assert!(
-                    reason(&s, "FI_EFA_USE_HUGE_PAGE").contains("Cannot allocate memory"),
-                    "{name}"
-                );
+                assert!(reason(&s, "FI_EFA_USE_HUGE_PAGE").contains("Cannot allocate memory"), "{name}");
                 assert_eq!(value(&s, "RDMAV_FORK_SAFE"), Some(None), "{name}");
             }
             for x in &s {
-                assert!(
-                    !x.reason.contains('\n'),
-                    "{name}: reasons are one line: {x:?}"
-                );
+                assert!(!x.reason.contains('\n'), "{name}: reasons are one line: {x:?}");
             }
         }
     }
@@ -951,13 +727,7 @@ mod tests {
     fn worker_pool_reason_names_the_pool() {
         let s = decide(Role::Worker, &modern());
         assert!(reason(&s, "FI_EFA_USE_HUGE_PAGE").contains("pool of 1024 pages"));
-        let s = decide(
-            Role::Worker,
-            &Facts {
-                hugepage_pages: 0,
-                ..modern()
-            },
-        );
+        let s = decide(Role::Worker, &Facts { hugepage_pages: 0, ..modern() });
         assert!(reason(&s, "FI_EFA_USE_HUGE_PAGE").contains("pool is empty here"));
     }
 
@@ -966,20 +736,9 @@ mod tests {
     fn server_decisions() {
         let hosts = [
             modern(),
-            Facts {
-                kernel: k(5, 4),
-                fork_status: Some(ForkStatus::Disabled),
-                ..modern()
-            },
-            Facts {
-                libfabric: (1, 11),
-                ..modern()
-            },
-            Facts {
-                efa_device: false,
-                rdma_core_present: false,
-                ..modern()
-            },
+            Facts { kernel: k(5, 4), fork_status: Some(ForkStatus::Disabled), ..modern() },
+            Facts { libfabric: (1, 11), ..modern() },
+            Facts { efa_device: false, rdma_core_present: false, ..modern() },
         ];
         for f in hosts {
             let s = decide(Role::Server, &f);
@@ -1003,17 +762,10 @@ mod tests {
         let s = decide(Role::Server, &f);
         let sd = render_systemd(Role::Server, &f, &s);
         assert!(sd.contains("\nFI_EFA_FORK_SAFE=0\n"), "{sd}");
-        assert!(
-            sd.contains("# RDMAV_FORK_SAFE must stay unset (UnsetEnvironment=RDMAV_FORK_SAFE"),
-            "{sd}"
-        );
+        assert!(sd.contains("# RDMAV_FORK_SAFE must stay unset (UnsetEnvironment=RDMAV_FORK_SAFE"), "{sd}");
         // Every non-comment line of an EnvironmentFile is NAME=value.
         for line in sd.lines().filter(|l| !l.starts_with('#')) {
-            assert!(
-                line.split_once('=')
-                    .is_some_and(|(n, _)| n.chars().all(|c| c.is_ascii_uppercase() || c == '_')),
-                "{line}"
-            );
+            assert!(line.split_once('=').is_some_and(|(n, _)| n.chars().all(|c| c.is_ascii_uppercase() || c == '_')), "{line}");
         }
         assert_eq!(sh_quote("tcp;ofi_rxm"), "'tcp;ofi_rxm'");
         assert_eq!(sh_quote("efa"), "efa");
@@ -1023,22 +775,9 @@ mod tests {
     #[test]
     fn environment_differences() {
         let s = decide(Role::Server, &modern());
-        let var = |n: &str, v: &str| EnvVar {
-            name: n.to_string(),
-            value: Some(v.to_string()),
-        };
-        let env = vec![
-            var("FI_EFA_FORK_SAFE", "1"),
-            var("RDMAV_FORK_SAFE", "1"),
-            var("FI_EFA_USE_HUGE_PAGE", "1"),
-        ];
+        let var = |n: &str, v: &str| EnvVar { name: n.to_string(), value: Some(v.to_string()) };
+        let env = vec![var("FI_EFA_FORK_SAFE", "1"), var("RDMAV_FORK_SAFE", "1"), var("FI_EFA_USE_HUGE_PAGE", "1")];
         let d = env_differences(&s, &env);
-        assert_eq!(
-            d,
-            [
-                "FI_EFA_FORK_SAFE is 1, wants 0",
-                "RDMAV_FORK_SAFE is 1, must be unset"
-            ]
-        );
+        assert_eq!(d, ["FI_EFA_FORK_SAFE is 1, wants 0", "RDMAV_FORK_SAFE is 1, must be unset"]);
     }
 }

@@ -196,11 +196,7 @@ fn checked_page_size(requested: Option<u64>) -> Result<u64, String> {
     };
     if !sizes.contains(&size) {
         let offered: Vec<String> = sizes.iter().map(|&s| format_size_arg(s)).collect();
-        return Err(format!(
-            "this kernel has no {} hugepages (it offers {})",
-            format_size(size),
-            offered.join(", ")
-        ));
+        return Err(format!("this kernel has no {} hugepages (it offers {})", format_size(size), offered.join(", ")));
     }
     Ok(size)
 }
@@ -260,13 +256,7 @@ fn show(json: bool) -> Result<(), String> {
                     total_bytes: p.total * p.page_size,
                 })
                 .collect(),
-            mounts: mounts
-                .iter()
-                .map(|m| MountJson {
-                    path: m.mount_point.display().to_string(),
-                    page_size: m.page_size,
-                })
-                .collect(),
+            mounts: mounts.iter().map(|m| MountJson { path: m.mount_point.display().to_string(), page_size: m.page_size }).collect(),
             thp: thp.to_string(),
         };
         super::out(&(serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"))?;
@@ -277,12 +267,7 @@ fn show(json: bool) -> Result<(), String> {
 }
 
 /// The human-readable `show` output.
-pub fn render_show(
-    pools: &[PoolState],
-    mounts: &[HugetlbfsMount],
-    thp: ThpMode,
-    default_page_size: Option<u64>,
-) -> String {
+pub fn render_show(pools: &[PoolState], mounts: &[HugetlbfsMount], thp: ThpMode, default_page_size: Option<u64>) -> String {
     let mut out = String::new();
     if pools.is_empty() {
         out.push_str("No hugepage pools: this kernel has no hugetlb support.\n");
@@ -316,15 +301,9 @@ pub fn render_show(
     if mounts.is_empty() {
         out.push_str("Hugetlbfs: not mounted (tally hugepages mount)\n");
     } else {
-        let mut t = Table::new(&[
-            ("Hugetlbfs mount", Align::Left),
-            ("Page size", Align::Right),
-        ]);
+        let mut t = Table::new(&[("Hugetlbfs mount", Align::Left), ("Page size", Align::Right)]);
         for m in mounts {
-            t.row([
-                m.mount_point.display().to_string(),
-                format_size(m.page_size),
-            ]);
+            t.row([m.mount_point.display().to_string(), format_size(m.page_size)]);
         }
         out.push_str(&t.render());
     }
@@ -397,10 +376,7 @@ pub fn render_reserve(o: &ReserveOutcome) -> String {
             o.target - o.got
         ));
     } else if o.got < o.before {
-        out.push_str(&format!(
-            "note: the pool shrank by {} pages\n",
-            o.before - o.got
-        ));
+        out.push_str(&format!("note: the pool shrank by {} pages\n", o.before - o.got));
     }
     let wanted = o.target.max(o.got);
     out.push_str(&format!("To keep {} after a reboot:\n", count(wanted)));
@@ -418,12 +394,7 @@ pub fn render_reserve(o: &ReserveOutcome) -> String {
 /// late in boot (fine for 2 MiB pages); 1 GiB pages should come from the
 /// kernel command line, before memory fragments. A per-node pool has no
 /// sysctl, only the command line's node form.
-pub fn persistence_lines(
-    page_size: u64,
-    node: Option<u32>,
-    pages: u64,
-    default_page_size: Option<u64>,
-) -> Vec<String> {
+pub fn persistence_lines(page_size: u64, node: Option<u32>, pages: u64, default_page_size: Option<u64>) -> Vec<String> {
     let size_arg = format_size_arg(page_size);
     let mut lines = Vec::new();
     match node {
@@ -433,14 +404,10 @@ pub fn persistence_lines(
                     "sysctl: vm.nr_hugepages = {pages}   (in /etc/sysctl.d/80-tally-hugepages.conf; see config/hugepages.conf)"
                 ));
             }
-            lines.push(format!(
-                "kernel command line: hugepagesz={size_arg} hugepages={pages}"
-            ));
+            lines.push(format!("kernel command line: hugepagesz={size_arg} hugepages={pages}"));
         }
         Some(n) => {
-            lines.push(format!(
-                "kernel command line: hugepagesz={size_arg} hugepages={n}:{pages}   (per-node form)"
-            ));
+            lines.push(format!("kernel command line: hugepagesz={size_arg} hugepages={n}:{pages}   (per-node form)"));
             lines.push(format!(
                 "or at boot: echo {pages} > /sys/devices/system/node/node{n}/hugepages/hugepages-{}kB/nr_hugepages",
                 page_size / 1024
@@ -459,32 +426,14 @@ fn change_error(e: io::Error) -> String {
 }
 
 fn reserve(page_size: u64, node: Option<u32>, size: u64, set_total: bool) -> Result<(), String> {
-    let before = hugepages::pool(page_size, node)
-        .map_err(|e| e.to_string())?
-        .total;
+    let before = hugepages::pool(page_size, node).map_err(|e| e.to_string())?.total;
     let pages = pages_for(size, page_size);
-    let target = if set_total {
-        pages
-    } else {
-        before.saturating_add(pages)
-    };
+    let target = if set_total { pages } else { before.saturating_add(pages) };
     let got = hugepages::set_pages(page_size, node, target).map_err(change_error)?;
-    let outcome = ReserveOutcome {
-        page_size,
-        node,
-        before,
-        target,
-        got,
-        default_page_size: hugepages::default_page_size().ok(),
-    };
+    let outcome = ReserveOutcome { page_size, node, before, target, got, default_page_size: hugepages::default_page_size().ok() };
     super::out(&render_reserve(&outcome))?;
     if outcome.short() {
-        return Err(format!(
-            "the kernel gave {} of the {} {} pages asked for",
-            got,
-            target,
-            format_size(page_size)
-        ));
+        return Err(format!("the kernel gave {} of the {} {} pages asked for", got, target, format_size(page_size)));
     }
     Ok(())
 }
@@ -494,13 +443,7 @@ fn clear(sizes: &[u64], node: Option<u32>) -> Result<(), String> {
         let before = hugepages::pool(page_size, node).map_err(|e| e.to_string())?;
         let got = hugepages::set_pages(page_size, node, 0).map_err(change_error)?;
         let now = hugepages::pool(page_size, node).map_err(|e| e.to_string())?;
-        super::out(&format!(
-            "{} pool of {} pages: {} -> {}\n",
-            pool_name(node),
-            format_size(page_size),
-            before.total,
-            count(got)
-        ))?;
+        super::out(&format!("{} pool of {} pages: {} -> {}\n", pool_name(node), format_size(page_size), before.total, count(got)))?;
         if now.surplus > 0 || got > 0 {
             super::out(&format!(
                 "  {} pages are still in use (mapped by a process, or files in a hugetlbfs mount): \
@@ -515,19 +458,13 @@ fn clear(sizes: &[u64], node: Option<u32>) -> Result<(), String> {
 fn find_mount(dir: &Path) -> Result<Option<HugetlbfsMount>, String> {
     let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let mounts = hugepages::mounts().map_err(|e| e.to_string())?;
-    Ok(mounts
-        .into_iter()
-        .find(|m| m.mount_point == canonical || m.mount_point == dir))
+    Ok(mounts.into_iter().find(|m| m.mount_point == canonical || m.mount_point == dir))
 }
 
 fn mount(dir: &Path, page_size: u64) -> Result<(), String> {
     if let Some(m) = find_mount(dir)? {
         if m.page_size == page_size {
-            super::out(&format!(
-                "hugetlbfs ({} pages) is already mounted on {}\n",
-                format_size(page_size),
-                dir.display()
-            ))?;
+            super::out(&format!("hugetlbfs ({} pages) is already mounted on {}\n", format_size(page_size), dir.display()))?;
             return Ok(());
         }
         return Err(format!(
@@ -539,11 +476,7 @@ fn mount(dir: &Path, page_size: u64) -> Result<(), String> {
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     hugepages::mount(dir, page_size).map_err(change_error)?;
-    super::out(&format!(
-        "mounted hugetlbfs ({} pages) on {}\n",
-        format_size(page_size),
-        dir.display()
-    ))?;
+    super::out(&format!("mounted hugetlbfs ({} pages) on {}\n", format_size(page_size), dir.display()))?;
     Ok(())
 }
 
@@ -553,11 +486,7 @@ fn unmount(dir: Option<&Path>) -> Result<(), String> {
             Some(m) => vec![m.mount_point],
             None => return Err(format!("{} is not a hugetlbfs mount", d.display())),
         },
-        None => hugepages::mounts()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .map(|m| m.mount_point)
-            .collect(),
+        None => hugepages::mounts().map_err(|e| e.to_string())?.into_iter().map(|m| m.mount_point).collect(),
     };
     if targets.is_empty() {
         super::out("no hugetlbfs mounts\n")?;
@@ -593,19 +522,9 @@ mod tests {
 
     #[test]
     fn reports_a_full_reservation() {
-        let o = ReserveOutcome {
-            page_size: SIZE_2M,
-            node: None,
-            before: 4,
-            target: 12,
-            got: 12,
-            default_page_size: Some(SIZE_2M),
-        };
+        let o = ReserveOutcome { page_size: SIZE_2M, node: None, before: 4, target: 12, got: 12, default_page_size: Some(SIZE_2M) };
         let text = render_reserve(&o);
-        assert!(
-            text.starts_with("system pool of 2 MiB pages: 4 -> 12 pages (8 MiB -> 24 MiB)\n"),
-            "{text}"
-        );
+        assert!(text.starts_with("system pool of 2 MiB pages: 4 -> 12 pages (8 MiB -> 24 MiB)\n"), "{text}");
         assert!(!text.contains("warning"), "{text}");
         assert!(text.contains("vm.nr_hugepages = 12"), "{text}");
         assert!(text.contains("hugepagesz=2M hugepages=12"), "{text}");
@@ -613,20 +532,10 @@ mod tests {
 
     #[test]
     fn reports_a_short_reservation() {
-        let o = ReserveOutcome {
-            page_size: SIZE_1G,
-            node: None,
-            before: 0,
-            target: 8,
-            got: 3,
-            default_page_size: Some(SIZE_2M),
-        };
+        let o = ReserveOutcome { page_size: SIZE_1G, node: None, before: 0, target: 8, got: 3, default_page_size: Some(SIZE_2M) };
         let text = render_reserve(&o);
         assert!(o.short());
-        assert!(
-            text.contains("asked for 8 pages, the kernel gave 3 (5 short)"),
-            "{text}"
-        );
+        assert!(text.contains("asked for 8 pages, the kernel gave 3 (5 short)"), "{text}");
         assert!(text.contains("fragmented"), "{text}");
         // 1 GiB pages are not the default size: no sysctl, the command line.
         assert!(!text.contains("vm.nr_hugepages"), "{text}");
@@ -636,60 +545,23 @@ mod tests {
     #[test]
     fn per_node_persistence() {
         let lines = persistence_lines(SIZE_2M, Some(1), 64, Some(SIZE_2M));
-        assert!(
-            lines[0].contains("hugepagesz=2M hugepages=1:64"),
-            "{lines:?}"
-        );
-        assert!(
-            lines[1].contains("node1/hugepages/hugepages-2048kB/nr_hugepages"),
-            "{lines:?}"
-        );
+        assert!(lines[0].contains("hugepagesz=2M hugepages=1:64"), "{lines:?}");
+        assert!(lines[1].contains("node1/hugepages/hugepages-2048kB/nr_hugepages"), "{lines:?}");
     }
 
     #[test]
     fn show_table_is_aligned() {
         let pools = [
-            PoolState {
-                page_size: SIZE_2M,
-                node: None,
-                total: 512,
-                free: 500,
-                reserved: Some(2),
-                surplus: 0,
-            },
-            PoolState {
-                page_size: SIZE_1G,
-                node: Some(0),
-                total: 0,
-                free: 0,
-                reserved: None,
-                surplus: 0,
-            },
+            PoolState { page_size: SIZE_2M, node: None, total: 512, free: 500, reserved: Some(2), surplus: 0 },
+            PoolState { page_size: SIZE_1G, node: Some(0), total: 0, free: 0, reserved: None, surplus: 0 },
         ];
-        let mounts = [HugetlbfsMount {
-            mount_point: "/dev/hugepages".into(),
-            page_size: SIZE_2M,
-        }];
+        let mounts = [HugetlbfsMount { mount_point: "/dev/hugepages".into(), page_size: SIZE_2M }];
         let text = render_show(&pools, &mounts, ThpMode::Madvise, Some(SIZE_2M));
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(
-            lines[0],
-            "Pool    Page size  Total  Free  Reserved  Surplus  Memory"
-        );
-        assert_eq!(
-            lines[1],
-            "system      2 MiB    512   500         2        0   1 GiB"
-        );
-        assert_eq!(
-            lines[2],
-            "node 0      1 GiB      0     0         -        0     0 B"
-        );
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.starts_with("/dev/hugepages ") && l.ends_with(" 2 MiB")),
-            "{text}"
-        );
+        assert_eq!(lines[0], "Pool    Page size  Total  Free  Reserved  Surplus  Memory");
+        assert_eq!(lines[1], "system      2 MiB    512   500         2        0   1 GiB");
+        assert_eq!(lines[2], "node 0      1 GiB      0     0         -        0     0 B");
+        assert!(lines.iter().any(|l| l.starts_with("/dev/hugepages ") && l.ends_with(" 2 MiB")), "{text}");
         assert!(text.contains("Transparent huge pages: madvise"), "{text}");
     }
 }

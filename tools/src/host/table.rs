@@ -82,11 +82,7 @@ mod tests {
 
     #[test]
     fn aligns_columns() {
-        let mut t = Table::new(&[
-            ("Pool", Align::Left),
-            ("Pages", Align::Right),
-            ("Note", Align::Left),
-        ]);
+        let mut t = Table::new(&[("Pool", Align::Left), ("Pages", Align::Right), ("Note", Align::Left)]);
         t.row(["system", "512", "2 MiB pages"]);
         t.row(["node 0", "0", ""]);
         assert_eq!(

@@ -207,18 +207,12 @@ impl VerbsReport {
         if self.devices.is_empty() {
             return "none: no RDMA devices".into();
         }
-        self.devices
-            .iter()
-            .map(|d| d.name.clone())
-            .collect::<Vec<_>>()
-            .join(", ")
+        self.devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(", ")
     }
 
     /// The EFA devices among [`Self::devices`].
     pub fn efa_devices(&self) -> impl Iterator<Item = &RdmaDevice> {
-        self.devices
-            .iter()
-            .filter(|d| d.efa.is_some() || d.driver.as_deref() == Some("efa"))
+        self.devices.iter().filter(|d| d.efa.is_some() || d.driver.as_deref() == Some("efa"))
     }
 }
 
@@ -266,14 +260,8 @@ impl Lib {
             return None;
         }
         // SAFETY: dladdr sets dli_fname to a NUL-terminated path owned by the loader.
-        let path = unsafe { CStr::from_ptr(info.dli_fname) }
-            .to_string_lossy()
-            .into_owned();
-        Some(
-            Path::new(&path)
-                .canonicalize()
-                .unwrap_or_else(|_| PathBuf::from(path)),
-        )
+        let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+        Some(Path::new(&path).canonicalize().unwrap_or_else(|_| PathBuf::from(path)))
     }
 }
 
@@ -307,20 +295,12 @@ type IsForkInitializedFn = unsafe extern "C" fn() -> c_int;
 type EfadvQueryDeviceFn = unsafe extern "C" fn(*mut c_void, *mut EfadvDeviceAttr, u32) -> c_int;
 
 fn sysfs_device(name: &str, leaf: &str) -> PathBuf {
-    Path::new("/sys/class/infiniband")
-        .join(name)
-        .join("device")
-        .join(leaf)
+    Path::new("/sys/class/infiniband").join(name).join("device").join(leaf)
 }
 
 /// `/sys/class/infiniband/<name>/device/numa_node`, `None` when absent or -1.
 pub fn device_numa_node(name: &str) -> Option<u32> {
-    std::fs::read_to_string(sysfs_device(name, "numa_node"))
-        .ok()?
-        .trim()
-        .parse::<i64>()
-        .ok()
-        .and_then(|n| u32::try_from(n).ok())
+    std::fs::read_to_string(sysfs_device(name, "numa_node")).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
 }
 
 fn device_driver(name: &str) -> Option<String> {
@@ -347,38 +327,20 @@ pub fn probe() -> VerbsReport {
             return r;
         }
     };
-    let names = [
-        "ibv_get_device_list",
-        "ibv_free_device_list",
-        "ibv_get_device_name",
-        "ibv_open_device",
-        "ibv_close_device",
-    ];
+    let names = ["ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name", "ibv_open_device", "ibv_close_device"];
     let syms: Vec<Option<*mut c_void>> = names.iter().map(|n| lib.sym(n)).collect();
     let file = syms[0].and_then(|s| lib.file_of(s));
-    r.library = Some(
-        file.as_ref()
-            .map_or("libibverbs.so.1".to_string(), |f| f.display().to_string()),
-    );
-    r.rdma_core = file
-        .as_ref()
-        .and_then(|f| f.file_name())
-        .and_then(|n| rdma_core_from_file_name(&n.to_string_lossy()));
+    r.library = Some(file.as_ref().map_or("libibverbs.so.1".to_string(), |f| f.display().to_string()));
+    r.rdma_core = file.as_ref().and_then(|f| f.file_name()).and_then(|n| rdma_core_from_file_name(&n.to_string_lossy()));
     if let Some(p) = lib.sym("ibv_is_fork_initialized") {
         r.has_fork_query = true;
         // SAFETY: the symbol is `enum ibv_fork_status ibv_is_fork_initialized(void)`
         // (verbs.h); an enum is returned as an int.
-        let f: IsForkInitializedFn =
-            unsafe { std::mem::transmute::<*mut c_void, IsForkInitializedFn>(p) };
+        let f: IsForkInitializedFn = unsafe { std::mem::transmute::<*mut c_void, IsForkInitializedFn>(p) };
         // SAFETY: takes no arguments and only reads libibverbs' state.
         r.fork_status = ForkStatus::from_raw(unsafe { f() });
     }
-    let missing: Vec<&str> = names
-        .iter()
-        .zip(&syms)
-        .filter(|(_, s)| s.is_none())
-        .map(|(n, _)| *n)
-        .collect();
+    let missing: Vec<&str> = names.iter().zip(&syms).filter(|(_, s)| s.is_none()).map(|(n, _)| *n).collect();
     if !missing.is_empty() {
         r.device_list_error = Some(format!("libibverbs lacks {}", missing.join(", ")));
         return r;
@@ -398,10 +360,7 @@ pub fn probe() -> VerbsReport {
     let efa_query: Option<EfadvQueryDeviceFn> = match Lib::open("libefa.so.1") {
         Ok(efa) => {
             let q = efa.sym("efadv_query_device");
-            r.libefa = efa
-                .sym("efadv_query_device")
-                .and_then(|s| efa.file_of(s))
-                .map(|f| f.display().to_string());
+            r.libefa = efa.sym("efadv_query_device").and_then(|s| efa.file_of(s)).map(|f| f.display().to_string());
             // SAFETY: the symbol is `int efadv_query_device(struct ibv_context *,
             // struct efadv_device_attr *, uint32_t)` (efadv.h).
             q.map(|s| unsafe { std::mem::transmute::<*mut c_void, EfadvQueryDeviceFn>(s) })
@@ -428,43 +387,25 @@ pub fn probe() -> VerbsReport {
         }
         // SAFETY: `dev` is a device of the list; the name is NUL-terminated
         // and lives as long as the list.
-        let name = unsafe { CStr::from_ptr(get_name(dev)) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(get_name(dev)) }.to_string_lossy().into_owned();
         let driver = device_driver(&name);
-        let mut device = RdmaDevice {
-            numa_node: device_numa_node(&name),
-            driver,
-            efa: None,
-            efa_error: None,
-            name,
-        };
+        let mut device = RdmaDevice { numa_node: device_numa_node(&name), driver, efa: None, efa_error: None, name };
         if let Some(query) = efa_query {
             // SAFETY: opening a listed device; closed below.
             let ctx = unsafe { open(dev) };
             if ctx.is_null() {
                 if device.driver.as_deref() == Some("efa") {
-                    device.efa_error =
-                        Some(format!("ibv_open_device: {}", io::Error::last_os_error()));
+                    device.efa_error = Some(format!("ibv_open_device: {}", io::Error::last_os_error()));
                 }
             } else {
                 let mut attr = EfadvDeviceAttr::default();
                 // SAFETY: `ctx` is an open context; `attr` is a valid
                 // efadv_device_attr of the size passed as inlen.
-                let rc = unsafe {
-                    query(
-                        ctx,
-                        &mut attr,
-                        std::mem::size_of::<EfadvDeviceAttr>() as u32,
-                    )
-                };
+                let rc = unsafe { query(ctx, &mut attr, std::mem::size_of::<EfadvDeviceAttr>() as u32) };
                 if rc == 0 {
                     device.efa = Some(EfaAttr::from_raw(&attr));
                 } else if device.driver.as_deref() == Some("efa") {
-                    device.efa_error = Some(format!(
-                        "efadv_query_device: {}",
-                        io::Error::from_raw_os_error(rc.abs())
-                    ));
+                    device.efa_error = Some(format!("efadv_query_device: {}", io::Error::from_raw_os_error(rc.abs())));
                 }
                 // SAFETY: closing the context opened above, once.
                 unsafe { close(ctx) };
@@ -483,14 +424,8 @@ mod tests {
 
     #[test]
     fn rdma_core_release_from_file_name() {
-        assert_eq!(
-            rdma_core_from_file_name("libibverbs.so.1.14.44.0"),
-            Some(44)
-        );
-        assert_eq!(
-            rdma_core_from_file_name("libibverbs.so.1.11.32.0"),
-            Some(32)
-        );
+        assert_eq!(rdma_core_from_file_name("libibverbs.so.1.14.44.0"), Some(44));
+        assert_eq!(rdma_core_from_file_name("libibverbs.so.1.11.32.0"), Some(32));
         assert_eq!(rdma_core_from_file_name("libibverbs.so.1"), None);
         assert_eq!(rdma_core_from_file_name("libefa.so.1.2.44.0"), None);
     }
@@ -520,10 +455,7 @@ mod tests {
         assert!(a.rdma_read && a.rdma_write && a.rnr_retry);
         assert_eq!(a.caps, ["rdma-read", "rnr-retry", "rdma-write", "bit 9"]);
         let s = a.summary();
-        assert!(
-            s.contains("RDMA read yes, RDMA write yes, max inline 32 B"),
-            "{s}"
-        );
+        assert!(s.contains("RDMA read yes, RDMA write yes, max inline 32 B"), "{s}");
         assert!(s.contains("send queue 512 WRs x 2 SGE"), "{s}");
         assert!(s.contains("max RDMA 1 GiB"), "{s}");
     }
@@ -535,10 +467,7 @@ mod tests {
     fn layout_matches_installed_headers() {
         let header = Path::new("/usr/include/infiniband/efadv.h");
         if !header.exists() {
-            println!(
-                "layout_matches_installed_headers: skipped: no {}",
-                header.display()
-            );
+            println!("layout_matches_installed_headers: skipped: no {}", header.display());
             return;
         }
         let dir = std::env::temp_dir().join(format!("tally-efadv-probe-{}", std::process::id()));
@@ -566,11 +495,7 @@ int main(void) {
         )
         .unwrap();
         let exe = dir.join("probe");
-        let cc = std::process::Command::new("cc")
-            .arg(&src)
-            .arg("-o")
-            .arg(&exe)
-            .output();
+        let cc = std::process::Command::new("cc").arg(&src).arg("-o").arg(&exe).output();
         let ok = matches!(&cc, Ok(o) if o.status.success());
         if !ok {
             let _ = std::fs::remove_dir_all(&dir);

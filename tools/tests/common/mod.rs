@@ -18,10 +18,7 @@ impl ServerProcess {
             .arg("server")
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
-            .env(
-                "TALLY_LOG",
-                std::env::var("TALLY_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            .env("TALLY_LOG", std::env::var("TALLY_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -81,10 +78,7 @@ impl ServerProcess {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!(
-                    "tally server did not stop on SIGTERM: {:?}",
-                    self.log.lock().unwrap()
-                );
+                panic!("tally server did not stop on SIGTERM: {:?}", self.log.lock().unwrap());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
