@@ -20,13 +20,13 @@
 //! speed assertions. (Malformed handshakes, tokens, capacity and a rank thread
 //! vanishing are in jobs.rs.)
 mod common;
-use common::ServerProcess;
+use common::{client, join_all, sum_job, ServerProcess};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_engine::bootstrap::Bootstrap;
-use tally_engine::client::{Client, ClientConfig};
+use tally_engine::client::Client;
 use tally_engine::reduce::{DataType, ReduceOp};
 
 /// The bound on an error arriving after a fault.
@@ -36,48 +36,6 @@ fn server(provider: &str, extra: &[&str]) -> ServerProcess {
     let mut args = vec!["--lcores", "0-1", "--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
     args.extend_from_slice(extra);
     ServerProcess::start(&args)
-}
-
-fn client(provider: &str, addr: &str, job: u64, rank: u32, n: u32) -> ClientConfig {
-    let mut c = ClientConfig::new(vec![addr.to_string()], job, rank, n);
-    c.provider = Some(provider.into());
-    c.chunk_bytes = 16 << 10;
-    c.window = 2;
-    // Longer than ERROR_BOUND: an error inside the bound is not this timeout.
-    c.timeout = Duration::from_secs(30);
-    c.spin_polls = 16;
-    c
-}
-
-/// A job of `n` rank threads: f32 sums of `rounds` all-reduces, every element checked.
-fn sum_job(provider: &str, addr: &str, job: u64, n: u32, count: usize, rounds: usize) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
-    (0..n)
-        .map(|rank| {
-            let cfg = client(provider, addr, job, rank, n);
-            std::thread::spawn(move || {
-                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
-                for round in 0..rounds {
-                    let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 89 + round) as f32).collect();
-                    let mut out = vec![0f32; count];
-                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
-                        .map_err(|e| format!("job {job} rank {rank} round {round}: {e}"))?;
-                    for (i, v) in out.iter().enumerate() {
-                        let want: f32 = (0..n).map(|r| (r as usize + i % 89 + round) as f32).sum();
-                        if *v != want {
-                            return Err(format!("job {job} rank {rank} round {round}: element {i} = {v}, want {want}"));
-                        }
-                    }
-                }
-                Ok(())
-            })
-        })
-        .collect()
-}
-
-fn join_all(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) {
-    for h in hs {
-        h.join().expect("rank thread").unwrap();
-    }
 }
 
 /// `tally bench allreduce` as one rank process of an agg job (what a worker is).

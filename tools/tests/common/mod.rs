@@ -3,6 +3,8 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tally_engine::client::{Client, ClientConfig};
+use tally_engine::reduce::{DataType, ReduceOp};
 
 pub struct ServerProcess {
     pub child: Child,
@@ -89,5 +91,58 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A client of a loopback server: small chunks and window so that even small
+/// all-reduces use several slots; a 30 s progress timeout (longer than any
+/// error bound the tests assert).
+pub fn client(provider: &str, addr: &str, job: u64, rank: u32, n: u32) -> ClientConfig {
+    let mut c = ClientConfig::new(vec![addr.to_string()], job, rank, n);
+    c.provider = Some(provider.into());
+    c.chunk_bytes = 16 << 10;
+    c.window = 2;
+    c.timeout = Duration::from_secs(30);
+    c.spin_polls = 16;
+    c
+}
+
+/// A job of `n` rank threads, each running `rounds` f32 sum all-reduces of
+/// `count` elements (rank r's element i is r + i mod 97 + round: sums are
+/// exact), every element checked.
+pub fn sum_job(
+    provider: &str,
+    addr: &str,
+    job: u64,
+    n: u32,
+    count: usize,
+    rounds: usize,
+) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
+    (0..n)
+        .map(|rank| {
+            let cfg = client(provider, addr, job, rank, n);
+            std::thread::spawn(move || {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                for round in 0..rounds {
+                    let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();
+                    let mut out = vec![0f32; count];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| format!("job {job} rank {rank} round {round}: {e}"))?;
+                    for (i, v) in out.iter().enumerate() {
+                        let want: f32 = (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum();
+                        if *v != want {
+                            return Err(format!("job {job} rank {rank} round {round}: element {i} = {v}, want {want}"));
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+pub fn join_all(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) {
+    for h in hs {
+        h.join().expect("rank thread").unwrap();
     }
 }
