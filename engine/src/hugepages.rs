@@ -41,7 +41,7 @@ pub const SIZE_2M: u64 = 2 << 20;
 pub const SIZE_1G: u64 = 1 << 30;
 
 /// One hugepage pool: a page size, globally (`node == None`) or on one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PoolState {
     /// Page size in bytes.
     pub page_size: u64,

@@ -219,14 +219,10 @@ pub struct ShowReport {
 
 #[derive(Serialize, Debug)]
 pub struct PoolJson {
-    pub page_size: u64,
-    /// `null` for the system-wide pool.
-    pub node: Option<u32>,
-    pub total: u64,
-    pub free: u64,
-    /// `null` for per-node pools (the kernel keeps reservations system-wide only).
-    pub reserved: Option<u64>,
-    pub surplus: u64,
+    /// `node` is `null` for the system-wide pool, `reserved` for per-node
+    /// pools (the kernel keeps reservations system-wide only).
+    #[serde(flatten)]
+    pub pool: PoolState,
     pub total_bytes: u64,
 }
 
@@ -244,18 +240,7 @@ fn show(json: bool) -> Result<(), String> {
     if json {
         let report = ShowReport {
             default_page_size: default,
-            pools: pools
-                .iter()
-                .map(|p| PoolJson {
-                    page_size: p.page_size,
-                    node: p.node,
-                    total: p.total,
-                    free: p.free,
-                    reserved: p.reserved,
-                    surplus: p.surplus,
-                    total_bytes: p.total * p.page_size,
-                })
-                .collect(),
+            pools: pools.iter().map(|p| PoolJson { pool: *p, total_bytes: p.total * p.page_size }).collect(),
             mounts: mounts.iter().map(|m| MountJson { path: m.mount_point.display().to_string(), page_size: m.page_size }).collect(),
             thp: thp.to_string(),
         };
