@@ -8,6 +8,11 @@
 # step is bounded in time.
 #
 #   scripts/cluster-bench.sh [--rates 1,0.5] [--hosts 4] [--sizes 16M,64M] [--iters 5] [--json]
+#
+# Environment: CHUNK (agg and ring chunk, default 512K), WINDOW (default 4),
+# SEND_CREDITS (agg sends in flight per server per worker, default 1: paced,
+# see engine/src/client.rs; 0 = as many as the window allows), TBF_BURST,
+# TBF_LATENCY, MTU.
 set -euo pipefail
 
 RATES="0.5,0.25"   # Gbit/s per link
@@ -85,9 +90,13 @@ shape() { # rate in Gbit/s, on both ends of every veth
 }
 
 SERVERS=""
+# Each server gets two cores of its own where the machine has enough for
+# servers and workers (a quiet 16+ core host); on a small box all share 0-1.
+spread=0; [ "$(nproc)" -ge $((HOSTS * 4)) ] && spread=1
 for i in $(seq 0 $((HOSTS - 1))); do
     a="$(addr_of "s$i")"
-    ip netns exec "${PFX}s$i" env TALLY_LOG=warn TALLY_ADAPTIVE_SPIN="${TALLY_ADAPTIVE_SPIN:-16}" "$TALLY" server --listen "$a:7400" --lcores 0-1 --provider tcp \
+    lc="0-1"; [ "$spread" = 1 ] && lc="$((2 * i))-$((2 * i + 1))"
+    ip netns exec "${PFX}s$i" env TALLY_LOG=warn TALLY_ADAPTIVE_SPIN="${TALLY_ADAPTIVE_SPIN:-16}" "$TALLY" server --listen "$a:7400" --lcores "$lc" --provider tcp \
         --poll adaptive --slab-size 128M >"$WORK/s$i.out" 2>"$WORK/s$i.err" &
     PIDS+=($!)
     SERVERS="${SERVERS:+$SERVERS,}$a:7400"
@@ -110,7 +119,7 @@ for rate in "${RATE_LIST[@]}"; do
     for i in $(seq 0 $((HOSTS - 1))); do
         ip netns exec "${PFX}w$i" env TALLY_LOG=warn TALLY_ADAPTIVE_SPIN="${TALLY_ADAPTIVE_SPIN:-16}" timeout 600 "$TALLY" bench allreduce --rank "$i" --ranks "$HOSTS" \
             --bootstrap "$boot" --job-id "$job" --servers "$SERVERS" --provider tcp --fabric-addr "$(addr_of "w$i")" \
-            --mode agg,ring --sizes "$SIZES" --iters "$ITERS" --warmup 1 --chunk "${CHUNK:-1M}" --window "${WINDOW:-4}" \
+            --mode agg,ring --sizes "$SIZES" --iters "$ITERS" --warmup 1 --chunk "${CHUNK:-512K}" --window "${WINDOW:-4}" --send-credits "${SEND_CREDITS:-1}" \
             >"$WORK/w$i.out" 2>"$WORK/w$i.err" &
         RANK_PIDS+=($!)
         PIDS+=($!)

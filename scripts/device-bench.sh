@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Figures that need more cores than a development box: run on a 16+ core host
 # with only the built `tally` binary (no toolchain, no network).
-#   - core scaling: one server with 1, 2, 4, 8 lcores (busy, pinned), enough
-#     ranks over shm to keep it busy; server input throughput per lcore count;
+#   - core scaling (scripts/device-scale.sh): one server with 1, 2, 4, 8
+#     lcores (busy, pinned), enough ranks over shm to keep it busy; server
+#     input throughput per lcore count, by copy path, size and rank placement;
 #   - latency: 2 ranks, 4 KiB agg all-reduce (busy polling, one lcore) against
 #     the shm ping-pong round trip measured in the same run.
 # Writes everything to $OUT (default ./out) and a summary to $OUT/summary.txt.
@@ -38,24 +39,13 @@ for r in a["results"]:
 PY
 
 say ""
-say "## core scaling: one server, L lcores (busy, pinned to cores 0..L-1), $RANKS ranks, shm, 64 MiB f32 sum per rank"
-say "lcores  time(ms)  server input GB/s  per-lcore GB/s  vs linear"
-base=""
-for L in 1 2 4 8; do
-    last=$((L - 1))
-    timeout 600 "$TALLY" bench allreduce --mode agg --ranks "$RANKS" --lcores "0-$last" --poll busy --sizes 64M --iters 10 --warmup 2 \
-        --chunk 256K --window 8 --provider shm --json 2>>"$OUT/scale.err" >"$OUT/scale-$L.json" || say "L=$L failed: $(tail -3 "$OUT/scale.err")"
-    python3 - "$OUT/scale-$L.json" "$L" "$RANKS" "${base:-0}" <<'PY' | tee -a "$S" >"$OUT/scale-$L.txt"
-import json, sys
-r = json.load(open(sys.argv[1]))["results"][0]; L = int(sys.argv[2]); n = int(sys.argv[3]); base = float(sys.argv[4])
-thr = n * r["bytes"] / (r["time_us"] * 1e-6) / 1e9
-lin = thr / (base * L) if base else 1.0
-print(f"{L:>6} {r['time_us']/1e3:>9.1f} {thr:>18.2f} {thr/L:>15.2f} {lin:>10.2f}   wrong={r['wrong']}")
-PY
-    if [ -z "$base" ]; then base=$(python3 -c "import json;r=json.load(open('$OUT/scale-1.json'))['results'][0];print($RANKS*r['bytes']/(r['time_us']*1e-6)/1e9)" 2>/dev/null || echo 0); fi
-done
+say "## core scaling (scripts/device-scale.sh)"
+OUT="$OUT" TALLY="$TALLY" RANKS="$RANKS" bash "$(dirname "$0")/device-scale.sh"
+cat "$OUT/scale-summary.txt" >>"$S"
 
-say ""
-say "## demo (the default job) on this host"
-timeout 300 "$TALLY" demo 2>>"$OUT/demo.err" | tee -a "$S" >/dev/null
+if [ -z "${SKIP_DEMO:-}" ]; then
+    say ""
+    say "## demo (the default job) on this host"
+    timeout 300 "$TALLY" demo 2>>"$OUT/demo.err" | tee -a "$S" >/dev/null
+fi
 echo "done" >>"$S"

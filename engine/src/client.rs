@@ -16,6 +16,15 @@
 //! (its id derived from the job id, dtype and op). Like every collective,
 //! that requires all ranks to issue the same calls in the same order.
 //!
+//! Pacing: a stream's window bounds the chunks awaiting results, but if
+//! every one of them is sent at once, TCP-like fabrics share the link
+//! among them fairly, all the uploads finish together and the results come
+//! back only afterwards: no overlap of upload and download, about half the
+//! link rate. With `send_credits` set, at most that many sends per server
+//! are in flight, issued in chunk order across streams, so early chunks
+//! finish uploading early and their results flow back while later chunks
+//! go up. Receives are posted as before (they cost no bandwidth).
+//!
 //! Operations are asynchronous underneath ([`Client::start`] and
 //! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
 //! is the blocking convenience.
@@ -55,6 +64,9 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Spin this many empty polls before sleeping on the CQ.
     pub spin_polls: u32,
+    /// Sends in flight per server (0: as many as the windows allow).
+    /// Default from TALLY_SEND_CREDITS.
+    pub send_credits: u32,
 }
 
 impl ClientConfig {
@@ -72,6 +84,7 @@ impl ClientConfig {
             fabric_addr: None,
             timeout: Duration::from_secs(30),
             spin_polls: 2048,
+            send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
         }
     }
 }
@@ -117,6 +130,8 @@ pub const MAX_OPS: usize = 64;
 /// One (server, lcore) stream of a sub-job.
 struct Stream {
     addr: PeerAddr,
+    /// Index of its server in the client's server list.
+    server: usize,
     job_tag: u16,
     next_seq: u32,
     /// Oldest sequence not yet complete. Slots are reused in sequence order,
@@ -147,6 +162,15 @@ struct SubJob {
     streams: Vec<Stream>,
     flights: Vec<Flight>,
     controls: Vec<TcpStream>,
+    /// Per server: sends in flight, and send contexts waiting for a credit
+    /// (in chunk order). Only used with `send_credits`.
+    pacing: Vec<Pacing>,
+}
+
+#[derive(Default)]
+struct Pacing {
+    in_flight: u32,
+    waiting: VecDeque<u32>,
 }
 
 /// One all-reduce in progress.
@@ -181,6 +205,10 @@ pub struct Client {
     per_sub: u32,
     registrations: Vec<(usize, usize, MemoryHandle)>,
     last_progress: Instant,
+    /// An operation failed or was aborted: this rank did not finish
+    /// cleanly, so it must not say Bye (the servers then fail the job for
+    /// the other ranks at once instead of counting this one as done).
+    failed: bool,
 }
 
 // SAFETY: the raw buffer pointers in queued operations belong to the caller,
@@ -227,6 +255,7 @@ impl Client {
             per_sub,
             registrations: Vec::new(),
             last_progress: Instant::now(),
+            failed: false,
             cfg,
         })
     }
@@ -293,7 +322,7 @@ impl Client {
             })?;
             for n in names {
                 let addr = self.ep.insert_peer(&n).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                streams.push(Stream { addr, job_tag: tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 });
+                streams.push(Stream { addr, server: si, job_tag: tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 });
             }
             let _ = s.set_nonblocking(true);
         }
@@ -305,7 +334,9 @@ impl Client {
             )));
         }
         let flights = vec![Flight::default(); streams.len() * self.cfg.window as usize];
-        self.subs.push(SubJob { dtype, op, chunk_elems, streams, flights, controls });
+        let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
+        let pacing = (0..self.cfg.servers.len()).map(|_| Pacing { in_flight: 0, waiting: VecDeque::with_capacity(per_server) }).collect();
+        self.subs.push(SubJob { dtype, op, chunk_elems, streams, flights, controls, pacing });
         Ok(self.subs.len() - 1)
     }
 
@@ -345,7 +376,10 @@ impl Client {
         let nstreams = self.subs[sub].streams.len();
         self.ops.push_back(Op { id, sub, send, recv, bytes, chunks, next: (0..nstreams).collect(), done: 0, mh_send, mh_recv });
         self.last_progress = Instant::now();
-        self.pump()?;
+        if let Err(e) = self.pump() {
+            self.failed = true;
+            return Err(e);
+        }
         Ok(Request(id))
     }
 
@@ -370,6 +404,14 @@ impl Client {
 
     /// Drives every queued all-reduce; true once `req` is complete.
     pub fn test(&mut self, req: Request) -> Result<bool, ClientError> {
+        let r = self.drive(req);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    fn drive(&mut self, req: Request) -> Result<bool, ClientError> {
         self.pump()?;
         self.poll()?;
         self.pump()?;
@@ -429,8 +471,10 @@ impl Client {
         }
     }
 
-    /// Cancels every operation and forgets every queued all-reduce.
+    /// Cancels every operation and forgets every queued all-reduce. The
+    /// rank no longer counts as finishing cleanly.
     pub fn abort(&mut self) {
+        self.failed = true;
         self.ep.cancel_all();
         self.ops.clear();
         self.retry.clear();
@@ -440,6 +484,10 @@ impl Client {
                 st.head_slot = st.next_slot;
             }
             s.flights.iter_mut().for_each(|f| *f = Flight::default());
+            for p in &mut s.pacing {
+                p.in_flight = 0;
+                p.waiting.clear();
+            }
         }
     }
 
@@ -454,18 +502,22 @@ impl Client {
         let window = self.cfg.window;
         for oi in 0..self.ops.len() {
             let (sub, nstreams) = (self.ops[oi].sub, self.ops[oi].next.len());
-            for st in 0..nstreams {
-                loop {
+            // One chunk per stream per pass: chunks go out in chunk order.
+            let mut progress = true;
+            while progress {
+                progress = false;
+                for st in 0..nstreams {
                     let op = &self.ops[oi];
                     let stream = &self.subs[sub].streams[st];
                     if op.next[st] >= op.chunks || stream.next_seq.wrapping_sub(stream.head_seq) >= window {
-                        break;
+                        continue;
                     }
                     // Earlier ops on the same sub-job must have posted all of
                     // this stream's chunks first, to keep sequence order.
                     if self.ops.iter().take(oi).any(|o| o.sub == sub && o.next[st] < o.chunks) {
-                        break;
+                        continue;
                     }
+                    progress = true;
                     let chunk = op.next[st];
                     let s = &mut self.subs[sub].streams[st];
                     let seq = s.next_seq;
@@ -477,11 +529,45 @@ impl Client {
                     self.ops[oi].next[st] += nstreams;
                     let base = sub as u32 * self.per_sub + (fi as u32) * 2;
                     self.post(base)?; // receive first: the result may come back fast
-                    self.post(base + 1)?;
+                    self.issue_send(base + 1)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Posts a chunk's send now if its server has a send credit, else queues it.
+    fn issue_send(&mut self, ctx: u32) -> Result<(), ClientError> {
+        if self.cfg.send_credits == 0 {
+            return self.post(ctx);
+        }
+        let (sub, fi) = ((ctx / self.per_sub) as usize, ((ctx % self.per_sub) >> 1) as usize);
+        let server = self.subs[sub].streams[fi / self.cfg.window as usize].server;
+        let p = &mut self.subs[sub].pacing[server];
+        if p.in_flight >= self.cfg.send_credits || !p.waiting.is_empty() {
+            p.waiting.push_back(ctx);
+            return Ok(());
+        }
+        p.in_flight += 1;
+        self.post(ctx)
+    }
+
+    /// A send completed: its server's credit goes to the next waiting sends.
+    fn release_send_credit(&mut self, sub: usize, server: usize) -> Result<(), ClientError> {
+        if self.cfg.send_credits == 0 {
+            return Ok(());
+        }
+        let p = &mut self.subs[sub].pacing[server];
+        p.in_flight = p.in_flight.saturating_sub(1);
+        loop {
+            let p = &mut self.subs[sub].pacing[server];
+            if p.in_flight >= self.cfg.send_credits {
+                return Ok(());
+            }
+            let Some(ctx) = p.waiting.pop_front() else { return Ok(()) };
+            p.in_flight += 1;
+            self.post(ctx)?;
+        }
     }
 
     /// Posts the operation a context id names, from the flight it belongs to.
@@ -532,6 +618,10 @@ impl Client {
         for c in &batch[..n] {
             let (sub, local) = ((c.context / self.per_sub) as usize, c.context % self.per_sub);
             let fi = (local >> 1) as usize;
+            if !c.is_recv {
+                let server = self.subs[sub].streams[fi / window].server;
+                self.release_send_credit(sub, server)?;
+            }
             let s = &mut self.subs[sub];
             let f = &mut s.flights[fi];
             if c.is_recv {
@@ -593,7 +683,7 @@ impl Drop for Client {
         // rank said bye). Otherwise just close: the servers fail the job and
         // the other ranks hear of it at once. Canceling first means no
         // receive still targets a caller's buffer.
-        let clean = self.ops.is_empty();
+        let clean = self.ops.is_empty() && !self.failed;
         self.ep.cancel_all();
         if clean {
             let bye = wire::Header::new(Kind::Bye);

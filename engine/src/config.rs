@@ -40,8 +40,12 @@ pub struct ServerFile {
     pub token_file: Option<String>,
     /// Seconds a client may take to finish its handshake.
     pub handshake_timeout_s: Option<u64>,
-    /// Seconds a job's operation may wait for a straggling rank before the job fails.
+    /// Seconds a job's operation may wait for a straggling rank before the job fails
+    /// (also the time all ranks of a job have to join).
     pub op_timeout_s: Option<u64>,
+    /// Seconds a running job may go without any traffic before the server ends it
+    /// and frees its slots (0: never).
+    pub idle_timeout_s: Option<u64>,
     /// Prometheus metrics listen address (`ADDR:PORT`), off when absent.
     pub metrics: Option<String>,
     /// NIC (libfabric domain name) per lcore, for multi-rail hosts. Empty: the provider's first.
@@ -65,6 +69,7 @@ pub struct ServerConfig {
     pub token_file: Option<String>,
     pub handshake_timeout_s: u64,
     pub op_timeout_s: u64,
+    pub idle_timeout_s: u64,
     pub metrics: Option<String>,
     pub nics: Vec<String>,
 }
@@ -121,6 +126,7 @@ impl ServerFile {
             token_file,
             handshake_timeout_s,
             op_timeout_s,
+            idle_timeout_s,
             metrics,
             nics
         )
@@ -185,8 +191,15 @@ impl ServerFile {
             max_jobs: positive("max_jobs", self.max_jobs, 16, 4096)?,
             max_ranks: positive("max_ranks", self.max_ranks, 64, 1024)?,
             token_file: self.token_file,
-            handshake_timeout_s: self.handshake_timeout_s.unwrap_or(10),
-            op_timeout_s: self.op_timeout_s.unwrap_or(30),
+            handshake_timeout_s: match self.handshake_timeout_s.unwrap_or(10) {
+                0 => return Err(ConfigError::Invalid { key: "handshake_timeout_s", message: "must be at least 1".into() }),
+                v => v,
+            },
+            op_timeout_s: match self.op_timeout_s.unwrap_or(30) {
+                0 => return Err(ConfigError::Invalid { key: "op_timeout_s", message: "must be at least 1".into() }),
+                v => v,
+            },
+            idle_timeout_s: self.idle_timeout_s.unwrap_or(3600),
             metrics: self.metrics,
             nics,
         })

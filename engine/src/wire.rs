@@ -178,6 +178,8 @@ pub enum RejectCode {
     /// The server is shutting down.
     Shutdown = 9,
     Internal = 10,
+    /// Too many connections are in their handshake at once; try again later.
+    Busy = 11,
 }
 
 impl RejectCode {
@@ -194,6 +196,7 @@ impl RejectCode {
             8 => JobFailed,
             9 => Shutdown,
             10 => Internal,
+            11 => Busy,
             _ => return None,
         })
     }
@@ -211,6 +214,7 @@ impl RejectCode {
             JobFailed => "job failed",
             Shutdown => "shutdown",
             Internal => "internal error",
+            Busy => "busy",
         }
     }
 }

@@ -356,6 +356,7 @@ max_ranks = 256
 token_file = "/etc/tally/token"
 handshake_timeout_s = 10
 op_timeout_s = 30
+idle_timeout_s = 3600
 metrics = "0.0.0.0:9400"
 nics = ["rdmap0s1", "rdmap0s2", "rdmap0s3", "rdmap0s4"]
 "#;
@@ -375,6 +376,7 @@ const TOKENS: &[&str] = &[
     "nics",
     "metrics",
     "op_timeout_s",
+    "idle_timeout_s",
     "handshake_timeout_s",
     "token_file",
     "fabric_addr",

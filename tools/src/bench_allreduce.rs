@@ -53,12 +53,25 @@ pub struct AllreduceArgs {
     /// Cores of the in-process server's lcores.
     #[arg(long, default_value = "0-1")]
     pub lcores: String,
+    /// Hugepage policy of the in-process server's slabs: require, prefer or off.
+    #[arg(long, default_value = "prefer")]
+    pub hugepages: String,
+    /// Pin rank i to the i-th core of this list (wrapping); default: the scheduler places ranks.
+    #[arg(long)]
+    pub rank_cores: Option<String>,
     /// Bytes per chunk piece (agg) and per ring chunk.
     #[arg(long, default_value = "256K")]
     pub chunk: String,
     /// Chunks in flight per lcore (agg) / per direction (ring).
     #[arg(long, default_value_t = 4)]
     pub window: u32,
+    /// agg: sends in flight per server (0: as many as the window allows).
+    /// Pacing lets results flow back while later chunks upload (see engine::client).
+    #[arg(long, default_value_t = 0)]
+    pub send_credits: u32,
+    /// Seconds an all-reduce may make no progress before a rank gives up with an error.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
     /// busy or adaptive polling (server lcores and ranks).
     #[arg(long, default_value = "adaptive")]
     pub poll: String,
@@ -202,8 +215,9 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let mut servers = args.servers.clone();
     if servers.is_empty() && args.mode.iter().any(|m| m == "agg") {
         let text = format!(
-            "listen = \"127.0.0.1:0\"\nlcores = \"{}\"\nprovider = \"{}\"\npoll = \"{}\"\nmax_chunk = \"{}\"\nmax_ranks = 64\n",
+            "listen = \"127.0.0.1:0\"\nlcores = \"{}\"\nhugepages = \"{}\"\nprovider = \"{}\"\npoll = \"{}\"\nmax_chunk = \"{}\"\nmax_ranks = 64\n",
             args.lcores,
+            args.hugepages,
             p.provider,
             args.poll,
             format_size_toml(p.chunk.max(4096))
@@ -226,6 +240,10 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         c.args(["--ranks", &args.ranks.to_string(), "--provider", &p.provider, "--dtype", &args.dtype, "--op", &args.op]);
         c.args(["--iters", &args.iters.to_string(), "--warmup", &args.warmup.to_string(), "--chunk", &args.chunk]);
         c.args(["--window", &args.window.to_string(), "--poll", &args.poll, "--mode", &args.mode.join(",")]);
+        c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.to_string()]);
+        if let Some(rc) = &args.rank_cores {
+            c.args(["--rank-cores", rc]);
+        }
         c.args(["--sizes", &p.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")]);
         if !servers.is_empty() {
             c.args(["--servers", &servers.join(",")]);
@@ -277,9 +295,17 @@ fn format_size_toml(b: usize) -> String {
 fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     let p = plan(args)?;
     let rank = args.rank.unwrap();
+    if let Some(rc) = &args.rank_cores {
+        let cores = tally_engine::cpuset::CoreList::parse(rc).map_err(|e| format!("--rank-cores: {e}"))?;
+        let core = cores.as_slice()[rank as usize % cores.len()];
+        tally_engine::cpuset::pin_current_thread(core).map_err(|e| format!("rank {rank}: cannot pin to core {core}: {e}"))?;
+    }
     let n = args.ranks;
     let addr = args.bootstrap.as_deref().ok_or("--rank needs --bootstrap")?;
-    let mut boot = Bootstrap::new(addr, rank, n, Duration::from_secs(120)).map_err(|e| e.to_string())?;
+    // Barriers wait for the slowest rank's all-reduce, so they are bounded
+    // by the same --timeout (plus start-up slack), never longer.
+    let boot_timeout = Duration::from_secs(args.timeout.max(1) + 30);
+    let mut boot = Bootstrap::new(addr, rank, n, boot_timeout).map_err(|e| e.to_string())?;
     let max = *p.sizes.iter().max().unwrap_or(&0);
     let dsize = p.dtype.size();
     let max_count = max / dsize;
@@ -296,7 +322,8 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
             cfg.chunk_bytes = p.chunk;
             cfg.window = args.window;
             cfg.fabric_addr = args.fabric_addr.clone();
-            cfg.timeout = Duration::from_secs(60);
+            cfg.timeout = Duration::from_secs(args.timeout.max(1));
+            cfg.send_credits = args.send_credits;
             cfg.spin_polls = if busy { u32::MAX } else { tally_engine::lcore::adaptive_spin() };
             let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
             c.join(p.dtype, p.op).map_err(|e| e.to_string())?;

@@ -29,6 +29,15 @@ pub struct ServerArgs {
     /// Serve Prometheus metrics on ADDR:PORT at /metrics (port 0: any free port).
     #[arg(long)]
     pub metrics: Option<String>,
+    /// Seconds an all-reduce may wait for a straggling rank before its job fails (default 30).
+    #[arg(long, value_name = "SECONDS")]
+    pub op_timeout: Option<u64>,
+    /// Seconds a job may go without traffic before it is ended (default 3600; 0: never).
+    #[arg(long, value_name = "SECONDS")]
+    pub idle_timeout: Option<u64>,
+    /// Seconds a client may take to finish its handshake (default 10).
+    #[arg(long, value_name = "SECONDS")]
+    pub handshake_timeout: Option<u64>,
     /// TOML configuration file; flags given here override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -51,6 +60,9 @@ impl ServerArgs {
             hugepages: self.hugepages.clone(),
             slab_size: self.slab_size.clone(),
             metrics: self.metrics.clone(),
+            op_timeout_s: self.op_timeout,
+            idle_timeout_s: self.idle_timeout,
+            handshake_timeout_s: self.handshake_timeout,
             ..Default::default()
         };
         file.overlay(flags).resolve().map_err(|e| e.to_string())

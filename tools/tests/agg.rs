@@ -69,7 +69,7 @@ fn run_job(addr: &str, provider: &str, job: &Job, seed: u64) {
             (0..job.nranks)
                 .map(|r| {
                     let mut v = vec![0u8; count * dt.size()];
-                    fill(dt, &mut v, &mut Rng(seed ^ (k as u64 * 7919 + r as u64 + 1) * 0x9e3779b97f4a7c15));
+                    fill(dt, &mut v, &mut Rng(seed ^ (k as u64 * 7919 + r as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15)));
                     v
                 })
                 .collect()

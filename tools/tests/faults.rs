@@ -5,10 +5,14 @@
 //! stderr) for the fault table:
 //!
 //! - a rank *process* SIGKILLed in the middle of an all-reduce: the surviving
-//!   rank gets an error within a bound (it is never left waiting). Whether the
-//!   server then frees the job (`job 0x... ended`), a job running meanwhile
-//!   carries on, and a new job computes exactly is printed, and asserted with
-//!   `TALLY_EXPECT_JOB_FREED=1` (known server bugs, see the issue 7 report);
+//!   rank gets an error within a bound (it is never left waiting). Over tcp
+//!   the server then frees the job (`job 0x... ended`), a job running
+//!   meanwhile carries on, and a new job computes exactly. Over shm a job
+//!   running meanwhile and a new job either carry on or fail saying that the
+//!   lcore can no longer complete sends (libfabric 1.17 shm completes sends
+//!   in order and one to the killed rank never completes), never by hanging
+//!   to their timeout; and the server may lose an lcore for good when the
+//!   rank died holding its shm region's spinlock (see `kill_a_rank_process`);
 //! - the server SIGKILLed in the middle of an all-reduce: every client gets an
 //!   error within a bound (the closed control connection, or the fabric);
 //! - a second server on a port in use, an unknown fabric provider, and a
@@ -85,12 +89,25 @@ fn server_that_should_fail(args: &[&str]) -> (bool, String) {
 /// a job admitted after such a kill can stall, on shm and on tcp, see the report.) What
 /// follows (the job freed, the job running meanwhile and a new job served) is
 /// asserted over tcp (the server gives a drain that cannot finish
-/// DRAIN_TIMEOUT, then quarantines the job's slot and regions). Over shm the
-/// provider itself stalls other jobs once a peer process died holding its
-/// shared region (libfabric 1.17), so there it is reported in `FAULT` lines,
-/// and asserted only with TALLY_EXPECT_JOB_FREED=1.
+/// DRAIN_TIMEOUT, then quarantines the job's slot and regions).
+///
+/// Over shm (libfabric 1.17) what follows depends on where the kill lands:
+/// - no result send to rank 1 in flight: everything carries on, as over tcp;
+/// - a result send to rank 1 in flight: it never completes, and shm
+///   completes an endpoint's sends in order, so that lcore can complete no
+///   send again. When the drain gives up (DRAIN_TIMEOUT) the server fails
+///   the jobs running there and refuses later sends, so the job running
+///   meanwhile and the new job fail with that reason within the bound
+///   (asserted: never a timeout);
+/// - rank 1 killed while holding its own region's spinlock (its progress
+///   holds it while copying results in): the server's next send to it spins
+///   in `fi_tsend` for ever (`pthread_spin_lock` in `smr_generic_sendmsg`),
+///   which takes that lcore and every job on it down; the job is then never
+///   freed. Nothing above the provider can prevent or bound that, so it is
+///   reported in `FAULT` lines; TALLY_EXPECT_JOB_FREED=1 asserts it away.
 fn kill_a_rank_process(provider: &str, attempts: u64) {
     let strict = provider == "tcp" || std::env::var_os("TALLY_EXPECT_JOB_FREED").is_some();
+    let mut all_freed = true;
     let srv = server(provider, &[]);
     // Another job runs through the whole fault.
     let other = sum_job(provider, &srv.addr, 0x50, 2, 100_000, 300);
@@ -150,26 +167,41 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
         if strict {
             assert!(freed, "the server did not free job {job:#x} of the killed rank within {ERROR_BOUND:?}");
         }
+        if !freed {
+            eprintln!(
+                "FAULT rank-process-SIGKILL ({provider}, #{attempt}): an lcore is presumably stuck in fi_tsend on the killed rank's \
+                 shm region lock (libfabric 1.17 limitation); later jobs on it hang"
+            );
+        }
+        all_freed &= freed;
     }
     // The other job carried on, and the server still admits and computes new jobs.
     let other = join_results(other);
     eprintln!("FAULT rank-process-SIGKILL ({provider}): the job running meanwhile: {other:?}");
     let new = join_results(sum_job(provider, &srv.addr, 0x51, 3, 50_000, 3));
     eprintln!("FAULT rank-process-SIGKILL ({provider}): a new job afterwards: {new:?}");
-    if strict {
+    if provider == "tcp" {
         other.unwrap();
         new.unwrap();
         assert!(srv.wait_log("job 0x50 ended", ERROR_BOUND), "the other job ended cleanly");
         assert!(srv.wait_log("job 0x51 ended", ERROR_BOUND), "the new job ended cleanly");
+    } else if all_freed {
+        // shm: carried on, or failed saying why (an lcore's sends are blocked), never hung.
+        for (what, r) in [("the job running meanwhile", &other), ("the new job", &new)] {
+            if let Err(e) = r {
+                assert!(e.contains("completes an endpoint's sends in order"), "{what} failed otherwise than by shm's blocked sends: {e}");
+            }
+        }
     }
-    if strict {
+    if strict || all_freed {
         assert!(srv.stop().success());
     }
 }
 
 /// Removes the shm regions (`/dev/shm/PID:...`) of a process this test SIGKILLed:
-/// shm cleans up only on a clean exit, and a later process that gets the same
-/// PID would fail to enable its endpoint (EBUSY) on the stale region.
+/// shm cleans up only on a clean exit or a catchable signal. (A later tally
+/// process that gets the same PID would remove them itself before its first shm
+/// endpoint, see `tally_engine::fabric::shm`; this keeps /dev/shm tidy at once.)
 fn remove_shm_regions(pid: u32) {
     let prefix = format!("{pid}:");
     for e in std::fs::read_dir("/dev/shm").into_iter().flatten().flatten() {

@@ -83,20 +83,30 @@ fn wrong_token_is_refused() {
     assert!(srv.stop().success());
 }
 
-#[test]
-fn concurrent_jobs_and_one_ending_while_another_runs() {
-    // Over tcp. Over shm a job that runs while others end has stalled
-    // intermittently (no progress for 30 s) on this loaded 2-core box:
-    // suspected in shm's cancel or peer teardown; see the session notes.
-    let srv = ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "8M"]);
-    let long = sum_job("tcp", &srv.addr, 100, 3, 50_000, 30);
+/// A long job runs while short ones start and end on the same lcores. Over
+/// shm this stalled about one run in eight under load before tally primed
+/// shm's receive pool (libfabric 1.17 matched a chunk that arrived before
+/// its receive with a stale tag mask: see `fabric::endpoint`).
+fn concurrent_jobs_and_one_ending_while_another_runs(provider: &str) {
+    let srv = ServerProcess::start(&["--lcores", "0-1", "--provider", provider, "--poll", "adaptive", "--slab-size", "8M"]);
+    let long = sum_job(provider, &srv.addr, 100, 3, 50_000, 30);
     // Short jobs start and end while the long one runs.
     for k in 0..3 {
-        join_all(sum_job("tcp", &srv.addr, 200 + k, 2, 7_777, 3));
+        join_all(sum_job(provider, &srv.addr, 200 + k, 2, 7_777, 3));
     }
     join_all(long);
     assert!(srv.wait_log("job 0x64 ended", Duration::from_secs(5)), "the long job ended cleanly");
     assert!(srv.stop().success());
+}
+
+#[test]
+fn concurrent_jobs_and_one_ending_while_another_runs_tcp() {
+    concurrent_jobs_and_one_ending_while_another_runs("tcp");
+}
+
+#[test]
+fn concurrent_jobs_and_one_ending_while_another_runs_shm() {
+    concurrent_jobs_and_one_ending_while_another_runs("shm");
 }
 
 #[test]
@@ -122,8 +132,11 @@ fn a_job_that_does_not_fit_is_refused_and_others_are_unaffected() {
 
 #[test]
 fn a_rank_that_vanishes_fails_its_job_quickly_and_only_its_job() {
-    // Over tcp: after a peer process or endpoint vanishes, shm (1.17) can
-    // stall other jobs' traffic (tools/tests/faults.rs reports that case).
+    // Over tcp. Over shm (1.17) a result send in flight to the vanished
+    // rank's closed endpoint never completes, and shm completes an endpoint's
+    // sends in order: that lcore can then complete no send, and the server
+    // fails every job on it (tools/tests/faults.rs shows that case), so "only
+    // its job" does not hold there.
     let srv = ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "8M"]);
     let other = sum_job("tcp", &srv.addr, 50, 2, 20_000, 20);
     // Rank 1 joins and then disappears without finishing: rank 0 is left

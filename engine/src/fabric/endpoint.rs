@@ -12,6 +12,38 @@
 //! fixed at creation. The table holds the provider's scratch space
 //! (`fi_context2`) for each operation in flight, so posting and completing
 //! never allocate.
+//!
+//! shm in libfabric 1.17 and 1.18 matches a message that arrived before its
+//! receive (an unexpected message) with the wrong tag mask: `smr_get_tag`
+//! (prov/shm/src/smr_ep.c) takes an entry from the receive pool for the
+//! message without setting its `ignore` field, and the unexpected queue's
+//! match function, `smr_match_tagged`, applies the *queue entry's* `ignore`
+//! rather than the new receive's. The mask used is therefore the one of
+//! whichever receive last used that pool entry, or zero for an entry never
+//! used (the pool is calloc'ed). A receive that ignores tag bits (tally's
+//! server ignores the sequence number) then never matches an unexpected
+//! message that landed in a fresh entry: it waits forever. (Introduced by
+//! "prov/shm: implement shared receive queue internally", 9cf1cb7, first
+//! in v1.17.0; 1.19's util_srx matches with the receive's own mask.) The
+//! workaround: an shm endpoint uses one tag mask for all its receives, and
+//! the first receive with a non-zero mask first stamps that mask on every
+//! entry of the pool (posts a receive into each entry, then cancels them all;
+//! see `prime_shm_receive_pool`). Every entry then carries the endpoint's
+//! mask whatever it was last used for, and matching is exact again.
+//!
+//! shm also completes an endpoint's sends strictly in order: a send larger
+//! than its inject size (4 KiB) takes an entry of the sender's response
+//! queue, which the receiver marks done once it has copied the data, and
+//! `smr_progress_resp` (prov/shm/src/smr_progress.c) stops at the first
+//! entry still `FI_EBUSY`. A send that its receiver never processes (the
+//! peer process was killed, or its endpoint closed or canceled the
+//! receive) therefore holds up the completion of every later send of the
+//! endpoint, to every peer, for good; nothing in the provider clears it
+//! (`fi_cancel` only cancels receives, and `fi_av_remove` of that peer makes
+//! the next progress call crash on the pending entry). An owner that gives
+//! up on such a send says so with [`Endpoint::abandon`]; the endpoint then
+//! refuses every further send (`FI_EIO`, the reason in the call name) so
+//! that work waiting on it fails at once instead of hanging.
 use super::error::{CompletionError, FabricError, PollError, PostError};
 use super::info::{Hints, InfoList};
 use super::sys;
@@ -112,7 +144,13 @@ struct OpContext {
     fi: sys::fi_context2,
     id: u32,
     in_flight: bool,
+    /// Whether the operation in flight (or last posted) is a send.
+    is_send: bool,
 }
+
+/// The refusal of a send once an abandoned one blocks the endpoint (shm).
+const SENDS_BLOCKED: &str = "fi_tsend (refused: an earlier send to a vanished peer never completes, and shm completes an endpoint's \
+     sends in order, so none can complete on this endpoint any more)";
 
 /// Requested MR keys must be unique within a domain for tcp before 2.2 and for
 /// providers without FI_MR_PROV_KEY; one process-wide counter keeps them so.
@@ -131,6 +169,16 @@ pub struct Endpoint {
     can_wait: bool,
     provider: String,
     wait_fd: Option<i32>,
+    /// shm 1.17/1.18 only (see the module doc): the tag mask every entry of
+    /// the provider's receive pool carries, 0 until the first receive with
+    /// a mask primes the pool. `None` for providers without the defect.
+    shm_rx_mask: Option<u64>,
+    /// shm (module doc): sends complete in order, so an abandoned send
+    /// blocks every later one.
+    in_order_sends: bool,
+    /// Set when a send was abandoned on an endpoint with `in_order_sends`:
+    /// sends are refused from then on.
+    sends_blocked: bool,
 }
 
 // SAFETY: every libfabric object here belongs to one FI_THREAD_DOMAIN domain,
@@ -155,8 +203,12 @@ impl Endpoint {
     pub fn open(cfg: &EndpointConfig) -> Result<Endpoint, FabricError> {
         let info = InfoList::get(&cfg.hints)?;
         let provider = info.provider_name();
+        if provider == "shm" {
+            // Before this process creates its first shm region (fi_enable).
+            super::shm::sweep_before_first_endpoint();
+        }
         let contexts: Box<[OpContext]> =
-            (0..cfg.contexts).map(|id| OpContext { fi: sys::fi_context2::default(), id, in_flight: false }).collect();
+            (0..cfg.contexts).map(|id| OpContext { fi: sys::fi_context2::default(), id, in_flight: false, is_send: false }).collect();
         let mut me = Endpoint {
             info,
             fabric: ptr::null_mut(),
@@ -168,6 +220,9 @@ impl Endpoint {
             contexts,
             in_flight: 0,
             can_wait: false,
+            shm_rx_mask: Self::stale_mask_quirk(&provider).then_some(0),
+            in_order_sends: Self::in_order_send_quirk(&provider),
+            sends_blocked: false,
             provider,
             wait_fd: None,
         };
@@ -210,6 +265,21 @@ impl Endpoint {
             check!("fi_enable", sys::fi_enable(self.ep));
         }
         Ok(())
+    }
+
+    /// Whether `provider` (at this library version) matches unexpected
+    /// messages with a pool entry's stale tag mask (the module doc).
+    fn stale_mask_quirk(provider: &str) -> bool {
+        let v = super::info::library_version();
+        provider == "shm" && ((1, 17)..(1, 19)).contains(&v)
+    }
+
+    /// Whether `provider` completes sends strictly in order, so that one that
+    /// never completes blocks the rest (the module doc). shm's response queue
+    /// works that way from 1.17 through 2.0 at least.
+    fn in_order_send_quirk(provider: &str) -> bool {
+        let v = super::info::library_version();
+        provider == "shm" && ((1, 17)..=(2, 0)).contains(&v)
     }
 
     /// The provider actually in use (e.g. `tcp;ofi_rxm`).
@@ -337,9 +407,11 @@ impl Endpoint {
         }
     }
 
-    fn posted(&mut self, id: u32, ret: isize, call: &'static str) -> Result<(), PostError> {
+    fn posted(&mut self, id: u32, ret: isize, call: &'static str, is_send: bool) -> Result<(), PostError> {
         if ret == 0 {
-            self.contexts[id as usize].in_flight = true;
+            let ctx = &mut self.contexts[id as usize];
+            ctx.in_flight = true;
+            ctx.is_send = is_send;
             self.in_flight += 1;
             Ok(())
         } else if ret == -(sys::FI_EAGAIN as isize) {
@@ -366,14 +438,23 @@ impl Endpoint {
     ) -> Result<(), PostError> {
         let ctx = self.take_context(context)?;
         let desc = self.desc_for(mh, buf as usize, len)?;
+        if self.sends_blocked {
+            return Err(PostError::Fabric(FabricError { call: SENDS_BLOCKED, code: sys::FI_EIO as i32 }));
+        }
         // SAFETY: ep is open; the caller guarantees the buffer's lifetime;
         // ctx points into the context table, which outlives the operation.
         let ret = unsafe { sys::fi_tsend(self.ep, buf.cast(), len, desc, dest, tag, ctx) };
-        self.posted(context, ret, "fi_tsend")
+        self.posted(context, ret, "fi_tsend", true)
     }
 
     /// Posts a tagged receive into `[buf, buf+len)` for messages whose tag
     /// matches `tag` outside the bits set in `ignore`, from `src` (or anyone).
+    ///
+    /// With shm 1.17/1.18 all receives of an endpoint must use the same
+    /// `ignore`; the first one with a non-zero mask must be posted while
+    /// nothing is in flight and before any peer sends (it primes the
+    /// provider's receive pool, see the module doc). A receive with another
+    /// mask is refused with `FI_EINVAL`.
     ///
     /// # Safety
     /// `[buf, buf+len)` must stay valid, and must not be read or written by
@@ -392,9 +473,93 @@ impl Endpoint {
     ) -> Result<(), PostError> {
         let ctx = self.take_context(context)?;
         let desc = self.desc_for(mh, buf as usize, len)?;
+        if let Some(mask) = self.shm_rx_mask {
+            if mask != ignore {
+                self.prime_shm_receive_pool(ignore)?;
+            }
+        }
         // SAFETY: as for send; the caller guarantees exclusive access to the buffer.
         let ret = unsafe { sys::fi_trecv(self.ep, buf.cast(), len, desc, src.unwrap_or(sys::FI_ADDR_UNSPEC), tag, ignore, ctx) };
-        self.posted(context, ret, "fi_trecv")
+        self.posted(context, ret, "fi_trecv", false)
+    }
+
+    /// Stamps `mask` on every entry of shm's receive pool (module doc): posts
+    /// a zero-length receive with that mask into each free entry, directed at
+    /// an address no peer has, then cancels them all and reads back their
+    /// canceled completions. Once per endpoint, at its first masked receive.
+    #[cold]
+    #[inline(never)]
+    fn prime_shm_receive_pool(&mut self, mask: u64) -> Result<(), PostError> {
+        const ONE_MASK: &str = "fi_trecv (shm 1.17: one tag mask per endpoint, set by a receive posted while nothing is in flight)";
+        if self.shm_rx_mask != Some(0) || self.in_flight != 0 {
+            return Err(PostError::Fabric(FabricError { call: ONE_MASK, code: sys::FI_EINVAL as i32 }));
+        }
+        // An fi_addr_t no address vector hands out (shm's are small indices;
+        // FI_ADDR_UNSPEC is u64::MAX), so no message matches these receives.
+        const NOWHERE: sys::fi_addr_t = sys::FI_ADDR_UNSPEC - 1;
+        let entries = self.info.rx_size().max(1).next_power_of_two();
+        let mut scratch = vec![sys::fi_context2::default(); entries].into_boxed_slice();
+        let mut posted = 0;
+        let mut failure = None;
+        for c in scratch.iter_mut() {
+            let p: *mut c_void = (c as *mut sys::fi_context2).cast();
+            // SAFETY: ep is open; a zero-length receive writes no buffer; its
+            // context is an element of `scratch`, which stays allocated until
+            // the receive's completion has been read below (or is leaked).
+            let ret = unsafe { sys::fi_trecv(self.ep, ptr::null_mut(), 0, ptr::null_mut(), NOWHERE, !mask, mask, p) };
+            if ret == 0 {
+                posted += 1;
+            } else {
+                // ENOMEM: the pool is exhausted (entries held by unexpected
+                // messages cannot be primed; the caller's contract excludes them).
+                if ret != -(sys::FI_ENOMEM as isize) && ret != -(sys::FI_EAGAIN as isize) {
+                    failure = Some(FabricError::from_ret("fi_trecv (priming shm's receive pool)", ret));
+                }
+                break;
+            }
+        }
+        for c in scratch.iter_mut().take(posted) {
+            // SAFETY: ep is open; c is the context of a receive posted above
+            // that nothing can have matched (NOWHERE), so shm still holds it.
+            unsafe { sys::fi_cancel(&mut (*self.ep).fid, (c as *mut sys::fi_context2).cast()) };
+        }
+        // shm writes each canceled completion inside fi_cancel; read them back.
+        let range = scratch.as_ptr() as usize..scratch.as_ptr() as usize + entries * size_of::<sys::fi_context2>();
+        let mut done = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while done < posted && std::time::Instant::now() < deadline {
+            let mut entry = [sys::fi_cq_tagged_entry::default(); 16];
+            // SAFETY: entry has room for 16 tagged entries (the CQ format).
+            let ret = unsafe { sys::fi_cq_read(self.cq, entry.as_mut_ptr().cast(), entry.len()) };
+            if ret > 0 {
+                // Nothing else is in flight: only a priming receive can
+                // complete, and only if a message from a sender outside the
+                // AV matched it. Done either way.
+                done += entry[..ret as usize].iter().filter(|e| range.contains(&(e.op_context as usize))).count();
+            } else if ret == -(sys::FI_EAVAIL as isize) {
+                let mut e = sys::fi_cq_err_entry::default();
+                // SAFETY: e is a properly sized error entry.
+                if unsafe { sys::fi_cq_readerr(self.cq, &mut e, 0) } > 0 && range.contains(&(e.op_context as usize)) {
+                    done += 1;
+                }
+            } else if ret != -(sys::FI_EAGAIN as isize) {
+                failure.get_or_insert(FabricError::from_ret("fi_cq_read (priming shm's receive pool)", ret));
+                break;
+            }
+        }
+        if done < posted {
+            // The provider may still point into `scratch`: it must outlive the endpoint.
+            Box::leak(scratch);
+            return Err(PostError::Fabric(
+                failure.unwrap_or(FabricError { call: "fi_cancel (priming shm's receive pool)", code: sys::FI_ETIMEDOUT as i32 }),
+            ));
+        }
+        if let Some(f) = failure {
+            return Err(PostError::Fabric(f));
+        }
+        self.shm_rx_mask = Some(mask);
+        log::debug!("shm: stamped tag mask {mask:#x} on {posted} receive pool entries (libfabric 1.17 unexpected-message matching)");
+        Ok(())
     }
 
     /// Reads up to `out.len()` completions (and drives the provider's
@@ -522,6 +687,32 @@ impl Endpoint {
         self.contexts.get(context as usize).is_some_and(|c| c.in_flight)
     }
 
+    /// The owner gives up waiting for the operations named by `contexts` that
+    /// are still in flight (their peer vanished). They stay in flight: the
+    /// provider may still complete them, and their buffers stay its own until
+    /// then or until the endpoint is dropped. Returns how many of them are sends.
+    ///
+    /// With shm (module doc) an abandoned send blocks the completion of every
+    /// later send of this endpoint: from then on [`Endpoint::sends_blocked`]
+    /// is true and every send is refused with `FI_EIO`, so the owner should
+    /// fail whatever still waits for a send completion here.
+    pub fn abandon(&mut self, contexts: std::ops::Range<u32>) -> u32 {
+        let sends = contexts.filter(|&c| self.contexts.get(c as usize).is_some_and(|x| x.in_flight && x.is_send)).count() as u32;
+        if sends > 0 && self.in_order_sends && !self.sends_blocked {
+            self.sends_blocked = true;
+            log::warn!(
+                "{}: {sends} send(s) to a vanished peer never completed; this provider completes sends in order, so this endpoint refuses all further sends",
+                self.provider
+            );
+        }
+        sends
+    }
+
+    /// Whether sends are refused because an abandoned send blocks them (shm).
+    pub fn sends_blocked(&self) -> bool {
+        self.sends_blocked
+    }
+
     /// Asks the provider to cancel one operation. A canceled operation
     /// completes with an `FI_ECANCELED` error completion (which frees its
     /// context); one that already finished completes normally.
@@ -560,6 +751,24 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        if self.in_flight > 0 && !self.ep.is_null() {
+            // Operations the provider never returned (sends queued to a peer
+            // that vanished or whose link is down; the owner canceled what it
+            // could). Closing tcp;ofi_rxm with such sends queued crashes in
+            // libfabric 1.17, so the endpoint and everything it references
+            // (MRs, context table) are left open: with manual progress
+            // nothing runs in them any more, and the process's exit, or for a
+            // long-lived process a bounded leak per failed endpoint, is the
+            // lesser harm.
+            log::warn!(
+                "{}: closing with {} operation(s) the provider never returned; leaving the endpoint open instead of risking a crash",
+                self.provider,
+                self.in_flight
+            );
+            std::mem::forget(std::mem::take(&mut self.contexts));
+            std::mem::forget(std::mem::take(&mut self.mrs));
+            return;
+        }
         // SAFETY: each object is closed once, children before parents: the
         // endpoint (which stops all access to posted buffers), then MRs, CQ,
         // AV, domain, fabric. Null pointers were never opened.

@@ -180,6 +180,12 @@ impl InfoList {
         unsafe { (*self.first().ep_attr).max_msg_size }
     }
 
+    /// Receive queue depth the provider offers (`rx_attr->size`).
+    pub fn rx_size(&self) -> usize {
+        // SAFETY: as above; rx_attr is set by fi_getinfo for every entry.
+        unsafe { (*self.first().rx_attr).size }
+    }
+
     /// Every distinct domain (NIC) offered, in order: one NCCL device each.
     pub fn domains(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

@@ -9,12 +9,14 @@
 //! - [`info`]: which provider, and asking it for an RDM tagged interface;
 //! - [`Endpoint`]: fabric + domain + address vector + completion queue +
 //!   endpoint + registrations + operation contexts, owned by one thread;
-//! - [`error`]: failures as values, including decoded error completions.
+//! - [`error`]: failures as values, including decoded error completions;
+//! - [`shm`]: removing the region files SIGKILLed shm processes leave in /dev/shm.
 //!
 //! The data-path calls (`send`, `recv`, `poll`) neither allocate nor lock.
 pub mod endpoint;
 pub mod error;
 pub mod info;
+pub mod shm;
 pub mod sys;
 
 pub use endpoint::{Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, MAX_NAME_LEN};

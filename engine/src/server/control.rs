@@ -9,7 +9,10 @@
 //! Then the lcores post its receives and the ranks get their Accept.
 //!
 //! A job ends when one of its ranks closes its connection, when an lcore
-//! reports it failed, or when it does not gather all its ranks in time. Its
+//! reports it failed (a bad chunk, a straggler past the op timeout), when it
+//! does not gather all its ranks in time, or when it moves no bytes for the
+//! idle timeout (read from the lcores' per-job counters once a second, so
+//! the data path pays nothing for it). Its
 //! regions return to the pool only after every lcore drained it (canceled
 //! everything in flight), so no late completion can write into a region
 //! that a new job already owns.
@@ -18,6 +21,7 @@ use super::shard::JobOnShard;
 use super::{Command, Event, REGION_ALIGN};
 use crate::config::ServerConfig;
 use crate::fabric::EndpointName;
+use crate::metrics::MetricsTable;
 use crate::wire::{self, Accept, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, TOKEN_BYTES};
 use bytemuck::Zeroable;
 use std::collections::HashMap;
@@ -100,6 +104,16 @@ struct Active {
     /// Ranks that said bye (finished cleanly).
     done: Vec<bool>,
     phase: Phase,
+    /// Bytes the lcores had received for the job at the last idle check, and when they last changed.
+    seen_bytes: u64,
+    last_traffic: Instant,
+}
+
+struct Quarantine {
+    job_id: u64,
+    tag: u16,
+    /// (lcore, offset, length) of regions still held.
+    regions: Vec<(usize, usize, usize)>,
 }
 
 pub struct ControlPlane {
@@ -113,14 +127,44 @@ pub struct ControlPlane {
     pending: HashMap<u64, Pending>,
     active: Vec<Option<Active>>,
     generation: Vec<u8>,
-    /// Job slots never reused: a job there ended with operations stuck in flight.
-    quarantined: Vec<bool>,
+    /// Job slots not reused while a job that ended with operations stuck in
+    /// flight holds them: per slot, the job's tag and its regions on the
+    /// lcores that still have operations out. Released lcore by lcore.
+    quarantined: Vec<Option<Quarantine>>,
     allocs: Vec<RangeAlloc>,
     conn_job: HashMap<u64, u64>,
     published: Arc<Mutex<Vec<JobInfo>>>,
+    /// The lcores' per-job counters, read (never written) for the idle check.
+    metrics: MetricsTable,
+    /// None: jobs may idle forever.
+    idle_timeout: Option<Duration>,
+    next_idle_check: Instant,
+    /// Connections in their handshake now (bounded by [`MAX_HANDSHAKES`]).
+    in_handshake: Arc<std::sync::atomic::AtomicUsize>,
+    /// Per lcore: its counters (read only), the poll count last seen, when
+    /// it last moved, and whether the lcore is reported stuck.
+    watchdog: Vec<Watch>,
 }
 
+struct Watch {
+    stats: Arc<crate::lcore::LcoreStats>,
+    polls: u64,
+    moved: Instant,
+    stuck: bool,
+}
+
+/// An lcore whose poll count has not moved for this long is stuck (inside a
+/// provider call: e.g. shm spinning on the lock of a peer process that died
+/// holding it). Every lcore polls at least every few milliseconds, idle or not.
+pub const LCORE_STUCK_AFTER: Duration = Duration::from_secs(5);
+
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+/// Connections allowed in their handshake at once. Each costs a thread and a
+/// Hello-sized buffer for at most the handshake timeout; past this many a new
+/// connection is refused at once, so a flood of silent or garbage
+/// connections costs bounded memory and time.
+pub const MAX_HANDSHAKES: usize = 256;
 
 /// Reads the shared token: token_file if configured, else TALLY_TOKEN.
 fn load_token(cfg: &ServerConfig) -> Result<Option<[u8; TOKEN_BYTES]>, String> {
@@ -141,6 +185,7 @@ impl ControlPlane {
         lcores: Vec<Sender<Command>>,
         conn_tx: Sender<Event>,
         published: Arc<Mutex<Vec<JobInfo>>>,
+        metrics: MetricsTable,
     ) -> Result<ControlPlane, String> {
         let token = load_token(cfg)?;
         if token.is_none() {
@@ -158,11 +203,57 @@ impl ControlPlane {
             pending: HashMap::new(),
             active: (0..cfg.max_jobs).map(|_| None).collect(),
             generation: vec![0; cfg.max_jobs as usize],
-            quarantined: vec![false; cfg.max_jobs as usize],
+            quarantined: (0..cfg.max_jobs).map(|_| None).collect(),
             allocs: (0..n).map(|_| RangeAlloc::new(cfg.slab_size as usize, REGION_ALIGN)).collect(),
             conn_job: HashMap::new(),
             published,
+            metrics,
+            idle_timeout: (cfg.idle_timeout_s > 0).then(|| Duration::from_secs(cfg.idle_timeout_s)),
+            next_idle_check: Instant::now(),
+            in_handshake: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            watchdog: Vec::new(),
         })
+    }
+
+    /// Watches the lcores' poll counters (see [`LCORE_STUCK_AFTER`]).
+    pub fn with_watchdog(mut self, stats: Vec<Arc<crate::lcore::LcoreStats>>) -> ControlPlane {
+        let now = Instant::now();
+        self.watchdog = stats.into_iter().map(|stats| Watch { polls: stats.snapshot().polls, stats, moved: now, stuck: false }).collect();
+        self
+    }
+
+    /// Fails the jobs of an lcore that stopped polling, and refuses jobs that
+    /// would need it, instead of letting their ranks wait for their timeouts.
+    fn check_lcores(&mut self, now: Instant) {
+        let mut newly_stuck = Vec::new();
+        for (l, w) in self.watchdog.iter_mut().enumerate() {
+            let polls = w.stats.snapshot().polls;
+            if polls != w.polls {
+                if w.stuck {
+                    log::warn!("lcore {l} polls again");
+                }
+                (w.polls, w.moved, w.stuck) = (polls, now, false);
+            } else if !w.stuck && now.duration_since(w.moved) >= LCORE_STUCK_AFTER {
+                w.stuck = true;
+                newly_stuck.push(l);
+            }
+        }
+        for l in newly_stuck {
+            log::error!(
+                "lcore {l} has not polled for {:?}: it is stuck inside the fabric provider; failing its jobs (restart the server to recover it)",
+                LCORE_STUCK_AFTER
+            );
+            for i in 0..self.active.len() {
+                if self.active[i].as_ref().is_some_and(|a| (l as u32) < a.spec.shards) {
+                    self.end(i, RejectCode::JobFailed, &format!("lcore {l} of the server is stuck inside the fabric provider"));
+                }
+            }
+        }
+    }
+
+    /// The first stuck lcore among the first `shards`, if any.
+    fn stuck_lcore(&self, shards: u32) -> Option<usize> {
+        self.watchdog.iter().take(shards as usize).position(|w| w.stuck)
     }
 
     /// The control thread's loop, until `stop`.
@@ -193,15 +284,29 @@ impl ControlPlane {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             self.expire_pending();
+            self.expire_idle();
+            self.check_lcores(Instant::now());
         }
         self.shut_down(&events);
     }
 
-    fn spawn_handshake(&self, stream: TcpStream, peer: SocketAddr) {
+    fn spawn_handshake(&self, mut stream: TcpStream, peer: SocketAddr) {
+        if self.in_handshake.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+            self.in_handshake.fetch_sub(1, Ordering::AcqRel);
+            log::warn!("{peer}: refused: {MAX_HANDSHAKES} connections already in their handshake");
+            let r = Reject::new(RejectCode::Busy, "", "too many connections in their handshake; try again later");
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = stream.write_all(bytemuck::bytes_of(&r));
+            return;
+        }
         let (tx, limits, token, timeout) = (self.conn_tx.clone(), self.limits, self.token, self.handshake_timeout);
+        let counter = self.in_handshake.clone();
         let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
         let r = std::thread::Builder::new().name(format!("tally-conn-{conn}")).spawn(move || {
-            if let Some(j) = handshake(stream, peer, conn, &limits, token.as_ref(), timeout) {
+            let joined = handshake(stream, peer, conn, &limits, token.as_ref(), timeout);
+            counter.fetch_sub(1, Ordering::AcqRel);
+            if let Some(j) = joined {
                 let mut stream = match j.stream.try_clone() {
                     Ok(s) => s,
                     Err(_) => return,
@@ -225,6 +330,7 @@ impl ControlPlane {
             }
         });
         if let Err(e) = r {
+            self.in_handshake.fetch_sub(1, Ordering::AcqRel);
             log::error!("cannot start a connection thread: {e}");
         }
     }
@@ -238,6 +344,7 @@ impl ControlPlane {
             Event::JobFailed { lcore, tag, reason } => self.failed(lcore, tag, &reason),
             Event::JobEnded { lcore, tag, stuck } => self.ended(lcore, tag, stuck),
             Event::LcoreError { lcore, reason } => log::warn!("lcore {lcore}: {reason}"),
+            Event::JobReleased { lcore, tag } => self.released(lcore, tag),
         }
         self.publish();
     }
@@ -247,6 +354,14 @@ impl ControlPlane {
         let mut c = Conn { id: conn, rank, peer, stream };
         if self.active.iter().flatten().any(|a| a.job_id == spec.job_id) {
             refuse(&mut c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
+            return;
+        }
+        // Ranks waiting for their job to gather hold a thread each: bounded
+        // by what the server could ever run at once.
+        let waiting: u32 = self.pending.values().map(|p| p.joined).sum();
+        if waiting >= self.limits.max_ranks * self.active.len() as u32 {
+            log::warn!("{peer}: refused: {waiting} ranks already waiting for their jobs to gather");
+            refuse(&mut c, RejectCode::Busy, "", "too many ranks waiting for their jobs to gather; try again later");
             return;
         }
         let nranks = spec.nranks as usize;
@@ -283,7 +398,7 @@ impl ControlPlane {
         let spec = p.spec;
         let mut conns: Vec<Conn> = p.conns.into_iter().map(|c| c.expect("all joined")).collect();
         let names: Vec<EndpointName> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
-        let Some(index) = (0..self.active.len()).find(|&i| self.active[i].is_none() && !self.quarantined[i]) else {
+        let Some(index) = (0..self.active.len()).find(|&i| self.active[i].is_none() && self.quarantined[i].is_none()) else {
             log::warn!("job {:#x} refused: already serving {} jobs", spec.job_id, self.active.len());
             self.refuse_all(
                 &mut conns,
@@ -293,6 +408,12 @@ impl ControlPlane {
             );
             return;
         };
+        if let Some(l) = self.stuck_lcore(spec.shards) {
+            let msg = format!("lcore {l} of the server is stuck inside the fabric provider; restart the server");
+            log::warn!("job {:#x} refused: {msg}", spec.job_id);
+            self.refuse_all(&mut conns, RejectCode::Internal, "", &msg);
+            return;
+        }
         let stride = spec.piece_bytes().div_ceil(64) * 64;
         let len = spec.window as usize * spec.nranks as usize * stride;
         let mut regions = Vec::new();
@@ -346,6 +467,8 @@ impl ControlPlane {
             stuck_lcores: Vec::new(),
             done: vec![false; spec.nranks as usize],
             phase: Phase::Starting,
+            seen_bytes: 0,
+            last_traffic: Instant::now(),
         });
     }
 
@@ -434,14 +557,31 @@ impl ControlPlane {
         if a.stuck_lcores.is_empty() {
             log::info!("job {:#x} ended; its slab regions are free", a.job_id);
         } else {
-            self.quarantined[i] = true;
-            let left = self.quarantined.iter().filter(|q| !**q).count();
+            let regions = a.stuck_lcores.iter().map(|&l| (l, a.regions[l].0, a.regions[l].1)).collect();
+            self.quarantined[i] = Some(Quarantine { job_id: a.job_id, tag: a.tag, regions });
+            let left = self.quarantined.iter().filter(|q| q.is_none()).count();
             log::warn!(
-                "job {:#x} ended with operations to vanished ranks still in flight on lcores {:?}; their slab regions and job slot {i} stay quarantined ({left} of {} job slots left)",
+                "job {:#x} ended with operations to vanished ranks still in flight on lcores {:?}; their slab regions and job slot {i} stay quarantined until the provider returns them ({left} of {} job slots left)",
                 a.job_id,
                 a.stuck_lcores,
                 self.quarantined.len()
             );
+        }
+    }
+
+    fn released(&mut self, lcore: usize, tag: u16) {
+        let i = (tag & 0x0fff) as usize;
+        let Some(Some(q)) = self.quarantined.get_mut(i) else { return };
+        if q.tag != tag {
+            return;
+        }
+        if let Some(k) = q.regions.iter().position(|r| r.0 == lcore) {
+            let (l, off, len) = q.regions.swap_remove(k);
+            self.allocs[l].release(off, len);
+        }
+        if q.regions.is_empty() {
+            log::info!("job {:#x}: the provider returned its last stuck operations; job slot {i} is back in service", q.job_id);
+            self.quarantined[i] = None;
         }
     }
 
@@ -502,6 +642,34 @@ impl ControlPlane {
             }
         }
         self.publish();
+    }
+
+    /// Ends running jobs that moved no bytes for the idle timeout.
+    fn expire_idle(&mut self) {
+        let Some(limit) = self.idle_timeout else { return };
+        let now = Instant::now();
+        if now < self.next_idle_check {
+            return;
+        }
+        self.next_idle_check = now + Duration::from_secs(1).min(limit / 4);
+        for i in 0..self.active.len() {
+            let Some(a) = self.active[i].as_mut() else { continue };
+            if a.phase != Phase::Running {
+                continue;
+            }
+            let bytes: u64 = (0..a.spec.shards as usize).map(|l| self.metrics.job(l, i).bytes_in.load(Ordering::Relaxed)).sum();
+            if bytes != a.seen_bytes {
+                a.seen_bytes = bytes;
+                a.last_traffic = now;
+                continue;
+            }
+            if now.duration_since(a.last_traffic) < limit {
+                continue;
+            }
+            let msg = format!("no traffic for {}s (idle_timeout_s); the job's slots are freed", limit.as_secs());
+            log::warn!("job {:#x}: {msg}", a.job_id);
+            self.end(i, RejectCode::Timeout, &msg);
+        }
     }
 
     fn refuse_all(&mut self, conns: &mut [Conn], code: RejectCode, field: &str, msg: &str) {

@@ -57,6 +57,13 @@ pub enum Event {
         lcore: usize,
         reason: String,
     },
+    /// A job this lcore had reported ended with operations stuck in flight
+    /// got all of them back at last (e.g. its peers' connections finally
+    /// failed): its region and job slot may be reused.
+    JobReleased {
+        lcore: usize,
+        tag: u16,
+    },
 }
 
 /// Granularity of slab regions: pages, so regions never share one.
@@ -111,11 +118,13 @@ impl Server {
         let cmd_rxs = Arc::new(Mutex::new(cmd_rxs));
         let slab_size = cfg.slab_size as usize;
         let (max_jobs, nics) = (cfg.max_jobs as usize, cfg.nics.clone());
+        let op_timeout = std::time::Duration::from_secs(cfg.op_timeout_s);
         let setup_provider = provider.clone();
         let ev_for_lcores = Mutex::new(ev_tx.clone());
         // Every counter block, allocated here once: the data path only indexes it.
         let table = MetricsTable::new(cfg.lcores.len(), max_jobs);
         let table_for_lcores = table.clone();
+        let table_for_control = table.clone();
         let (lcores, names) = lcore::launch(&cfg.lcores, mode, move |info| {
             let mut hints = Hints::new(&setup_provider).with_node(node.as_deref());
             if let Some(nic) = nics.get(info.id) {
@@ -143,7 +152,19 @@ impl Server {
                 mode.name(),
                 kernels.isa()
             );
-            let w = shard::ShardWorker::new(info.id, ep, slab, mh, kernels, max_jobs, per_job, commands, events, table_for_lcores.clone());
+            let w = shard::ShardWorker::new(
+                info.id,
+                ep,
+                slab,
+                mh,
+                kernels,
+                max_jobs,
+                per_job,
+                commands,
+                events,
+                table_for_lcores.clone(),
+                op_timeout,
+            );
             Ok((w, name))
         })
         .map_err(|e| e.to_string())?;
@@ -164,7 +185,8 @@ impl Server {
                 Some(m)
             }
         };
-        let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, ev_tx, jobs.clone())?;
+        let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, ev_tx, jobs.clone(), table_for_control)?
+            .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect());
         let stop2 = stop.clone();
         let control = std::thread::Builder::new()
             .name("tally-control".into())

@@ -19,6 +19,12 @@
 //! and events back to it go through channels checked only when idle or
 //! every few thousand turns, and only job start and end use them.
 //!
+//! A straggler does not stall a job forever: when a slot's first piece has
+//! waited [`ShardWorker`]'s `op_timeout` for the others, the job fails
+//! naming the ranks that did not send. The check runs on the lcore's
+//! housekeeping tick (every 4096 turns and when idle, at most every 50 ms),
+//! not per chunk.
+//!
 //! Metrics: besides the lcore's own counters, each job has a preallocated
 //! counter block per lcore in the server's [`MetricsTable`] (rounds, bytes,
 //! reduce time, round-latency histogram), written only by this lcore. The
@@ -58,6 +64,8 @@ struct Slot {
     sends_left: u32,
     /// When the round's first piece arrived (for the latency histogram).
     first: Option<Instant>,
+    /// When the round's results were posted, while some are not taken yet.
+    sending_since: Option<Instant>,
 }
 
 impl Job {
@@ -89,6 +97,10 @@ struct Job {
     state: State,
     /// Operations of this job in flight on the endpoint.
     outstanding: u32,
+    /// One bit per (slot, rank) piece received this round, to name the
+    /// ranks a straggling slot waits for. Preallocated: window x words.
+    arrived_bits: Vec<u64>,
+    words_per_slot: usize,
     /// When a draining job gives up waiting for its operations.
     drain_deadline: Option<std::time::Instant>,
 }
@@ -117,7 +129,13 @@ pub struct ShardWorker {
     turns: u32,
     completions: [Completion; 32],
     metrics: MetricsTable,
+    /// How long a slot's first piece waits for the other ranks' pieces.
+    op_timeout: std::time::Duration,
+    next_housekeeping: Instant,
 }
+
+/// Least time between two housekeeping passes (commands, drains, stragglers).
+const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl ShardWorker {
     pub fn new(
@@ -131,6 +149,7 @@ impl ShardWorker {
         commands: Receiver<Command>,
         events: Sender<Event>,
         metrics: MetricsTable,
+        op_timeout: std::time::Duration,
     ) -> ShardWorker {
         let capacity = ep.context_capacity() as usize;
         ShardWorker {
@@ -147,6 +166,8 @@ impl ShardWorker {
             turns: 0,
             completions: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
             metrics,
+            op_timeout,
+            next_housekeeping: Instant::now(),
         }
     }
 
@@ -217,9 +238,15 @@ impl ShardWorker {
             bump(&stats.bytes_out, s.len as u64);
             bump(&self.metrics.job(self.lcore, ji).bytes_out, s.len as u64);
             s.sends_left -= 1;
+            // The piece bits now track which ranks still have to take their result.
+            job.arrived_bits[slot * job.words_per_slot + rank / 64] &= !(1 << (rank % 64));
+            let s = &mut job.slots[slot];
             if s.sends_left == 0 {
+                s.sending_since = None;
                 s.seq = s.seq.wrapping_add(job.on.spec.window);
                 s.arrived = 0;
+                let w = job.words_per_slot;
+                job.arrived_bits[slot * w..(slot + 1) * w].fill(0);
                 if let Err(e) = self.post_slot_receives(ji, slot) {
                     self.fail(ji, format!("reposting receives: {e}"));
                 }
@@ -247,6 +274,7 @@ impl ShardWorker {
             self.fail(ji, msg);
             return;
         }
+        job.arrived_bits[slot * job.words_per_slot + rank / 64] |= 1 << (rank % 64);
         let s = &mut job.slots[slot];
         s.len = c.len as u32;
         if s.arrived == 0 {
@@ -283,8 +311,10 @@ impl ShardWorker {
         }
         // Results posted: the round's latency is known now.
         let job = self.jobs[ji].as_mut().unwrap();
+        let now = Instant::now();
+        job.slots[slot].sending_since = Some(now);
         if let Some(first) = job.slots[slot].first.take() {
-            self.metrics.job(self.lcore, ji).record_round(first.elapsed().as_nanos() as u64);
+            self.metrics.job(self.lcore, ji).record_round(now.duration_since(first).as_nanos() as u64);
         }
     }
 
@@ -317,6 +347,20 @@ impl ShardWorker {
 
     fn maybe_finish_drain(&mut self, ji: usize) {
         let done = matches!(&self.jobs[ji], Some(j) if j.state == State::Draining && j.outstanding == 0);
+        // An abandoned job whose stuck operations the provider finally
+        // returned (e.g. a dead peer's connection failed at last): its
+        // context ids and region are quiet now, so the slot may be reused.
+        let released = matches!(&self.jobs[ji], Some(j) if j.state == State::Abandoned && j.outstanding == 0);
+        if released {
+            let job = self.jobs[ji].take().unwrap();
+            if self.ep.provider() != "shm" {
+                for p in &job.peers {
+                    let _ = self.ep.remove_peer(*p);
+                }
+            }
+            let _ = self.events.send(Event::JobReleased { lcore: self.lcore, tag: job.on.tag });
+            return;
+        }
         if done {
             let job = self.jobs[ji].take().unwrap();
             // shm (1.17) crashes in its next progress call after fi_av_remove
@@ -334,15 +378,97 @@ impl ShardWorker {
 
     /// Reports draining jobs whose operations did not all complete in time.
     /// The job stays in the table (its context ids are still in flight), in
-    /// `Abandoned` state, so the slot is never reused on this lcore.
+    /// `Abandoned` state, so the slot is not reused on this lcore until the
+    /// provider returns those operations (then `JobReleased`).
+    ///
+    /// shm completes an endpoint's sends in order (see `fabric::endpoint`):
+    /// a send to a rank that vanished without taking it blocks every later
+    /// send of this lcore for good, and the endpoint then refuses sends. The
+    /// jobs still running here could never complete a round again, so they
+    /// fail now, saying why, rather than hang until their clients time out;
+    /// jobs admitted later fail at their first result.
     fn expire_drains(&mut self) {
         let now = std::time::Instant::now();
-        for job in self.jobs.iter_mut().flatten() {
+        let mut blocked_by = None;
+        for ji in 0..self.jobs.len() {
+            let Some(job) = self.jobs[ji].as_mut() else { continue };
             if job.state == State::Draining && job.drain_deadline.is_some_and(|d| now >= d) {
                 job.state = State::Abandoned;
+                let base = ji as u32 * self.per_job;
+                let span = job.on.spec.window * job.on.spec.nranks * 2;
+                if self.ep.abandon(base..base + span) > 0 && self.ep.sends_blocked() {
+                    blocked_by.get_or_insert(job.on.spec.job_id);
+                }
                 let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag: job.on.tag, stuck: job.outstanding });
             }
         }
+        if let Some(job_id) = blocked_by {
+            let reason = format!(
+                "results sent to a vanished rank of job {job_id:#x} were never taken, and {} completes an endpoint's sends in order, \
+                 so this lcore cannot complete any send any more (restart the server)",
+                self.ep.provider()
+            );
+            for ji in 0..self.jobs.len() {
+                if matches!(&self.jobs[ji], Some(j) if j.state == State::Running) {
+                    self.fail(ji, reason.clone());
+                }
+            }
+        }
+    }
+
+    /// Fails running jobs with a slot whose first piece has waited longer
+    /// than `op_timeout` for the rest, naming the ranks that did not send.
+    fn expire_stragglers(&mut self, now: Instant) {
+        for ji in 0..self.jobs.len() {
+            let Some(job) = self.jobs[ji].as_ref() else { continue };
+            if job.state != State::Running {
+                continue;
+            }
+            let n = job.on.spec.nranks as usize;
+            let late = |since: Option<Instant>| since.is_some_and(|t| now.duration_since(t) > self.op_timeout);
+            // A slot waiting for pieces (some ranks sent, others did not), or
+            // for ranks to take their results (a rank or its link vanished).
+            let waiting = job.slots.iter().enumerate().find(|(_, s)| s.arrived > 0 && (s.arrived as usize) < n && late(s.first));
+            let taking = job.slots.iter().enumerate().find(|(_, s)| s.sends_left > 0 && late(s.sending_since));
+            let (slot, s, sending) = match (waiting, taking) {
+                (Some((i, s)), _) => (i, s, false),
+                (None, Some((i, s))) => (i, s, true),
+                (None, None) => continue,
+            };
+            let w = job.words_per_slot;
+            let bits = &job.arrived_bits[slot * w..(slot + 1) * w];
+            // Waiting: ranks whose bit is clear sent nothing. Taking: ranks
+            // whose bit is still set have not taken their result.
+            let who: Vec<usize> = (0..n).filter(|r| (bits[r / 64] & (1 << (r % 64)) != 0) == sending).collect();
+            let shown: Vec<String> = who.iter().take(8).map(|r| r.to_string()).collect();
+            let more = if who.len() > 8 { format!(" and {} more", who.len() - 8) } else { String::new() };
+            let ranks = format!("rank{} {}{more}", if who.len() == 1 { "" } else { "s" }, shown.join(", "));
+            let msg = if sending {
+                format!(
+                    "straggler: {ranks} did not take the result of slot {slot} (seq {}) within the op timeout of {:?}",
+                    s.seq, self.op_timeout
+                )
+            } else {
+                format!(
+                    "straggler: {ranks} sent nothing for slot {slot} (seq {}) within the op timeout of {:?}, while {} of {n} ranks had",
+                    s.seq, self.op_timeout, s.arrived
+                )
+            };
+            self.fail(ji, msg);
+        }
+    }
+
+    /// Cold work, on a clock rather than per chunk: control-plane commands,
+    /// drains past their deadline, stragglers past the op timeout.
+    fn housekeeping(&mut self) {
+        let now = Instant::now();
+        if now < self.next_housekeeping {
+            return;
+        }
+        self.next_housekeeping = now + HOUSEKEEPING_EVERY;
+        self.check_commands();
+        self.expire_drains();
+        self.expire_stragglers(now);
     }
 
     fn add_job(&mut self, on: JobOnShard) {
@@ -375,7 +501,19 @@ impl ShardWorker {
         self.metrics.job(self.lcore, ji).reset(on.spec.job_id);
         // SAFETY: base + len <= slab length, checked just above.
         let region = unsafe { self.slab.as_ptr().add(on.base) };
-        self.jobs[ji] = Some(Job { on, region, peers, slots, state: State::Running, outstanding: 0, drain_deadline: None });
+        let words_per_slot = (on.spec.nranks as usize).div_ceil(64);
+        let arrived_bits = vec![0u64; window * words_per_slot];
+        self.jobs[ji] = Some(Job {
+            on,
+            region,
+            peers,
+            slots,
+            state: State::Running,
+            outstanding: 0,
+            arrived_bits,
+            words_per_slot,
+            drain_deadline: None,
+        });
         for slot in 0..window {
             if let Err(e) = self.post_slot_receives(ji, slot) {
                 self.fail(ji, format!("posting receives: {e}"));
@@ -415,8 +553,7 @@ impl Worker for ShardWorker {
     fn poll_once(&mut self, stats: &Counters) -> usize {
         self.turns = self.turns.wrapping_add(1);
         if self.turns % 4096 == 0 {
-            self.check_commands();
-            self.expire_drains();
+            self.housekeeping();
         }
         if !self.retry.is_empty() {
             self.retry_posts();
@@ -426,7 +563,9 @@ impl Worker for ShardWorker {
         let mut batch = self.completions;
         match self.ep.poll(&mut batch) {
             Ok(0) => {
+                // Idle: take job starts and ends at once.
                 self.check_commands();
+                self.housekeeping();
                 0
             }
             Ok(n) => {
@@ -468,6 +607,7 @@ impl Worker for ShardWorker {
 
     fn wait(&mut self, timeout_ms: i32) {
         self.check_commands();
+        self.housekeeping();
         let _ = self.ep.wait(timeout_ms);
     }
 

@@ -1,0 +1,170 @@
+//! Server-side time limits, against a real `tally server` process over
+//! tcp;ofi_rxm on loopback:
+//! - a straggler: one rank joins but never sends; the others wait up to the
+//!   server's op timeout, then every rank gets an error naming the straggler;
+//! - an idle job: a job that moves no bytes for the idle timeout is ended
+//!   and its slots freed; its ranks hear why on their next call;
+//! - after either, a new job on the same server succeeds.
+//!
+//! The bounds asserted are loose (the box may be busy) but finite: a hang or
+//! a missing error fails the test.
+mod common;
+
+use common::{client, join_all, sum_job, ServerProcess};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tally_engine::client::Client;
+use tally_engine::reduce::{DataType, ReduceOp};
+
+const PROVIDER: &str = "tcp";
+
+fn server(extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["--lcores", "0-1", "--provider", PROVIDER, "--poll", "adaptive", "--slab-size", "32M"];
+    args.extend_from_slice(extra);
+    ServerProcess::start(&args)
+}
+
+#[test]
+fn a_straggler_fails_its_job_after_the_op_timeout_naming_the_rank() {
+    let srv = server(&["--op-timeout", "2"]);
+    let addr = srv.addr.clone();
+    let job = 0x5742_0001;
+    // Rank 1 joins (the join is collective) and then sends nothing until it
+    // hears from the server; rank 0 starts an all-reduce and must error.
+    let (joined_tx, joined_rx) = mpsc::channel();
+    let straggler = {
+        let cfg = client(PROVIDER, &addr, job, 1, 2);
+        std::thread::spawn(move || -> Result<String, String> {
+            let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+            c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
+            joined_tx.send(()).unwrap();
+            // Stay silent well past the op timeout, then try: the job is gone.
+            std::thread::sleep(Duration::from_secs(6));
+            let mut buf = vec![0u8; 4096];
+            match c.allreduce_in_place(&mut buf, DataType::Float32, ReduceOp::Sum) {
+                Ok(()) => Err("the straggler's late all-reduce succeeded on an ended job".into()),
+                Err(e) => Ok(e.to_string()),
+            }
+        })
+    };
+    let mut c = Client::connect(client(PROVIDER, &addr, job, 0, 2)).unwrap();
+    c.join(DataType::Float32, ReduceOp::Sum).unwrap();
+    joined_rx.recv_timeout(Duration::from_secs(30)).expect("rank 1 joined");
+    let send = vec![1.0f32; 100_000];
+    let mut out = vec![0f32; send.len()];
+    let t0 = Instant::now();
+    let err = c
+        .allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+        .expect_err("an all-reduce with a silent rank must fail");
+    let waited = t0.elapsed();
+    let msg = err.to_string();
+    eprintln!("straggler: rank 0 got an error after {waited:.2?}: {msg}");
+    assert!(msg.contains("straggler") && msg.contains("rank 1"), "error does not name the straggler: {msg}");
+    assert!(waited >= Duration::from_millis(1900), "failed before the op timeout: {waited:?}");
+    assert!(waited < Duration::from_secs(15), "took {waited:?} (op timeout 2 s)");
+    assert!(srv.wait_log("straggler: rank 1", Duration::from_secs(5)), "server did not log the straggler");
+    let late = straggler.join().unwrap().unwrap();
+    eprintln!("straggler: rank 1's late call: {late}");
+    drop(c);
+    // The job's slots are free again: a new job runs to the end, verified.
+    assert!(srv.wait_log(&format!("job {job:#x} ended"), Duration::from_secs(10)), "the failed job was not freed");
+    join_all(sum_job(PROVIDER, &addr, 0x5742_0002, 2, 50_000, 3));
+}
+
+#[test]
+fn an_idle_job_is_ended_and_its_ranks_told_why() {
+    let srv = server(&["--idle-timeout", "2"]);
+    let addr = srv.addr.clone();
+    let job = 0x1d1e_0001;
+    let ranks: Vec<_> = (0..2u32)
+        .map(|rank| {
+            let cfg = client(PROVIDER, &addr, job, rank, 2);
+            std::thread::spawn(move || -> Result<String, String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                let mut buf = vec![0u8; 64 << 10];
+                // One all-reduce works; then the job idles past the limit.
+                c.allreduce_in_place(&mut buf, DataType::Float32, ReduceOp::Sum).map_err(|e| format!("first all-reduce: {e}"))?;
+                std::thread::sleep(Duration::from_secs(6));
+                match c.allreduce_in_place(&mut buf, DataType::Float32, ReduceOp::Sum) {
+                    Ok(()) => Err("an all-reduce on a job ended for idling succeeded".into()),
+                    Err(e) => Ok(e.to_string()),
+                }
+            })
+        })
+        .collect();
+    assert!(srv.wait_log("no traffic for 2s", Duration::from_secs(20)), "server did not end the idle job");
+    for (rank, h) in ranks.into_iter().enumerate() {
+        let msg = h.join().unwrap().unwrap();
+        eprintln!("idle: rank {rank}: {msg}");
+        assert!(msg.contains("no traffic"), "rank {rank} was not told the job idled out: {msg}");
+    }
+    assert!(srv.wait_log(&format!("job {job:#x} ended"), Duration::from_secs(10)), "the idle job was not freed");
+    // A job that pauses for less than the limit between all-reduces, for
+    // longer than the limit in all, is not idle: it runs through.
+    let paced: Vec<_> = (0..2u32)
+        .map(|rank| {
+            let cfg = client(PROVIDER, &addr, 0x1d1e_0002, rank, 2);
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                for round in 0..8 {
+                    let send = vec![(rank + round) as f32; 10_000];
+                    let mut out = vec![0f32; send.len()];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
+                    let want = (2 * round + 1) as f32;
+                    if let Some(i) = out.iter().position(|v| *v != want) {
+                        return Err(format!("rank {rank} round {round}: element {i} = {}, want {want}", out[i]));
+                    }
+                    std::thread::sleep(Duration::from_millis(600));
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    join_all(paced);
+    join_all(sum_job(PROVIDER, &addr, 0x1d1e_0003, 2, 50_000, 3));
+}
+
+/// Reads what the server says on a raw control connection (a Reject), or
+/// "closed" if it closes without a word.
+fn answer(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut b = [0u8; core::mem::size_of::<tally_engine::wire::Reject>()];
+    match s.read_exact(&mut b) {
+        Ok(()) => match tally_engine::wire::read::<tally_engine::wire::Reject>(&b) {
+            Ok(r) => r.to_string(),
+            Err(e) => format!("unreadable answer: {e}"),
+        },
+        Err(_) => "closed".into(),
+    }
+}
+
+#[test]
+fn silent_connections_cost_bounded_time_and_a_flood_is_refused() {
+    // Long enough that every connection below is still in its handshake
+    // when the last one arrives (connects past the listen backlog may wait
+    // a SYN retry, about a second).
+    let srv = server(&["--handshake-timeout", "5"]);
+    let addr = srv.addr.clone();
+    let max = tally_engine::server::control::MAX_HANDSHAKES;
+    // More silent connections than the server admits to a handshake at once.
+    let t0 = Instant::now();
+    let mut conns: Vec<std::net::TcpStream> = (0..max + 40)
+        .map(|_| {
+            let s = std::net::TcpStream::connect(&addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            s
+        })
+        .collect();
+    let answers: Vec<String> = conns.iter_mut().map(answer).collect();
+    let waited = t0.elapsed();
+    let busy = answers.iter().filter(|a| a.starts_with("busy")).count();
+    let timed_out = answers.iter().filter(|a| a.starts_with("timeout")).count();
+    eprintln!("flood: {} connections: {busy} refused busy, {timed_out} timed out, all answered in {waited:.2?}", answers.len());
+    assert!(busy >= 40, "expected at least 40 busy refusals past {max}: {busy}");
+    assert_eq!(busy + timed_out, answers.len(), "every connection gets a reject: {:?}", &answers[..4]);
+    assert!(waited < Duration::from_secs(20), "silent connections held for {waited:?} (handshake timeout 5 s)");
+    drop(conns);
+    // The server still serves.
+    join_all(sum_job(PROVIDER, &addr, 0xf100_0001, 2, 30_000, 2));
+}
