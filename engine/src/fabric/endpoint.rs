@@ -708,6 +708,26 @@ impl Endpoint {
         sends
     }
 
+    /// Forgets the operations named by `contexts` that are still in flight:
+    /// their context ids become free for new operations. Only for
+    /// operations the provider has provably dropped: tcp;ofi_rxm (1.17)
+    /// discards the sends queued on a connection it closes (the peer died,
+    /// or was removed from the AV) without ever completing them, and never
+    /// touches their buffers again. Returns how many were forgotten.
+    pub fn forget(&mut self, contexts: std::ops::Range<u32>) -> u32 {
+        let mut n = 0;
+        for c in contexts {
+            if let Some(ctx) = self.contexts.get_mut(c as usize) {
+                if ctx.in_flight {
+                    ctx.in_flight = false;
+                    n += 1;
+                }
+            }
+        }
+        self.in_flight -= n;
+        n
+    }
+
     /// Whether sends are refused because an abandoned send blocks them (shm).
     pub fn sends_blocked(&self) -> bool {
         self.sends_blocked

@@ -396,8 +396,40 @@ impl ShardWorker {
                 job.state = State::Abandoned;
                 let base = ji as u32 * self.per_job;
                 let span = job.on.spec.window * job.on.spec.nranks * 2;
-                if self.ep.abandon(base..base + span) > 0 && self.ep.sends_blocked() {
+                let sends = self.ep.abandon(base..base + span);
+                log::warn!(
+                    "lcore {}: job {:#x}: {} operation(s) not returned by the provider {:?} after the drain began ({sends} sends, {} receives)",
+                    self.lcore,
+                    job.on.spec.job_id,
+                    job.outstanding,
+                    DRAIN_TIMEOUT,
+                    job.outstanding.saturating_sub(sends)
+                );
+                if sends > 0 && self.ep.sends_blocked() {
                     blocked_by.get_or_insert(job.on.spec.job_id);
+                }
+                if self.ep.provider() != "shm" && sends == job.outstanding {
+                    // tcp;ofi_rxm never returns sends queued to a peer whose
+                    // connection failed; it discards them when it closes the
+                    // connection. Removing the job's ranks from the AV closes
+                    // any connection still open, after which nothing reads the
+                    // region: the operations are forgotten and the region and
+                    // job slot are reused at once, instead of being held for
+                    // good (a server would otherwise run out of job slots
+                    // after max_jobs rank deaths).
+                    for p in &job.peers {
+                        let _ = self.ep.remove_peer(*p);
+                    }
+                    let forgotten = self.ep.forget(base..base + span);
+                    log::warn!(
+                        "lcore {}: job {:#x}: {forgotten} send(s) to vanished ranks dropped with their connections; the job's region is free",
+                        self.lcore,
+                        job.on.spec.job_id
+                    );
+                    let tag = job.on.tag;
+                    self.jobs[ji] = None;
+                    let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
+                    continue;
                 }
                 let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag: job.on.tag, stuck: job.outstanding });
             }
