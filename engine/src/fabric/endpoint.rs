@@ -710,10 +710,10 @@ impl Endpoint {
 
     /// Forgets the operations named by `contexts` that are still in flight:
     /// their context ids become free for new operations. Only for
-    /// operations the provider has provably dropped: tcp;ofi_rxm (1.17)
-    /// discards the sends queued on a connection it closes (the peer died,
-    /// or was removed from the AV) without ever completing them, and never
-    /// touches their buffers again. Returns how many were forgotten.
+    /// operations the provider has dropped: tcp;ofi_rxm (1.17) discards the
+    /// sends queued on a connection that failed (the peer process died and
+    /// its kernel reset the connection) without ever completing them, and
+    /// never touches their buffers again. Returns how many were forgotten.
     pub fn forget(&mut self, contexts: std::ops::Range<u32>) -> u32 {
         let mut n = 0;
         for c in contexts {

@@ -624,6 +624,11 @@ impl ControlPlane {
             }
             if a.phase != Phase::Ending {
                 log::warn!("job {job_id:#x}: rank {rank} disconnected without finishing; failing the job");
+                // Closed by the rank's side (we had not shut it down): the
+                // rank's process, or at least its client, is gone.
+                for l in 0..a.spec.shards as usize {
+                    let _ = self.lcores[l].send(Command::RankGone { index: i as u16, rank });
+                }
             }
             self.end(i, RejectCode::JobFailed, &format!("rank {rank} disconnected without finishing"));
         }

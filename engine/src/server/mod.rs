@@ -31,7 +31,16 @@ use std::thread::JoinHandle;
 /// Control plane to lcore.
 pub enum Command {
     AddJob(Box<shard::JobOnShard>),
-    EndJob { index: u16 },
+    EndJob {
+        index: u16,
+    },
+    /// A rank of the job closed its control connection without finishing
+    /// (its process died or dropped its client): what is still queued to
+    /// it on a connection-based provider will never be taken.
+    RankGone {
+        index: u16,
+        rank: u32,
+    },
 }
 
 /// Messages to the control plane, from lcores and connection threads.

@@ -101,6 +101,8 @@ struct Job {
     /// ranks a straggling slot waits for. Preallocated: window x words.
     arrived_bits: Vec<u64>,
     words_per_slot: usize,
+    /// Ranks whose control connection their side closed without finishing.
+    gone: Vec<bool>,
     /// When a draining job gives up waiting for its operations.
     drain_deadline: Option<std::time::Instant>,
 }
@@ -408,21 +410,26 @@ impl ShardWorker {
                 if sends > 0 && self.ep.sends_blocked() {
                     blocked_by.get_or_insert(job.on.spec.job_id);
                 }
-                if self.ep.provider() != "shm" && sends == job.outstanding {
-                    // tcp;ofi_rxm never returns sends queued to a peer whose
-                    // connection failed; it discards them when it closes the
-                    // connection. Removing the job's ranks from the AV closes
-                    // any connection still open, after which nothing reads the
-                    // region: the operations are forgotten and the region and
-                    // job slot are reused at once, instead of being held for
-                    // good (a server would otherwise run out of job slots
-                    // after max_jobs rank deaths).
-                    for p in &job.peers {
-                        let _ = self.ep.remove_peer(*p);
-                    }
+                // Sends to a rank whose process is gone: tcp;ofi_rxm never
+                // returns them; it drops them when it closes the failed
+                // connection (the peer's kernel reset it), after which
+                // nothing reads the region or completes them. They are
+                // forgotten and the region and job slot reused at once
+                // (otherwise a server runs out of job slots after max_jobs
+                // rank deaths). The ranks stay in the AV: removing a peer
+                // with sends queued crashes rxm 1.17 later. Anything else
+                // stuck (a rank that is alive but unreachable, whose sends
+                // may still complete) keeps the slot quarantined.
+                let n = job.on.spec.nranks;
+                let only_to_gone = sends == job.outstanding
+                    && (base..base + span).filter(|&c| self.ep.is_in_flight(c)).all(|c| {
+                        let local = c - base;
+                        local & 1 == 1 && job.gone[((local >> 1) % n) as usize]
+                    });
+                if self.ep.provider() != "shm" && only_to_gone {
                     let forgotten = self.ep.forget(base..base + span);
                     log::warn!(
-                        "lcore {}: job {:#x}: {forgotten} send(s) to vanished ranks dropped with their connections; the job's region is free",
+                        "lcore {}: job {:#x}: {forgotten} send(s) to ranks whose processes are gone were dropped by the provider; the job's region is free",
                         self.lcore,
                         job.on.spec.job_id
                     );
@@ -535,6 +542,7 @@ impl ShardWorker {
         let region = unsafe { self.slab.as_ptr().add(on.base) };
         let words_per_slot = (on.spec.nranks as usize).div_ceil(64);
         let arrived_bits = vec![0u64; window * words_per_slot];
+        let gone = vec![false; on.spec.nranks as usize];
         self.jobs[ji] = Some(Job {
             on,
             region,
@@ -544,6 +552,7 @@ impl ShardWorker {
             outstanding: 0,
             arrived_bits,
             words_per_slot,
+            gone,
             drain_deadline: None,
         });
         for slot in 0..window {
@@ -560,6 +569,13 @@ impl ShardWorker {
             match cmd {
                 Command::AddJob(on) => self.add_job(*on),
                 Command::EndJob { index } => self.drain(index as usize),
+                Command::RankGone { index, rank } => {
+                    if let Some(job) = self.jobs.get_mut(index as usize).and_then(Option::as_mut) {
+                        if let Some(g) = job.gone.get_mut(rank as usize) {
+                            *g = true;
+                        }
+                    }
+                }
             }
         }
     }
