@@ -148,7 +148,7 @@ FAULT_PID=""
 
 RSS_END="$(rss "$SERVER_PID")"
 cat "$WORK/after" >>"$WORK/runs"
-read -r ops bytes wrong < <(awk '$1 == "ok" { o += $2; b += $3; w += $4 } END { printf "%d %d %d\n", o, b, w }' "$WORK/runs")
+read -r ops bytes wrong < <(awk '$1 == "ok" { o += $2; b += $3; w += $4 } END { printf "%d %.0f %d\n", o, b, w }' "$WORK/runs")
 clean_ok=$(grep -c '^ok' "$WORK/runs" || true)
 clean_fail=$(grep -c '^fail' "$WORK/runs" || true)
 faults=$(grep -vc '^missed' "$WORK/faults" || true)

@@ -231,7 +231,9 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         print_header(&p, args);
     }
     let boot = format!("127.0.0.1:{}", free_port()?);
-    let job_id = std::process::id() as u64 ^ (Instant::now().elapsed().subsec_nanos() as u64) << 20 | 1;
+    // Unique among concurrent launches: wall-clock nanoseconds mixed with the pid.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let job_id = (nanos ^ (std::process::id() as u64).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children = Vec::new();
     for rank in 0..args.ranks {

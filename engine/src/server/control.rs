@@ -345,6 +345,13 @@ impl ControlPlane {
             Event::JobEnded { lcore, tag, stuck } => self.ended(lcore, tag, stuck),
             Event::LcoreError { lcore, reason } => log::warn!("lcore {lcore}: {reason}"),
             Event::JobReleased { lcore, tag } => self.released(lcore, tag),
+            Event::RankGone { tag, rank } => {
+                if let Some((i, a)) = self.find(tag) {
+                    for l in 0..a.spec.shards as usize {
+                        let _ = self.lcores[l].send(Command::RankGone { index: i as u16, rank });
+                    }
+                }
+            }
         }
         self.publish();
     }

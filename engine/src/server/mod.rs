@@ -66,6 +66,12 @@ pub enum Event {
         lcore: usize,
         reason: String,
     },
+    /// The provider reported that this lcore's connection to a rank of the
+    /// job failed: the rank is gone for every lcore (see `Command::RankGone`).
+    RankGone {
+        tag: u16,
+        rank: u32,
+    },
     /// A job this lcore had reported ended with operations stuck in flight
     /// got all of them back at last (e.g. its peers' connections finally
     /// failed): its region and job slot may be reused.

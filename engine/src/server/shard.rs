@@ -378,6 +378,38 @@ impl ShardWorker {
         }
     }
 
+    /// Sends to a rank whose process is gone: tcp;ofi_rxm never returns
+    /// them; it drops them when it closes the failed connection, after which
+    /// nothing reads the region or completes them. When every operation a
+    /// stopped job still has out is such a send, they are forgotten and the
+    /// job's region and slot can be reused (otherwise a server runs out of
+    /// job slots after max_jobs rank deaths). The ranks stay in the AV:
+    /// removing a peer with sends queued crashes rxm 1.17 later. Anything
+    /// else (a rank alive but unreachable, whose sends may still complete;
+    /// shm, which never drops them) keeps waiting. True if forgotten.
+    fn forget_sends_to_gone_ranks(&mut self, ji: usize) -> bool {
+        let Some(job) = self.jobs[ji].as_ref() else { return false };
+        if self.ep.provider() == "shm" || job.state == State::Running {
+            return false;
+        }
+        let (base, n) = (ji as u32 * self.per_job, job.on.spec.nranks);
+        let span = job.on.spec.window * n * 2;
+        let only_to_gone = (base..base + span).filter(|&c| self.ep.is_in_flight(c)).all(|c| {
+            let local = c - base;
+            local & 1 == 1 && job.gone[((local >> 1) % n) as usize]
+        });
+        if !only_to_gone {
+            return false;
+        }
+        let forgotten = self.ep.forget(base..base + span);
+        log::warn!(
+            "lcore {}: job {:#x}: {forgotten} send(s) to ranks whose connections failed were dropped by the provider; the job's region is free",
+            self.lcore,
+            job.on.spec.job_id
+        );
+        true
+    }
+
     /// Reports draining jobs whose operations did not all complete in time.
     /// The job stays in the table (its context ids are still in flight), in
     /// `Abandoned` state, so the slot is not reused on this lcore until the
@@ -410,34 +442,12 @@ impl ShardWorker {
                 if sends > 0 && self.ep.sends_blocked() {
                     blocked_by.get_or_insert(job.on.spec.job_id);
                 }
-                // Sends to a rank whose process is gone: tcp;ofi_rxm never
-                // returns them; it drops them when it closes the failed
-                // connection (the peer's kernel reset it), after which
-                // nothing reads the region or completes them. They are
-                // forgotten and the region and job slot reused at once
-                // (otherwise a server runs out of job slots after max_jobs
-                // rank deaths). The ranks stay in the AV: removing a peer
-                // with sends queued crashes rxm 1.17 later. Anything else
-                // stuck (a rank that is alive but unreachable, whose sends
-                // may still complete) keeps the slot quarantined.
-                let n = job.on.spec.nranks;
-                let only_to_gone = sends == job.outstanding
-                    && (base..base + span).filter(|&c| self.ep.is_in_flight(c)).all(|c| {
-                        let local = c - base;
-                        local & 1 == 1 && job.gone[((local >> 1) % n) as usize]
-                    });
-                if self.ep.provider() != "shm" && only_to_gone {
-                    let forgotten = self.ep.forget(base..base + span);
-                    log::warn!(
-                        "lcore {}: job {:#x}: {forgotten} send(s) to ranks whose processes are gone were dropped by the provider; the job's region is free",
-                        self.lcore,
-                        job.on.spec.job_id
-                    );
-                    let tag = job.on.tag;
-                    self.jobs[ji] = None;
+                if self.forget_sends_to_gone_ranks(ji) {
+                    let tag = self.jobs[ji].take().map(|j| j.on.tag).unwrap_or(0);
                     let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
                     continue;
                 }
+                let Some(job) = self.jobs[ji].as_ref() else { continue };
                 let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag: job.on.tag, stuck: job.outstanding });
             }
         }
@@ -570,10 +580,15 @@ impl ShardWorker {
                 Command::AddJob(on) => self.add_job(*on),
                 Command::EndJob { index } => self.drain(index as usize),
                 Command::RankGone { index, rank } => {
-                    if let Some(job) = self.jobs.get_mut(index as usize).and_then(Option::as_mut) {
-                        if let Some(g) = job.gone.get_mut(rank as usize) {
-                            *g = true;
-                        }
+                    let ji = index as usize;
+                    let Some(job) = self.jobs.get_mut(ji).and_then(Option::as_mut) else { continue };
+                    if let Some(g) = job.gone.get_mut(rank as usize) {
+                        *g = true;
+                    }
+                    // A job already given up on may be releasable now.
+                    if job.state == State::Abandoned && self.forget_sends_to_gone_ranks(ji) {
+                        let tag = self.jobs[ji].take().map(|j| j.on.tag).unwrap_or(0);
+                        let _ = self.events.send(Event::JobReleased { lcore: self.lcore, tag });
                     }
                 }
             }
@@ -632,6 +647,17 @@ impl Worker for ShardWorker {
                         let ji = (ctx / self.per_job) as usize;
                         if let Some(job) = self.jobs[ji].as_mut() {
                             job.outstanding = job.outstanding.saturating_sub(1);
+                            // The provider says the rank's connection failed:
+                            // what is queued to it was dropped with it.
+                            if matches!(e.prov_errno, libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE | libc::ECONNREFUSED) {
+                                let n = job.on.spec.nranks;
+                                let rank = (((ctx % self.per_job) >> 1) % n) as usize;
+                                if job.gone.get(rank) == Some(&false) {
+                                    job.gone[rank] = true;
+                                    // The other lcores have connections of their own to it.
+                                    let _ = self.events.send(Event::RankGone { tag: job.on.tag, rank: rank as u32 });
+                                }
+                            }
                             if job.state == State::Running {
                                 self.fail(ji, e.to_string());
                             } else {
