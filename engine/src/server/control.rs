@@ -346,10 +346,8 @@ impl ControlPlane {
             Event::LcoreError { lcore, reason } => log::warn!("lcore {lcore}: {reason}"),
             Event::JobReleased { lcore, tag } => self.released(lcore, tag),
             Event::RankGone { tag, rank } => {
-                if let Some((i, a)) = self.find(tag) {
-                    for l in 0..a.spec.shards as usize {
-                        let _ = self.lcores[l].send(Command::RankGone { index: i as u16, rank });
-                    }
+                if let Some((i, _)) = self.find(tag) {
+                    self.rank_gone(i, rank);
                 }
             }
         }
@@ -592,6 +590,15 @@ impl ControlPlane {
         }
     }
 
+    /// Tells every lcore of job `i` that `rank` is gone: what they still
+    /// have queued to it will never be taken (see `ShardWorker`).
+    fn rank_gone(&self, i: usize, rank: u32) {
+        let Some(a) = self.active[i].as_ref() else { return };
+        for l in 0..a.spec.shards as usize {
+            let _ = self.lcores[l].send(Command::RankGone { index: i as u16, rank });
+        }
+    }
+
     fn bye(&mut self, conn: u64) {
         let Some(&job_id) = self.conn_job.get(&conn) else { return };
         let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id)) else { return };
@@ -633,9 +640,7 @@ impl ControlPlane {
                 log::warn!("job {job_id:#x}: rank {rank} disconnected without finishing; failing the job");
                 // Closed by the rank's side (we had not shut it down): the
                 // rank's process, or at least its client, is gone.
-                for l in 0..a.spec.shards as usize {
-                    let _ = self.lcores[l].send(Command::RankGone { index: i as u16, rank });
-                }
+                self.rank_gone(i, rank);
             }
             self.end(i, RejectCode::JobFailed, &format!("rank {rank} disconnected without finishing"));
         }
