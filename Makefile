@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build deps test test-rust test-aarch64 demo dist cluster-bench clean fmt perf
+.PHONY: all build deps test test-rust test-aarch64 bench demo dist cluster-bench clean fmt perf image
 
 all: build
 
@@ -26,17 +26,34 @@ test: deps build test-rust test-aarch64
 
 test-rust:
 	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS)
+	@# Build the benchmarks (benches/) so they cannot rot; `make bench` runs them.
+	$(CARGO) bench --workspace --no-run
 	$(CARGO) build -p tally-engine --no-default-features
 	@echo "no_std core (reduce, wire) builds without std: ok"
 
 test-aarch64:
 	scripts/test-aarch64.sh
 
+# cargo bench benchmarks (benches/): reduce kernels, wire codec, slab arithmetic, shm round trip.
+bench:
+	$(CARGO) bench -p tally-benches
+
 cluster-bench: deps build
 	scripts/cluster-bench.sh
 
 dist: deps
 	scripts/dist.sh
+
+# The server image (docker/Dockerfile) with docker, podman or buildah, whichever
+# works here; the name config/k8s runs. Offline (no image registry):
+#   scripts/image-local-base.sh && make build && \
+#   make image BINARIES=prebuilt BASE=localhost/debian:bookworm-slim
+# Also: PLATFORMS=linux/amd64,linux/arm64 PUSH=1 ENGINE=podman RUST_IMAGE=... EFA_INSTALLER=1.38.0
+IMAGE ?= registry.example.com/tally:0.1.0
+image:
+	IMAGE='$(IMAGE)' BINARIES='$(BINARIES)' BASE='$(BASE)' RUST_IMAGE='$(RUST_IMAGE)' PLATFORMS='$(PLATFORMS)' \
+	PUSH='$(PUSH)' ENGINE='$(ENGINE)' EFA_INSTALLER='$(EFA_INSTALLER)' BUILD_NETWORK='$(BUILD_NETWORK)' \
+	CARGO_FLAGS='$(CARGO_FLAGS)' BUILD_FLAGS='$(BUILD_FLAGS)' scripts/image.sh
 
 fmt:
 	$(CARGO) fmt --all

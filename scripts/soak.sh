@@ -137,12 +137,23 @@ fault_loop() {
 touch "$WORK/runs" "$WORK/faults" "$WORK/after"
 fault_loop &
 FAULT_PID=$!
+# A progress line on a terminal (standard error), nothing in a pipe or a log.
+START=$(date +%s)
+progress() {
+    [[ -t 2 ]] || return 0
+    local t=$(( $(date +%s) - START )) ok fail kills
+    ok=$(grep -c '^ok' "$WORK/runs" || true); fail=$(grep -c '^fail' "$WORK/runs" || true)
+    kills=$(grep -vc '^missed' "$WORK/faults" || true)
+    printf '\r\033[2K[%4ds/%ds] clean runs %d ok, %d failed; %d rank kills' "$t" "$DURATION" "$ok" "$fail" "$kills" >&2
+}
 i=0
 while [[ $(date +%s) -lt $END ]]; do
     i=$((i + 1))
+    progress
     clean_run "run$i" "$WORK/runs" || true
     kill -0 "$SERVER_PID" 2>/dev/null || { echo "soak: the server died"; break; }
 done
+[[ -t 2 ]] && printf '\r\033[2K' >&2
 wait "$FAULT_PID" || true
 FAULT_PID=""
 

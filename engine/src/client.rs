@@ -2,10 +2,12 @@
 //! runs to use tally servers.
 //!
 //! A [`Client`] connects to one or more servers for one job. An all-reduce
-//! of `count` elements is cut into chunks of `chunk_elems` elements; chunk
-//! `c` goes to stream `c mod S`, where the S streams are every (server,
+//! of `count` elements is cut into chunks of at most `chunk_elems` elements;
+//! chunk `c` goes to stream `c mod S`, where the S streams are every (server,
 //! lcore) pair the job uses, so each lcore gets its shard straight from the
-//! client (no dispatcher on the server). Each stream keeps up to `window`
+//! client (no dispatcher on the server). An all-reduce smaller than S full
+//! chunks is cut into smaller ones ([`op_chunk_bytes`]) so that it still
+//! spreads over every server's link instead of queueing on the first few. Each stream keeps up to `window`
 //! chunks in flight; a chunk is: post the receive for its result straight
 //! into the output buffer, send the input piece, done when both complete.
 //! All ranks cut identically, so chunk `c` of every rank meets in the same
@@ -182,12 +184,29 @@ struct Op {
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
+    /// This operation's chunk size ([`op_chunk_bytes`]).
+    chunk_bytes: usize,
     chunks: usize,
     /// Next chunk to post, per stream (chunk = stream + k * streams).
     next: Vec<usize>,
     done: usize,
     mh_send: Option<MemoryHandle>,
     mh_recv: Option<MemoryHandle>,
+}
+
+/// The smallest piece an all-reduce is cut into when it is spread over
+/// streams: below this, a piece's fixed costs outweigh the parallelism.
+pub const MIN_SPREAD_PIECE: usize = 4096;
+
+/// The chunk size of one all-reduce of `bytes`: the job's `max_chunk`, or,
+/// when fewer than one full chunk per stream would be left, an equal share
+/// per stream (rounded up to [`MIN_SPREAD_PIECE`] and whole elements) so
+/// that every server link and lcore carries part of it. Every rank computes
+/// the same value from the same arguments, so chunk `c` still meets chunk
+/// `c` of every other rank in the same slot.
+pub fn op_chunk_bytes(bytes: usize, max_chunk: usize, streams: usize, elem: usize) -> usize {
+    let share = bytes.div_ceil(streams.max(1)).next_multiple_of(MIN_SPREAD_PIECE).next_multiple_of(elem);
+    share.min(max_chunk).max(elem)
 }
 
 /// An all-reduce handle from [`Client::start`].
@@ -369,7 +388,7 @@ impl Client {
         let bytes = count.checked_mul(dtype.size()).ok_or_else(|| ClientError::BadArgument("count overflows".into()))?;
         let sub = self.join(dtype, op)?;
         let s = &self.subs[sub];
-        let chunk_bytes = s.chunk_elems * dtype.size();
+        let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * dtype.size(), s.streams.len(), dtype.size());
         let chunks = bytes.div_ceil(chunk_bytes);
         let (mh_send, mh_recv) = if self.ep.needs_local_mr() && bytes > 0 {
             (Some(self.registration(send as *mut u8, bytes)?), Some(self.registration(recv, bytes)?))
@@ -384,7 +403,19 @@ impl Client {
             // finds it done).
             return Ok(Request(id));
         }
-        self.ops.push_back(Op { id, sub, send, recv, bytes, chunks, next: (0..nstreams).collect(), done: 0, mh_send, mh_recv });
+        self.ops.push_back(Op {
+            id,
+            sub,
+            send,
+            recv,
+            bytes,
+            chunk_bytes,
+            chunks,
+            next: (0..nstreams).collect(),
+            done: 0,
+            mh_send,
+            mh_recv,
+        });
         self.last_progress = Instant::now();
         if let Err(e) = self.pump() {
             self.failed = true;
@@ -593,9 +624,8 @@ impl Client {
         let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
         let stream = &s.streams[st];
         let (chunk, seq) = (f.chunk, f.seq);
-        let chunk_bytes = s.chunk_elems * s.dtype.size();
-        let off = chunk * chunk_bytes;
-        let len = chunk_bytes.min(op.bytes - off);
+        let off = chunk * op.chunk_bytes;
+        let len = op.chunk_bytes.min(op.bytes - off);
         let tag = Tag::new(stream.job_tag, slot as u16, seq).0;
         let r = if is_send {
             // SAFETY: [send+off, +len) is inside the caller's buffer, valid
@@ -763,5 +793,29 @@ fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>), Answer> {
             Ok((a.job_tag, names))
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{op_chunk_bytes, MIN_SPREAD_PIECE};
+
+    #[test]
+    fn small_operations_spread_over_every_stream() {
+        // 1 MiB over 8 streams with 512 KiB chunks: 8 pieces of 128 KiB.
+        assert_eq!(op_chunk_bytes(1 << 20, 512 << 10, 8, 4), 128 << 10);
+        // Large operations keep the job's chunk.
+        assert_eq!(op_chunk_bytes(64 << 20, 512 << 10, 8, 4), 512 << 10);
+        // A few KiB stay whole: one piece, one stream.
+        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4), MIN_SPREAD_PIECE);
+        assert_eq!(op_chunk_bytes(100, 512 << 10, 8, 4), MIN_SPREAD_PIECE);
+        // Whole elements, never above the job's chunk, never zero.
+        assert_eq!(op_chunk_bytes(3 << 20, 1 << 20, 3, 8), 1 << 20);
+        assert_eq!(op_chunk_bytes(8, 8, 1, 8), 8);
+        for (bytes, max, streams, elem) in [(12345usize, 65536usize, 7usize, 2usize), (1 << 22, 4096, 64, 8), (0, 4096, 4, 4)] {
+            let c = op_chunk_bytes(bytes, max, streams, elem);
+            assert!(c % elem == 0 && c <= max && c >= elem, "{bytes} {max} {streams} {elem}: {c}");
+            assert!(bytes.div_ceil(c) <= streams.max(bytes.div_ceil(max)), "{bytes} {max} {streams}: {c}");
+        }
     }
 }

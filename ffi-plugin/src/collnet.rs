@@ -229,7 +229,7 @@ impl CollComm {
                 match st.client.test(f.req) {
                     Ok(true) => f.outcome = Some(Ok(())),
                     Ok(false) => {}
-                    Err(e) => f.outcome = Some(Err(client_error(e).to_string())),
+                    Err(e) => f.outcome = Some(Err(e.to_string())),
                 }
             }
             if st.slots.iter().flatten().any(|f| f.outcome.is_none()) {
@@ -255,7 +255,8 @@ impl CollComm {
         let outcome = match f.outcome {
             Some(Ok(())) => Ok(true),
             Some(Err(e)) => Err(e),
-            None => st.client.test(f.req).map_err(|e| client_error(e).to_string()),
+            // Kept as the client's words: wrapped once, as Error::Remote, below.
+            None => st.client.test(f.req).map_err(|e| e.to_string()),
         };
         match outcome {
             Ok(false) => Ok(None),

@@ -5,12 +5,19 @@
 //! none is given, and runs every rank as a child process of itself (`--rank
 //! i`): separate processes, as real workers are (shm endpoints of one process
 //! must not talk to each other's closing regions). Ranks meet through a TCP
-//! bootstrap. For each mode and size, rank 0 times `iters` all-reduces after
-//! `warmup`, each started together after a barrier, and reports the median;
-//! every rank then checks every element of its last result against the
+//! bootstrap. For each mode and size, after `warmup` all-reduces and one
+//! barrier, every rank runs `iters` all-reduces back to back, as nccl-tests
+//! and users time them; rank 0 timestamps each completion and reports the
+//! loop's mean (wall time / iterations: the `time_us` of nccl-tests) and the
+//! p50, p99 and max of the per-operation times. `--sync` instead starts every
+//! all-reduce after a barrier and reports the median (it adds the barrier's
+//! release skew to small sizes). Every rank then checks every element of its last result against the
 //! reference it computes itself (inputs are small integers, so every
 //! partial sum is exact in every type and the check is exact whatever the
 //! association order), and the wrong counts are summed over ranks.
+use crate::logfile;
+use crate::plot;
+use crate::progress::Progress;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader};
@@ -42,9 +49,13 @@ pub struct AllreduceArgs {
     pub dtype: String,
     #[arg(long, default_value = "sum")]
     pub op: String,
-    /// Timed all-reduces per size (the median is reported).
+    /// Timed all-reduces per size: a back-to-back loop (mean, p50, p99, max per operation).
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
+    /// Time each all-reduce alone, started after a barrier, and report the median
+    /// (the method before back-to-back loops; adds the barrier's release skew).
+    #[arg(long)]
+    pub sync: bool,
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
     /// Use these servers (host:port, comma-separated) instead of starting one.
@@ -80,6 +91,9 @@ pub struct AllreduceArgs {
     pub fabric_addr: Option<String>,
     #[arg(long)]
     pub json: bool,
+    /// Write busbw against size (one line per mode) to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
     /// Run as one rank (set by the launcher, or for multi-host runs by hand).
     #[arg(long, hide = true)]
     pub rank: Option<u32>,
@@ -97,7 +111,21 @@ pub struct Row {
     pub count: usize,
     pub dtype: String,
     pub op: String,
+    /// Per-operation time: the back-to-back loop's mean, or with `--sync` the median.
     pub time_us: f64,
+    /// "back-to-back" or "sync".
+    #[serde(default)]
+    pub method: String,
+    #[serde(default)]
+    pub iters: usize,
+    #[serde(default)]
+    pub mean_us: f64,
+    #[serde(default)]
+    pub p50_us: f64,
+    #[serde(default)]
+    pub p99_us: f64,
+    #[serde(default)]
+    pub max_us: f64,
     #[serde(rename = "algbw_GBps")]
     pub algbw_gbps: f64,
     #[serde(rename = "busbw_GBps")]
@@ -157,6 +185,13 @@ pub fn run(args: &AllreduceArgs) -> Result<(), String> {
         return run_rank(args);
     }
     let out = launch(args)?;
+    if let Some(path) = &args.plot {
+        let title = format!("all-reduce busbw, {} ranks, {} ({} {})", args.ranks, out.provider, args.dtype, args.op);
+        plot::busbw_svg(path, &title, &plot::series_by_mode(&out.rows, ""), &[])?;
+        if !args.json {
+            println!("# plot: {}", path.display());
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string(&Report { provider: &out.provider, ranks: args.ranks, results: &out.rows }).unwrap());
     }
@@ -183,29 +218,44 @@ pub fn print_header(p: &Plan, args: &AllreduceArgs) {
         args.window,
         args.poll
     );
+    println!("# {}", method_line(args.iters, args.warmup, args.sync));
     println!(
-        "# time: median of {} all-reduces after {} warm-up, each started after a barrier; algbw = size/time; busbw = algbw x 2(n-1)/n; every element checked",
-        args.iters, args.warmup
-    );
-    println!(
-        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11} {:>11} {:>11} {:>7}",
-        "mode", "size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>7}",
+        "mode", "size", "count", "type", "redop", "time(us)", "p50(us)", "p99(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
     );
 }
 
-pub fn print_row(r: &Row) {
-    println!(
-        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11.1} {:>11.3} {:>11.3} {:>7}",
+/// The method line every table carries (measuring.md).
+pub fn method_line(iters: usize, warmup: usize, sync: bool) -> String {
+    if sync {
+        format!(
+            "time: median of {iters} all-reduces after {warmup} warm-up, each started after a barrier (--sync); \
+             algbw = size/time; busbw = algbw x 2(n-1)/n; every element checked"
+        )
+    } else {
+        format!(
+            "time: {iters} back-to-back all-reduces after {warmup} warm-up and one barrier: time = loop time / {iters}, \
+             p50/p99/max of per-operation times; algbw = size/time; busbw = algbw x 2(n-1)/n; every element checked"
+        )
+    }
+}
+
+pub fn format_row(r: &Row) -> String {
+    format!(
+        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11.1} {:>9.1} {:>9.1} {:>9.1} {:>11.3} {:>11.3} {:>7}",
         r.mode,
         format_size(r.bytes as u64),
         r.count,
         r.dtype,
         r.op,
         r.time_us,
+        r.p50_us,
+        r.p99_us,
+        r.max_us,
         r.algbw_gbps,
         r.busbw_gbps,
         r.wrong
-    );
+    )
 }
 
 /// Runs the whole benchmark from this process; prints the table unless --json.
@@ -243,6 +293,9 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         c.args(["--iters", &args.iters.to_string(), "--warmup", &args.warmup.to_string(), "--chunk", &args.chunk]);
         c.args(["--window", &args.window.to_string(), "--poll", &args.poll, "--mode", &args.mode.join(",")]);
         c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.to_string()]);
+        if args.sync {
+            c.arg("--sync");
+        }
         if let Some(rc) = &args.rank_cores {
             c.args(["--rank-cores", rc]);
         }
@@ -254,20 +307,37 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
             c.args(["--fabric-addr", a]);
         }
         c.stdout(if rank == 0 { Stdio::piped() } else { Stdio::null() });
-        children.push(c.spawn().map_err(|e| format!("cannot start rank {rank}: {e}"))?);
+        let redirected = logfile::redirected();
+        if redirected {
+            c.stderr(Stdio::piped());
+        }
+        let mut child = c.spawn().map_err(|e| format!("cannot start rank {rank}: {e}"))?;
+        if let Some(err) = child.stderr.take() {
+            logfile::forward(err, format!("[rank {rank}]"));
+        }
+        children.push(child);
     }
+    let steps: Vec<String> =
+        args.mode.iter().flat_map(|m| p.sizes.iter().map(move |&b| format!("{m} {}", format_size(b as u64)))).collect();
+    let mut progress = Progress::new(steps.len(), args.json);
+    progress.working_on(steps.first().cloned().unwrap_or_default());
     let mut rows = Vec::new();
     if let Some(out) = children[0].stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if let Some(j) = line.strip_prefix("RESULT ") {
                 let r: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
                 if !args.json {
-                    print_row(&r);
+                    progress.println(&format_row(&r));
                 }
                 rows.push(r);
+                progress.step();
+                if let Some(next) = steps.get(rows.len()) {
+                    progress.working_on(next.clone());
+                }
             }
         }
     }
+    progress.finish();
     let mut failed = Vec::new();
     for (rank, mut c) in children.into_iter().enumerate() {
         let st = c.wait().map_err(|e| e.to_string())?;
@@ -287,6 +357,21 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         return Err(format!("rank 0 reported {} of {expected} results", rows.len()));
     }
     Ok(Outcome { provider: p.provider, rows, lcore_stats })
+}
+
+/// Order statistics of per-operation times (seconds), nearest-rank.
+struct OpTimes {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+impl OpTimes {
+    fn of(times: &mut [f64]) -> OpTimes {
+        times.sort_by(|a, b| a.total_cmp(b));
+        let at = |q: f64| times[((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1];
+        OpTimes { p50: at(0.5), p99: at(0.99), max: times[times.len() - 1] }
+    }
 }
 
 fn format_size_toml(b: usize) -> String {
@@ -351,15 +436,33 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
             for _ in 0..args.warmup {
                 one(&mut recv[..bytes])?;
             }
-            let mut times = Vec::with_capacity(args.iters);
-            for _ in 0..args.iters.max(1) {
+            let iters = args.iters.max(1);
+            let mut times = Vec::with_capacity(iters);
+            let mean;
+            if args.sync {
+                for _ in 0..iters {
+                    boot.barrier().map_err(|e| e.to_string())?;
+                    let t0 = Instant::now();
+                    one(&mut recv[..bytes])?;
+                    times.push(t0.elapsed().as_secs_f64());
+                }
+                mean = times.iter().sum::<f64>() / iters as f64;
+            } else {
+                // Back to back: the barrier only before the loop; each
+                // operation's time runs from the previous one's completion.
                 boot.barrier().map_err(|e| e.to_string())?;
                 let t0 = Instant::now();
-                one(&mut recv[..bytes])?;
-                times.push(t0.elapsed().as_secs_f64());
+                let mut prev = t0;
+                for _ in 0..iters {
+                    one(&mut recv[..bytes])?;
+                    let now = Instant::now();
+                    times.push((now - prev).as_secs_f64());
+                    prev = now;
+                }
+                mean = (prev - t0).as_secs_f64() / iters as f64;
             }
-            times.sort_by(|a, b| a.total_cmp(b));
-            let t = times[times.len() / 2];
+            let stats = OpTimes::of(&mut times);
+            let t = if args.sync { stats.p50 } else { mean };
             let wrong = check(p.dtype, p.op, n, &recv[..bytes]);
             let total_wrong = boot.reduce_sum_u64(wrong).map_err(|e| e.to_string())?;
             if rank == 0 {
@@ -371,6 +474,12 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
                     dtype: p.dtype.name().into(),
                     op: p.op.name().into(),
                     time_us: t * 1e6,
+                    method: if args.sync { "sync" } else { "back-to-back" }.into(),
+                    iters,
+                    mean_us: mean * 1e6,
+                    p50_us: stats.p50 * 1e6,
+                    p99_us: stats.p99 * 1e6,
+                    max_us: stats.max * 1e6,
                     algbw_gbps: algbw,
                     busbw_gbps: algbw * 2.0 * (n as f64 - 1.0) / n as f64,
                     wrong: total_wrong,

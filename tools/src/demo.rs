@@ -1,30 +1,114 @@
-//! `tally demo`: the main job on an embedded default.
+//! `tally demo`: the main job on an embedded default, in two parts.
 //!
-//! One reduction server in this process and 4 ranks as child processes on
-//! this machine, over shm (tcp;ofi_rxm where shm is unavailable), adaptive
-//! polling: agg and ring all-reduce at sizes from 4 KiB to 64 MiB, every
-//! element verified, then the point-to-point baseline measured in the same
-//! run and the server's per-lcore counters. Exits non-zero if any element
-//! was wrong.
+//! Part 1, the case tally is for: an emulated cluster of 4 reduction
+//! servers and 4 workers, each in its own network namespace behind a link
+//! shaped to a rate this machine's cores carry (`cluster`). Link-bound, agg
+//! moves each worker's buffer once each way where a ring moves 2(n-1)/n of
+//! it, so agg approaches 2(n-1)/n times the ring. It needs root and
+//! iproute2; where it cannot run, the demo says why and goes on.
+//!
+//! Part 2, loopback: one reduction server in this process and 4 ranks as
+//! child processes over shm (tcp;ofi_rxm where shm is unavailable), agg and
+//! ring from 4 KiB to 64 MiB, then the server's per-lcore counters and the
+//! point-to-point baseline measured in the same run.
+//!
+//! Every element of every result is checked; the demo exits non-zero if any
+//! was wrong. Log lines of the servers and ranks go to a log file in the
+//! output folder (warnings and errors still reach the terminal), with the
+//! plots of both parts; the demo names them at the end.
 use crate::bench_allreduce::{self, AllreduceArgs};
 use crate::bench_p2p::{self, P2pArgs};
+use crate::cluster::{self, ClusterArgs, ClusterOutcome};
+use crate::logfile;
+use crate::plot;
 use clap::Args;
+use std::path::PathBuf;
 use tally_engine::units::format_size;
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// Ranks (worker processes).
+    /// Ranks (worker processes) of the loopback part.
     #[arg(long, default_value_t = 4)]
     pub ranks: u32,
-    /// Provider: shm (default where available) or tcp.
+    /// Provider of the loopback part: shm (default where available) or tcp.
     #[arg(long)]
     pub provider: Option<String>,
-    /// Print the all-reduce results as JSON (same form as bench allreduce --json).
+    /// The emulated-cluster part: auto (run it where it can run), on (fail if it cannot), off.
+    #[arg(long, default_value = "auto")]
+    pub cluster: String,
+    /// Link rate of the emulated cluster in Gbit/s (default: what this machine's cores carry).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Folder with Debian's iproute2 unpacked (`dpkg -x`), for hosts without `ip` and `tc`.
+    #[arg(long, env = "TALLY_IPROUTE")]
+    pub iproute: Option<PathBuf>,
+    /// Folder for the log file and the plots.
+    #[arg(long, default_value = "/tmp/tally-demo")]
+    pub out: PathBuf,
+    /// Print the results as JSON (the loopback rows as bench allreduce --json, plus "cluster").
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: &DemoArgs) -> Result<(), String> {
+    if !matches!(args.cluster.as_str(), "auto" | "on" | "off") {
+        return Err(format!("--cluster: expected auto, on or off, got {:?}", args.cluster));
+    }
+    // The demo's servers and ranks share a fresh token, as a deployment would
+    // (and its servers then print no open-door warning). Before any thread.
+    cluster::ensure_job_token();
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let log_path = args.out.join("demo.log");
+    logfile::redirect_to(&log_path)?;
+    let mut plots = Vec::new();
+
+    // Part 1: the emulated cluster.
+    let skipped = match args.cluster.as_str() {
+        "off" => Some("--cluster off".to_string()),
+        _ => cluster::unavailable(args.iproute.as_deref()),
+    };
+    if let (Some(why), "on") = (&skipped, args.cluster.as_str()) {
+        return Err(format!("the emulated cluster cannot run here: {why}"));
+    }
+    let mut cl: Option<ClusterOutcome> = None;
+    if skipped.is_none() {
+        let mut ca = ClusterArgs::demo(args.rate);
+        ca.json = args.json;
+        ca.iproute = args.iproute.clone();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let rate = args.rate.unwrap_or_else(|| cluster::default_rate(ca.hosts, cores));
+        ca.rates = vec![rate];
+        if !args.json {
+            println!("== Part 1: the case tally is for: {h} reduction servers + {h} workers on {rate} Gbit/s links ==", h = ca.hosts);
+            println!("Each host is a network namespace behind a link shaped to {rate} Gbit/s each way. Through the servers every worker");
+            println!(
+                "sends and receives its buffer once; a ring moves 2(n-1)/n = {:.2} times that over each link. Link-bound, agg",
+                2.0 * (ca.hosts as f64 - 1.0) / ca.hosts as f64
+            );
+            println!("should approach that factor over the ring.\n");
+        }
+        let out = cluster::launch(&ca)?;
+        let svg = args.out.join("cluster.svg");
+        cluster::write_plot(&out, &svg)?;
+        plots.push(svg);
+        if !args.json {
+            if let Some(big) = out.rows.iter().filter(|r| r.row.mode == "agg").max_by_key(|r| r.row.bytes) {
+                println!(
+                    "\nAt {}: agg reaches {:.2} of its link bound and {:.2}x the ring (ideal {:.2}).",
+                    format_size(big.row.bytes as u64),
+                    big.fraction,
+                    out.agg_over_ring(big).unwrap_or(0.0),
+                    2.0 * (ca.hosts as f64 - 1.0) / ca.hosts as f64
+                );
+            }
+            println!();
+        }
+        cl = Some(out);
+    } else if !args.json {
+        println!("== Part 1 (emulated cluster) skipped: {} ==\n", skipped.as_deref().unwrap_or(""));
+    }
+
+    // Part 2: loopback.
     let provider = match &args.provider {
         Some(p) => p.clone(),
         None if tally_engine::fabric::provider_available("shm") => "shm".into(),
@@ -50,16 +134,33 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         timeout: 60,
         fabric_addr: None,
         json: args.json,
+        sync: false,
+        plot: None,
         rank: None,
         bootstrap: None,
         job_id: 0,
     };
     if !args.json {
-        println!("== tally demo: one reduction server (2 lcores) + {} ranks on this machine, provider {provider} ==\n", args.ranks);
+        println!("== Part 2: loopback: one reduction server (2 lcores) + {} ranks on this machine, provider {provider} ==", args.ranks);
+        println!("No link in the way: memory copies and CPU time set the pace. Through a server every byte is copied in, reduced");
+        println!("and copied back; a ring's bytes take one copy per hop, and here the server's lcores and the ranks share this");
+        println!("machine's cores. So the ring is expected to win on loopback: this part checks results and overheads.\n");
     }
     let out = bench_allreduce::launch(&ar)?;
+    let svg = args.out.join("loopback.svg");
+    let title = format!("loopback: {} ranks + 1 server (2 lcores), {}, f32 sum", args.ranks, out.provider);
+    plot::busbw_svg(&svg, &title, &plot::series_by_mode(&out.rows, ""), &[])?;
+    plots.push(svg);
+    let cluster_wrong = cl.as_ref().map_or(0, |c| c.wrong());
     if args.json {
-        println!("{}", serde_json::json!({"provider": out.provider, "ranks": args.ranks, "results": out.rows}));
+        println!(
+            "{}",
+            serde_json::json!({
+                "provider": out.provider, "ranks": args.ranks, "results": out.rows,
+                "cluster": cl, "cluster_skipped": skipped,
+                "log": log_path, "plots": plots,
+            })
+        );
     } else {
         println!("\n== agg vs ring ==");
         println!("{:>10} {:>14} {:>14} {:>9}", "size", "agg busbw", "ring busbw", "agg/ring");
@@ -101,12 +202,17 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         };
         bench_p2p::run(&p2p)?;
     }
-    let wrong: u64 = out.rows.iter().map(|r| r.wrong).sum();
+    let wrong: u64 = out.rows.iter().map(|r| r.wrong).sum::<u64>() + cluster_wrong;
+    let results = out.rows.len() + cl.as_ref().map_or(0, |c| c.rows.len());
+    if !args.json {
+        println!("\nserver and rank log lines: {}", log_path.display());
+        println!("plots: {}", plots.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
     if wrong > 0 {
-        return Err(format!("{wrong} wrong elements"));
+        return Err(format!("{wrong} wrong elements in {results} all-reduce results"));
     }
     if !args.json {
-        println!("\nall {} all-reduce results verified element by element: 0 wrong", out.rows.len());
+        println!("all {results} all-reduce results verified element by element: 0 wrong");
     }
     Ok(())
 }

@@ -5,8 +5,12 @@ use std::process::ExitCode;
 mod bench_allreduce;
 mod bench_p2p;
 mod bench_reduce;
+mod cluster;
 mod demo;
 mod host;
+mod logfile;
+mod plot;
+mod progress;
 mod server_cmd;
 mod stats_cmd;
 
@@ -44,12 +48,12 @@ enum Bench {
     P2p(bench_p2p::P2pArgs),
     /// All-reduce through reduction servers (agg) and ring, ranks as processes on this machine.
     Allreduce(bench_allreduce::AllreduceArgs),
+    /// Emulated cluster: N servers + N workers in network namespaces with shaped links (root).
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::new().filter_or("TALLY_LOG", "info").write_style("TALLY_LOG_STYLE"))
-        .format_timestamp_millis()
-        .init();
+    logfile::init();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Server(args) => server_cmd::run(args),
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
         Command::Bench(Bench::Reduce(args)) => bench_reduce::run(args),
         Command::Bench(Bench::P2p(args)) => bench_p2p::run(args),
         Command::Bench(Bench::Allreduce(args)) => bench_allreduce::run(args),
+        Command::Bench(Bench::Cluster(args)) => cluster::run(args),
         Command::Hugepages(args) => host::run_hugepages(args),
         Command::EfaEnv(args) => host::run_efa_env(args),
         Command::Doctor(args) => match host::run_doctor(args) {

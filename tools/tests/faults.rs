@@ -48,6 +48,8 @@ fn rank_process(provider: &str, server: &str, boot: &str, job: u64, rank: u32, n
         .args(["bench", "allreduce", "--rank", &rank.to_string(), "--ranks", &n.to_string(), "--bootstrap", boot])
         .args(["--job-id", &job.to_string(), "--servers", server, "--provider", provider, "--mode", "agg"])
         .args(["--sizes", "64M", "--iters", "1000", "--warmup", "0", "--chunk", "256K", "--window", "4"])
+        // The test's own rank 0 meets this rank at a barrier before every all-reduce.
+        .arg("--sync")
         .env("TALLY_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

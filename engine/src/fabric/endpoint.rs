@@ -662,6 +662,16 @@ impl Endpoint {
         const NAP: std::time::Duration = std::time::Duration::from_micros(50);
         match self.wait_fd {
             Some(fd) => {
+                // fi_trywait first: tcp;ofi_rxm hangs its sockets' readiness
+                // under the CQ's descriptor only through it (the msg CQ's
+                // trywait), and says -FI_EAGAIN when progress is due now.
+                // Without it poll(2) slept its whole timeout while data sat
+                // in the sockets.
+                let mut fids = [self.cq_fid()];
+                // SAFETY: fabric and CQ are open while self is; one fid in the array.
+                if unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 1) } != 0 {
+                    return Ok(());
+                }
                 let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
                 // SAFETY: one valid pollfd; the descriptor is the CQ's, open while self is.
                 unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
@@ -669,6 +679,11 @@ impl Endpoint {
             None => std::thread::sleep(NAP.min(std::time::Duration::from_millis(timeout_ms.max(0) as u64))),
         }
         Ok(())
+    }
+
+    fn cq_fid(&mut self) -> *mut sys::fid {
+        // SAFETY: the CQ is open while self is; taking the address of its fid field.
+        unsafe { &mut (*self.cq).fid as *mut sys::fid }
     }
 
     /// The CQ's wait file descriptor (FI_GETWAIT), if the provider has one.

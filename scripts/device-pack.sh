@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Packs what a bare many-core host (the GPU device image: no toolchain, no
+# network, no iproute2, no libfabric) needs to run tally's benchmarks, into
+# devlib/ (git-ignored; carry it with the device tool):
+#   devlib/lib/       libfabric and the libraries it loads, as real files
+#   devlib/iproute/   Debian's iproute2 and its libraries, unpacked with dpkg -x
+#                     (`tally bench cluster --iproute devlib/iproute`)
+# Run it here after `make build`; then on the host:
+#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute scripts/device-session.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TALLY=target/release/tally
+[ -x "$TALLY" ] || { echo "device-pack: build first (make)" >&2; exit 1; }
+rm -rf devlib
+mkdir -p devlib/lib devlib/iproute devlib/debs
+# libfabric and its run-time dependencies, minus the C runtime every host has.
+ldd "$TALLY" target/release/libnccl_net_tally.so | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+        libc.so*|libm.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) continue ;;
+    esac
+    cp -L "$lib" devlib/lib/
+done
+# libfabric's providers load verbs providers at run time; none are needed for shm/tcp.
+# iproute2 from Debian's packages (the same way a host without apt access would get it).
+pkgs=(iproute2 libbpf1 libelf1 libmnl0 libxtables12 libcap2 libbsd0 libmd0 zlib1g)
+(cd devlib/debs && apt-get download "${pkgs[@]}" >/dev/null)
+for d in devlib/debs/*.deb; do dpkg -x "$d" devlib/iproute/x; done
+mkdir -p devlib/iproute/sbin devlib/iproute/lib
+cp -L devlib/iproute/x/usr/bin/ip devlib/iproute/x/usr/sbin/tc devlib/iproute/sbin/ 2>/dev/null \
+    || cp -L devlib/iproute/x/bin/ip devlib/iproute/x/sbin/tc devlib/iproute/sbin/
+# Libraries as real files (symlinks do not travel to the device).
+find devlib/iproute/x -name '*.so*' \( -type f -o -type l \) | while read -r f; do cp -L "$f" devlib/iproute/lib/"$(basename "$f")"; done
+rm -rf devlib/iproute/x devlib/debs
+du -sh devlib devlib/lib devlib/iproute

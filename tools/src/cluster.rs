@@ -1,0 +1,712 @@
+//! `tally bench cluster`: an emulated cluster on one machine.
+//!
+//! N server hosts and N worker hosts, each a network namespace with one veth
+//! link to a bridge, shaped with tc tbf to rate R in both directions (egress
+//! on both ends of each veth). Addresses from 198.18.0.0/15 (the range set
+//! aside for benchmarking), provider tcp;ofi_rxm, adaptive polling. Workers
+//! run agg (through the servers) and ring all-reduce; the table gives
+//! algbw, busbw, the link-rate bound, the fraction of it reached and
+//! agg/ring. This is where reduction servers win: each worker sends and
+//! receives its buffer once, where a ring moves 2(n-1)/n of it each way.
+//!
+//! Everything it makes (namespaces, links, processes) is removed when it
+//! ends, and namespaces left by a run that was killed are swept at the next
+//! start. Every step is bounded in time.
+//!
+//! `ip` and `tc` come from PATH, or from a folder holding Debian's iproute2
+//! unpacked with `dpkg -x` (`--iproute DIR`, `TALLY_IPROUTE`): hosts without
+//! iproute2 (the GPU device image) run it that way, with the folder's
+//! libraries on LD_LIBRARY_PATH for `ip` and `tc` only.
+use crate::bench_allreduce::{format_row, Row};
+use crate::logfile;
+use crate::plot;
+use crate::progress::Progress;
+use clap::Args;
+use serde::Serialize;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tally_engine::units::format_size;
+
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Server hosts and worker hosts (N + N namespaces).
+    #[arg(long, default_value_t = 4)]
+    pub hosts: u32,
+    /// Link rates in Gbit/s, comma-separated (default: one rate this machine's
+    /// cores carry, see `default_rate`).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
+    /// Sizes per rank (K/M/G), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16M,64M")]
+    pub sizes: Vec<String>,
+    /// agg, ring, or both.
+    #[arg(long, value_delimiter = ',', default_value = "agg,ring")]
+    pub mode: Vec<String>,
+    /// Timed back-to-back all-reduces per size.
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Chunk size (agg piece and ring chunk).
+    #[arg(long, default_value = "512K")]
+    pub chunk: String,
+    #[arg(long, default_value_t = 4)]
+    pub window: u32,
+    /// agg: sends in flight per server per worker (pacing for TCP-like links; 0: window-bound).
+    #[arg(long, default_value_t = 1)]
+    pub send_credits: u32,
+    /// Lcores per server (default: 2 where the host has 4 cores per host pair, else 1 where
+    /// it has 2, else every server's 2 lcores on cores 0-1).
+    #[arg(long)]
+    pub server_lcores: Option<u32>,
+    /// Link MTU (jumbo frames, as EFA-class fabrics have).
+    #[arg(long, default_value_t = 9000)]
+    pub mtu: u32,
+    /// tbf bucket size (tc's units, e.g. 512kb), or auto: the bytes of 2 ms at
+    /// the link rate, at least 64 KiB. A bucket that holds a large part of an
+    /// all-reduce lets it pass at veth speed and inflates the figure.
+    #[arg(long, default_value = "auto")]
+    pub tbf_burst: String,
+    /// tbf queue latency; a short queue keeps rxm's rendezvous handshakes from
+    /// waiting behind a backlog of bulk data.
+    #[arg(long, default_value = "50ms")]
+    pub tbf_latency: String,
+    /// Folder with Debian's iproute2 unpacked (`dpkg -x`), for hosts without `ip` and `tc`.
+    #[arg(long, env = "TALLY_IPROUTE")]
+    pub iproute: Option<PathBuf>,
+    /// Seconds the whole run may take per rate before it is stopped.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    #[arg(long)]
+    pub json: bool,
+    /// Write busbw against size to this SVG file (agg and ring, with the bounds).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Send server and worker log lines to this file (warnings and errors still reach the terminal).
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    /// The defaults `tally demo` uses.
+    pub fn demo(rate: Option<f64>) -> ClusterArgs {
+        ClusterArgs {
+            hosts: 4,
+            rates: rate.into_iter().collect(),
+            sizes: ["1M", "4M", "16M"].iter().map(|s| s.to_string()).collect(),
+            mode: vec!["agg".into(), "ring".into()],
+            iters: 5,
+            warmup: 1,
+            dtype: "f32".into(),
+            chunk: "512K".into(),
+            window: 4,
+            send_credits: 1,
+            server_lcores: None,
+            mtu: 9000,
+            tbf_burst: "auto".into(),
+            tbf_latency: "50ms".into(),
+            iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from),
+            timeout: 300,
+            json: false,
+            plot: None,
+            log: None,
+        }
+    }
+}
+
+/// One result row with its link rate and bound.
+#[derive(Serialize, Debug, Clone)]
+pub struct ClusterRow {
+    pub link_gbit: f64,
+    #[serde(rename = "bound_GBps")]
+    pub bound_gbps: f64,
+    /// algbw / bound.
+    pub fraction: f64,
+    #[serde(flatten)]
+    pub row: Row,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ClusterOutcome {
+    pub hosts: u32,
+    pub placement: String,
+    pub rows: Vec<ClusterRow>,
+}
+
+impl ClusterOutcome {
+    pub fn wrong(&self) -> u64 {
+        self.rows.iter().map(|r| r.row.wrong).sum()
+    }
+
+    /// agg algbw / ring algbw at the same rate and size.
+    pub fn agg_over_ring(&self, r: &ClusterRow) -> Option<f64> {
+        let ring = self.rows.iter().find(|x| x.row.mode == "ring" && x.row.bytes == r.row.bytes && x.link_gbit == r.link_gbit)?;
+        (r.row.mode != "ring").then(|| r.row.algbw_gbps / ring.row.algbw_gbps)
+    }
+}
+
+/// The rate (Gbit/s) used when none is given: what this machine's cores
+/// carry with every host's tcp;ofi_rxm copies on them. Measured: 2 cores
+/// carry 4 + 4 hosts at 0.25 Gbit/s (ring and agg >= 0.9 of their bounds;
+/// at 0.5 only 0.65), 16 cores at 2-8 Gbit/s. So 0.5 Gbit/s per core per
+/// host pair, rounded down to a power of two.
+pub fn default_rate(hosts: u32, cores: usize) -> f64 {
+    let r = cores as f64 / (2.0 * hosts as f64);
+    2f64.powi(r.log2().floor() as i32).max(0.0625)
+}
+
+/// Runs the emulated cluster and prints its table (unless `--json`).
+pub fn run(args: &ClusterArgs) -> Result<(), String> {
+    if let Some(path) = &args.log {
+        logfile::redirect_to(path)?;
+    }
+    let out = launch(args)?;
+    if let Some(path) = &args.plot {
+        write_plot(&out, path)?;
+        if !args.json {
+            println!("# plot: {}", path.display());
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&out).map_err(|e| e.to_string())?);
+    }
+    if let Some(path) = &args.log {
+        if !args.json {
+            println!("# server and worker logs: {}", path.display());
+        }
+    }
+    match out.wrong() {
+        0 => Ok(()),
+        w => Err(format!("{w} wrong elements")),
+    }
+}
+
+/// busbw against size for every mode and rate, with each bound in busbw terms.
+pub fn write_plot(out: &ClusterOutcome, path: &Path) -> Result<(), String> {
+    let n = out.hosts as f64;
+    let mut rates: Vec<f64> = out.rows.iter().map(|r| r.link_gbit).collect();
+    rates.dedup();
+    let (mut series, mut bounds) = (Vec::new(), Vec::new());
+    for &rate in &rates {
+        let rows: Vec<Row> = out.rows.iter().filter(|r| r.link_gbit == rate).map(|r| r.row.clone()).collect();
+        let suffix = if rates.len() > 1 { format!(" {rate} Gbit/s") } else { String::new() };
+        series.extend(plot::series_by_mode(&rows, &suffix));
+        let link = rate / 8.0;
+        bounds.push(plot::Bound { label: format!("agg bound{suffix}: R x 2(n-1)/n"), busbw_gbps: link * 2.0 * (n - 1.0) / n });
+        bounds.push(plot::Bound { label: format!("ring bound{suffix}: R"), busbw_gbps: link });
+    }
+    let title =
+        format!("emulated cluster: {} servers + {} workers, links {} Gbit/s, tcp;ofi_rxm", out.hosts, out.hosts, rates_text(&rates));
+    plot::busbw_svg(path, &title, &series, &bounds)
+}
+
+fn rates_text(rates: &[f64]) -> String {
+    rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
+    let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
+    println!(
+        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), tcp;ofi_rxm, adaptive polling",
+        args.hosts, args.hosts, args.mtu
+    );
+    println!("# placement: {placement}");
+    println!(
+        "# chunk {}, window {}, send credits {}; {}",
+        args.chunk,
+        args.window,
+        args.send_credits,
+        crate::bench_allreduce::method_line(args.iters, args.warmup, false)
+    );
+    println!(
+        "# bounds: agg <= R (servers together have the workers' bandwidth), ring <= R x n/(2(n-1)); ideal agg/ring = 2(n-1)/n = {:.2}",
+        2.0 * (args.hosts as f64 - 1.0) / args.hosts as f64
+    );
+}
+
+pub fn format_cluster_header() -> String {
+    format!(
+        "{:>7} {:>5} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}",
+        "Gbit/s", "mode", "size", "time(ms)", "algbw GB/s", "busbw GB/s", "bound GB/s", "fraction", "agg/ring", "#wrong"
+    )
+}
+
+pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
+    let ratio = out.agg_over_ring(r).map(|x| format!("{x:.2}")).unwrap_or_default();
+    format!(
+        "{:>7} {:>5} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>7}",
+        r.link_gbit,
+        r.row.mode,
+        format_size(r.row.bytes as u64),
+        r.row.time_us / 1e3,
+        r.row.algbw_gbps,
+        r.row.busbw_gbps,
+        r.bound_gbps,
+        r.fraction,
+        ratio,
+        r.row.wrong
+    )
+}
+
+/// Why the emulated cluster cannot run here, if it cannot.
+pub fn unavailable(iproute: Option<&Path>) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("it needs root (network namespaces, tc)".into());
+    }
+    let tools = match Iproute::find(iproute) {
+        Ok(t) => t,
+        Err(e) => return Some(e),
+    };
+    let probe = format!("tlyprobe{}", std::process::id());
+    match tools.ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = tools.ip(&["netns", "del", &probe]);
+            None
+        }
+        Err(e) => Some(format!("network namespaces are not available: {e}")),
+    }
+}
+
+/// `ip` and `tc`, from PATH or an unpacked iproute2 folder.
+struct Iproute {
+    ip: PathBuf,
+    tc: PathBuf,
+    lib: Option<String>,
+}
+
+impl Iproute {
+    fn find(dir: Option<&Path>) -> Result<Iproute, String> {
+        if let Some(d) = dir {
+            let pick = |name: &str| ["sbin", "bin", "usr/sbin", "usr/bin"].iter().map(|s| d.join(s).join(name)).find(|p| p.is_file());
+            let (Some(ip), Some(tc)) = (pick("ip"), pick("tc")) else {
+                return Err(format!("{} holds no ip and tc (unpack Debian's iproute2 there with dpkg -x)", d.display()));
+            };
+            let lib = [
+                "lib/x86_64-linux-gnu",
+                "usr/lib/x86_64-linux-gnu",
+                "lib/aarch64-linux-gnu",
+                "usr/lib/aarch64-linux-gnu",
+                "lib",
+                "usr/lib",
+            ]
+            .iter()
+            .map(|s| d.join(s))
+            .filter(|p| p.is_dir())
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+            return Ok(Iproute { ip, tc, lib: Some(lib) });
+        }
+        let which = |name: &str| {
+            std::env::var_os("PATH")
+                .into_iter()
+                .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .chain(["/usr/sbin", "/sbin"].iter().map(PathBuf::from))
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        };
+        match (which("ip"), which("tc")) {
+            (Some(ip), Some(tc)) => Ok(Iproute { ip, tc, lib: None }),
+            _ => Err("iproute2 (ip, tc) is not installed (make deps installs it; or --iproute DIR with Debian's iproute2 unpacked)".into()),
+        }
+    }
+
+    fn command(&self, prog: &Path) -> Command {
+        let mut c = Command::new(prog);
+        if let Some(lib) = &self.lib {
+            c.env("LD_LIBRARY_PATH", lib);
+        }
+        c
+    }
+
+    fn run(&self, prog: &Path, args: &[&str]) -> Result<(), String> {
+        let out = self.command(prog).args(args).stdin(Stdio::null()).output().map_err(|e| format!("{}: {e}", prog.display()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{} {}: {}", prog.display(), args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<(), String> {
+        self.run(&self.ip, args)
+    }
+
+    fn tc_in(&self, ns: &str, args: &[&str]) -> Result<(), String> {
+        let tc = self.tc.display().to_string();
+        let mut all = vec!["netns", "exec", ns, &tc];
+        all.extend_from_slice(args);
+        self.ip(&all)
+    }
+
+    /// A command run inside namespace `ns`, without our LD_LIBRARY_PATH.
+    fn exec_in(&self, ns: &str, prog: &Path) -> Command {
+        let mut c = self.command(&self.ip);
+        c.args(["netns", "exec", ns]);
+        if self.lib.is_some() {
+            c.args(["env", "-u", "LD_LIBRARY_PATH"]);
+        }
+        c.arg(prog);
+        c
+    }
+
+    fn namespaces(&self) -> Vec<String> {
+        let out = self.command(&self.ip).args(["netns", "list"]).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The namespaces and processes of one run; removed on drop.
+struct Testbed {
+    tools: Iproute,
+    prefix: String,
+    children: Vec<Child>,
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+        }
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+        for ns in self.tools.namespaces() {
+            if ns.starts_with(&self.prefix) {
+                let _ = self.tools.ip(&["netns", "del", &ns]);
+            }
+        }
+    }
+}
+
+/// Gives the servers and ranks this process starts a shared fresh token
+/// (TALLY_TOKEN, which they inherit) unless one is set, as a deployment
+/// would have. Call before any thread starts.
+pub fn ensure_job_token() {
+    if std::env::var_os("TALLY_TOKEN").is_none() {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let token = format!("{:x}", (nanos ^ u128::from(std::process::id()) << 64) as u64);
+        // Order matters: set_var races with threads that read the
+        // environment, and none run yet (see the callers).
+        std::env::set_var("TALLY_TOKEN", token);
+    }
+}
+
+/// Removes namespaces of earlier runs whose process is gone (`tly<pid>x...`).
+fn sweep_stale(tools: &Iproute) {
+    for ns in tools.namespaces() {
+        let Some(pid) = ns.strip_prefix("tly").and_then(|r| r.split('x').next()).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            log::info!("removing network namespace {ns} of a run that is gone");
+            let _ = tools.ip(&["netns", "del", &ns]);
+        }
+    }
+}
+
+/// Server i at 198.18.0.(10+i), worker i at 198.18.1.(10+i), all in one /16.
+fn addr(kind: char, i: u32) -> String {
+    format!("198.18.{}.{}", if kind == 's' { 0 } else { 1 }, 10 + i)
+}
+
+/// Where servers' lcores and workers go: (lcores per server, placement text,
+/// server i's core list, worker cores list or None).
+fn place(hosts: u32, cores: usize, want: Option<u32>) -> (Vec<String>, Option<String>, String) {
+    let h = hosts as usize;
+    let per = match want {
+        Some(w) => w as usize,
+        None if cores >= 4 * h => 2,
+        None if cores >= 2 * h => 1,
+        None => 0,
+    };
+    if per == 0 || cores < per * h + 1 {
+        let n = cores.clamp(1, 2);
+        let list = if n == 1 { "0".to_string() } else { "0-1".to_string() };
+        let lists = vec![list.clone(); h];
+        return (
+            lists,
+            None,
+            format!(
+                "shared: {} cores for {h} servers + {h} workers, every server's lcores on cores {list}, workers placed by the scheduler",
+                cores
+            ),
+        );
+    }
+    let lists: Vec<String> = (0..h).map(|i| if per == 1 { format!("{i}") } else { format!("{}-{}", per * i, per * i + per - 1) }).collect();
+    let first_worker = per * h;
+    let workers = if cores > first_worker { Some(format!("{first_worker}-{}", cores - 1)) } else { None };
+    let text = format!(
+        "server i on {per} core{} of its own (cores 0-{}), {} lcore{} each; workers pinned to cores {}",
+        if per == 1 { "" } else { "s" },
+        first_worker - 1,
+        per,
+        if per == 1 { "" } else { "s" },
+        workers.as_deref().unwrap_or("(none left: scheduler)")
+    );
+    (lists, workers, text)
+}
+
+pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
+    if args.hosts < 2 || args.hosts > 64 {
+        return Err("--hosts: between 2 and 64".into());
+    }
+    if let Some(m) = args.mode.iter().find(|m| *m != "agg" && *m != "ring") {
+        return Err(format!("--mode: expected agg or ring, got {m:?}"));
+    }
+    if let Some(why) = unavailable(args.iproute.as_deref()) {
+        return Err(format!("the emulated cluster cannot run here: {why}"));
+    }
+    let tools = Iproute::find(args.iproute.as_deref())?;
+    ensure_job_token();
+    sweep_stale(&tools);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rates = if args.rates.is_empty() { vec![default_rate(args.hosts, cores)] } else { args.rates.clone() };
+    if let Some(r) = rates.iter().find(|r| !(**r > 0.0 && **r <= 400.0)) {
+        return Err(format!("--rates: {r} Gbit/s is not a link rate"));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let prefix = format!("tly{}x", std::process::id());
+    let mut bed = Testbed { tools, prefix: prefix.clone(), children: Vec::new() };
+    let hosts: Vec<(char, u32)> = (0..args.hosts).flat_map(|i| [('s', i), ('w', i)]).collect();
+    let ns = |k: char, i: u32| format!("{prefix}{k}{i}");
+    let sw = format!("{prefix}sw");
+    build_network(&bed.tools, &sw, &hosts, &ns, args.mtu)?;
+
+    let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
+    let log_level = if logfile::redirected() { "info" } else { "warn" };
+    let mut servers = Vec::new();
+    let mut ready = Vec::new();
+    for i in 0..args.hosts {
+        let a = format!("{}:7400", addr('s', i));
+        let mut c = bed.tools.exec_in(&ns('s', i), &exe);
+        c.args(["server", "--listen", &a, "--lcores", &server_lcores[i as usize], "--provider", "tcp", "--poll", "adaptive"]);
+        c.args(["--slab-size", "128M"]).env("TALLY_LOG", log_level).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| format!("cannot start server {i}: {e}"))?;
+        let (tx, rx) = mpsc::channel();
+        logfile::forward_stdout(child.stdout.take().expect("piped"), format!("[server {i}]"), tx);
+        logfile::forward(child.stderr.take().expect("piped"), format!("[server {i}]"));
+        bed.children.push(child);
+        ready.push(rx);
+        servers.push(a);
+    }
+    for (i, rx) in ready.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.starts_with("tally server ready") => break,
+                Ok(_) => continue,
+                Err(_) => return Err(format!("server {i} did not start within 15 s (see its log lines above or in the log file)")),
+            }
+        }
+    }
+
+    let steps = rates.len() * args.mode.len() * args.sizes.len();
+    let mut progress = Progress::new(steps, args.json);
+    let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new() };
+    for &rate in &rates {
+        shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
+        let first = out.rows.len();
+        run_rate(&mut bed, args, rate, &servers, worker_cores.as_deref(), &exe, &ns, &mut progress, &mut out)?;
+        progress.finish();
+        if !args.json {
+            print_header(args, rate, &placement);
+            println!("{}", format_cluster_header());
+            for r in &out.rows[first..] {
+                println!("{}", format_cluster_row(&out, r));
+            }
+        }
+    }
+    drop(bed);
+    Ok(out)
+}
+
+fn build_network(tools: &Iproute, sw: &str, hosts: &[(char, u32)], ns: &dyn Fn(char, u32) -> String, mtu: u32) -> Result<(), String> {
+    let mtu = mtu.to_string();
+    tools.ip(&["netns", "add", sw])?;
+    tools.ip(&["-n", sw, "link", "add", "br0", "type", "bridge"])?;
+    tools.ip(&["-n", sw, "link", "set", "br0", "mtu", &mtu, "up"])?;
+    tools.ip(&["-n", sw, "link", "set", "lo", "up"])?;
+    for &(k, i) in hosts {
+        let name = ns(k, i);
+        // The switch-side end carries the host's namespace name (<= 15 chars).
+        let port = format!("{k}{i}p{}", std::process::id() % 100_000);
+        tools.ip(&["netns", "add", &name])?;
+        tools.ip(&["link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &name])?;
+        tools.ip(&["link", "set", &port, "netns", sw])?;
+        tools.ip(&["-n", sw, "link", "set", &port, "master", "br0", "mtu", &mtu, "up"])?;
+        tools.ip(&["-n", &name, "link", "set", "eth0", "mtu", &mtu])?;
+        tools.ip(&["-n", &name, "addr", "add", &format!("{}/16", addr(k, i)), "dev", "eth0"])?;
+        tools.ip(&["-n", &name, "link", "set", "eth0", "up"])?;
+        tools.ip(&["-n", &name, "link", "set", "lo", "up"])?;
+    }
+    Ok(())
+}
+
+/// tbf at `rate` on both ends of every host's link.
+fn shape(
+    tools: &Iproute,
+    hosts: &[(char, u32)],
+    ns: &dyn Fn(char, u32) -> String,
+    sw: &str,
+    rate: f64,
+    args: &ClusterArgs,
+) -> Result<(), String> {
+    let mbit = format!("{}mbit", (rate * 1000.0).round() as u64);
+    let burst = if args.tbf_burst == "auto" { format!("{}b", tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
+    let tbf = ["root", "tbf", "rate", &mbit, "burst", &burst, "latency", &args.tbf_latency];
+    for &(k, i) in hosts {
+        let mut a = vec!["qdisc", "replace", "dev", "eth0"];
+        a.extend_from_slice(&tbf);
+        tools.tc_in(&ns(k, i), &a)?;
+        let port = format!("{k}{i}p{}", std::process::id() % 100_000);
+        let mut a = vec!["qdisc", "replace", "dev", &port];
+        a.extend_from_slice(&tbf);
+        tools.tc_in(sw, &a)?;
+    }
+    Ok(())
+}
+
+/// tbf's bucket in bytes for `--tbf-burst auto`: 2 ms at the link rate, at least 64 KiB.
+pub fn tbf_auto_burst(rate_gbit: f64) -> u64 {
+    ((rate_gbit * 1e9 / 8.0 * 0.002) as u64).max(64 << 10)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_rate(
+    bed: &mut Testbed,
+    args: &ClusterArgs,
+    rate: f64,
+    servers: &[String],
+    worker_cores: Option<&str>,
+    exe: &Path,
+    ns: &dyn Fn(char, u32) -> String,
+    progress: &mut Progress,
+    out: &mut ClusterOutcome,
+) -> Result<(), String> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let job = (nanos ^ u64::from(std::process::id()).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let boot = format!("{}:{}", addr('w', 0), 29000 + nanos % 1000);
+    let log_level = if logfile::redirected() { "info" } else { "warn" };
+    let first_child = bed.children.len();
+    let mut results = None;
+    for i in 0..args.hosts {
+        let mut c = bed.tools.exec_in(&ns('w', i), exe);
+        c.args(["bench", "allreduce", "--rank", &i.to_string(), "--ranks", &args.hosts.to_string(), "--bootstrap", &boot]);
+        c.args(["--job-id", &job.to_string(), "--servers", &servers.join(","), "--provider", "tcp", "--fabric-addr", &addr('w', i)]);
+        c.args(["--mode", &args.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.iters.to_string()]);
+        c.args([
+            "--warmup",
+            &args.warmup.to_string(),
+            "--dtype",
+            &args.dtype,
+            "--chunk",
+            &args.chunk,
+            "--window",
+            &args.window.to_string(),
+        ]);
+        c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.min(120).to_string()]);
+        if let Some(wc) = worker_cores {
+            c.args(["--rank-cores", wc]);
+        }
+        c.env("TALLY_LOG", log_level).stdin(Stdio::null()).stderr(Stdio::piped());
+        c.stdout(if i == 0 { Stdio::piped() } else { Stdio::null() });
+        let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
+        logfile::forward(child.stderr.take().expect("piped"), format!("[worker {i}]"));
+        if let Some(o) = child.stdout.take() {
+            results = Some(o);
+        }
+        bed.children.push(child);
+    }
+    let steps: Vec<String> = args.mode.iter().flat_map(|m| args.sizes.iter().map(move |s| format!("{rate} Gbit/s {m} {s}"))).collect();
+    progress.working_on(steps[0].clone());
+    // Rank 0's RESULT lines arrive on a thread so that the wait is bounded.
+    let (tx, rx) = mpsc::channel();
+    let reader = results.expect("worker 0 stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let link = rate / 8.0;
+    let n = args.hosts as f64;
+    let mut got = 0;
+    while got < steps.len() {
+        let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => l,
+            Err(mpsc::RecvTimeoutError::Timeout) => return Err(format!("link rate {rate} Gbit/s: no result within {} s", args.timeout)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        let Some(j) = line.strip_prefix("RESULT ") else { continue };
+        let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
+        let bound = if row.mode == "ring" { link * n / (2.0 * (n - 1.0)) } else { link };
+        log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
+        out.rows.push(ClusterRow { link_gbit: rate, bound_gbps: bound, fraction: row.algbw_gbps / bound, row });
+        got += 1;
+        progress.step();
+        if let Some(s) = steps.get(got) {
+            progress.working_on(s.clone());
+        }
+    }
+    let mut failed = Vec::new();
+    for (i, c) in bed.children[first_child..].iter_mut().enumerate() {
+        let st = wait_until(c, deadline);
+        if !matches!(st, Some(s) if s.success()) {
+            failed.push(format!("worker {i} {}", st.map_or("did not finish in time".into(), |s| format!("exited with {s}"))));
+        }
+    }
+    if !failed.is_empty() || got < steps.len() {
+        return Err(format!("link rate {rate} Gbit/s: {} ({got} of {} results)", failed.join("; "), steps.len()));
+    }
+    Ok(())
+}
+
+fn wait_until(c: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        match c.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_rate_scales_with_cores_per_host_pair() {
+        assert_eq!(default_rate(4, 2), 0.25);
+        assert_eq!(default_rate(4, 16), 2.0);
+        assert_eq!(default_rate(8, 16), 1.0);
+        assert_eq!(default_rate(4, 3), 0.25);
+        assert_eq!(default_rate(16, 1), 0.0625);
+    }
+
+    #[test]
+    fn placement_gives_servers_cores_of_their_own_when_it_can() {
+        let (l, w, _) = place(4, 16, None);
+        assert_eq!(l, ["0-1", "2-3", "4-5", "6-7"]);
+        assert_eq!(w.as_deref(), Some("8-15"));
+        let (l, w, _) = place(8, 16, None);
+        assert_eq!(l[7], "7");
+        assert_eq!(w.as_deref(), Some("8-15"));
+        let (l, w, t) = place(4, 2, None);
+        assert!(l.iter().all(|x| x == "0-1") && w.is_none() && t.starts_with("shared"), "{t}");
+    }
+}

@@ -1,0 +1,877 @@
+//! docs/nccl.md, the guide for NCCL/PyTorch users: every command it shows is
+//! one that something runs.
+//!
+//! The page's ```sh blocks are parsed into command lines (continuations
+//! joined, comments dropped). Then:
+//!
+//! - Every `tally` invocation (a line's command, or inside `$(...)`) is checked
+//!   against the built CLI: `tally ARGS --help` makes clap parse every
+//!   subcommand, flag and value and stop before running anything (exit 2 on
+//!   an unknown flag or a bad value), and the usage line it prints gives the
+//!   required flags and arguments, which must be there too. The same check
+//!   covers inline code in the prose that starts with `tally `.
+//! - The ones that change nothing and end by themselves (`server --check`,
+//!   `efa-env`, `doctor`, `bench reduce`, `hugepages show`) are run for real,
+//!   from the repository root, with the paths the page's `install` lines put
+//!   files at mapped back to the repository's files (`/etc/tally/server.toml`
+//!   is config/c7gn.16xlarge.toml). `doctor` may fail its checks on a host
+//!   without EFA; it must still print its report.
+//! - Every other line must appear in a script, test or shipped configuration
+//!   that runs it or prescribes it (the unit's and manifests' install
+//!   procedures), word for word except for placeholders: a doc word holding
+//!   `<NAME>` matches any word there, and an expression in a Rust test's
+//!   argument array (`&["hugepages", "setup", "6M", ..., d]`) matches any
+//!   doc word. `make TARGET` needs the target in the Makefile; a line
+//!   starting a repository script (`tests/nccl/torchrun_example.sh`) needs
+//!   the script executable, `bash -n` clean and reading every variable the
+//!   line sets.
+//! - Files the page names exist and load; placeholders are defined in the
+//!   page's table; the figures it quotes from the code still hold.
+//!
+//! Nothing here needs a GPU, EFA or root, and nothing changes the host.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use tally_engine::config::ServerFile;
+
+const DOC: &str = "docs/nccl.md";
+
+/// The page's placeholders, with the value a CLI check puts in their place.
+const PLACEHOLDERS: &[(&str, &str)] = &[
+    ("SERVERS", "10.0.1.11:7400,10.0.1.12:7400"),
+    ("TOKEN", "0123456789abcdef0123456789abcdef"),
+    ("LIBDIR", "/opt/tally/lib"),
+    ("SIZE", "31G"),
+    ("HOST", "10.0.1.11"),
+    ("LOG", "train.log"),
+    ("NNODES", "2"),
+    ("NODE_RANK", "0"),
+    ("NPROC", "8"),
+    ("MASTER_ADDR", "10.0.2.21"),
+    ("MASTER_PORT", "29500"),
+];
+
+/// Where a doc line may be found, and what that file is to it.
+const SOURCES: &[(&str, Kind)] = &[
+    ("tests/nccl/torchrun_example.sh", Kind::Script),
+    ("tests/nccl/gpu_proof.sh", Kind::Script),
+    ("config/slurm/tally-train.sbatch", Kind::Procedure),
+    ("config/tally-server.service", Kind::Procedure),
+    ("config/hugepages.conf", Kind::Procedure),
+    ("config/k8s/tally-server.yaml", Kind::Procedure),
+    ("config/k8s/worker.yaml", Kind::Procedure),
+    ("scripts/image.sh", Kind::Procedure),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    /// A script: its code lines run (comments do not count).
+    Script,
+    /// A shipped file whose header (comments) lists the commands that install
+    /// or start it, and whose code lines run (systemd's Exec lines).
+    Procedure,
+    /// A Rust integration test's argument arrays for the `tally` binary.
+    Tests,
+}
+
+/// A word of a source command; `None` is an expression (matches any word).
+type SrcWord = Option<String>;
+
+struct SourceCmd {
+    path: String,
+    kind: Kind,
+    words: Vec<SrcWord>,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+// ---- parsing the page -------------------------------------------------------
+
+/// A command line of an sh block: 1-based line number in the page, text.
+#[derive(Clone, Debug)]
+struct DocCmd {
+    line: usize,
+    text: String,
+}
+
+/// The text without a trailing `# comment` (a `#` that starts a word outside quotes).
+fn strip_comment(s: &str) -> &str {
+    let (mut single, mut double) = (false, false);
+    let mut prev = ' ';
+    for (i, c) in s.char_indices() {
+        match c {
+            '\'' if !double => single = !single,
+            '"' if !single => double = !double,
+            '#' if !single && !double && prev.is_whitespace() => return &s[..i],
+            _ => {}
+        }
+        prev = c;
+    }
+    s
+}
+
+fn sh_commands(md: &str) -> Vec<DocCmd> {
+    let mut out = Vec::new();
+    let mut in_sh = false;
+    let mut pending: Option<DocCmd> = None;
+    for (i, raw) in md.lines().enumerate() {
+        let t = raw.trim();
+        if t.starts_with("```") {
+            assert!(pending.is_none() || !in_sh, "{DOC}:{}: a continuation runs into the end of the block", i + 1);
+            in_sh = !in_sh && t == "```sh";
+            continue;
+        }
+        if !in_sh {
+            continue;
+        }
+        let body = strip_comment(t).trim_end();
+        let (body, continues) = match body.strip_suffix('\\') {
+            Some(b) => (b.trim_end(), true),
+            None => (body, false),
+        };
+        let cmd = match pending.take() {
+            Some(mut p) => {
+                p.text.push(' ');
+                p.text.push_str(body.trim());
+                p
+            }
+            None => DocCmd { line: i + 1, text: body.trim().to_string() },
+        };
+        if continues {
+            pending = Some(cmd);
+        } else if !cmd.text.is_empty() {
+            out.push(cmd);
+        }
+    }
+    assert!(!in_sh, "{DOC}: an sh block is not closed");
+    out
+}
+
+/// Inline code spans of the prose (outside fenced blocks), newlines as spaces.
+fn inline_code(md: &str) -> Vec<String> {
+    let mut prose = String::new();
+    let mut fenced = false;
+    for l in md.lines() {
+        if l.trim().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            prose.push_str(l);
+            prose.push(' ');
+        }
+    }
+    prose.split('`').skip(1).step_by(2).map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+}
+
+/// Shell words: whitespace outside quotes and `$(...)` separates them; quotes stay in the word.
+fn words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let (mut single, mut double, mut depth) = (false, false, 0usize);
+    let chars: Vec<char> = s.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        match c {
+            '\'' if !double => single = !single,
+            '"' if !single => double = !double,
+            '(' if !single && i > 0 && chars[i - 1] == '$' => depth += 1,
+            ')' if !single && depth > 0 => depth -= 1,
+            c if c.is_whitespace() && !single && !double && depth == 0 => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// `<NAME>` placeholders in a text.
+fn placeholders_in(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while let Some(a) = rest.find('<') {
+        let after = &rest[a + 1..];
+        match after.find('>') {
+            Some(b) if b > 0 && after[..b].chars().all(|c| c.is_ascii_uppercase() || c == '_') => {
+                out.push(after[..b].to_string());
+                rest = &after[b + 1..];
+            }
+            _ => rest = after,
+        }
+    }
+    out
+}
+
+fn substitute(s: &str) -> String {
+    let mut s = s.to_string();
+    for name in placeholders_in(&s.clone()) {
+        let value = PLACEHOLDERS.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("placeholder <{name}> has no test value"));
+        s = s.replace(&format!("<{name}>"), value.1);
+    }
+    s
+}
+
+/// Does a doc word (with `<NAME>` wildcards) match a source word?
+fn word_matches(doc: &str, src: &SrcWord) -> bool {
+    let Some(src) = src else { return true };
+    let mut parts = Vec::new();
+    let mut rest = doc;
+    while let Some(a) = rest.find('<') {
+        match rest[a..].find('>') {
+            Some(b) if placeholders_in(&rest[a..a + b + 1]).len() == 1 => {
+                parts.push(&rest[..a]);
+                rest = &rest[a + b + 1..];
+            }
+            _ => break,
+        }
+    }
+    if parts.is_empty() {
+        return doc == src;
+    }
+    parts.push(rest);
+    glob(&parts, src)
+}
+
+/// `parts` joined by "one or more characters" match all of `s`.
+fn glob(parts: &[&str], s: &str) -> bool {
+    let Some(rest) = s.strip_prefix(parts[0]) else { return false };
+    if parts.len() == 1 {
+        return rest.is_empty();
+    }
+    (1..=rest.len()).filter(|&k| rest.is_char_boundary(k)).any(|k| glob(&parts[1..], &rest[k..]))
+}
+
+fn line_matches(doc: &[String], src: &[SrcWord]) -> bool {
+    doc.len() == src.len() && doc.iter().zip(src).all(|(d, s)| word_matches(d, s))
+}
+
+// ---- the sources ------------------------------------------------------------
+
+/// The commands a line of a source stands for: the line, its `&&` parts, each
+/// without a leading `exec`, and systemd's Exec values with the installed
+/// binary's path shortened to `tally`.
+fn candidates(line: &str) -> Vec<String> {
+    let mut line = line.trim().to_string();
+    for key in ["ExecStart=", "ExecStartPre=", "ExecStartPost=", "ExecStop="] {
+        if let Some(v) = line.strip_prefix(key) {
+            line = v.trim_start_matches('-').replace("/usr/local/bin/tally", "tally");
+        }
+    }
+    let mut out = vec![line.clone()];
+    out.extend(line.split(" && ").map(|p| p.trim().to_string()));
+    let without_exec: Vec<String> = out.iter().filter_map(|c| c.strip_prefix("exec ").map(str::to_string)).collect();
+    out.extend(without_exec);
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn text_sources(rel: &str, kind: Kind) -> Vec<SourceCmd> {
+    let text = read(rel);
+    let mut out = Vec::new();
+    let mut joined = String::new();
+    for raw in text.lines() {
+        let t = raw.trim();
+        let is_comment = t.starts_with('#');
+        if is_comment && kind == Kind::Script {
+            continue;
+        }
+        // In a header, a run of 3+ spaces starts commentary: `sysctl --system   (or reboot)`.
+        let body = if is_comment { t.trim_start_matches('#').trim().split("   ").next().unwrap() } else { t };
+        let (body, continues) = match body.strip_suffix('\\') {
+            Some(b) => (b.trim_end(), true),
+            None => (body, false),
+        };
+        joined.push_str(body.trim());
+        if continues {
+            joined.push(' ');
+            continue;
+        }
+        for c in candidates(&std::mem::take(&mut joined)) {
+            out.push(SourceCmd { path: rel.to_string(), kind, words: words(&c).into_iter().map(Some).collect() });
+        }
+    }
+    out
+}
+
+/// `&["a", "b", expr]` and `.args(["a", ...])` arrays of the Rust tests that
+/// run the `tally` binary, as `tally a b *`.
+fn rust_sources(rel: &str) -> Vec<SourceCmd> {
+    let text = read(rel);
+    let mut out = Vec::new();
+    for open in ["run(&[", ".args(["] {
+        let mut rest = text.as_str();
+        while let Some(a) = rest.find(open) {
+            rest = &rest[a + open.len()..];
+            let mut w: Vec<SrcWord> = vec![Some("tally".into())];
+            for e in array_elements(rest) {
+                // A plain string literal is a word; anything else an expression.
+                let lit = e.strip_prefix('"').and_then(|e| e.strip_suffix('"')).filter(|l| !l.contains(['"', '\\']));
+                w.push(lit.map(str::to_string));
+            }
+            // Only whole commands: the first element names a subcommand.
+            if w.get(1).is_some_and(|s| s.as_deref().is_some_and(|s| s.chars().all(|c| c.is_ascii_lowercase() || c == '-'))) {
+                out.push(SourceCmd { path: rel.to_string(), kind: Kind::Tests, words: w });
+            }
+        }
+    }
+    out
+}
+
+/// The elements of a Rust array literal whose `[` was just passed: split at
+/// commas outside strings and brackets, up to the closing `]`.
+fn array_elements(s: &str) -> Vec<String> {
+    let (mut out, mut cur) = (Vec::new(), String::new());
+    let (mut in_str, mut escaped, mut depth) = (false, false, 0usize);
+    for c in s.chars() {
+        if in_str {
+            cur.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '(' | '[' | '{' => depth += 1,
+            ')' | '}' => depth = depth.saturating_sub(1),
+            ']' if depth == 0 => break,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut cur).trim().to_string());
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    let last = cur.trim().to_string();
+    if !last.is_empty() {
+        out.push(last);
+    }
+    out.retain(|e| !e.is_empty());
+    out
+}
+
+fn all_sources() -> Vec<SourceCmd> {
+    let mut out: Vec<SourceCmd> = SOURCES.iter().flat_map(|(p, k)| text_sources(p, *k)).collect();
+    let mut tests: Vec<PathBuf> = std::fs::read_dir(repo().join("tools/tests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    tests.sort();
+    for t in tests {
+        let rel = t.strip_prefix(repo()).unwrap().to_str().unwrap().to_string();
+        if rel != "tools/tests/docs_nccl.rs" {
+            out.extend(rust_sources(&rel));
+        }
+    }
+    out
+}
+
+// ---- the tally CLI ----------------------------------------------------------
+
+fn tally() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));
+    // The decisions read these; the test's own environment must not leak in.
+    for v in
+        ["FI_EFA_FORK_SAFE", "FI_EFA_USE_HUGE_PAGE", "RDMAV_FORK_SAFE", "IBV_FORK_SAFE", "FI_PROVIDER", "TALLY_PROVIDER", "TALLY_TOKEN"]
+    {
+        c.env_remove(v);
+    }
+    c.env("TALLY_LOG", "warn").current_dir(repo());
+    c
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The `tally` invocations of a line: its command (after `VAR=value`
+/// words), and any inside `$(...)`, each up to the first shell operator.
+fn tally_invocations(line: &str) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let mut w = words(line);
+    while w.first().is_some_and(|x| is_assignment(x)) {
+        w.remove(0);
+    }
+    if w.first().is_some_and(|x| x == "tally") {
+        found.push(w);
+    }
+    let mut rest = line;
+    while let Some(a) = rest.find("$(tally ") {
+        rest = &rest[a + 2..];
+        let end = rest.find(')').expect("closing parenthesis");
+        found.push(words(&rest[..end]));
+        rest = &rest[end..];
+    }
+    for f in &mut found {
+        if let Some(k) = f.iter().position(|x| [">", ">>", "|", "&&", ";", "2>&1", "||"].contains(&x.as_str()) || x.starts_with('>')) {
+            f.truncate(k);
+        }
+    }
+    found
+}
+
+fn is_assignment(w: &str) -> bool {
+    w.split_once('=').is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+}
+
+/// What `--help` says about a subcommand: its path and what it requires.
+struct Usage {
+    path: Vec<String>,
+    required_flags: Vec<String>,
+    required_args: usize,
+    takes_value: BTreeSet<String>,
+}
+
+fn parse_help(help: &str) -> Usage {
+    let usage = help.lines().find_map(|l| l.strip_prefix("Usage: ")).expect("a Usage: line");
+    let toks: Vec<&str> = usage.split_whitespace().collect();
+    let path: Vec<String> = toks.iter().skip(1).take_while(|t| !t.starts_with(['[', '<', '-'])).map(|t| t.to_string()).collect();
+    let (mut required_flags, mut required_args) = (Vec::new(), 0);
+    let mut i = 1 + path.len();
+    while i < toks.len() {
+        let t = toks[i];
+        if t.starts_with("--") {
+            required_flags.push(t.to_string());
+            if toks.get(i + 1).is_some_and(|n| n.starts_with('<')) {
+                i += 1;
+            }
+        } else if t.starts_with('<') {
+            required_args += 1;
+        }
+        i += 1;
+    }
+    let mut takes_value = BTreeSet::new();
+    for l in help.lines().map(str::trim_start) {
+        let l = l.strip_prefix("-h, ").unwrap_or(l);
+        if let Some(rest) = l.strip_prefix("--") {
+            let mut it = rest.split_whitespace();
+            let name = it.next().unwrap_or_default();
+            if it.next().is_some_and(|v| v.starts_with('<')) {
+                takes_value.insert(format!("--{name}"));
+            }
+        }
+    }
+    Usage { path, required_flags, required_args, takes_value }
+}
+
+/// The CLI accepts `args` (after `tally`): every word parses, and nothing
+/// required is missing (unless `args` only names the subcommand, as prose
+/// does: "`tally stats` shows ..."). Returns the subcommand path.
+fn check_cli(args: &[String], what: &str) -> Vec<String> {
+    let args: Vec<String> = args.iter().map(|a| substitute(a)).collect();
+    let o = tally().args(&args[1..]).arg("--help").output().unwrap();
+    assert!(o.status.success(), "{what}: the tally CLI refuses `{}`:\n{}", args.join(" "), show(&o));
+    let u = parse_help(&String::from_utf8_lossy(&o.stdout));
+    assert_eq!(&args[1..1 + u.path.len()], &u.path[..], "{what}: subcommand path");
+    let (mut flags, mut positional) = (BTreeSet::new(), 0);
+    let mut i = 1 + u.path.len();
+    while i < args.len() {
+        let a = &args[i];
+        if let Some(name) = a.strip_prefix("--").map(|n| format!("--{}", n.split('=').next().unwrap())) {
+            if !a.contains('=') && u.takes_value.contains(&name) {
+                i += 1;
+            }
+            flags.insert(name);
+        } else {
+            positional += 1;
+        }
+        i += 1;
+    }
+    if args.len() == 1 + u.path.len() && what.contains("inline") {
+        return u.path;
+    }
+    for f in &u.required_flags {
+        assert!(flags.contains(f), "{what}: `{}` lacks the required {f}", args.join(" "));
+    }
+    assert!(positional >= u.required_args, "{what}: `{}` lacks a required argument", args.join(" "));
+    u.path
+}
+
+/// Subcommands that change nothing and end by themselves: run for real.
+fn runs_here(path: &[String], args: &[String]) -> bool {
+    let p: Vec<&str> = path.iter().map(String::as_str).collect();
+    matches!(p.as_slice(), ["efa-env", _] | ["doctor"] | ["bench", "reduce"] | ["hugepages", "show"])
+        || (p == ["server"] && args.iter().any(|a| a == "--check"))
+}
+
+/// Installed path -> repository file, from the page's `install [-D] -m MODE SRC DEST` lines.
+fn installed_files(cmds: &[DocCmd]) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    for c in cmds {
+        for part in c.text.split(" && ") {
+            let w = words(part);
+            if w.first().map(String::as_str) != Some("install") || w.len() < 3 {
+                continue;
+            }
+            let (src, dest) = (&w[w.len() - 2], &w[w.len() - 1]);
+            if repo().join(src).is_file() && dest.starts_with('/') {
+                let dest = if dest.ends_with('/') {
+                    format!("{dest}{}", Path::new(src).file_name().unwrap().to_str().unwrap())
+                } else {
+                    dest.clone()
+                };
+                map.insert(dest, src.clone());
+            }
+        }
+    }
+    map
+}
+
+fn run_for_real(args: &[String], path: &[String], installed: &BTreeMap<String, String>, what: &str) {
+    let args: Vec<String> = args.iter().map(|a| installed.get(a.as_str()).cloned().unwrap_or_else(|| substitute(a))).collect();
+    for a in &args {
+        assert!(!a.starts_with("/etc/"), "{what}: {a} is not a file the page installs from the repository");
+    }
+    let o = tally().args(&args[1..]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let p: Vec<&str> = path.iter().map(String::as_str).collect();
+    match p.as_slice() {
+        ["doctor"] => {
+            // A host without EFA, hugepages or those cores fails checks: the
+            // report must still be there, and the exit code says so.
+            assert!(matches!(o.status.code(), Some(0 | 1)), "{what}:\n{}", show(&o));
+            assert!(out.starts_with("tally doctor: checking against"), "{what}:\n{}", show(&o));
+            assert!(out.lines().any(|l| l.contains(" passed, ") && l.contains(" failed")), "{what}:\n{}", show(&o));
+        }
+        ["server"] => {
+            assert!(o.status.success(), "{what}:\n{}", show(&o));
+            assert!(out.starts_with("configuration ok: "), "{what}:\n{}", show(&o));
+        }
+        ["efa-env", "print"] => {
+            assert!(o.status.success(), "{what}:\n{}", show(&o));
+            let systemd = args.windows(2).any(|w| w[0] == "--format" && w[1] == "systemd");
+            for l in out.lines().filter(|l| !l.starts_with('#')) {
+                let ok = if systemd { l.split_once('=').is_some() } else { l.starts_with("export ") || l.starts_with("unset ") };
+                assert!(ok, "{what}: line {l:?}:\n{}", show(&o));
+            }
+            assert!(out.contains("FI_EFA_FORK_SAFE"), "{what}:\n{}", show(&o));
+        }
+        ["bench", "reduce"] => {
+            assert!(o.status.success(), "{what}:\n{}", show(&o));
+            assert!(out.contains("GB/s") && out.contains("roofline"), "{what}:\n{}", show(&o));
+        }
+        ["hugepages", "show"] => {
+            assert!(o.status.success(), "{what}:\n{}", show(&o));
+            assert!(out.starts_with("Pool "), "{what}:\n{}", show(&o));
+        }
+        _ => assert!(o.status.success(), "{what}:\n{}", show(&o)),
+    }
+}
+
+// ---- the tests --------------------------------------------------------------
+
+#[test]
+fn every_command_is_run_by_something() {
+    let md = read(DOC);
+    let cmds = sh_commands(&md);
+    assert!(cmds.len() >= 20, "only {} commands found in {DOC}: is the parser right?", cmds.len());
+    let installed = installed_files(&cmds);
+    assert_eq!(installed.get("/etc/tally/server.toml").map(String::as_str), Some("config/c7gn.16xlarge.toml"), "{installed:?}");
+    let sources = all_sources();
+    let makefile = read("Makefile");
+    let mut report = Vec::new();
+    let mut unrun = Vec::new();
+    for c in &cmds {
+        let what = format!("{DOC}:{}", c.line);
+        let w = words(&c.text);
+        let mut ran = false;
+        for inv in tally_invocations(&c.text) {
+            let path = check_cli(&inv, &what);
+            if runs_here(&path, &inv) {
+                run_for_real(&inv, &path, &installed, &what);
+                // A whole line that is this command (a redirect aside) is done.
+                ran |= w.first().is_some_and(|x| x == "tally");
+            }
+        }
+        let cmd_word = w.iter().find(|x| !is_assignment(x)).cloned().unwrap_or_default();
+        let who = if ran {
+            "this test runs it".to_string()
+        } else if cmd_word.starts_with("tests/") || cmd_word.starts_with("scripts/") {
+            check_script_invocation(&w, &cmd_word, &what);
+            format!("{cmd_word} (checked: executable, bash -n)")
+        } else if cmd_word == "make" && w.len() == 2 {
+            assert!(makefile.lines().any(|l| l.starts_with(&format!("{}:", w[1]))), "{what}: the Makefile has no target {}", w[1]);
+            format!("Makefile target {}", w[1])
+        } else {
+            let hits: Vec<&SourceCmd> = sources.iter().filter(|s| line_matches(&w, &s.words)).collect();
+            if cmd_word == "make" {
+                assert!(makefile.lines().any(|l| l.starts_with(&format!("{}:", w[1]))), "{what}: the Makefile has no target {}", w[1]);
+            }
+            match hits.first() {
+                Some(s) => format!("{} ({:?})", s.path, s.kind),
+                None => {
+                    unrun.push(format!("{what}: {}", c.text));
+                    continue;
+                }
+            }
+        };
+        report.push(format!("{:>4}  {:<60}  {}", c.line, c.text.chars().take(60).collect::<String>(), who));
+    }
+    println!("{}", report.join("\n"));
+    assert!(
+        unrun.is_empty(),
+        "commands of {DOC} that no script, test or shipped configuration runs (or that differ from it):\n  {}",
+        unrun.join("\n  ")
+    );
+}
+
+/// `VAR=value ... tests/nccl/x.sh`: the script exists, is executable, parses,
+/// and reads every variable the line sets.
+fn check_script_invocation(w: &[String], script: &str, what: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let p = repo().join(script);
+    let meta = std::fs::metadata(&p).unwrap_or_else(|e| panic!("{what}: {script}: {e}"));
+    assert!(meta.permissions().mode() & 0o111 != 0, "{what}: {script} is not executable");
+    let o = Command::new("bash").arg("-n").arg(&p).output().unwrap();
+    assert!(o.status.success(), "{what}: bash -n {script}:\n{}", show(&o));
+    let text = read(script);
+    for a in w.iter().take_while(|x| is_assignment(x)) {
+        let name = a.split('=').next().unwrap();
+        assert!(text.contains(&format!("${name}")) || text.contains(&format!("${{{name}")), "{what}: {script} never reads {name}");
+    }
+}
+
+#[test]
+fn inline_tally_commands_parse() {
+    let md = read(DOC);
+    let spans: Vec<String> = inline_code(&md).into_iter().filter(|s| s.starts_with("tally ")).collect();
+    assert!(!spans.is_empty());
+    for s in spans {
+        let inv = tally_invocations(&s);
+        assert_eq!(inv.len(), 1, "{s}");
+        check_cli(&inv[0], &format!("{DOC}, inline `{s}`"));
+    }
+}
+
+#[test]
+fn placeholders_are_defined() {
+    let md = read(DOC);
+    // The page's table: rows starting with | `<NAME>` (several names per row allowed).
+    let defined: BTreeSet<String> =
+        md.lines().filter(|l| l.starts_with("| `<")).flat_map(|l| placeholders_in(l.split('|').nth(1).unwrap())).collect();
+    let used: BTreeSet<String> = sh_commands(&md)
+        .iter()
+        .flat_map(|c| placeholders_in(&c.text))
+        .chain(inline_code(&md).iter().flat_map(|s| placeholders_in(s)))
+        .collect();
+    for p in &used {
+        assert!(defined.contains(p), "<{p}> is used in {DOC} but not in its placeholder table");
+        assert!(PLACEHOLDERS.iter().any(|(n, _)| n == p), "<{p}> has no test value in PLACEHOLDERS");
+    }
+    for p in &defined {
+        assert!(used.contains(p), "<{p}> is in the placeholder table of {DOC} but never used");
+    }
+}
+
+/// Repository paths the page names exist, and the ones that are
+/// configuration or scripts load or parse.
+#[test]
+fn named_files_exist_and_load() {
+    let md = read(DOC);
+    let prefixes = ["config/", "tests/", "docs/", "tools/", "engine/", "ffi-plugin/", "scripts/", "docker/"];
+    let mut paths = BTreeSet::new();
+    for w in md.split(|c: char| c.is_whitespace() || "`()[],".contains(c)) {
+        let w = w.trim_end_matches(['.', ':', ';']);
+        if prefixes.iter().any(|p| w.starts_with(p)) && w.len() > 8 && !w.contains('<') {
+            paths.insert(w.to_string());
+        }
+    }
+    assert!(paths.len() >= 10, "{paths:?}");
+    for p in &paths {
+        let f = repo().join(p);
+        assert!(f.exists(), "{DOC} names {p}, which does not exist");
+        let ext = f.extension().and_then(|e| e.to_str()).unwrap_or("");
+        match ext {
+            "toml" if p.starts_with("config/") => {
+                ServerFile::load(&f).and_then(|s| s.resolve()).unwrap_or_else(|e| panic!("{p}: {e}"));
+            }
+            "yaml" => {
+                use serde::Deserialize;
+                let text = read(p);
+                for d in serde_yaml::Deserializer::from_str(&text) {
+                    serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{p}: {e}"));
+                }
+            }
+            "sh" | "sbatch" => {
+                let o = Command::new("bash").arg("-n").arg(&f).output().unwrap();
+                assert!(o.status.success(), "bash -n {p}:\n{}", show(&o));
+            }
+            "py" => {
+                // Parsed, not run (and no __pycache__ written).
+                match Command::new("python3")
+                    .args(["-c", "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])"])
+                    .arg(&f)
+                    .output()
+                {
+                    Ok(o) => assert!(o.status.success(), "{p} does not parse:\n{}", show(&o)),
+                    Err(e) => println!("python3 not found ({e}): {p} not parsed"),
+                }
+            }
+            "service" => {
+                for l in read(p).lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('[')) {
+                    assert!(l.contains('='), "{p}: not key=value: {l}");
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The environment variables the page names are ones the plugin, engine,
+/// CLI or scripts read.
+#[test]
+fn tally_variables_exist() {
+    let md = read(DOC);
+    let mut code = String::new();
+    for dir in ["ffi-plugin/src", "engine/src", "engine/src/server", "engine/src/fabric", "tools/src"] {
+        for e in std::fs::read_dir(repo().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "rs") {
+                code.push_str(&std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    code.push_str(&read("tests/nccl/torchrun_example.sh"));
+    code.push_str(&read("tests/nccl/torchrun_example.py"));
+    let vars: BTreeSet<&str> = md
+        .split(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .filter(|w| w.starts_with("TALLY_") && w.len() > 6)
+        .collect();
+    assert!(vars.len() >= 8, "{vars:?}");
+    for v in vars {
+        assert!(code.contains(v), "{DOC} names {v}, which nothing reads");
+    }
+}
+
+/// Figures the page quotes from the code and configuration.
+#[test]
+fn quoted_figures_hold() {
+    let md = read(DOC).split_whitespace().collect::<Vec<_>>().join(" ");
+    // The plugin's clients: ClientConfig's defaults (the plugin sets only the timeout).
+    let c = tally_engine::client::ClientConfig::new(vec![], 1, 0, 1);
+    assert_eq!((c.chunk_bytes, c.window), (256 << 10, 4));
+    assert!(md.contains("256 KiB pieces and a window of 4"), "the page's piece/window figures");
+    assert_eq!(c.timeout, std::time::Duration::from_secs(30));
+    assert!(md.contains("`TALLY_TIMEOUT_S` on the workers (default 30)"));
+    let plugin = read("ffi-plugin/src/collnet.rs");
+    assert!(plugin.contains("ClientConfig::new(") && !plugin.contains("cfg.chunk_bytes") && !plugin.contains("cfg.window"));
+    assert!(plugin.contains("TALLY_TIMEOUT_S"));
+
+    // c7gn: hugepages = lcores x slab_size, the <SIZE> example and the table.
+    let c7gn = ServerFile::load(&repo().join("config/c7gn.16xlarge.toml")).unwrap().resolve().unwrap();
+    let total = c7gn.lcores.len() as u64 * c7gn.slab_size;
+    assert_eq!(total % (1 << 30), 0);
+    assert!(md.contains(&format!("`{}G` for config/c7gn.16xlarge.toml", total >> 30)), "<SIZE> example");
+    assert!(md.contains(&format!("{} x {} MiB = {} GiB", c7gn.lcores.len(), c7gn.slab_size >> 20, total >> 30)));
+    let row = format!("| {}M: {} node-jobs at a time |", c7gn.slab_size >> 20, (c7gn.slab_size / (256 << 10) / 4));
+    assert!(md.contains(&row), "{row}");
+    assert!(md.contains(&format!("| `max_jobs` | jobs at a time | {} |", c7gn.max_jobs)));
+    assert!(md.contains(&format!("| `max_ranks` | ranks (nodes) per job | {} |", c7gn.max_ranks)));
+    assert!(md.contains(&format!("{}M, {} |", c7gn.max_chunk >> 20, c7gn.max_window)));
+    assert!(md.contains(&format!("`op_timeout_s` ({} on c7gn)", c7gn.op_timeout_s)));
+
+    // Log lines the page quotes from the plugin, and what gpu_proof.sh greps for.
+    let ffi = read("ffi-plugin/src/ffi.rs");
+    assert!(ffi.contains("TALLY_SERVERS is not set, no CollNet device") && md.contains("TALLY_SERVERS is not set, no CollNet device"));
+    assert!(plugin.contains("CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams)"));
+    assert!(read("ffi-plugin/src/log.rs").contains("format!(\"NET/Tally: {msg}\")"));
+    let proof = read("tests/nccl/gpu_proof.sh");
+    for p in ["Loaded net plugin Tally", "Loaded collnet plugin Tally", "via NET/Tally", "CollNet rank .* joined job"] {
+        assert!(proof.contains(p), "gpu_proof.sh no longer greps for {p}");
+        assert!(md.contains(&format!("`{p}`")), "{DOC} should list {p}");
+    }
+    assert!(md.contains(&format!("`idle_timeout_s` ({} on c7gn", c7gn.idle_timeout_s)));
+
+    // Messages the page quotes, as the code writes them.
+    let control = read("engine/src/server/control.rs");
+    let client = read("engine/src/client.rs");
+    let wire = read("engine/src/wire.rs");
+    for (file, text, quoted) in [
+        (&control, "refused: wrong or missing token (job {:#x}, rank {})", "refused: wrong or missing token (job 0x..., rank 1)"),
+        (
+            &control,
+            "the job needs {} per lcore (window {} x {} ranks x {} piece); lcore {l} has {} free of {}",
+            "the job needs 8 MiB per lcore (window 4 x 8 ranks x 256 KiB piece); lcore 3 has 4 MiB free of 512 MiB",
+        ),
+        (&control, "the server already runs its limit of {} jobs", "the server already runs its limit of 4 jobs"),
+        (&client, "cannot connect to {server}: {error}", "cannot connect to 127.0.0.1:7999"),
+        (&client, "token longer than 32 bytes", "token longer than 32 bytes"),
+        (&client, "all-reduce made no progress for {:?}", "timed out: all-reduce made no progress for 30s"),
+        (&client, "timed out: {m}", "timed out: all-reduce"),
+        (&wire, "\"unauthorized\"", "unauthorized: token: wrong or missing token"),
+        (&wire, "\"no capacity\"", "`no capacity`"),
+        (&wire, "\"too many jobs\"", "`too many jobs`"),
+        (&wire, "\"job mismatch\"", "job mismatch"),
+    ] {
+        assert!(file.contains(text), "the code no longer says {text:?}");
+        assert!(md.contains(quoted), "{DOC} should quote {quoted:?}");
+    }
+
+    // The plugin offers no all-gather or reduce-scatter, as the page says.
+    let lib = read("ffi-plugin/src/lib.rs");
+    assert!(lib.contains("iallgather: None") && lib.contains("ireducescatter: None"));
+}
+
+#[test]
+fn readme_links_the_guide() {
+    assert!(read("README.md").contains("docs/nccl.md"), "README.md should point NCCL/PyTorch users to docs/nccl.md");
+}
+
+// ---- the parser itself --------------------------------------------------------
+
+#[test]
+fn parser_and_matcher() {
+    assert_eq!(words(r#"eval "$(tally efa-env print --role worker)""#), vec!["eval", r#""$(tally efa-env print --role worker)""#]);
+    assert_eq!(words("a  'b c' \"d e\" $(f g)"), vec!["a", "'b c'", "\"d e\"", "$(f g)"]);
+    assert_eq!(strip_comment("tally doctor   # check 'it'"), "tally doctor   ");
+    assert_eq!(strip_comment("grep -E 'a#b' x"), "grep -E 'a#b' x");
+    let doc = words("kubectl -n tally create secret generic tally-token --from-literal=token=<TOKEN>");
+    let src: Vec<SrcWord> = words(r#"kubectl -n tally create secret generic tally-token --from-literal=token="$(openssl rand -hex 16)""#)
+        .into_iter()
+        .map(Some)
+        .collect();
+    assert!(line_matches(&doc, &src));
+    assert!(!line_matches(&doc[..doc.len() - 1], &src));
+    assert!(word_matches("<LIBDIR>${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}", &Some("$TALLY_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}".into())));
+    assert!(!word_matches("<LIBDIR>${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}", &Some("${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}".into())));
+    assert!(word_matches("--nnodes=<NNODES>", &Some("--nnodes=\"$NNODES\"".into())));
+    assert!(word_matches("anything", &None));
+    assert_eq!(tally_invocations("tally efa-env print --role server --format systemd > /etc/tally/efa.env")[0].len(), 7);
+    assert_eq!(tally_invocations(r#"eval "$(tally efa-env print --role worker)""#), vec![words("tally efa-env print --role worker")]);
+    assert_eq!(array_elements(r#""a", "b,c", x.y(1, 2), "d"] rest"#), vec![r#""a""#, r#""b,c""#, "x.y(1, 2)", r#""d""#]);
+    let md = "x\n```sh\na \\\n  b # c\n\n# d\ne\n```\n```\nnot sh\n```\n";
+    let c = sh_commands(md);
+    assert_eq!(c.iter().map(|c| c.text.as_str()).collect::<Vec<_>>(), vec!["a b", "e"]);
+    assert_eq!(c[0].line, 3);
+    // A flag the CLI does not have is refused.
+    let o = tally().args(["doctor", "--no-such-flag", "--help"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let u = parse_help("Usage: tally efa-env print [OPTIONS] --role <ROLE>\n\nOptions:\n      --role <ROLE>  x\n      --json  y\n");
+    assert_eq!((u.path, u.required_flags, u.required_args), (vec!["efa-env".to_string(), "print".into()], vec!["--role".to_string()], 0));
+    assert!(u.takes_value.contains("--role") && !u.takes_value.contains("--json"));
+}
