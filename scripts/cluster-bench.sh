@@ -7,7 +7,7 @@
 #   scripts/cluster-bench.sh [--rates 0.5,0.25] [--hosts 4] [--sizes 16M,64M] [--iters 5] [--json] [--plot FILE.svg]
 #
 # Environment: TALLY (binary, default target/release/tally), CHUNK (default
-# 512K), WINDOW (4), SEND_CREDITS (1), MTU (9000), TBF_BURST, TBF_LATENCY,
+# auto: 32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s), WINDOW (4), SEND_CREDITS (1), MTU (9000), TBF_BURST, TBF_LATENCY,
 # TALLY_IPROUTE (a folder with Debian's iproute2 unpacked, for hosts without
 # ip and tc), LOG (file for server and worker log lines).
 set -euo pipefail
@@ -28,5 +28,5 @@ while [ $# -gt 0 ]; do
     esac
 done
 exec "$TALLY" bench cluster --rates "$RATES" --sizes "$SIZES" --iters "$ITERS" "${extra[@]}" \
-    --chunk "${CHUNK:-512K}" --window "${WINDOW:-4}" --send-credits "${SEND_CREDITS:-1}" --mtu "${MTU:-9000}" \
+    --chunk "${CHUNK:-auto}" --window "${WINDOW:-4}" --send-credits "${SEND_CREDITS:-1}" --mtu "${MTU:-9000}" \
     --tbf-burst "${TBF_BURST:-auto}" --tbf-latency "${TBF_LATENCY:-50ms}" ${LOG:+--log "$LOG"}

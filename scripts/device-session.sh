@@ -13,7 +13,7 @@
 #   tail     4 KiB loop alone, then beside a job streaming 64 MiB all-reduces
 #            through the same server (p50, p99 of the small job).
 #   cluster  emulated cluster (tally bench cluster): 4 + 4 and 8 + 8 hosts,
-#            2-16 Gbit/s, 16 and 64 MiB, agg and ring.
+#            2-16 Gbit/s, 16 and 64 MiB, agg, agg through the NCCL plugin, ring.
 #   demo     `tally demo` as a user runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,9 +60,9 @@ for f in sys.argv[2:]:
         rows.update({(r["mode"], r["bytes"]): r for r in json.load(open(f))["results"]})
     except Exception as e:
         print(f"{f}: {e}")
-print(f"{'mode':>5} {'size':>9} {'mean us':>10} {'p50 us':>9} {'p99 us':>9} {'max us':>9} {'busbw GB/s':>11}")
+print(f"{'mode':>10} {'size':>9} {'mean us':>10} {'p50 us':>9} {'p99 us':>9} {'max us':>9} {'busbw GB/s':>11}")
 for (m, b), r in sorted(rows.items(), key=lambda x: (x[0][1], x[0][0])):
-    print(f"{m:>5} {b:>9} {r['time_us']:>10.2f} {r['p50_us']:>9.2f} {r['p99_us']:>9.2f} {r['max_us']:>9.2f} {r['busbw_GBps']:>11.3f}")
+    print(f"{m:>10} {b:>9} {r['time_us']:>10.2f} {r['p50_us']:>9.2f} {r['p99_us']:>9.2f} {r['max_us']:>9.2f} {r['busbw_GBps']:>11.3f}")
 a4, r4 = rows.get(("agg", 4096)), rows.get(("ring", 4096))
 if a4 and r4:
     print(f"4 KiB: agg mean {a4['time_us']:.2f} us = {a4['time_us']/rtt:.2f} x shm round trip ({rtt:.2f} us); agg/ring time {a4['time_us']/r4['time_us']:.2f}; agg p99/p50 {a4['p99_us']/a4['p50_us']:.2f}")
@@ -99,17 +99,17 @@ if has cluster; then
     for h in 4 8; do
         say ""
         say "## emulated cluster, $h + $h hosts"
-        timeout -k 5 280 "$TALLY" bench cluster --hosts "$h" --rates 16,8,4,2 --sizes 16M,64M --iters 5 --timeout 120 \
+        timeout -k 5 280 "$TALLY" bench cluster --hosts "$h" --rates 16,8,4,2 --sizes 16M,64M --iters 5 --timeout 120 --mode agg,agg-plugin,ring \
             --plot "$OUT/cluster$h.svg" --log "$OUT/cluster$h.log" --json >"$OUT/cluster$h.json" 2>>"$OUT/cluster.err" || say "FAILED (see cluster.err)"
         python3 - "$OUT/cluster$h.json" <<'PY' | tee -a "$S"
 import json, sys
 v = json.load(open(sys.argv[1])); rows = v["rows"]
 print("# placement:", v["placement"])
-print(f"{'Gbit/s':>7} {'mode':>5} {'size':>9} {'algbw GB/s':>11} {'bound':>8} {'fraction':>9} {'agg/ring':>9} {'wrong':>6}")
+print(f"{'Gbit/s':>7} {'mode':>10} {'size':>9} {'algbw GB/s':>11} {'bound':>8} {'fraction':>9} {'agg/ring':>9} {'wrong':>6}")
 for r in rows:
     ring = [x for x in rows if x["mode"] == "ring" and x["bytes"] == r["bytes"] and x["link_gbit"] == r["link_gbit"]]
     q = f"{r['algbw_GBps']/ring[0]['algbw_GBps']:.2f}" if r["mode"] != "ring" and ring else ""
-    print(f"{r['link_gbit']:>7} {r['mode']:>5} {r['bytes']>>20:>7}Mi {r['algbw_GBps']:>11.4f} {r['bound_GBps']:>8.4f} {r['fraction']:>9.2f} {q:>9} {r['wrong']:>6}")
+    print(f"{r['link_gbit']:>7} {r['mode']:>10} {r['bytes']>>20:>7}Mi {r['algbw_GBps']:>11.4f} {r['bound_GBps']:>8.4f} {r['fraction']:>9.2f} {q:>9} {r['wrong']:>6}")
 PY
     done
 fi

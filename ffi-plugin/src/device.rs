@@ -147,36 +147,14 @@ struct Registry {
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry { current: None, users: 0, retired: Vec::new() });
 
-/// libfabric settings the plugin changes from their defaults, unless the
-/// user set them: (variable, value). rxm sends messages above its eager
-/// limit (16 KiB) by rendezvous, a round trip per message; NCCL's messages
-/// are up to 512 KiB (a step of its 4 MiB buffer), and over tcp an eager
-/// message is placed straight into the posted receive: about 3x the
-/// bandwidth on loopback here, +10-20% from 1 to 16 MiB through real NCCL.
-const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "4194304")];
-
-/// Applies [`PROVIDER_DEFAULTS`] and returns what it set. libfabric reads its
-/// parameters when it first initializes (the plugin's first `fi_getinfo`, in
-/// `init`), so this runs at the start of every `init`; later calls change
-/// nothing. (Setting the environment races with other threads reading it;
-/// at `init`, NCCL's threads are not reading libfabric variables.)
-///
-/// Not when CollNet is configured (`TALLY_SERVERS`): rxm peers must agree on
-/// the eager limit (a client at 4 MiB against a server at the default stalls,
-/// measured with libfabric 1.17), and tally servers run with libfabric's
-/// defaults unless told otherwise.
+/// libfabric settings tally changes from their defaults (the engine's
+/// `fabric::defaults`: the rxm eager limit, the same as tally servers use),
+/// unless the user set them; returns what this process set. Runs at the
+/// start of every `init`, before the plugin's first `fi_getinfo`; later
+/// calls change nothing. (At `init`, NCCL's threads are not reading
+/// libfabric variables.)
 pub fn tune_provider_env() -> Vec<String> {
-    let mut set = Vec::new();
-    if std::env::var("TALLY_SERVERS").is_ok_and(|s| !s.trim().is_empty()) {
-        return set;
-    }
-    for (var, value) in PROVIDER_DEFAULTS {
-        if std::env::var_os(var).is_none() {
-            std::env::set_var(var, value);
-            set.push(format!("{var}={value}"));
-        }
-    }
-    set
+    tally_engine::fabric::defaults::apply().to_vec()
 }
 
 /// Called by each `init`: builds the table if none is in use.

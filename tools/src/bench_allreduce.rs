@@ -15,6 +15,7 @@
 //! reference it computes itself (inputs are small integers, so every
 //! partial sum is exact in every type and the check is exact whatever the
 //! association order), and the wrong counts are summed over ranks.
+use crate::collnet_driver;
 use crate::logfile;
 use crate::plot;
 use crate::progress::Progress;
@@ -33,7 +34,8 @@ use tally_engine::units::{format_size, parse_size};
 
 #[derive(Args, Debug, Clone)]
 pub struct AllreduceArgs {
-    /// agg, ring, or both (comma-separated).
+    /// agg (tally's client), agg-plugin (through libnccl-net-tally.so's ncclCollNet, as NCCL
+    /// drives it), ring; comma-separated.
     #[arg(long, default_value = "agg,ring", value_delimiter = ',')]
     pub mode: Vec<String>,
     /// Ranks (worker processes) on this machine.
@@ -91,6 +93,13 @@ pub struct AllreduceArgs {
     pub fabric_addr: Option<String>,
     #[arg(long)]
     pub json: bool,
+    /// agg-plugin: the NCCL plugin library (default: libnccl-net-tally.so next to this binary).
+    #[arg(long)]
+    pub plugin: Option<std::path::PathBuf>,
+    /// agg-plugin: bytes per iallreduce (NCCL hands CollNet an all-reduce in steps of its
+    /// buffer; 512 KiB is one step of the default 4 MiB), --window of them in flight.
+    #[arg(long, default_value = "512K")]
+    pub plugin_piece: String,
     /// Write busbw against size (one line per mode) to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
@@ -163,8 +172,8 @@ fn plan(args: &AllreduceArgs) -> Result<Plan, String> {
     let op = ReduceOp::parse(&args.op).ok_or_else(|| format!("--op: unknown op {:?}", args.op))?;
     let chunk = parse_size(&args.chunk).map_err(|e| format!("--chunk: {e}"))? as usize;
     for m in &args.mode {
-        if m != "agg" && m != "ring" {
-            return Err(format!("--mode: expected agg or ring, got {m:?}"));
+        if m != "agg" && m != "ring" && m != "agg-plugin" {
+            return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
         }
     }
     if args.ranks == 0 || args.ranks > 64 {
@@ -220,7 +229,7 @@ pub fn print_header(p: &Plan, args: &AllreduceArgs) {
     );
     println!("# {}", method_line(args.iters, args.warmup, args.sync));
     println!(
-        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>7}",
+        "{:>10} {:>10} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>7}",
         "mode", "size", "count", "type", "redop", "time(us)", "p50(us)", "p99(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
     );
 }
@@ -242,7 +251,7 @@ pub fn method_line(iters: usize, warmup: usize, sync: bool) -> String {
 
 pub fn format_row(r: &Row) -> String {
     format!(
-        "{:>6} {:>10} {:>12} {:>6} {:>6} {:>11.1} {:>9.1} {:>9.1} {:>9.1} {:>11.3} {:>11.3} {:>7}",
+        "{:>10} {:>10} {:>12} {:>6} {:>6} {:>11.1} {:>9.1} {:>9.1} {:>9.1} {:>11.3} {:>11.3} {:>7}",
         r.mode,
         format_size(r.bytes as u64),
         r.count,
@@ -263,7 +272,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let p = plan(args)?;
     let mut server = None;
     let mut servers = args.servers.clone();
-    if servers.is_empty() && args.mode.iter().any(|m| m == "agg") {
+    if servers.is_empty() && args.mode.iter().any(|m| m.starts_with("agg")) {
         let text = format!(
             "listen = \"127.0.0.1:0\"\nlcores = \"{}\"\nhugepages = \"{}\"\nprovider = \"{}\"\npoll = \"{}\"\nmax_chunk = \"{}\"\nmax_ranks = 64\n",
             args.lcores,
@@ -296,6 +305,10 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         if args.sync {
             c.arg("--sync");
         }
+        if let Some(pl) = &args.plugin {
+            c.arg("--plugin").arg(pl);
+        }
+        c.args(["--plugin-piece", &args.plugin_piece]);
         if let Some(rc) = &args.rank_cores {
             c.args(["--rank-cores", rc]);
         }
@@ -403,7 +416,22 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     for mode in &args.mode {
         let mut agg = None;
         let mut ring = None;
-        if mode == "agg" {
+        let mut plugin = None;
+        if mode == "agg-plugin" {
+            let lib = args.plugin.clone().unwrap_or_else(collnet_driver::default_library);
+            let d = collnet_driver::CollNetDriver::open(
+                &lib,
+                &args.servers,
+                &p.provider,
+                args.fabric_addr.as_deref(),
+                &mut boot,
+                args.job_id ^ 0x706c_7567,
+                parse_size(&args.plugin_piece).map_err(|e| format!("--plugin-piece: {e}"))? as usize,
+                args.window as usize,
+                Duration::from_secs(args.timeout.max(1)),
+            )?;
+            plugin = Some(d);
+        } else if mode == "agg" {
             let mut cfg = ClientConfig::new(args.servers.clone(), args.job_id, rank, n);
             cfg.provider = Some(p.provider.clone());
             cfg.chunk_bytes = p.chunk;
@@ -427,9 +455,10 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
             let count = size / dsize;
             let bytes = count * dsize;
             let mut one = |recv: &mut [u8]| -> Result<(), String> {
-                match (&mut agg, &mut ring) {
-                    (Some(c), _) => c.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
-                    (_, Some(r)) => r.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
+                match (&mut agg, &mut ring, &mut plugin) {
+                    (Some(c), _, _) => c.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
+                    (_, Some(r), _) => r.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
+                    (_, _, Some(d)) => d.allreduce(&send[..bytes], recv, p.dtype, p.op),
                     _ => unreachable!("one mode is set"),
                 }
             };

@@ -42,7 +42,7 @@ pub struct ClusterArgs {
     /// Sizes per rank (K/M/G), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16M,64M")]
     pub sizes: Vec<String>,
-    /// agg, ring, or both.
+    /// agg, agg-plugin (through the NCCL plugin's ncclCollNet), ring; comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "agg,ring")]
     pub mode: Vec<String>,
     /// Timed back-to-back all-reduces per size.
@@ -52,8 +52,10 @@ pub struct ClusterArgs {
     pub warmup: usize,
     #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Chunk size (agg piece and ring chunk).
-    #[arg(long, default_value = "512K")]
+    /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin 512 KiB
+    /// iallreduce pieces, as NCCL does), or auto
+    /// (32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s: `auto_chunk`).
+    #[arg(long, default_value = "auto")]
     pub chunk: String,
     #[arg(long, default_value_t = 4)]
     pub window: u32,
@@ -64,6 +66,10 @@ pub struct ClusterArgs {
     /// it has 2, else every server's 2 lcores on cores 0-1).
     #[arg(long)]
     pub server_lcores: Option<u32>,
+    /// Polling of servers and workers: auto (busy where every server lcore and every
+    /// worker has a core of its own, as in production; else adaptive), busy or adaptive.
+    #[arg(long, default_value = "auto")]
+    pub poll: String,
     /// Link MTU (jumbo frames, as EFA-class fabrics have).
     #[arg(long, default_value_t = 9000)]
     pub mtu: u32,
@@ -103,10 +109,11 @@ impl ClusterArgs {
             iters: 5,
             warmup: 1,
             dtype: "f32".into(),
-            chunk: "512K".into(),
+            chunk: "auto".into(),
             window: 4,
             send_credits: 1,
             server_lcores: None,
+            poll: "auto".into(),
             mtu: 9000,
             tbf_burst: "auto".into(),
             tbf_latency: "50ms".into(),
@@ -212,13 +219,13 @@ fn rates_text(rates: &[f64]) -> String {
 pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
     let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
     println!(
-        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), tcp;ofi_rxm, adaptive polling",
+        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), tcp;ofi_rxm",
         args.hosts, args.hosts, args.mtu
     );
     println!("# placement: {placement}");
     println!(
         "# chunk {}, window {}, send credits {}; {}",
-        args.chunk,
+        if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
         args.window,
         args.send_credits,
         crate::bench_allreduce::method_line(args.iters, args.warmup, false)
@@ -231,7 +238,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
 
 pub fn format_cluster_header() -> String {
     format!(
-        "{:>7} {:>5} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}",
+        "{:>7} {:>10} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}",
         "Gbit/s", "mode", "size", "time(ms)", "algbw GB/s", "busbw GB/s", "bound GB/s", "fraction", "agg/ring", "#wrong"
     )
 }
@@ -239,7 +246,7 @@ pub fn format_cluster_header() -> String {
 pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
     let ratio = out.agg_over_ring(r).map(|x| format!("{x:.2}")).unwrap_or_default();
     format!(
-        "{:>7} {:>5} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>7}",
+        "{:>7} {:>10} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>7}",
         r.link_gbit,
         r.row.mode,
         format_size(r.row.bytes as u64),
@@ -458,8 +465,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     if args.hosts < 2 || args.hosts > 64 {
         return Err("--hosts: between 2 and 64".into());
     }
-    if let Some(m) = args.mode.iter().find(|m| *m != "agg" && *m != "ring") {
-        return Err(format!("--mode: expected agg or ring, got {m:?}"));
+    if let Some(m) = args.mode.iter().find(|m| !matches!(m.as_str(), "agg" | "agg-plugin" | "ring")) {
+        return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
     }
     if let Some(why) = unavailable(args.iproute.as_deref()) {
         return Err(format!("the emulated cluster cannot run here: {why}"));
@@ -481,13 +488,22 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     build_network(&bed.tools, &sw, &hosts, &ns, args.mtu)?;
 
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
+    let dedicated =
+        worker_cores.as_ref().is_some_and(|w| tally_engine::cpuset::CoreList::parse(w).is_ok_and(|l| l.len() >= args.hosts as usize));
+    let poll = match args.poll.as_str() {
+        "auto" if dedicated => "busy",
+        "auto" => "adaptive",
+        "busy" | "adaptive" => args.poll.as_str(),
+        other => return Err(format!("--poll: expected auto, busy or adaptive, got {other:?}")),
+    };
+    let placement = format!("{placement}; {poll} polling");
     let log_level = if logfile::redirected() { "info" } else { "warn" };
     let mut servers = Vec::new();
     let mut ready = Vec::new();
     for i in 0..args.hosts {
         let a = format!("{}:7400", addr('s', i));
         let mut c = bed.tools.exec_in(&ns('s', i), &exe);
-        c.args(["server", "--listen", &a, "--lcores", &server_lcores[i as usize], "--provider", "tcp", "--poll", "adaptive"]);
+        c.args(["server", "--listen", &a, "--lcores", &server_lcores[i as usize], "--provider", "tcp", "--poll", poll]);
         c.args(["--slab-size", "128M"]).env("TALLY_LOG", log_level).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = c.spawn().map_err(|e| format!("cannot start server {i}: {e}"))?;
         let (tx, rx) = mpsc::channel();
@@ -514,7 +530,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     for &rate in &rates {
         shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
         let first = out.rows.len();
-        run_rate(&mut bed, args, rate, &servers, worker_cores.as_deref(), &exe, &ns, &mut progress, &mut out)?;
+        run_rate(&mut bed, args, rate, &servers, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
         progress.finish();
         if !args.json {
             print_header(args, rate, &placement);
@@ -574,6 +590,29 @@ fn shape(
     Ok(())
 }
 
+/// `--chunk auto`: 32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s (256 KiB at
+/// 16), at most 1 MiB. Measured on 16 cores with the engine's rxm eager
+/// limit (fabric::defaults), 4 + 4 and 8 + 8 hosts, agg fraction of the link
+/// bound by chunk: 32K gave 0.99 at 2 and 4 Gbit/s and 0.90-1.00 at 8, but
+/// 0.50 at 16, where 256K gave 0.85-0.92 (per-piece CPU cost); 64K and 128K
+/// were unstable (0.10-1.00 between runs); 512K 0.64-0.91. Small pieces keep
+/// each operation's fill and drain and the skew between workers short.
+pub fn auto_chunk(rate_gbit: f64) -> u64 {
+    if rate_gbit <= 8.0 {
+        return 32 << 10;
+    }
+    let want = rate_gbit * 16.0 * 1024.0;
+    (2f64.powi(want.log2().round() as i32) as u64).clamp(32 << 10, 1 << 20)
+}
+
+fn chunk_for(args: &ClusterArgs, rate: f64) -> String {
+    if args.chunk == "auto" {
+        auto_chunk(rate).to_string()
+    } else {
+        args.chunk.clone()
+    }
+}
+
 /// tbf's bucket in bytes for `--tbf-burst auto`: 2 ms at the link rate, at least 64 KiB.
 pub fn tbf_auto_burst(rate_gbit: f64) -> u64 {
     ((rate_gbit * 1e9 / 8.0 * 0.002) as u64).max(64 << 10)
@@ -586,6 +625,7 @@ fn run_rate(
     rate: f64,
     servers: &[String],
     worker_cores: Option<&str>,
+    poll: &str,
     exe: &Path,
     ns: &dyn Fn(char, u32) -> String,
     progress: &mut Progress,
@@ -608,7 +648,7 @@ fn run_rate(
             "--dtype",
             &args.dtype,
             "--chunk",
-            &args.chunk,
+            &chunk_for(args, rate),
             "--window",
             &args.window.to_string(),
         ]);
@@ -616,6 +656,9 @@ fn run_rate(
         if let Some(wc) = worker_cores {
             c.args(["--rank-cores", wc]);
         }
+        c.args(["--poll", poll]);
+        // agg-plugin: the plugin's own client reads its pacing from the environment.
+        c.env("TALLY_SEND_CREDITS", args.send_credits.to_string());
         c.env("TALLY_LOG", log_level).stdin(Stdio::null()).stderr(Stdio::piped());
         c.stdout(if i == 0 { Stdio::piped() } else { Stdio::null() });
         let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
@@ -696,6 +739,15 @@ mod tests {
         assert_eq!(default_rate(8, 16), 1.0);
         assert_eq!(default_rate(4, 3), 0.25);
         assert_eq!(default_rate(16, 1), 0.0625);
+    }
+
+    #[test]
+    fn auto_chunk_follows_the_link_rate() {
+        assert_eq!(auto_chunk(0.25), 32 << 10);
+        assert_eq!(auto_chunk(8.0), 32 << 10);
+        assert_eq!(auto_chunk(16.0), 256 << 10);
+        assert_eq!(auto_chunk(32.0), 512 << 10);
+        assert_eq!(auto_chunk(200.0), 1 << 20);
     }
 
     #[test]

@@ -136,6 +136,8 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         json: args.json,
         sync: false,
         plot: None,
+        plugin: None,
+        plugin_piece: "512K".into(),
         rank: None,
         bootstrap: None,
         job_id: 0,

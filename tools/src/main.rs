@@ -6,6 +6,7 @@ mod bench_allreduce;
 mod bench_p2p;
 mod bench_reduce;
 mod cluster;
+mod collnet_driver;
 mod demo;
 mod host;
 mod logfile;

@@ -43,7 +43,7 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
     let (svg, log) = (dir.join("c.svg"), dir.join("c.log"));
     let out = tally()
         .args(["bench", "cluster", "--hosts", "2", "--rates", "1,0.5", "--sizes", "1M,4M", "--iters", "3", "--json"])
-        .args(["--chunk", "256K", "--timeout", "120"])
+        .args(["--chunk", "256K", "--timeout", "120", "--mode", "agg,agg-plugin,ring"])
         .arg("--plot")
         .arg(&svg)
         .arg("--log")
@@ -56,13 +56,13 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
     assert!(!stderr.contains('\r'), "progress drawn into a pipe: {stderr:?}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2 * 2 * 2, "2 rates x 2 modes x 2 sizes: {v}");
+    assert_eq!(rows.len(), 2 * 3 * 2, "2 rates x 3 modes x 2 sizes: {v}");
     for r in rows {
         assert_eq!(r["wrong"], 0, "{r}");
         assert_eq!(r["method"], "back-to-back", "{r}");
         let (rate, mode) = (r["link_gbit"].as_f64().unwrap(), r["mode"].as_str().unwrap());
         let link = rate / 8.0;
-        let bound = if mode == "agg" { link } else { link * 2.0 / 2.0 };
+        let bound = if mode.starts_with("agg") { link } else { link * 2.0 / 2.0 };
         assert!((r["bound_GBps"].as_f64().unwrap() - bound).abs() < 1e-9, "{r}");
         let frac = r["fraction"].as_f64().unwrap();
         // Shaped: nothing beats the link by more than tbf's bucket (2 ms of

@@ -307,3 +307,30 @@ fn collnet_allreduce_through_tally_servers() {
     suite(&p, "shm");
     assert!(logged("joined job"), "connect logs the job it joined");
 }
+
+/// `tally bench allreduce --mode agg-plugin`: rank processes that load the
+/// shipped library and drive its ncclCollNet as NCCL does, against the
+/// in-process server the launcher starts; every element checked by the ranks.
+#[test]
+fn bench_allreduce_drives_the_plugin_like_nccl() {
+    let lib = support::shipped_library();
+    for provider in ["tcp", "shm"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+            .args(["bench", "allreduce", "--mode", "agg-plugin,agg", "--ranks", "3", "--provider", provider])
+            .args(["--sizes", "4K,100K,3M", "--iters", "4", "--warmup", "1", "--plugin-piece", "1M", "--window", "8", "--json"])
+            .arg("--plugin")
+            .arg(&lib)
+            .env("TALLY_LOG", "warn")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{provider}: {stdout}\n{stderr}");
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON");
+        let rows = v["results"].as_array().unwrap();
+        assert_eq!(rows.len(), 6, "{v}");
+        for r in rows {
+            assert_eq!(r["wrong"], 0, "{provider}: {r}");
+        }
+        assert!(rows.iter().any(|r| r["mode"] == "agg-plugin"), "{v}");
+    }
+}

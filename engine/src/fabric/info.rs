@@ -103,6 +103,7 @@ impl InfoList {
     }
 
     fn get_once(h: &Hints, manual: bool) -> Result<InfoList, FabricError> {
+        super::defaults::apply();
         let prov = CString::new(h.provider.as_str()).map_err(|_| FabricError { call: "fi_getinfo", code: sys::FI_EINVAL as i32 })?;
         let node = h.node.as_deref().map(|n| CString::new(n).unwrap_or_default());
         let domain = h.domain.as_deref().map(|n| CString::new(n).unwrap_or_default());
@@ -211,6 +212,7 @@ impl Drop for InfoList {
 
 /// Every provider libfabric lists (`fi_info -l`), whatever its endpoint types.
 pub fn list_providers() -> Vec<String> {
+    super::defaults::apply();
     let mut out = Vec::new();
     let mut info: *mut sys::fi_info = ptr::null_mut();
     // SAFETY: NULL hints asks for everything; the result list is freed below.

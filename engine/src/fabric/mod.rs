@@ -13,6 +13,7 @@
 //! - [`shm`]: removing the region files SIGKILLed shm processes leave in /dev/shm.
 //!
 //! The data-path calls (`send`, `recv`, `poll`) neither allocate nor lock.
+pub mod defaults;
 pub mod endpoint;
 pub mod error;
 pub mod info;

@@ -1,0 +1,42 @@
+//! libfabric settings tally changes from libfabric's defaults, the same in
+//! every tally process (servers, clients, the ring, the NCCL plugin).
+//!
+//! `tcp;ofi_rxm` sends a message above its eager limit (16 KiB by default)
+//! by rendezvous: a protocol round trip per message before its data moves.
+//! Over shaped links, where those small protocol messages queue behind bulk
+//! data, that stalled the agg pipeline: 4 + 4 emulated hosts at 0.25
+//! Gbit/s reached 0.72-0.76 of the link bound with 64-512 KiB pieces and
+//! 0.97 with 16 KiB ones (eager). With the limit at 4 MiB, eager messages
+//! land straight in the posted receive (tcp's dynamic receive buffers), and
+//! agg and ring reach 0.95-0.99 at 2-8 Gbit/s on 16 cores.
+//!
+//! rxm peers must agree on the limit (a client at 4 MiB against a server at
+//! the default stalled, libfabric 1.17), which is why it is set here, for
+//! every tally process alike, and not per command. A variable the user set
+//! is left alone; set it to the same value everywhere.
+//!
+//! libfabric reads its parameters when it first initializes, in the
+//! process's first `fi_getinfo`. [`apply`] runs once, before any tally code
+//! calls into libfabric (every `fi_getinfo` of the engine goes through it),
+//! so no thread of ours reads the environment in C while it is written.
+use std::sync::OnceLock;
+
+/// (variable, value) pairs.
+pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "4194304")];
+
+static APPLIED: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Sets every [`PROVIDER_DEFAULTS`] variable the environment lacks, once per
+/// process; returns the `VAR=value` pairs it set.
+pub fn apply() -> &'static [String] {
+    APPLIED.get_or_init(|| {
+        let mut set = Vec::new();
+        for (var, value) in PROVIDER_DEFAULTS {
+            if std::env::var_os(var).is_none() {
+                std::env::set_var(var, value);
+                set.push(format!("{var}={value}"));
+            }
+        }
+        set
+    })
+}
