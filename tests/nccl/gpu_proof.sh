@@ -112,8 +112,8 @@ trap stop_server EXIT
 
 start_server() { # provider
     local log="$OUT/server-$1.log"
-    # The server and the plugin set the same rxm eager limit (rxm peers must
-    # agree on FI_OFI_RXM_EAGER_LIMIT: export it for both or neither).
+    # The server and the plugin (with TALLY_SERVERS) set the same rxm eager limit
+    # (rxm peers must agree on FI_OFI_RXM_EAGER_LIMIT: export it for both or neither).
     "$TALLY_BIN" server --listen 127.0.0.1:7400 --lcores "$LCORES" --provider "$1" --poll "$POLL" >"$log.out" 2>"$log" &
     server_pid=$!
     for _ in $(seq 150); do

@@ -590,13 +590,13 @@ fn shape(
     Ok(())
 }
 
-/// `--chunk auto`: 32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s (256 KiB at
-/// 16), at most 1 MiB. Measured on 16 cores with the engine's rxm eager
-/// limit (fabric::defaults), 4 + 4 and 8 + 8 hosts, agg fraction of the link
-/// bound by chunk: 32K gave 0.99 at 2 and 4 Gbit/s and 0.90-1.00 at 8, but
-/// 0.50 at 16, where 256K gave 0.85-0.92 (per-piece CPU cost); 64K and 128K
-/// were unstable (0.10-1.00 between runs); 512K 0.64-0.91. Small pieces keep
-/// each operation's fill and drain and the skew between workers short.
+/// `--chunk auto`: 32 KiB up to 8 Gbit/s (the rxm eager limit tally sets,
+/// fabric::defaults), then 16 KiB per Gbit/s (256 KiB at 16), at most 1 MiB.
+/// Measured on 16 cores, 4 + 4 and 8 + 8 hosts, agg fraction of the link
+/// bound by chunk (eager): 32K gave 0.99 at 2 and 4 Gbit/s and 0.90-1.00 at
+/// 8, but 0.50 at 16, where 256K gave 0.85-0.92 (per-piece CPU cost). Small
+/// pieces keep each operation's fill and drain and the skew between workers
+/// short.
 pub fn auto_chunk(rate_gbit: f64) -> u64 {
     if rate_gbit <= 8.0 {
         return 32 << 10;

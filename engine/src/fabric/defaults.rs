@@ -1,14 +1,23 @@
 //! libfabric settings tally changes from libfabric's defaults, the same in
-//! every tally process (servers, clients, the ring, the NCCL plugin).
+//! every tally process (servers, clients, the ring, the NCCL plugin's
+//! CollNet).
 //!
 //! `tcp;ofi_rxm` sends a message above its eager limit (16 KiB by default)
 //! by rendezvous: a protocol round trip per message before its data moves.
 //! Over shaped links, where those small protocol messages queue behind bulk
 //! data, that stalled the agg pipeline: 4 + 4 emulated hosts at 0.25
 //! Gbit/s reached 0.72-0.76 of the link bound with 64-512 KiB pieces and
-//! 0.97 with 16 KiB ones (eager). With the limit at 4 MiB, eager messages
-//! land straight in the posted receive (tcp's dynamic receive buffers), and
-//! agg and ring reach 0.95-0.99 at 2-8 Gbit/s on 16 cores.
+//! 0.97 with 16 KiB ones (eager). tally therefore sets the limit to 32 KiB,
+//! and the emulated cluster cuts agg and ring into 32 KiB pieces up to
+//! 8 Gbit/s: 0.95-0.99 of the bound here and on 16 cores.
+//!
+//! Not higher: with the limit at 4 MiB, pieces of 64-128 KiB that reach a
+//! server before it reposted their slot's receive (the client may send the
+//! next chunk of a slot as soon as it has that slot's result) arrive
+//! unexpected, and over shaped links such runs collapsed to 0.03-0.6 of the
+//! bound (the NCCL plugin's CollNet, whose pieces are 64 KiB, every time).
+//! Reposting a slot's receives before its results are sent would remove
+//! that; until then, 32 KiB.
 //!
 //! rxm peers must agree on the limit (a client at 4 MiB against a server at
 //! the default stalled, libfabric 1.17), which is why it is set here, for
@@ -22,7 +31,7 @@
 use std::sync::OnceLock;
 
 /// (variable, value) pairs.
-pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "4194304")];
+pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "32768")];
 
 static APPLIED: OnceLock<Vec<String>> = OnceLock::new();
 
