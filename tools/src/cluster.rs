@@ -157,13 +157,16 @@ impl ClusterOutcome {
     }
 }
 
-/// The rate (Gbit/s) used when none is given: what this machine's cores
-/// carry with every host's tcp;ofi_rxm copies on them. Measured: 2 cores
-/// carry 4 + 4 hosts at 0.25 Gbit/s (ring and agg >= 0.9 of their bounds;
-/// at 0.5 only 0.65), 16 cores at 2-8 Gbit/s. So 0.5 Gbit/s per core per
-/// host pair, rounded down to a power of two.
+/// The rate (Gbit/s) used when none is given: the highest that this
+/// machine's cores carry with both agg and ring link-bound (tcp;ofi_rxm
+/// copies, adaptive pollers and the bridge all on them), 2 Gbit/s per core
+/// per host, rounded down to a power of two. Measured, 4 + 4 hosts, 16 and
+/// 64 MiB: 2 cores: agg 0.98-0.99 and ring 0.99 of their bounds at
+/// 1 Gbit/s, agg 0.93 at 2, agg 0.47-0.53 at 4 (the ring still 0.99: the
+/// servers' lcores ran out of CPU); 16 cores: both 0.99 at 8 Gbit/s with
+/// 4 + 4 hosts and at 4 with 8 + 8, both CPU-bound at 16.
 pub fn default_rate(hosts: u32, cores: usize) -> f64 {
-    let r = cores as f64 / (2.0 * hosts as f64);
+    let r = 2.0 * cores as f64 / hosts as f64;
     2f64.powi(r.log2().floor() as i32).max(0.0625)
 }
 
@@ -734,11 +737,11 @@ mod tests {
 
     #[test]
     fn default_rate_scales_with_cores_per_host_pair() {
-        assert_eq!(default_rate(4, 2), 0.25);
-        assert_eq!(default_rate(4, 16), 2.0);
-        assert_eq!(default_rate(8, 16), 1.0);
-        assert_eq!(default_rate(4, 3), 0.25);
-        assert_eq!(default_rate(16, 1), 0.0625);
+        assert_eq!(default_rate(4, 2), 1.0);
+        assert_eq!(default_rate(4, 16), 8.0);
+        assert_eq!(default_rate(8, 16), 4.0);
+        assert_eq!(default_rate(4, 3), 1.0);
+        assert_eq!(default_rate(64, 1), 0.0625);
     }
 
     #[test]
