@@ -5,6 +5,10 @@
 #   devlib/lib/       libfabric and the libraries it loads, as real files
 #   devlib/iproute/   Debian's iproute2 and its libraries, unpacked with dpkg -x
 #                     (`tally bench cluster --iproute devlib/iproute`)
+#   devlib/bin/       tally and the plugin, debug info stripped (symbols kept,
+#                     so perf still names functions)
+#   devlib/perf.tar.xz  this host's perf and its libraries (the session's
+#                     `profile` part unpacks it), when perf is installed here
 # Run it here after `make build`; then on the host:
 #   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute scripts/device-session.sh
 set -euo pipefail
@@ -31,4 +35,24 @@ cp -L devlib/iproute/x/usr/bin/ip devlib/iproute/x/usr/sbin/tc devlib/iproute/sb
 # Libraries as real files (symlinks do not travel to the device).
 find devlib/iproute/x -name '*.so*' \( -type f -o -type l \) | while read -r f; do cp -L "$f" devlib/iproute/lib/"$(basename "$f")"; done
 rm -rf devlib/iproute/x devlib/debs
+# The binaries, small enough to carry (the device tool takes 64 MiB in all).
+mkdir -p devlib/bin
+for f in "$TALLY" target/release/libnccl_net_tally.so; do
+    strip --strip-debug -o "devlib/bin/$(basename "$f")" "$f"
+done
+# perf, for profiles on hosts that have none. Compressed: libpython and
+# libperl alone are 11 MiB.
+if command -v perf >/dev/null; then
+    p=$(mktemp -d)
+    mkdir -p "$p/perf/lib"
+    cp -L "$(command -v perf)" "$p/perf/perf"
+    ldd "$(command -v perf)" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+        case "$(basename "$lib")" in
+            libc.so*|libm.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) continue ;;
+        esac
+        cp -L "$lib" "$p/perf/lib/"
+    done
+    tar -C "$p" -cJf devlib/perf.tar.xz perf
+    rm -rf "$p"
+fi
 du -sh devlib devlib/lib devlib/iproute

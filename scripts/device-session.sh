@@ -5,7 +5,21 @@
 #
 #   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute OUT=/tmp/out scripts/device-session.sh [parts]
 #
-# Parts (default all): latency, tail, cluster, demo.
+# Parts (default all but profile): latency, tail, cluster, demo, profile.
+#   matrix   4 KiB agg vs ring, busy, back-to-back: 2, 4, 8 ranks against
+#            server lcore sets of 1, 2 and 4 cores and TALLY_MIN_PIECE 4K,
+#            2K, 1K (how far a small all-reduce is spread over lcores).
+#   scale    core scaling: 8 ranks (cores 8-15), 64 MiB, one server with 1,
+#            2, 4, 8 lcores (cores 0-7), against the shm transport ceiling
+#            in the same run: `tally bench p2p --hubs L --leaves 8`, the same
+#            streams each way moving the same bytes with no reduce.
+#   cpu16    4 + 4 hosts at 16 Gbit/s (CPU-bound here): busy against
+#            adaptive polling, 1 against 2 lcores per server.
+#   profile  host facts (clock source, core siblings), ping-pong between
+#            several core pairs, a 1-rank agg loop (one hop through a server
+#            against one ping-pong), and perf profiles (perf carried in
+#            devlib/perf.tar.xz) of the 2-rank 4 KiB agg loop and of the
+#            emulated cluster at its highest rate.
 #   latency  shm, busy, pinned: the ping-pong round trip, then back-to-back
 #            4 KiB agg vs ring with 2, 4 and 8 ranks (mean, p50, p99), and
 #            1 MiB / 64 MiB so that a change for small sizes shows whether
@@ -20,6 +34,7 @@ cd "$(dirname "$0")/.."
 TALLY="${TALLY:-$PWD/target/release/tally}"
 FINAL="${OUT:-./out}"
 PARTS="${*:-latency tail cluster demo}"
+DEVLIB="${DEVLIB:-$PWD/devlib}"
 # Details go to a work folder, packed into one tarball at the end (the device
 # tool brings back only a few files); the summary goes to $OUT/summary.txt.
 OUT="$(mktemp -d /tmp/tally-session.XXXXXX)"
@@ -47,7 +62,7 @@ if has latency; then
         say ""
         say "## $n ranks (pinned to cores 8-15), server lcores $lc, busy, shm: back-to-back"
         timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
-            --sizes 4K --iters 1000 --warmup 50 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-small.json" || say "FAILED (see lat.err)"
+            --sizes 4K --iters 10000 --warmup 500 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-small.json" || say "FAILED (see lat.err)"
         timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
             --sizes 1M,64M --iters 20 --warmup 3 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-large.json" || say "FAILED (see lat.err)"
         python3 - "$OUT/p2p.json" "$OUT/lat$n-small.json" "$OUT/lat$n-large.json" <<'PY' | tee -a "$S"
@@ -70,6 +85,117 @@ PY
     done
 fi
 
+if has scale; then
+    say ""
+    say "## core scaling: 8 ranks, 64 MiB f32 sum, chunk 256K, window 4, shm, busy; server input GB/s = 8 x 64 MiB / time"
+    say "$(printf '%7s %14s %16s %7s' lcores 'agg input' 'p2p ceiling' ratio)"
+    for L in 1 2 4 8; do
+        hub="0-$((L-1))"
+        timeout 200 "$TALLY" bench p2p --hubs "$L" --leaves 8 --cores "$hub,8-15" --sizes 64M --chunk 256K --window 4 --iters 5 \
+            --poll busy --provider shm --json >"$OUT/scale-p2p-$L.json" 2>>"$OUT/scale.err"
+        timeout 200 "$TALLY" bench allreduce --ranks 8 --lcores "$hub" --rank-cores 8-15 --poll busy --provider shm --sizes 64M \
+            --chunk 256K --window 4 --iters 10 --warmup 2 --mode agg --json >"$OUT/scale-agg-$L.json" 2>>"$OUT/scale.err"
+        python3 - "$OUT/scale-p2p-$L.json" "$OUT/scale-agg-$L.json" "$L" <<'PY' | tee -a "$S"
+import json, sys
+try:
+    p = json.load(open(sys.argv[1]))["results"][0]["hub_input_GBps"]
+except Exception as e:
+    p = None; print("p2p:", e)
+try:
+    a = json.load(open(sys.argv[2]))["results"][0]
+    agg = 8 * a["bytes"] / (a["time_us"] * 1e-6) / 1e9
+except Exception as e:
+    agg = None; print("agg:", e)
+f = lambda v: "%.2f" % v if v else "-"
+print("%7s %14s %16s %7s" % (sys.argv[3], f(agg), f(p), f(agg / p) if agg and p else "-"))
+PY
+    done
+fi
+
+if has matrix; then
+    say ""
+    say "## 4 KiB matrix: shm, busy, ranks on cores 8-15, back-to-back 20000 (mean / p50 / p99 us)"
+    say "$(printf '%5s %6s %6s %9s %24s %24s %8s' ranks lcores minpc mode agg ring agg/ring)"
+    for n in 2 4 8; do
+        for lc in 2 2-3 2-5; do
+            for mp in 4K 2K 1K; do
+                [ "$lc" = 2 ] && [ "$mp" != 4K ] && continue
+                r=$(TALLY_MIN_PIECE=$mp timeout 120 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+                    --sizes 4K --iters 20000 --warmup 500 --mode agg,ring --json 2>>"$OUT/matrix.err")
+                echo "$r" | python3 -c '
+import json, sys
+n, lc, mp = sys.argv[1:4]
+try:
+    rows = {r["mode"]: r for r in json.load(sys.stdin)["results"]}
+    a, g = rows["agg"], rows["ring"]
+    f = lambda r: "%.2f / %.2f / %.2f" % (r["time_us"], r["p50_us"], r["p99_us"])
+    print("%5s %6s %6s %9s %24s %24s %8.2f" % (n, lc, mp, "", f(a), f(g), a["time_us"] / g["time_us"]))
+except Exception as e:
+    print(n, lc, mp, "FAILED", e)
+' "$n" "$lc" "$mp" | tee -a "$S"
+            done
+        done
+    done
+fi
+
+if has profile; then
+    say ""
+    say "## host facts"
+    say "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null) (available: $(cat /sys/devices/system/clocksource/clocksource0/available_clocksource 2>/dev/null))"
+    say "model: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+    say "siblings: $(for c in 0 1 2 8 14; do printf 'cpu%s:%s ' "$c" "$(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list 2>/dev/null)"; done)"
+    say "numa nodes: $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l); isolated: $(cat /sys/devices/system/cpu/isolated 2>/dev/null); nohz_full: $(cat /sys/devices/system/cpu/nohz_full 2>/dev/null)"
+    say ""
+    say "## shm ping-pong 4 KiB between core pairs (half round trip, us)"
+    for pair in 14,15 2,8 8,9 2,3 0,8; do
+        say "cores $pair: $(timeout 60 "$TALLY" bench p2p --provider shm --sizes 8,4K --iters 20000 --cores $pair --json 2>/dev/null | python3 -c 'import json,sys; print(" ".join("%dB %.2f" % (r["bytes"], r["latency_us"]) for r in json.load(sys.stdin)["results"]))')"
+    done
+    say ""
+    say "## 2 ranks, agg 4 KiB, busy: lcore 2, ranks on 8,9 and on 14,15"
+    for rc in 8,9 14,15; do
+        timeout 120 "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores $rc --poll busy --provider shm --sizes 4K --iters 20000 --warmup 1000 \
+            --mode agg,ring 2>>"$OUT/profile.err" | grep -E "^ +(agg|ring)" | sed "s/^/ranks $rc /" | tee -a "$S"
+    done
+    say "## one hop through a server: agg, 1 rank (core 8), lcore 2, busy, 4 KiB, back-to-back (vs ping-pong round trip cores 2,8)"
+    timeout 120 "$TALLY" bench allreduce --ranks 1 --lcores 2 --rank-cores 8 --poll busy --provider shm --sizes 4K,64K --iters 20000 --warmup 1000 \
+        --mode agg 2>>"$OUT/profile.err" | grep -E "^ +agg" | tee -a "$S"
+    PERF=""
+    if [ -f "$DEVLIB/perf.tar.xz" ]; then
+        mkdir -p /tmp/tally-perf && tar -C /tmp/tally-perf -xJf "$DEVLIB/perf.tar.xz"
+        PERF="env LD_LIBRARY_PATH=/tmp/tally-perf/perf/lib:${LD_LIBRARY_PATH:-} /tmp/tally-perf/perf/perf"
+        $PERF --version >/dev/null 2>&1 || { say "perf does not run here: $($PERF --version 2>&1 | head -2)"; PERF=""; }
+    fi
+    if [ -n "$PERF" ]; then
+        say ""
+        say "## perf: 2 ranks (cores 8,9), lcore 2, 4 KiB agg loop; cycles by core and symbol"
+        "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores 8,9 --poll busy --provider shm --sizes 4K --iters 400000 --warmup 1000 \
+            --mode agg >"$OUT/perf-lat.txt" 2>>"$OUT/profile.err" &
+        BP=$!
+        sleep 2
+        $PERF record -F 9999 -C 2,8,9 -o "$OUT/perf-lat.data" -- sleep 4 >/dev/null 2>>"$OUT/profile.err"
+        wait $BP
+        grep -E "^ +agg" "$OUT/perf-lat.txt" | tee -a "$S"
+        for c in 2 8; do
+            say "core $c:"
+            $PERF report -i "$OUT/perf-lat.data" --cpu $c --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -25 | tee -a "$S"
+        done
+        say ""
+        say "## perf: emulated cluster 4 + 4 hosts, 16 Gbit/s, 64 MiB agg; whole machine, 6 s"
+        timeout -k 5 200 "$TALLY" bench cluster --hosts 4 --rates 16 --sizes 64M --iters 200 --mode agg --timeout 150 --json \
+            >"$OUT/perf-cluster.json" 2>>"$OUT/profile.err" &
+        CP=$!
+        sleep 6
+        $PERF record -F 999 -a -o "$OUT/perf-cluster.data" -- sleep 5 >/dev/null 2>>"$OUT/profile.err"
+        wait $CP
+        python3 -c 'import json,sys; [print("%s %d MiB %s Gbit/s: fraction %.2f" % (r["mode"], r["bytes"] >> 20, r["link_gbit"], r["fraction"])) for r in json.load(open(sys.argv[1]))["rows"]]' "$OUT/perf-cluster.json" 2>&1 | tee -a "$S"
+        say "by command and object:"
+        $PERF report -i "$OUT/perf-cluster.data" --no-children --sort comm,dso --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -25 | tee -a "$S"
+        say "by symbol:"
+        $PERF report -i "$OUT/perf-cluster.data" --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -50 | tee -a "$S"
+        rm -f "$OUT"/perf-*.data
+    fi
+fi
+
 if has tail; then
     say ""
     say "## tail: 4 KiB agg loop (2 ranks) alone and beside a 64 MiB agg job (2 ranks), one server, 2 lcores busy"
@@ -79,20 +205,26 @@ if has tail; then
     small() { timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores "$1" --poll busy \
         --sizes 4K --iters 5000 --warmup 100 --mode agg --timeout 30 --json 2>>"$OUT/tail.err"; }
     small 8,9 >"$OUT/tail-alone.json"
-    # The big job ends by itself (bounded iterations), long after the small loop.
-    timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores 10,11 --poll busy \
-        --sizes 64M --iters 150 --warmup 2 --mode agg --timeout 30 --json >"$OUT/tail-big.json" 2>>"$OUT/tail.err" &
-    BP=$!
-    sleep 1.5
-    small 8,9 >"$OUT/tail-loaded.json"
-    wait "$BP"
-    kill "$SP"; sleep 2; kill -9 "$SP" 2>/dev/null; wait "$SP" 2>/dev/null
-    python3 - "$OUT/tail-alone.json" "$OUT/tail-loaded.json" <<'PY' | tee -a "$S"
+    # The big job ends by itself (bounded iterations), long after the small
+    # loop. Its chunk and window set how many bytes wait in an lcore's shm
+    # queue ahead of a small job's piece: run it with two of each.
+    for big in "256K 4" "64K 2"; do
+        set -- $big
+        timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores 10,11 --poll busy \
+            --sizes 64M --iters 150 --warmup 2 --mode agg --chunk "$1" --window "$2" --timeout 30 --json >"$OUT/tail-big-$1.json" 2>>"$OUT/tail.err" &
+        BP=$!
+        sleep 1.5
+        small 8,9 >"$OUT/tail-loaded-$1.json"
+        wait "$BP"
+        python3 - "$OUT/tail-alone.json" "$OUT/tail-loaded-$1.json" "$1" "$2" <<'PY' | tee -a "$S"
 import json, sys
 a = json.load(open(sys.argv[1]))["results"][0]; b = json.load(open(sys.argv[2]))["results"][0]
-print(f"alone:       mean {a['time_us']:.2f} us, p50 {a['p50_us']:.2f}, p99 {a['p99_us']:.2f}, max {a['max_us']:.1f}; p99/p50 {a['p99_us']/a['p50_us']:.2f}")
-print(f"beside 64M:  mean {b['time_us']:.2f} us, p50 {b['p50_us']:.2f}, p99 {b['p99_us']:.2f}, max {b['max_us']:.1f}; p99/alone-p50 {b['p99_us']/a['p50_us']:.2f}")
+if sys.argv[3] == "256K":
+    print(f"alone:       mean {a['time_us']:.2f} us, p50 {a['p50_us']:.2f}, p99 {a['p99_us']:.2f}, max {a['max_us']:.1f}; p99/p50 {a['p99_us']/a['p50_us']:.2f}")
+print(f"beside 64M (chunk {sys.argv[3]}, window {sys.argv[4]}):  mean {b['time_us']:.2f} us, p50 {b['p50_us']:.2f}, p99 {b['p99_us']:.2f}, max {b['max_us']:.1f}; p99/alone-p50 {b['p99_us']/a['p50_us']:.2f}")
 PY
+    done
+    kill "$SP"; sleep 2; kill -9 "$SP" 2>/dev/null; wait "$SP" 2>/dev/null
 fi
 
 if has cluster; then
@@ -110,6 +242,21 @@ for r in rows:
     ring = [x for x in rows if x["mode"] == "ring" and x["bytes"] == r["bytes"] and x["link_gbit"] == r["link_gbit"]]
     q = f"{r['algbw_GBps']/ring[0]['algbw_GBps']:.2f}" if r["mode"] != "ring" and ring else ""
     print(f"{r['link_gbit']:>7} {r['mode']:>10} {r['bytes']>>20:>7}Mi {r['algbw_GBps']:>11.4f} {r['bound_GBps']:>8.4f} {r['fraction']:>9.2f} {q:>9} {r['wrong']:>6}")
+PY
+    done
+fi
+
+if has cpu16; then
+    say ""
+    say "## 4 + 4 hosts, 16 Gbit/s, 64 MiB: polling and lcores per server (the machine's CPU is the limit)"
+    for v in "busy 2" "adaptive 2" "busy 1" "adaptive 1"; do
+        set -- $v
+        timeout -k 5 200 "$TALLY" bench cluster --hosts 4 --rates 16 --sizes 64M --iters 8 --timeout 150 --mode agg,agg-plugin,ring \
+            --poll "$1" --server-lcores "$2" --json >"$OUT/cpu16-$1-$2.json" 2>>"$OUT/cluster.err" || say "FAILED $v"
+        python3 - "$OUT/cpu16-$1-$2.json" "$1" "$2" <<'PY' | tee -a "$S"
+import json, sys
+v = json.load(open(sys.argv[1]))
+print(f"poll {sys.argv[2]:>8}, {sys.argv[3]} lcores/server: " + ", ".join(f"{r['mode']} {r['fraction']:.2f}" for r in v["rows"]))
 PY
     done
 fi

@@ -3,9 +3,14 @@
 //!
 //! A [`Client`] connects to one or more servers for one job. An all-reduce
 //! of `count` elements is cut into chunks of at most `chunk_elems` elements;
-//! chunk `c` goes to stream `c mod S`, where the S streams are every (server,
-//! lcore) pair the job uses, so each lcore gets its shard straight from the
-//! client (no dispatcher on the server). An all-reduce smaller than S full
+//! chunk `c` goes to stream `(first + c) mod S`, where the S streams are every
+//! (server, lcore) pair the job uses, so each lcore gets its shard straight
+//! from the client (no dispatcher on the server). `first`, the stream of
+//! chunk 0, is the stream after the previous all-reduce's last chunk: small
+//! all-reduces (one chunk) rotate over every lcore of every server instead
+//! of all landing on the first, so one lcore's sends and reposts for
+//! operation k overlap with another lcore taking operation k+1. An
+//! all-reduce smaller than S full
 //! chunks is cut into smaller ones ([`op_chunk_bytes`]) so that it still
 //! spreads over every server's link instead of queueing on the first few. Each stream keeps up to `window`
 //! chunks in flight; a chunk is: post the receive for its result straight
@@ -53,8 +58,11 @@ pub struct ClientConfig {
     /// Shared token (TALLY_TOKEN), at most 32 bytes.
     pub token: String,
     /// Bytes per shard piece (rounded down to whole elements per type).
+    /// Default from TALLY_CHUNK (K/M suffixes), else 256 KiB. Over
+    /// tcp;ofi_rxm a chunk at or below the eager limit (32 KiB, see
+    /// `fabric::defaults`) avoids a rendezvous round trip per chunk.
     pub chunk_bytes: usize,
-    /// Chunks in flight per (server, lcore).
+    /// Chunks in flight per (server, lcore). Default from TALLY_WINDOW, else 4.
     pub window: u32,
     /// Lcores to use per server (0: all of them).
     pub shards: u32,
@@ -69,6 +77,10 @@ pub struct ClientConfig {
     /// Sends in flight per server (0: as many as the windows allow).
     /// Default from TALLY_SEND_CREDITS.
     pub send_credits: u32,
+    /// Smallest piece an all-reduce is cut into to spread it over streams
+    /// (see [`op_chunk_bytes`]). Must be the same on every rank. Default
+    /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`].
+    pub min_piece: usize,
 }
 
 impl ClientConfig {
@@ -79,16 +91,22 @@ impl ClientConfig {
             rank,
             nranks,
             token: std::env::var("TALLY_TOKEN").unwrap_or_default(),
-            chunk_bytes: 256 << 10,
-            window: 4,
+            chunk_bytes: env_size("TALLY_CHUNK").unwrap_or(256 << 10),
+            window: env_size("TALLY_WINDOW").map_or(4, |w| w.clamp(1, 64) as u32),
             shards: 0,
             provider: None,
             fabric_addr: None,
             timeout: Duration::from_secs(30),
             spin_polls: 2048,
             send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
         }
     }
+}
+
+/// A positive size from the environment (K/M/G suffixes), if set and valid.
+fn env_size(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| crate::units::parse_size(&v).ok()).map(|v| v as usize).filter(|&v| v > 0)
 }
 
 #[derive(Debug)]
@@ -169,6 +187,9 @@ struct SubJob {
     /// Per server: sends in flight, and send contexts waiting for a credit
     /// (in chunk order). Only used with `send_credits`.
     pacing: Vec<Pacing>,
+    /// The stream of the next all-reduce's chunk 0. Every rank issues the
+    /// same all-reduces in the same order, so it advances identically.
+    rotate: usize,
 }
 
 #[derive(Default)]
@@ -187,8 +208,14 @@ struct Op {
     /// This operation's chunk size ([`op_chunk_bytes`]).
     chunk_bytes: usize,
     chunks: usize,
-    /// Next chunk to post, per stream (chunk = stream + k * streams).
+    /// The stream of chunk 0: chunk c goes to stream (first + c) mod S.
+    first: usize,
+    /// Next chunk to post, per stream (chunk = (stream - first) mod S + k * S).
+    /// Recycled through `Client::spare_next`, so starting an operation
+    /// allocates nothing once the first few have run.
     next: Vec<usize>,
+    /// Chunks posted so far (all of them: nothing left for `pump`).
+    posted: usize,
     done: usize,
     mh_send: Option<MemoryHandle>,
     mh_recv: Option<MemoryHandle>,
@@ -204,8 +231,8 @@ pub const MIN_SPREAD_PIECE: usize = 4096;
 /// that every server link and lcore carries part of it. Every rank computes
 /// the same value from the same arguments, so chunk `c` still meets chunk
 /// `c` of every other rank in the same slot.
-pub fn op_chunk_bytes(bytes: usize, max_chunk: usize, streams: usize, elem: usize) -> usize {
-    let share = bytes.div_ceil(streams.max(1)).next_multiple_of(MIN_SPREAD_PIECE).next_multiple_of(elem);
+pub fn op_chunk_bytes(bytes: usize, max_chunk: usize, streams: usize, elem: usize, min_piece: usize) -> usize {
+    let share = bytes.div_ceil(streams.max(1)).next_multiple_of(min_piece.max(1)).next_multiple_of(elem);
     share.min(max_chunk).max(elem)
 }
 
@@ -220,6 +247,8 @@ pub struct Client {
     name: EndpointName,
     subs: Vec<SubJob>,
     ops: VecDeque<Op>,
+    /// Per-stream cursors of finished operations, reused by the next ones.
+    spare_next: Vec<Vec<usize>>,
     next_op: u64,
     /// Context ids refused with EAGAIN, retried first.
     retry: Vec<u32>,
@@ -272,7 +301,8 @@ impl Client {
             ep,
             name,
             subs: Vec::new(),
-            ops: VecDeque::new(),
+            ops: VecDeque::with_capacity(MAX_OPS),
+            spare_next: Vec::with_capacity(MAX_OPS),
             next_op: 1,
             retry: Vec::with_capacity((per_sub as usize) * MAX_SUBJOBS),
             per_sub,
@@ -360,7 +390,7 @@ impl Client {
         let flights = vec![Flight::default(); streams.len() * self.cfg.window as usize];
         let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
         let pacing = (0..self.cfg.servers.len()).map(|_| Pacing { in_flight: 0, waiting: VecDeque::with_capacity(per_server) }).collect();
-        self.subs.push(SubJob { dtype, op, chunk_elems, streams, flights, controls, pacing });
+        self.subs.push(SubJob { dtype, op, chunk_elems, streams, flights, controls, pacing, rotate: 0 });
         Ok(self.subs.len() - 1)
     }
 
@@ -388,7 +418,7 @@ impl Client {
         let bytes = count.checked_mul(dtype.size()).ok_or_else(|| ClientError::BadArgument("count overflows".into()))?;
         let sub = self.join(dtype, op)?;
         let s = &self.subs[sub];
-        let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * dtype.size(), s.streams.len(), dtype.size());
+        let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * dtype.size(), s.streams.len(), dtype.size(), self.cfg.min_piece);
         let chunks = bytes.div_ceil(chunk_bytes);
         let (mh_send, mh_recv) = if self.ep.needs_local_mr() && bytes > 0 {
             (Some(self.registration(send as *mut u8, bytes)?), Some(self.registration(recv, bytes)?))
@@ -403,19 +433,12 @@ impl Client {
             // finds it done).
             return Ok(Request(id));
         }
-        self.ops.push_back(Op {
-            id,
-            sub,
-            send,
-            recv,
-            bytes,
-            chunk_bytes,
-            chunks,
-            next: (0..nstreams).collect(),
-            done: 0,
-            mh_send,
-            mh_recv,
-        });
+        let first = self.subs[sub].rotate;
+        self.subs[sub].rotate = (first + chunks) % nstreams;
+        let mut next = self.spare_next.pop().unwrap_or_default();
+        next.clear();
+        next.extend((0..nstreams).map(|st| (st + nstreams - first) % nstreams));
+        self.ops.push_back(Op { id, sub, send, recv, bytes, chunk_bytes, chunks, first, next, posted: 0, done: 0, mh_send, mh_recv });
         self.last_progress = Instant::now();
         if let Err(e) = self.pump() {
             self.failed = true;
@@ -544,12 +567,18 @@ impl Client {
         }
         let window = self.cfg.window;
         for oi in 0..self.ops.len() {
-            let (sub, nstreams) = (self.ops[oi].sub, self.ops[oi].next.len());
-            // One chunk per stream per pass: chunks go out in chunk order.
+            if self.ops[oi].posted == self.ops[oi].chunks {
+                // The common case while waiting for results: nothing to do.
+                continue;
+            }
+            let (sub, nstreams, first) = (self.ops[oi].sub, self.ops[oi].next.len(), self.ops[oi].first);
+            // One chunk per stream per pass, from the op's first stream:
+            // chunks go out in chunk order.
             let mut progress = true;
             while progress {
                 progress = false;
-                for st in 0..nstreams {
+                for k in 0..nstreams {
+                    let st = (first + k) % nstreams;
                     let op = &self.ops[oi];
                     let stream = &self.subs[sub].streams[st];
                     if op.next[st] >= op.chunks || stream.next_seq.wrapping_sub(stream.head_seq) >= window {
@@ -570,6 +599,7 @@ impl Client {
                     let fi = st * window as usize + slot;
                     self.subs[sub].flights[fi] = Flight { op: self.ops[oi].id, chunk, seq, send_done: false, recv_done: false };
                     self.ops[oi].next[st] += nstreams;
+                    self.ops[oi].posted += 1;
                     let base = sub as u32 * self.per_sub + (fi as u32) * 2;
                     self.post(base)?; // receive first: the result may come back fast
                     self.issue_send(base + 1)?;
@@ -627,6 +657,24 @@ impl Client {
         let off = chunk * op.chunk_bytes;
         let len = op.chunk_bytes.min(op.bytes - off);
         let tag = Tag::new(stream.job_tag, slot as u16, seq).0;
+        if is_send && len <= self.ep.inject_size() && self.cfg.send_credits == 0 {
+            // Small pieces go by inject: no send completion to wait for.
+            // (Not with pacing, whose credits are returned by completions.)
+            let addr = stream.addr;
+            // SAFETY: [send+off, +len) is inside the caller's buffer, valid
+            // for this call (inject copies it).
+            return match unsafe { self.ep.inject(op.send.add(off), len, addr, tag) } {
+                Ok(()) => {
+                    self.subs[sub].flights[fi].send_done = true;
+                    Ok(())
+                }
+                Err(PostError::Again) => {
+                    self.retry.push(ctx);
+                    Ok(())
+                }
+                Err(e) => Err(ClientError::Fabric(e.to_string())),
+            };
+        }
         let r = if is_send {
             // SAFETY: [send+off, +len) is inside the caller's buffer, valid
             // until the request completes (contract of `start`).
@@ -692,7 +740,9 @@ impl Client {
                 if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
                     self.ops[pos].done += 1;
                     if self.ops[pos].done == self.ops[pos].chunks {
-                        self.ops.remove(pos);
+                        if let Some(op) = self.ops.remove(pos) {
+                            self.spare_next.push(op.next);
+                        }
                     }
                 }
             }
@@ -802,18 +852,21 @@ mod tests {
 
     #[test]
     fn small_operations_spread_over_every_stream() {
+        const M: usize = MIN_SPREAD_PIECE;
         // 1 MiB over 8 streams with 512 KiB chunks: 8 pieces of 128 KiB.
-        assert_eq!(op_chunk_bytes(1 << 20, 512 << 10, 8, 4), 128 << 10);
+        assert_eq!(op_chunk_bytes(1 << 20, 512 << 10, 8, 4, M), 128 << 10);
         // Large operations keep the job's chunk.
-        assert_eq!(op_chunk_bytes(64 << 20, 512 << 10, 8, 4), 512 << 10);
+        assert_eq!(op_chunk_bytes(64 << 20, 512 << 10, 8, 4, M), 512 << 10);
         // A few KiB stay whole: one piece, one stream.
-        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4), MIN_SPREAD_PIECE);
-        assert_eq!(op_chunk_bytes(100, 512 << 10, 8, 4), MIN_SPREAD_PIECE);
+        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4, M), MIN_SPREAD_PIECE);
+        assert_eq!(op_chunk_bytes(100, 512 << 10, 8, 4, M), MIN_SPREAD_PIECE);
         // Whole elements, never above the job's chunk, never zero.
-        assert_eq!(op_chunk_bytes(3 << 20, 1 << 20, 3, 8), 1 << 20);
-        assert_eq!(op_chunk_bytes(8, 8, 1, 8), 8);
+        assert_eq!(op_chunk_bytes(3 << 20, 1 << 20, 3, 8, M), 1 << 20);
+        assert_eq!(op_chunk_bytes(8, 8, 1, 8, M), 8);
+        // A smaller minimum piece spreads a 4 KiB all-reduce over 4 streams.
+        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4, 1024), 1024);
         for (bytes, max, streams, elem) in [(12345usize, 65536usize, 7usize, 2usize), (1 << 22, 4096, 64, 8), (0, 4096, 4, 4)] {
-            let c = op_chunk_bytes(bytes, max, streams, elem);
+            let c = op_chunk_bytes(bytes, max, streams, elem, M);
             assert!(c % elem == 0 && c <= max && c >= elem, "{bytes} {max} {streams} {elem}: {c}");
             assert!(bytes.div_ceil(c) <= streams.max(bytes.div_ceil(max)), "{bytes} {max} {streams}: {c}");
         }

@@ -428,6 +428,7 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
                 args.job_id ^ 0x706c_7567,
                 parse_size(&args.plugin_piece).map_err(|e| format!("--plugin-piece: {e}"))? as usize,
                 args.window as usize,
+                p.chunk,
                 Duration::from_secs(args.timeout.max(1)),
             )?;
             plugin = Some(d);

@@ -6,6 +6,13 @@
 //! ping-pong, median half round trip. Bandwidth: one side streams messages
 //! with a window in flight, the other keeps receives posted; time from the
 //! first send to the receiver's final acknowledgement.
+//!
+//! Fan mode (`--hubs L --leaves R`, in `bench_p2p_fan`): one stream is not
+//! what a server's lcores face. L hub endpoints and R leaf endpoints, each
+//! a thread on its own core, move an all-reduce's traffic (R x L streams,
+//! each way, cut and windowed as the client cuts them) with the reduce left
+//! out: the transport ceiling that the server's core scaling is measured
+//! against, in the same run and on the same cores.
 use clap::Args;
 use serde::Serialize;
 use std::sync::mpsc;
@@ -21,22 +28,40 @@ pub struct P2pArgs {
     #[arg(long)]
     pub provider: Option<String>,
     /// Message sizes, comma-separated (K/M/G suffixes). Default: 8 B to 16 MiB in steps of 4x.
+    /// Fan mode: bytes per leaf. Default: 256 KiB to 64 MiB in steps of 4x.
     #[arg(long, value_delimiter = ',')]
     pub sizes: Vec<String>,
-    /// Ping-pong round trips per size (after warm-up).
-    #[arg(long, default_value_t = 1000)]
-    pub iters: usize,
-    /// Warm-up round trips per size.
-    #[arg(long, default_value_t = 100)]
-    pub warmup: usize,
-    /// Messages in flight when streaming (capped at 256 MiB in flight). Deeper
-    /// windows make tcp;ofi_rxm's rendezvous path back off (2 GB/s at 64 vs
-    /// 9-10 GB/s at 4-16 for 512 KiB here).
-    #[arg(long, default_value_t = 16)]
-    pub window: usize,
-    /// Cores for the two ends (DPDK syntax). Default: the first two allowed cores.
+    /// Ping-pong round trips per size (after warm-up) [default: 1000]. Fan
+    /// mode: timed repetitions per size [default: 10].
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Warm-up round trips per size [default: 100]. Fan mode: untimed (but
+    /// checked) repetitions per size [default: 2].
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Messages in flight when streaming (capped at 256 MiB in flight) [default: 16].
+    /// Deeper windows make tcp;ofi_rxm's rendezvous path back off (2 GB/s at 64
+    /// vs 9-10 GB/s at 4-16 for 512 KiB here). Fan mode: pieces in flight per
+    /// (leaf, hub) pair [default: 4, as `tally bench allreduce`].
+    #[arg(long)]
+    pub window: Option<usize>,
+    /// Cores (DPDK syntax). Default: the first two allowed cores. Fan mode:
+    /// the first L for hubs, the next R for leaves (default: the allowed
+    /// cores); with fewer, adaptive polling shares them, busy polling refuses.
     #[arg(long)]
     pub cores: Option<String>,
+    /// Fan mode: hub endpoints (a server's lcores), each a thread on its own
+    /// core. 0 (with --leaves 0): the two-end mode.
+    #[arg(long, default_value_t = 0)]
+    pub hubs: usize,
+    /// Fan mode: leaf endpoints (ranks), each a thread on its own core; --sizes
+    /// is then the bytes each leaf sends (an all-reduce's size).
+    #[arg(long, default_value_t = 0)]
+    pub leaves: usize,
+    /// Fan mode: bytes per piece [default: 256K, as `tally bench allreduce --chunk`],
+    /// cut smaller as the client cuts small all-reduces.
+    #[arg(long)]
+    pub chunk: Option<String>,
     /// busy (spin) or adaptive polling.
     #[arg(long, default_value = "busy")]
     pub poll: String,
@@ -80,6 +105,12 @@ fn default_sizes() -> Vec<usize> {
 }
 
 pub fn run(args: &P2pArgs) -> Result<(), String> {
+    if args.hubs > 0 || args.leaves > 0 {
+        return crate::bench_p2p_fan::run(args);
+    }
+    if args.chunk.is_some() {
+        return Err("--chunk applies to the fan mode (--hubs and --leaves)".into());
+    }
     let provider = tally_engine::fabric::select_provider(args.provider.as_deref(), true);
     let sizes: Vec<usize> = if args.sizes.is_empty() {
         default_sizes()
@@ -87,7 +118,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         args.sizes.iter().map(|s| parse_size(s).map(|v| v as usize).map_err(|e| e.to_string())).collect::<Result<_, _>>()?
     };
     let max = *sizes.iter().max().ok_or("no sizes")?;
-    let window = args.window.clamp(1, 1024);
+    let window = args.window.unwrap_or(16).clamp(1, 1024);
     let busy = match args.poll.as_str() {
         "busy" => true,
         "adaptive" => false,
@@ -100,8 +131,16 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     };
     let core_a = cores.get(0).ok_or("no cores")?;
     let core_b = cores.get(1).unwrap_or(core_a);
-    let plan =
-        Plan { provider: provider.clone(), sizes: sizes.clone(), iters: args.iters.max(1), warmup: args.warmup, window, busy, policy, max };
+    let plan = Plan {
+        provider: provider.clone(),
+        sizes: sizes.clone(),
+        iters: args.iters.unwrap_or(1000).max(1),
+        warmup: args.warmup.unwrap_or(100),
+        window,
+        busy,
+        policy,
+        max,
+    };
     if !args.json {
         println!(
             "# tally bench p2p: provider {provider}, tagged messages, {} polling, ends pinned to cores {core_a} and {core_b}",
@@ -116,13 +155,18 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     let (to_b, from_a) = mpsc::channel::<EndpointName>();
     let (to_a, from_b) = mpsc::channel::<EndpointName>();
     let plan_b = plan.clone();
-    let pong = std::thread::spawn(move || -> Result<(), String> {
+    let pong = std::thread::spawn(move || -> Result<Side, String> {
         cpuset::pin_current_thread(core_b).map_err(|e| format!("pin core {core_b}: {e}"))?;
         let mut side = Side::open(&plan_b, "p2p pong")?;
         to_a.send(side.ep.name().map_err(|e| e.to_string())?).map_err(|_| "ping side gone")?;
         let peer = from_a.recv().map_err(|_| "ping side gone")?;
         side.peer = side.ep.insert_peer(&peer).map_err(|e| e.to_string())?;
-        side.serve(&plan_b)
+        side.serve(&plan_b)?;
+        // Handed back, not closed here: an shm endpoint that closes while
+        // the ping side still progresses its last sends to it crashes the
+        // ping side (libfabric takes a lock in the closed region; seen at
+        // 16 MiB with the final acknowledgement already received).
+        Ok(side)
     });
     cpuset::pin_current_thread(core_a).map_err(|e| format!("pin core {core_a}: {e}"))?;
     let mut side = Side::open(&plan, "p2p ping")?;
@@ -133,7 +177,8 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     let rows = side.drive(&plan, args.json);
     let pong_result = pong.join().map_err(|_| "pong thread panicked".to_string())?;
     let rows = rows?;
-    pong_result?;
+    // Closed after the ping side is done with it (see the pong thread).
+    let _pong_side = pong_result?;
     if args.json {
         let r = Report { provider: provider_used, results: rows };
         println!("{}", serde_json::to_string(&r).unwrap());

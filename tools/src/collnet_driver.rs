@@ -88,6 +88,7 @@ impl CollNetDriver {
         job_id: u64,
         piece: usize,
         in_flight: usize,
+        chunk: usize,
         timeout: Duration,
     ) -> Result<CollNetDriver, String> {
         if servers.is_empty() {
@@ -101,6 +102,9 @@ impl CollNetDriver {
             std::env::set_var("TALLY_FABRIC_ADDR", a);
         }
         std::env::set_var("TALLY_TIMEOUT_S", timeout.as_secs().max(1).to_string());
+        // The plugin's client cuts each iallreduce into chunks of this size,
+        // as `--mode agg` does (TALLY_CHUNK is what a user sets for NCCL).
+        std::env::set_var("TALLY_CHUNK", chunk.to_string());
         let c = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
         // SAFETY: a NUL-terminated path; the handle is never closed (NCCL
         // keeps its plugins loaded, and the plugin is built -z nodelete).

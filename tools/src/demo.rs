@@ -194,13 +194,16 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         let p2p = P2pArgs {
             provider: Some(provider),
             sizes: ["8", "4K", "64K", "1M", "16M"].iter().map(|s| s.to_string()).collect(),
-            iters: 1000,
-            warmup: 100,
-            window: 16,
+            iters: Some(1000),
+            warmup: Some(100),
+            window: Some(16),
             cores: None,
             poll: "busy".into(),
             hugepages: "prefer".into(),
             json: false,
+            hubs: 0,
+            leaves: 0,
+            chunk: None,
         };
         bench_p2p::run(&p2p)?;
     }

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 mod bench_allreduce;
 mod bench_p2p;
+mod bench_p2p_fan;
 mod bench_reduce;
 mod cluster;
 mod collnet_driver;
@@ -45,7 +46,8 @@ enum Command {
 enum Bench {
     /// Reduction kernels: GB/s and roofline fraction against memcpy.
     Reduce(bench_reduce::ReduceArgs),
-    /// Tagged ping-pong latency and streaming bandwidth over tally's fabric layer.
+    /// Tagged ping-pong latency and streaming bandwidth over tally's fabric layer;
+    /// --hubs/--leaves: many streams each way, the ceiling for server core scaling.
     P2p(bench_p2p::P2pArgs),
     /// All-reduce through reduction servers (agg) and ring, ranks as processes on this machine.
     Allreduce(bench_allreduce::AllreduceArgs),

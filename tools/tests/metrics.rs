@@ -139,3 +139,54 @@ fn metrics_count_what_the_clients_sent() {
 
     assert!(srv.stop().success());
 }
+
+/// Small all-reduces (one piece each) rotate over the server's lcores, and
+/// results that go out by inject (no send completion) are still counted.
+#[test]
+fn small_all_reduces_rotate_over_lcores() {
+    const OPS: usize = 40;
+    const ELEMS: usize = 1024; // 4 KiB of f32: one piece, at shm's inject size
+    let port = free_port();
+    let maddr = format!("127.0.0.1:{port}");
+    let srv =
+        ServerProcess::start(&["--lcores", "0-1", "--provider", "shm", "--poll", "adaptive", "--slab-size", "8M", "--metrics", &maddr]);
+    let hs: Vec<_> = (0..NRANKS)
+        .map(|rank| {
+            let addr = srv.addr.clone();
+            std::thread::spawn(move || {
+                let mut cfg = ClientConfig::new(vec![addr], JOB + 1, rank, NRANKS);
+                cfg.provider = Some("shm".into());
+                cfg.timeout = Duration::from_secs(20);
+                cfg.spin_polls = 16;
+                let mut c = Client::connect(cfg).unwrap();
+                for op in 0..OPS {
+                    let send: Vec<f32> = (0..ELEMS).map(|i| (rank as usize * 7 + i + op) as f32).collect();
+                    let mut out = vec![0f32; ELEMS];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum).unwrap();
+                    for (i, v) in out.iter().enumerate() {
+                        let want: f32 = (0..NRANKS).map(|r| (r as usize * 7 + i + op) as f32).sum();
+                        assert_eq!(*v, want, "rank {rank} op {op} element {i}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("rank thread");
+    }
+    // Operation k went whole to lcore k mod 2: each lcore took half of them.
+    let per_lcore = (OPS / 2 * NRANKS as usize * ELEMS * 4) as f64;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let m = loop {
+        let m = scrape(&maddr);
+        if sum(&m, "tally_lcore_bytes_out_total", "") == 2.0 * per_lcore || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for l in 0..2 {
+        assert_eq!(m[&format!("tally_lcore_bytes_in_total{{lcore=\"{l}\"}}")], per_lcore, "lcore {l}: {m:?}");
+        assert_eq!(m[&format!("tally_lcore_bytes_out_total{{lcore=\"{l}\"}}")], per_lcore, "lcore {l}: {m:?}");
+    }
+    assert!(srv.stop().success());
+}

@@ -179,6 +179,9 @@ pub struct Endpoint {
     /// Set when a send was abandoned on an endpoint with `in_order_sends`:
     /// sends are refused from then on.
     sends_blocked: bool,
+    /// `fi_tinject`'s limit, 0 where tally does not inject
+    /// (TALLY_INJECT=0, or the provider offers none).
+    inject_size: usize,
 }
 
 // SAFETY: every libfabric object here belongs to one FI_THREAD_DOMAIN domain,
@@ -223,12 +226,14 @@ impl Endpoint {
             shm_rx_mask: Self::stale_mask_quirk(&provider).then_some(0),
             in_order_sends: Self::in_order_send_quirk(&provider),
             sends_blocked: false,
+            inject_size: 0,
             provider,
             wait_fd: None,
         };
         // On any failure `me` is dropped, closing whatever was opened so far.
         me.open_objects(cfg)?;
         me.wait_fd = me.query_wait_fd();
+        me.inject_size = if std::env::var("TALLY_INJECT").is_ok_and(|v| v == "0") { 0 } else { me.info.inject_size() };
         Ok(me)
     }
 
@@ -445,6 +450,39 @@ impl Endpoint {
         // ctx points into the context table, which outlives the operation.
         let ret = unsafe { sys::fi_tsend(self.ep, buf.cast(), len, desc, dest, tag, ctx) };
         self.posted(context, ret, "fi_tsend", true)
+    }
+
+    /// Messages of at most this many bytes may go with [`Endpoint::inject`]
+    /// (0: none).
+    pub fn inject_size(&self) -> usize {
+        self.inject_size
+    }
+
+    /// Sends `len` bytes at `buf` to `dest` from a copy the provider takes
+    /// now (`fi_tinject`): the buffer is free again when this returns, and
+    /// no completion follows. For small messages this saves the send
+    /// completion (a CQ entry written and read) and lets the sender reuse
+    /// the buffer at once. `len` must be at most [`Endpoint::inject_size`].
+    ///
+    /// # Safety
+    /// `[buf, buf+len)` must be valid for reads for the duration of the call.
+    pub unsafe fn inject(&mut self, buf: *const u8, len: usize, dest: PeerAddr, tag: u64) -> Result<(), PostError> {
+        if len > self.inject_size {
+            return Err(PostError::Fabric(FabricError { call: "fi_tinject", code: sys::FI_EMSGSIZE as i32 }));
+        }
+        if self.sends_blocked {
+            return Err(PostError::Fabric(FabricError { call: SENDS_BLOCKED, code: sys::FI_EIO as i32 }));
+        }
+        // SAFETY: ep is open; the caller guarantees the buffer for the call's
+        // duration, and inject copies it before returning.
+        let ret = unsafe { sys::fi_tinject(self.ep, buf.cast(), len, dest, tag) };
+        if ret == 0 {
+            Ok(())
+        } else if ret == -(sys::FI_EAGAIN as isize) {
+            Err(PostError::Again)
+        } else {
+            Err(PostError::Fabric(FabricError::from_ret("fi_tinject", ret)))
+        }
     }
 
     /// Posts a tagged receive into `[buf, buf+len)` for messages whose tag

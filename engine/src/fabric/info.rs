@@ -181,6 +181,13 @@ impl InfoList {
         unsafe { (*self.first().ep_attr).max_msg_size }
     }
 
+    /// Largest message `fi_tinject` takes (`tx_attr->inject_size`): sent
+    /// from a copy at once, with no completion to wait for.
+    pub fn inject_size(&self) -> usize {
+        // SAFETY: tx_attr is set by fi_getinfo for every entry.
+        unsafe { (*self.first().tx_attr).inject_size }
+    }
+
     /// Receive queue depth the provider offers (`rx_attr->size`).
     pub fn rx_size(&self) -> usize {
         // SAFETY: as above; rx_attr is set by fi_getinfo for every entry.
