@@ -13,8 +13,9 @@
 #            2, 4, 8 lcores (cores 0-7), against the shm transport ceiling
 #            in the same run: `tally bench p2p --hubs L --leaves 8`, the same
 #            streams each way moving the same bytes with no reduce.
-#   cpu16    4 + 4 hosts at 16 Gbit/s (CPU-bound here): busy against
-#            adaptive polling, 1 against 2 lcores per server.
+#   cpu16    4 + 4 and 8 + 8 hosts at 16 Gbit/s (CPU-bound here), 30
+#            all-reduces per figure: busy against adaptive polling, 1
+#            against 2 lcores per server.
 #   profile  host facts (clock source, core siblings), ping-pong between
 #            several core pairs, a 1-rank agg loop (one hop through a server
 #            against one ping-pong), and perf profiles (perf carried in
@@ -80,7 +81,8 @@ for (m, b), r in sorted(rows.items(), key=lambda x: (x[0][1], x[0][0])):
     print(f"{m:>10} {b:>9} {r['time_us']:>10.2f} {r['p50_us']:>9.2f} {r['p99_us']:>9.2f} {r['max_us']:>9.2f} {r['busbw_GBps']:>11.3f}")
 a4, r4 = rows.get(("agg", 4096)), rows.get(("ring", 4096))
 if a4 and r4:
-    print(f"4 KiB: agg mean {a4['time_us']:.2f} us = {a4['time_us']/rtt:.2f} x shm round trip ({rtt:.2f} us); agg/ring time {a4['time_us']/r4['time_us']:.2f}; agg p99/p50 {a4['p99_us']/a4['p50_us']:.2f}")
+    tp = p["results"][0].get("p99_latency_us", 0) / p["results"][0]["latency_us"]
+    print(f"4 KiB: agg mean {a4['time_us']:.2f} us = {a4['time_us']/rtt:.2f} x shm round trip ({rtt:.2f} us), p50 {a4['p50_us']/rtt:.2f} x; agg/ring time {a4['time_us']/r4['time_us']:.2f}; agg p99/p50 {a4['p99_us']/a4['p50_us']:.2f} (ring {r4['p99_us']/r4['p50_us']:.2f}, the ping-pong's own {tp:.2f})")
 PY
     done
 fi
@@ -248,15 +250,17 @@ fi
 
 if has cpu16; then
     say ""
-    say "## 4 + 4 hosts, 16 Gbit/s, 64 MiB: polling and lcores per server (the machine's CPU is the limit)"
-    for v in "busy 2" "adaptive 2" "busy 1" "adaptive 1"; do
+    say "## 16 Gbit/s, 64 MiB, 30 back-to-back all-reduces per figure: polling and lcores per server (the machine's CPU is the limit here)"
+    for v in "4 busy 2" "4 adaptive 2" "4 busy 1" "8 busy 1" "8 adaptive 1"; do
         set -- $v
-        timeout -k 5 200 "$TALLY" bench cluster --hosts 4 --rates 16 --sizes 64M --iters 8 --timeout 150 --mode agg,agg-plugin,ring \
-            --poll "$1" --server-lcores "$2" --json >"$OUT/cpu16-$1-$2.json" 2>>"$OUT/cluster.err" || say "FAILED $v"
-        python3 - "$OUT/cpu16-$1-$2.json" "$1" "$2" <<'PY' | tee -a "$S"
+        timeout -k 5 200 "$TALLY" bench cluster --hosts "$1" --rates 16 --sizes 64M --iters 30 --timeout 150 --mode agg,agg-plugin,ring \
+            --poll "$2" --server-lcores "$3" --json >"$OUT/cpu16-$1-$2-$3.json" 2>>"$OUT/cluster.err" || say "FAILED $v"
+        python3 - "$OUT/cpu16-$1-$2-$3.json" "$@" <<'PY' | tee -a "$S"
 import json, sys
 v = json.load(open(sys.argv[1]))
-print(f"poll {sys.argv[2]:>8}, {sys.argv[3]} lcores/server: " + ", ".join(f"{r['mode']} {r['fraction']:.2f}" for r in v["rows"]))
+rows = {r["mode"]: r for r in v["rows"]}
+q = rows["agg"]["algbw_GBps"] / rows["ring"]["algbw_GBps"] if "agg" in rows and "ring" in rows else 0
+print(f"{sys.argv[2]} + {sys.argv[2]} hosts, poll {sys.argv[3]:>8}, {sys.argv[4]} lcore(s)/server: " + ", ".join(f"{m} {r['fraction']:.2f}" for m, r in rows.items()) + f"; agg/ring {q:.2f}")
 PY
     done
 fi

@@ -97,9 +97,13 @@ pub struct AllreduceArgs {
     #[arg(long)]
     pub plugin: Option<std::path::PathBuf>,
     /// agg-plugin: bytes per iallreduce (NCCL hands CollNet an all-reduce in steps of its
-    /// buffer; 512 KiB is one step of the default 4 MiB), --window of them in flight.
+    /// buffer; 512 KiB is one step of the default 4 MiB).
     #[arg(long, default_value = "512K")]
     pub plugin_piece: String,
+    /// agg-plugin: iallreduces in flight (NCCL keeps up to NCCL_STEPS = 8 steps of a
+    /// channel outstanding).
+    #[arg(long, default_value_t = 8)]
+    pub plugin_in_flight: usize,
     /// Write busbw against size (one line per mode) to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
@@ -308,7 +312,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         if let Some(pl) = &args.plugin {
             c.arg("--plugin").arg(pl);
         }
-        c.args(["--plugin-piece", &args.plugin_piece]);
+        c.args(["--plugin-piece", &args.plugin_piece, "--plugin-in-flight", &args.plugin_in_flight.to_string()]);
         if let Some(rc) = &args.rank_cores {
             c.args(["--rank-cores", rc]);
         }
@@ -427,7 +431,7 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
                 &mut boot,
                 args.job_id ^ 0x706c_7567,
                 parse_size(&args.plugin_piece).map_err(|e| format!("--plugin-piece: {e}"))? as usize,
-                args.window as usize,
+                args.plugin_in_flight,
                 p.chunk,
                 Duration::from_secs(args.timeout.max(1)),
             )?;

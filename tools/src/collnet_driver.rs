@@ -151,7 +151,7 @@ impl CollNetDriver {
                 comm,
                 mrs: Vec::new(),
                 piece: piece.max(1),
-                in_flight: in_flight.clamp(1, 8),
+                in_flight: in_flight.clamp(1, 32),
                 timeout,
             })
         }

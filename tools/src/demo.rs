@@ -138,6 +138,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         plot: None,
         plugin: None,
         plugin_piece: "512K".into(),
+        plugin_in_flight: 8,
         rank: None,
         bootstrap: None,
         job_id: 0,

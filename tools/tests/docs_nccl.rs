@@ -772,14 +772,15 @@ fn tally_variables_exist() {
 #[test]
 fn quoted_figures_hold() {
     let md = read(DOC).split_whitespace().collect::<Vec<_>>().join(" ");
-    // The plugin's clients: ClientConfig's defaults (the plugin sets only the timeout).
+    // The plugin's clients: ClientConfig's defaults (TALLY_CHUNK, TALLY_WINDOW
+    // unset; the plugin itself sets only the timeout and the smallest piece).
     let c = tally_engine::client::ClientConfig::new(vec![], 1, 0, 1);
     assert_eq!((c.chunk_bytes, c.window), (256 << 10, 4));
     assert!(md.contains("256 KiB pieces and a window of 4"), "the page's piece/window figures");
     assert_eq!(c.timeout, std::time::Duration::from_secs(30));
     assert!(md.contains("`TALLY_TIMEOUT_S` on the workers (default 30)"));
     let plugin = read("ffi-plugin/src/collnet.rs");
-    assert!(plugin.contains("ClientConfig::new(") && !plugin.contains("cfg.chunk_bytes") && !plugin.contains("cfg.window"));
+    assert!(plugin.contains("ClientConfig::new(") && !plugin.contains("cfg.chunk_bytes =") && !plugin.contains("cfg.window ="));
     assert!(plugin.contains("TALLY_TIMEOUT_S"));
 
     // c7gn: hugepages = lcores x slab_size, the <SIZE> example and the table.
