@@ -13,6 +13,15 @@
 //! ends, and namespaces left by a run that was killed are swept at the next
 //! start. Every step is bounded in time.
 //!
+//! With `--workers-run CMD` the same testbed runs a command of the caller's
+//! in every worker namespace instead of tally's own benchmark (one process
+//! per worker, `sh -c CMD`), with the environment a multi-node job there
+//! needs: `TALLY_CLUSTER_RANK`, `TALLY_CLUSTER_WORLD`, `TALLY_CLUSTER_MASTER`
+//! (worker 0's address), `TALLY_CLUSTER_IFNAME` (the link's interface),
+//! `TALLY_SERVERS`, `TALLY_PROVIDER=tcp` and `TALLY_FABRIC_ADDR` (the worker's
+//! address), so that, e.g., PyTorch + NCCL ranks reach each other and the
+//! servers only through shaped links (tests/nccl/cluster_proof.sh).
+//!
 //! `ip` and `tc` come from PATH, or from a folder holding Debian's iproute2
 //! unpacked with `dpkg -x` (`--iproute DIR`, `TALLY_IPROUTE`): hosts without
 //! iproute2 (the GPU device image) run it that way, with the folder's
@@ -96,6 +105,13 @@ pub struct ClusterArgs {
     /// Send server and worker log lines to this file (warnings and errors still reach the terminal).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// Run this shell command in every worker namespace (one process each)
+    /// instead of tally's benchmark, once per rate; worker 0's stdout is
+    /// passed through. Its environment: TALLY_CLUSTER_RANK, _WORLD, _MASTER
+    /// (worker 0's address), _IFNAME, _RATE_GBIT, and TALLY_SERVERS,
+    /// TALLY_PROVIDER, TALLY_FABRIC_ADDR. Fails if any worker fails.
+    #[arg(long, value_name = "CMD")]
+    pub workers_run: Option<String>,
 }
 
 impl ClusterArgs {
@@ -122,6 +138,7 @@ impl ClusterArgs {
             json: false,
             plot: None,
             log: None,
+            workers_run: None,
         }
     }
 }
@@ -355,12 +372,24 @@ impl Iproute {
         self.ip(&all)
     }
 
-    /// A command run inside namespace `ns`, without our LD_LIBRARY_PATH.
+    /// A command run inside namespace `ns` with the caller's LD_LIBRARY_PATH
+    /// (not the one `ip` got for iproute2's libraries). Dropping it, as
+    /// this once did, made servers and workers on the device load the host's
+    /// own libfabric (1.20) instead of the one carried for them.
     fn exec_in(&self, ns: &str, prog: &Path) -> Command {
         let mut c = self.command(&self.ip);
         c.args(["netns", "exec", ns]);
         if self.lib.is_some() {
-            c.args(["env", "-u", "LD_LIBRARY_PATH"]);
+            match std::env::var_os("LD_LIBRARY_PATH") {
+                Some(orig) => {
+                    let mut kv = std::ffi::OsString::from("LD_LIBRARY_PATH=");
+                    kv.push(orig);
+                    c.arg("env").arg(kv);
+                }
+                None => {
+                    c.args(["env", "-u", "LD_LIBRARY_PATH"]);
+                }
+            }
         }
         c.arg(prog);
         c
@@ -530,6 +559,20 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let steps = rates.len() * args.mode.len() * args.sizes.len();
     let mut progress = Progress::new(steps, args.json);
     let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new() };
+    if let Some(cmd) = &args.workers_run {
+        for &rate in &rates {
+            shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
+            if !args.json {
+                println!(
+                    "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers; placement: {placement}; running in each worker: {cmd}",
+                    args.hosts, args.hosts
+                );
+            }
+            run_command(&mut bed, args, rate, cmd, &servers, &ns)?;
+        }
+        drop(bed);
+        return Ok(out);
+    }
     for &rate in &rates {
         shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
         let first = out.rows.len();
@@ -715,6 +758,53 @@ fn run_rate(
         return Err(format!("link rate {rate} Gbit/s: {} ({got} of {} results)", failed.join("; "), steps.len()));
     }
     Ok(())
+}
+
+/// `--workers-run`: the caller's command in every worker namespace, with the
+/// job's environment; bounded by `--timeout`.
+fn run_command(
+    bed: &mut Testbed,
+    args: &ClusterArgs,
+    rate: f64,
+    cmd: &str,
+    servers: &[String],
+    ns: &dyn Fn(char, u32) -> String,
+) -> Result<(), String> {
+    let first_child = bed.children.len();
+    for i in 0..args.hosts {
+        let mut c = bed.tools.exec_in(&ns('w', i), Path::new("/bin/sh"));
+        c.args(["-c", cmd]);
+        c.env("TALLY_CLUSTER_RANK", i.to_string())
+            .env("TALLY_CLUSTER_WORLD", args.hosts.to_string())
+            .env("TALLY_CLUSTER_MASTER", addr('w', 0))
+            .env("TALLY_CLUSTER_IFNAME", "eth0")
+            .env("TALLY_CLUSTER_RATE_GBIT", rate.to_string())
+            .env("TALLY_SERVERS", servers.join(","))
+            .env("TALLY_PROVIDER", "tcp")
+            .env("TALLY_FABRIC_ADDR", addr('w', i))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped());
+        c.stdout(if i == 0 { Stdio::inherit() } else { Stdio::piped() });
+        let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
+        logfile::forward(child.stderr.take().expect("piped"), format!("[worker {i}]"));
+        if let Some(o) = child.stdout.take() {
+            logfile::forward(o, format!("[worker {i}]"));
+        }
+        bed.children.push(child);
+    }
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let mut failed = Vec::new();
+    for (i, c) in bed.children[first_child..].iter_mut().enumerate() {
+        let st = wait_until(c, deadline);
+        if !matches!(st, Some(s) if s.success()) {
+            failed.push(format!("worker {i} {}", st.map_or("did not finish in time".into(), |s| format!("exited with {s}"))));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("link rate {rate} Gbit/s: {}", failed.join("; ")))
+    }
 }
 
 fn wait_until(c: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {

@@ -108,3 +108,66 @@ fn demo_json_has_both_parts_and_every_result_verified() {
     assert!(!stderr.contains(" INFO "), "info lines reached the terminal: {stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--workers-run` gives every worker namespace the job's environment, and
+/// tests/nccl/cluster_proof.sh's dry run (no GPU) uses it: ranks rendezvous
+/// and reach every server through the shaped links, then tally's agg,
+/// agg-plugin and ring run over the same testbed.
+#[test]
+fn workers_run_and_the_cluster_proof_dry_run() {
+    if let Err(why) = netns_ok() {
+        eprintln!("skipped the emulated cluster: {why}");
+        return;
+    }
+    let out = tally()
+        .args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--timeout", "60", "--workers-run"])
+        .arg(r#"echo "rank=$TALLY_CLUSTER_RANK world=$TALLY_CLUSTER_WORLD master=$TALLY_CLUSTER_MASTER servers=$TALLY_SERVERS me=$TALLY_FABRIC_ADDR""#)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    // Worker 0's stdout comes through; worker 1's goes to the log (stderr here).
+    assert!(stdout.contains("rank=0 world=2 master=198.18.1.10 servers=198.18.0.10:7400,198.18.0.11:7400 me=198.18.1.10"), "{stdout}");
+    assert!(stderr.contains("rank=1 world=2") && stderr.contains("me=198.18.1.11"), "{stderr}");
+    // A failing worker fails the run, naming it.
+    let out = tally()
+        .args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--timeout", "60", "--workers-run"])
+        .arg(r#"test "$TALLY_CLUSTER_RANK" = 0"#)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("worker 1 exited"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped the cluster proof's dry run: no python3");
+        return;
+    }
+    let before = namespaces();
+    let dir = std::env::temp_dir().join(format!("tally-cluster-proof-{}", std::process::id()));
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let out = Command::new("bash")
+        .arg(root.join("tests/nccl/cluster_proof.sh"))
+        .env("DRYRUN", "1")
+        .env("RATE", "1")
+        .env("G", "2")
+        .env("OUT", &dir)
+        .env("TALLY_BIN", env!("CARGO_BIN_EXE_tally"))
+        .env("TALLY_LOG", "warn")
+        .output()
+        .unwrap();
+    let summary = std::fs::read_to_string(dir.join("summary.txt")).unwrap_or_default();
+    assert!(out.status.success(), "{summary}\n{}", String::from_utf8_lossy(&out.stderr));
+    for rate in ["1", "0.5"] {
+        assert!(summary.contains(&format!("testbed at {rate} Gbit/s: {{\"label\": \"dry\", \"dry_run\": true, \"world\": 2, \"ranks_reached\": 2, \"servers_reached\": 2}} rc=0")), "{summary}");
+    }
+    assert_eq!(summary.matches(" agg-plugin ").count(), 2, "{summary}");
+    // Every namespace the runs made is gone. Another test's run may still
+    // hold some: only those of processes that ended count.
+    let ended = |n: &String| {
+        let pid = n.strip_prefix("tly").and_then(|r| r.split('x').next()).unwrap_or("");
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    };
+    let left: Vec<String> = namespaces().into_iter().filter(|n| n.starts_with("tly") && !before.contains(n) && ended(n)).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
