@@ -780,7 +780,10 @@ fn quoted_figures_hold() {
     assert_eq!(c.timeout, std::time::Duration::from_secs(30));
     assert!(md.contains("`TALLY_TIMEOUT_S` on the workers (default 30)"));
     let plugin = read("ffi-plugin/src/collnet.rs");
-    assert!(plugin.contains("ClientConfig::new(") && !plugin.contains("cfg.chunk_bytes =") && !plugin.contains("cfg.window ="));
+    assert!(plugin.contains("ClientConfig::new(") && !plugin.contains("cfg.window ="));
+    // Over tcp the plugin picks 32 KiB pieces and one send in flight per server.
+    assert!(plugin.contains("cfg.chunk_bytes = 32 << 10;") && plugin.contains("cfg.send_credits = 1;"));
+    assert!(md.contains("over `tcp`: 32 KiB pieces and one send in flight per server"), "the tcp defaults on the page");
     assert!(plugin.contains("TALLY_TIMEOUT_S"));
 
     // c7gn: hugepages = lcores x slab_size, the <SIZE> example and the table.
