@@ -161,7 +161,9 @@ EOF
     say "=== proof from the NCCL logs (rank 0's file of each run)"
     for rate in "$RATE" "$half"; do
         for m in $MODES; do
-            f=$(ls "$OUT/$m-$rate".nccl.*.log 2>/dev/null | head -1)
+            # Rank 0 logs each collective's algorithm; the others do not.
+            f=$(grep -l " -> Algo " "$OUT/$m-$rate".nccl.*.log 2>/dev/null | head -1)
+            [ -n "$f" ] || f=$(ls "$OUT/$m-$rate".nccl.*.log 2>/dev/null | head -1)
             [ -n "$f" ] || continue
             say "--- $m at $rate Gbit/s ($(basename "$f"))"
             grep -hE "Using network|Loaded (coll)?net plugin|CollNet|COLLNET|via NET/" "$f" | head -6 | sed 's/^/    /' | tee -a "$summary" >/dev/null
