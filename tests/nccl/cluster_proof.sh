@@ -38,12 +38,7 @@
 # (20), MODES, PYTHON (python3), STEP_TIMEOUT (s per run, 900), DRYRUN.
 set -u -o pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
-OUT=${OUT:-./out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-PYTHON=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RATE=${RATE:-8}
 SIZES=${SIZES:-1M,4M,16M,64M,256M}
 DTYPES=${DTYPES:-f32,bf16}
@@ -51,13 +46,6 @@ ITERS=${ITERS:-20}
 STEP_TIMEOUT=${STEP_TIMEOUT:-900}
 DRYRUN=${DRYRUN:-0}
 MODES=${MODES:-"ring-socket ring-tally collnet collnet-auto"}
-
-first_existing() {
-    for f in "$@"; do [ -e "$f" ] && { readlink -f "$f"; return 0; }; done
-    return 1
-}
-PLUGIN=${PLUGIN:-$(first_existing "$root/target/release/libnccl-net-tally.so" "$here/libnccl-net-tally.so" || echo missing)}
-TALLY_BIN=${TALLY_BIN:-$(first_existing "$root/target/release/tally" "$here/tally" || echo missing)}
 
 summary="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$summary"; }

@@ -33,12 +33,7 @@
 #   STEP_TIMEOUT seconds per run (default 600)
 set -u -o pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
-OUT=${OUT:-./out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-PYTHON=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 MODES=${MODES:-"socket tally-tcp tally-shm collnet-tcp collnet-shm"}
 MIN_SIZE=${MIN_SIZE:-1K}
 MAX_SIZE=${MAX_SIZE:-256M}
@@ -49,17 +44,6 @@ if [ -z "${POLL:-}" ]; then
     if [ "$(nproc)" -ge 8 ]; then POLL=busy; else POLL=adaptive; fi
 fi
 
-first_existing() {
-    for f in "$@"; do
-        if [ -e "$f" ]; then
-            readlink -f "$f"
-            return 0
-        fi
-    done
-    return 1
-}
-PLUGIN=${PLUGIN:-$(first_existing "$root/target/release/libnccl-net-tally.so" "$here/libnccl-net-tally.so" || echo missing)}
-TALLY_BIN=${TALLY_BIN:-$(first_existing "$root/target/release/tally" "$here/tally" || echo missing)}
 case "$PLUGIN" in /*) ;; *) PLUGIN=$(readlink -f "$PLUGIN") ;; esac
 
 summary="$OUT/summary.txt"

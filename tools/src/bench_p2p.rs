@@ -122,12 +122,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     };
     let max = *sizes.iter().max().ok_or("no sizes")?;
     let window = args.window.unwrap_or(16).clamp(1, 1024);
-    let busy = match args.poll.as_str() {
-        "busy" => true,
-        "adaptive" => false,
-        other => return Err(format!("--poll: expected busy or adaptive, got {other:?}")),
-    };
-    let policy: HugepagePolicy = args.hugepages.parse().map_err(|e| format!("--hugepages: {e}"))?;
+    let (busy, policy) = poll_and_policy(args)?;
     let cores = match &args.cores {
         Some(c) => CoreList::parse(c).map_err(|e| format!("--cores: {e}"))?,
         None => cpuset::allowed().map_err(|e| e.to_string())?,
@@ -187,6 +182,17 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string(&r).unwrap());
     }
     Ok(())
+}
+
+/// `--poll` (true: busy) and `--hugepages`, as both modes read them.
+pub(crate) fn poll_and_policy(args: &P2pArgs) -> Result<(bool, HugepagePolicy), String> {
+    let busy = match args.poll.as_str() {
+        "busy" => true,
+        "adaptive" => false,
+        other => return Err(format!("--poll: expected busy or adaptive, got {other:?}")),
+    };
+    let policy: HugepagePolicy = args.hugepages.parse().map_err(|e| format!("--hugepages: {e}"))?;
+    Ok((busy, policy))
 }
 
 #[derive(Clone)]

@@ -159,12 +159,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     if window == 0 || window > MAX_WINDOW {
         return Err(format!("--window: pieces in flight per (leaf, hub) pair, 1 to {MAX_WINDOW} (got {window})"));
     }
-    let busy = match args.poll.as_str() {
-        "busy" => true,
-        "adaptive" => false,
-        other => return Err(format!("--poll: expected busy or adaptive, got {other:?}")),
-    };
-    let policy: HugepagePolicy = args.hugepages.parse().map_err(|e| format!("--hugepages: {e}"))?;
+    let (busy, policy) = crate::bench_p2p::poll_and_policy(args)?;
     let cores = match &args.cores {
         Some(c) => {
             let l = CoreList::parse(c).map_err(|e| format!("--cores: {e}"))?;
