@@ -6,7 +6,10 @@
 //!   sizes (4 KiB to 1 MiB), every element checked: one server is SIGTERMed
 //!   mid-loop; no operation fails, every element is right, the server exits
 //!   with status 0 within its drain timeout while the loop still has many
-//!   operations to go (carried by the other two), over shm and tcp;
+//!   operations to go (carried by the other two), over shm and tcp; also
+//!   with two sub-jobs (sum and max alternating: two server jobs drained at
+//!   once), and with the ranks idle (between all-reduces) when it starts;
+//! - a second SIGTERM stops a draining server at once;
 //! - a server with no job exits at once on SIGTERM;
 //! - a job that tries to join a draining server is refused with a reject
 //!   naming the drain; a job with other servers runs on those instead;
@@ -57,9 +60,15 @@ fn round_bytes(round: usize) -> usize {
     SIZES[round % SIZES.len()]
 }
 
-/// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
-/// of `round_bytes(round)` (rank r's element i is r + i mod 97 + round:
-/// exact), every element checked; `progress` counts rank 0's rounds done.
+/// How the ranks of [`loop_job_with`] run.
+#[derive(Clone, Copy, Default)]
+struct Shape {
+    /// Odd rounds are f32 max instead of sum: a second sub-job (server job).
+    mixed: bool,
+    /// Every rank sleeps this long after this round (idle between all-reduces).
+    pause: Option<(usize, Duration)>,
+}
+
 fn loop_job(
     provider: &str,
     addrs: &[String],
@@ -68,26 +77,57 @@ fn loop_job(
     rounds: usize,
     progress: Arc<AtomicUsize>,
 ) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
+    loop_job_with(provider, addrs, job, n, rounds, progress, Shape::default())
+}
+
+/// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
+/// (or maxima) of `round_bytes(round)` (rank r's element i is r + i mod 97 +
+/// round: exact), every element checked; `progress` counts rank 0's rounds done.
+fn loop_job_with(
+    provider: &str,
+    addrs: &[String],
+    job: u64,
+    n: u32,
+    rounds: usize,
+    progress: Arc<AtomicUsize>,
+    shape: Shape,
+) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
     (0..n)
         .map(|rank| {
             let cfg = multi(provider, addrs, job, rank, n);
             let progress = progress.clone();
             std::thread::spawn(move || {
                 let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                if shape.mixed {
+                    // Both sub-jobs from the start (a join is collective).
+                    c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                    c.join(DataType::Float32, ReduceOp::Max).map_err(|e| e.to_string())?;
+                }
                 for round in 0..rounds {
                     let count = round_bytes(round) / 4;
+                    let max = shape.mixed && round % 2 == 1;
+                    let op = if max { ReduceOp::Max } else { ReduceOp::Sum };
                     let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();
                     let mut out = vec![0f32; count];
-                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, op)
                         .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
                     for (i, v) in out.iter().enumerate() {
-                        let want: f32 = (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum();
+                        let want: f32 = if max {
+                            (n as usize - 1 + i % 97 + round) as f32
+                        } else {
+                            (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
+                        };
                         if *v != want {
                             return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
                         }
                     }
                     if rank == 0 {
                         progress.store(round + 1, Ordering::Relaxed);
+                    }
+                    if let Some((at, pause)) = shape.pause {
+                        if round + 1 == at {
+                            std::thread::sleep(pause);
+                        }
                     }
                 }
                 Ok(())
@@ -100,7 +140,7 @@ fn results(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) -> Vec<Result<(
     hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
 }
 
-fn drain_one_of_three(provider: &str) {
+fn drain_one_of_three(provider: &str, shape: Shape) {
     const ROUNDS: usize = 400;
     const KILL_AT: usize = 80;
     const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -108,13 +148,18 @@ fn drain_one_of_three(provider: &str) {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let ranks = loop_job(provider, &addrs, 0xd1, 3, ROUNDS, progress.clone());
+    let shape = Shape { pause: shape.pause.map(|(_, d)| (KILL_AT, d)), ..shape };
+    let ranks = loop_job_with(provider, &addrs, 0xd1, 3, ROUNDS, progress.clone(), shape);
     while progress.load(Ordering::Relaxed) < KILL_AT {
         assert!(t0.elapsed() < Duration::from_secs(60), "the loop did not reach round {KILL_AT}");
         if ranks.iter().any(|h| h.is_finished()) {
             break; // a rank failed early: reported below
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+    if shape.pause.is_some() {
+        // Rank 0 finished round KILL_AT and sleeps: let the others reach it too.
+        std::thread::sleep(Duration::from_millis(100));
     }
     let killed_round = progress.load(Ordering::Relaxed);
     sigterm(&servers[1]);
@@ -134,9 +179,14 @@ fn drain_one_of_three(provider: &str) {
     let (st, at) = exited.unwrap_or_else(|| panic!("the draining server did not exit:\n{log}"));
     assert!(st.success(), "the draining server exited with {st}:\n{log}");
     assert!(at - killed < DRAIN_TIMEOUT, "exit after {:?}, beyond the drain timeout", at - killed);
-    assert!(servers[1].log_contains("draining: 1 running jobs (3 ranks)"), "{log}");
-    assert!(servers[1].log_contains("job 0xd1: every rank moves off this server from operation"), "{log}");
-    assert!(servers[1].log_contains("job 0xd1: every rank left this draining server"), "{log}");
+    let (jobs, ids): (usize, &[&str]) = if shape.mixed { (2, &["0xd1", "0x"]) } else { (1, &["0xd1"]) };
+    assert!(servers[1].log_contains(&format!("draining: {jobs} running jobs ({} ranks)", 3 * jobs)), "{log}");
+    for id in ids {
+        assert!(servers[1].log_contains(&format!("job {id}")), "{log}");
+    }
+    let count = |needle: &str| servers[1].log.lock().unwrap().iter().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("every rank moves off this server from operation"), jobs, "{log}");
+    assert_eq!(count("every rank left this draining server"), jobs, "{log}");
     assert!(servers[1].log_contains("drained: no job left"), "{log}");
     assert!(!servers[1].log_contains("drain timeout"), "{log}");
     // The server left while the loop had most of its rounds to go: the
@@ -144,6 +194,7 @@ fn drain_one_of_three(provider: &str) {
     assert!(exit_round + 100 < ROUNDS, "the server exited at round {exit_round} of {ROUNDS}: too late to show the others carried on");
     for s in [&servers[0], &servers[2]] {
         assert!(s.wait_log("job 0xd1: every rank finished", Duration::from_secs(5)), "the job ended cleanly on the others");
+        assert!(!s.log_contains("failed"), "{:?}", s.log.lock().unwrap());
     }
     let mut servers = servers.into_iter();
     let (a, _, c) = (servers.next().unwrap(), servers.next(), servers.next().unwrap());
@@ -153,12 +204,49 @@ fn drain_one_of_three(provider: &str) {
 
 #[test]
 fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_shm() {
-    drain_one_of_three("shm");
+    drain_one_of_three("shm", Shape::default());
 }
 
 #[test]
 fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_tcp() {
-    drain_one_of_three("tcp");
+    drain_one_of_three("tcp", Shape::default());
+}
+
+#[test]
+fn sigterm_mid_loop_moves_two_sub_jobs_at_once_shm() {
+    drain_one_of_three("shm", Shape { mixed: true, pause: None });
+}
+
+#[test]
+fn sigterm_while_the_ranks_are_idle_between_all_reduces_shm() {
+    drain_one_of_three("shm", Shape { mixed: false, pause: Some((0, Duration::from_millis(400))) });
+}
+
+#[test]
+fn a_second_sigterm_stops_a_draining_server_at_once() {
+    let mut lone = server("shm", &["--drain-timeout", "60"]);
+    let addrs = vec![lone.addr.clone()];
+    let progress = Arc::new(AtomicUsize::new(0));
+    let ranks = loop_job("shm", &addrs, 0x71, 2, 1_000_000, progress.clone());
+    while progress.load(Ordering::Relaxed) < 5 {
+        if ranks.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sigterm(&lone);
+    assert!(lone.wait_log("the job stays here", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());
+    let t = Instant::now();
+    sigterm(&lone);
+    let (st, at) = wait_exit(&mut lone, Duration::from_secs(10)).expect("a second SIGTERM stops the server");
+    eprintln!("DRAIN second SIGTERM: exit after {:?}", at - t);
+    assert!(st.success(), "{st}");
+    assert!(at - t < Duration::from_secs(5), "{:?}", at - t);
+    assert!(lone.log_contains("second signal: stopping at once"));
+    for r in results(ranks) {
+        let e = r.expect_err("the job was stopped");
+        assert!(e.contains("shutting down") || e.contains("closed"), "{e}");
+    }
 }
 
 #[test]
