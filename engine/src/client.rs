@@ -937,7 +937,7 @@ impl Client {
                 }
             }
         }
-        if self.busy_polls % BUSY_CHECK_EVERY == 0 {
+        if self.busy_polls.is_multiple_of(BUSY_CHECK_EVERY) {
             return self.check_controls();
         }
         Ok(())
@@ -1139,7 +1139,7 @@ enum Control {
 }
 
 enum Answer {
-    Rejected(Reject),
+    Rejected(Box<Reject>),
     Io(String),
 }
 
@@ -1154,7 +1154,7 @@ fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>), Answer> {
             b[..8].copy_from_slice(&hdr);
             s.read_exact(&mut b[8..]).map_err(io)?;
             let r: Reject = wire::read(&b).map_err(|e| Answer::Io(e.to_string()))?;
-            Err(Answer::Rejected(r))
+            Err(Answer::Rejected(Box::new(r)))
         }
         Kind::Accept => {
             let mut b = [0u8; core::mem::size_of::<Accept>()];
