@@ -965,6 +965,8 @@ impl ControlPlane {
             op: a.spec.op.name(),
             state: match a.phase {
                 Phase::Starting => "starting",
+                // Running on a draining server: moving off it, or staying to its end.
+                Phase::Running if a.drain.is_some() => "draining",
                 Phase::Running => "running",
                 Phase::Ending => "ending",
             },
