@@ -8,7 +8,8 @@
 //!   with status 0 within its drain timeout while the loop still has many
 //!   operations to go (carried by the other two), over shm and tcp; also
 //!   with two sub-jobs (sum and max alternating: two server jobs drained at
-//!   once), and with the ranks idle (between all-reduces) when it starts;
+//!   once), with the ranks idle (between all-reduces) when it starts, and
+//!   with two lcores per server;
 //! - a second SIGTERM stops a draining server at once;
 //! - a server with no job exits at once on SIGTERM;
 //! - a job that tries to join a draining server is refused with a reject
@@ -24,8 +25,12 @@ use std::time::{Duration, Instant};
 use tally_engine::client::{Client, ClientConfig, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
 
+/// A server on one lcore (core 0) unless `extra` names its lcores.
 fn server(provider: &str, extra: &[&str]) -> ServerProcess {
-    let mut args = vec!["--lcores", "0", "--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
+    let mut args = vec!["--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
+    if !extra.contains(&"--lcores") {
+        args.extend(["--lcores", "0"]);
+    }
     args.extend_from_slice(extra);
     ServerProcess::start(&args)
 }
@@ -67,6 +72,8 @@ struct Shape {
     mixed: bool,
     /// Every rank sleeps this long after this round (idle between all-reduces).
     pause: Option<(usize, Duration)>,
+    /// Two lcores per server instead of one (six streams, four after the drain).
+    two_lcores: bool,
 }
 
 fn loop_job(
@@ -144,7 +151,8 @@ fn drain_one_of_three(provider: &str, shape: Shape) {
     const ROUNDS: usize = 400;
     const KILL_AT: usize = 80;
     const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
-    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, &["--drain-timeout", "15"])).collect();
+    let lcores: &[&str] = if shape.two_lcores { &["--lcores", "0-1"] } else { &[] };
+    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, &[&["--drain-timeout", "15"], lcores].concat())).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
@@ -214,12 +222,17 @@ fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_tcp()
 
 #[test]
 fn sigterm_mid_loop_moves_two_sub_jobs_at_once_shm() {
-    drain_one_of_three("shm", Shape { mixed: true, pause: None });
+    drain_one_of_three("shm", Shape { mixed: true, ..Shape::default() });
 }
 
 #[test]
 fn sigterm_while_the_ranks_are_idle_between_all_reduces_shm() {
-    drain_one_of_three("shm", Shape { mixed: false, pause: Some((0, Duration::from_millis(400))) });
+    drain_one_of_three("shm", Shape { pause: Some((0, Duration::from_millis(400))), ..Shape::default() });
+}
+
+#[test]
+fn sigterm_one_of_three_servers_with_two_lcores_each_tcp() {
+    drain_one_of_three("tcp", Shape { two_lcores: true, ..Shape::default() });
 }
 
 #[test]
