@@ -32,6 +32,22 @@
 //! finish uploading early and their results flow back while later chunks
 //! go up. Receives are posted as before (they cost no bandwidth).
 //!
+//! Drain: a server that is going away (SIGTERM) sends a `Drain` on the
+//! job's control connection. The client answers with the index of its
+//! first all-reduce of that sub-job not yet cut into chunks (operations are
+//! numbered per sub-job from 0: every rank issues the same ones in the same
+//! order) and holds its later all-reduces uncut until the server answers
+//! with the switch operation K (the largest index any rank gave). Before K
+//! the old streams are used, from K on only the other servers' streams: K
+//! starts a new stream set, cut and rotated as from scratch, identically
+//! on every rank. Once this rank's operations before K completed it says
+//! Bye to the draining server and closes that connection. Each shard's
+//! result is the same rank-order sum wherever it is reduced, so results
+//! stay bit-identical. A client with no other server answers "stay" and
+//! keeps using the draining server. A server that refuses a sub-job's join
+//! because it drains is left out of that sub-job (every rank gets the same
+//! answer from it).
+//!
 //! Operations are asynchronous underneath ([`Client::start`] and
 //! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
 //! is the blocking convenience.
@@ -39,7 +55,7 @@ use crate::fabric::{
     select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
 };
 use crate::reduce::{DataType, ReduceOp};
-use crate::wire::{self, Accept, Hello, JobSpec, Kind, NameRecord, Reject, Tag, TOKEN_BYTES};
+use crate::wire::{self, Accept, Boundary, Drain, Hello, JobSpec, Kind, NameRecord, Reject, RejectCode, SwitchAt, Tag, TOKEN_BYTES};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{Read, Write};
@@ -148,6 +164,9 @@ pub const MAX_SUBJOBS: usize = 8;
 pub const MAX_OPS: usize = 64;
 /// Empty polls between two checks of the control connections and the timeout.
 const IDLE_CHECK_EVERY: u32 = 64;
+/// Polls with completions between two checks of the control connections:
+/// a rank that never sees an empty poll still hears of a drain.
+const BUSY_CHECK_EVERY: u32 = 1024;
 
 /// One (server, lcore) stream of a sub-job.
 struct Stream {
@@ -176,6 +195,26 @@ struct Flight {
     recv_done: bool,
 }
 
+/// Where a sub-job stands with one of its servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// In use, not draining.
+    Serving,
+    /// Draining, but the job has nowhere else to go: still in use.
+    Stays,
+    /// Draining: this rank answered `next_op` and waits for the switch.
+    Awaiting { next_op: u64 },
+    /// Operations from this index on do not use the server. (A server
+    /// that refused the join because it drains is `At(0)`.)
+    At(u64),
+}
+
+/// A stream set: the servers in use for a run of operations, and their streams.
+struct Gen {
+    member: Vec<bool>,
+    set: Vec<usize>,
+}
+
 /// A job on the servers for one (dtype, op).
 struct SubJob {
     dtype: DataType,
@@ -183,13 +222,53 @@ struct SubJob {
     chunk_elems: usize,
     streams: Vec<Stream>,
     flights: Vec<Flight>,
-    controls: Vec<TcpStream>,
+    /// Per server: the job's control connection (None once this rank left
+    /// the server, or when the server refused the join because it drains).
+    controls: Vec<Option<TcpStream>>,
+    leave: Vec<Leave>,
+    /// Stream sets seen so far (0: every stream); at most one per server left.
+    gens: Vec<Gen>,
+    /// The stream set of the last operation cut: `rotate` restarts at 0
+    /// with a new set.
+    rotate_gen: usize,
+    /// Index of the next operation started on this sub-job.
+    started: u64,
+    /// Some server is left from an operation on but not told Bye yet.
+    retiring: bool,
     /// Per server: sends in flight, and send contexts waiting for a credit
     /// (in chunk order). Only used with `send_credits`.
     pacing: Vec<Pacing>,
-    /// The stream of the next all-reduce's chunk 0. Every rank issues the
-    /// same all-reduces in the same order, so it advances identically.
+    /// The stream of the next all-reduce's chunk 0, a position in the
+    /// current stream set. Every rank issues the same all-reduces in the
+    /// same order, so it advances identically.
     rotate: usize,
+}
+
+impl SubJob {
+    fn holding(&self) -> bool {
+        self.leave.iter().any(|l| matches!(l, Leave::Awaiting { .. }))
+    }
+
+    /// Whether server `si` carries operation `index`.
+    fn member(&self, si: usize, index: u64) -> bool {
+        !matches!(self.leave[si], Leave::At(k) if k <= index)
+    }
+
+    /// The stream set of operation `index` (added on first use); None when
+    /// no server is left, which the drain protocol never lets happen.
+    fn gen_for(&mut self, index: u64) -> Option<usize> {
+        let n = self.leave.len();
+        if let Some(g) = self.gens.iter().position(|g| (0..n).all(|si| g.member[si] == self.member(si, index))) {
+            return Some(g);
+        }
+        let member: Vec<bool> = (0..n).map(|si| self.member(si, index)).collect();
+        let set: Vec<usize> = (0..self.streams.len()).filter(|&st| member[self.streams[st].server]).collect();
+        if set.is_empty() {
+            return None;
+        }
+        self.gens.push(Gen { member, set });
+        Some(self.gens.len() - 1)
+    }
 }
 
 #[derive(Default)]
@@ -202,15 +281,25 @@ struct Pacing {
 struct Op {
     id: u64,
     sub: usize,
+    /// Its index among the sub-job's operations (the same on every rank).
+    index: u64,
+    /// Cut into chunks (`chunk_bytes`, `chunks`, `first`, `next`, `gen`
+    /// set). An operation started while a drain's switch is being agreed is
+    /// held uncut until the switch is known.
+    planned: bool,
+    /// Its stream set (index into the sub-job's `gens`).
+    gen: usize,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
     /// This operation's chunk size ([`op_chunk_bytes`]).
     chunk_bytes: usize,
     chunks: usize,
-    /// The stream of chunk 0: chunk c goes to stream (first + c) mod S.
+    /// The position of chunk 0 in the stream set: chunk c goes to the
+    /// set's stream (first + c) mod S.
     first: usize,
-    /// Next chunk to post, per stream (chunk = (stream - first) mod S + k * S).
+    /// Next chunk to post, per stream (chunk = (position - first) mod S + k * S;
+    /// usize::MAX for streams outside the operation's set).
     /// Recycled through `Client::spare_next`, so starting an operation
     /// allocates nothing once the first few have run.
     next: Vec<usize>,
@@ -257,6 +346,8 @@ pub struct Client {
     last_progress: Instant,
     /// Empty polls since the last completion (paces the idle checks).
     idle_polls: u32,
+    /// Polls with completions (paces the control checks of a busy rank).
+    busy_polls: u32,
     /// An operation failed or was aborted: this rank did not finish
     /// cleanly, so it must not say Bye (the servers then fail the job for
     /// the other ranks at once instead of counting this one as done).
@@ -310,6 +401,7 @@ impl Client {
             last_progress: Instant::now(),
             failed: false,
             idle_polls: 0,
+            busy_polls: 0,
             cfg,
         })
     }
@@ -367,18 +459,35 @@ impl Client {
             controls.push(s);
         }
         let mut streams = Vec::new();
-        for (si, s) in controls.iter_mut().enumerate() {
+        let mut leave = vec![Leave::Serving; controls.len()];
+        let mut refused_draining = None;
+        let mut controls: Vec<Option<TcpStream>> = controls.into_iter().map(Some).collect();
+        for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
+            let Some(s) = slot.as_mut() else { continue };
             let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
-            let (tag, names) = read_answer(s).map_err(|e| match e {
-                Answer::Rejected(r) => ClientError::Refused { server: server.clone(), reject: r },
-                Answer::Io(e) => ClientError::Connect { server: server.clone(), error: e },
-            })?;
+            let (tag, names) = match read_answer(s) {
+                Ok(a) => a,
+                // Every rank of the sub-job gets this same answer from a
+                // draining server, so all of them leave it out alike.
+                Err(Answer::Rejected(r)) if r.code() == Some(RejectCode::Draining) => {
+                    log::info!("server {server} drains: job {:#x} runs on the other servers", spec.job_id);
+                    refused_draining = Some(ClientError::Refused { server: server.clone(), reject: r.to_string() });
+                    leave[si] = Leave::At(0);
+                    *slot = None;
+                    continue;
+                }
+                Err(Answer::Rejected(r)) => return Err(ClientError::Refused { server: server.clone(), reject: r.to_string() }),
+                Err(Answer::Io(e)) => return Err(ClientError::Connect { server: server.clone(), error: e }),
+            };
             for n in names {
                 let addr = self.ep.insert_peer(&n).map_err(|e| ClientError::Fabric(e.to_string()))?;
                 streams.push(Stream { addr, server: si, job_tag: tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 });
             }
             let _ = s.set_nonblocking(true);
+        }
+        if streams.is_empty() {
+            return Err(refused_draining.unwrap_or_else(|| ClientError::Config("no server accepted the job".into())));
         }
         if streams.len() as u32 * self.cfg.window * 2 > self.per_sub {
             return Err(ClientError::Config(format!(
@@ -390,7 +499,22 @@ impl Client {
         let flights = vec![Flight::default(); streams.len() * self.cfg.window as usize];
         let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
         let pacing = (0..self.cfg.servers.len()).map(|_| Pacing { in_flight: 0, waiting: VecDeque::with_capacity(per_server) }).collect();
-        self.subs.push(SubJob { dtype, op, chunk_elems, streams, flights, controls, pacing, rotate: 0 });
+        let gens = vec![Gen { member: leave.iter().map(|l| *l == Leave::Serving).collect(), set: (0..streams.len()).collect() }];
+        self.subs.push(SubJob {
+            dtype,
+            op,
+            chunk_elems,
+            streams,
+            flights,
+            controls,
+            leave,
+            gens,
+            rotate_gen: 0,
+            started: 0,
+            retiring: false,
+            pacing,
+            rotate: 0,
+        });
         Ok(self.subs.len() - 1)
     }
 
@@ -417,9 +541,6 @@ impl Client {
         }
         let bytes = count.checked_mul(dtype.size()).ok_or_else(|| ClientError::BadArgument("count overflows".into()))?;
         let sub = self.join(dtype, op)?;
-        let s = &self.subs[sub];
-        let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * dtype.size(), s.streams.len(), dtype.size(), self.cfg.min_piece);
-        let chunks = bytes.div_ceil(chunk_bytes);
         let (mh_send, mh_recv) = if self.ep.needs_local_mr() && bytes > 0 {
             (Some(self.registration(send as *mut u8, bytes)?), Some(self.registration(recv, bytes)?))
         } else {
@@ -427,24 +548,87 @@ impl Client {
         };
         let id = self.next_op;
         self.next_op += 1;
-        let nstreams = self.subs[sub].streams.len();
-        if chunks == 0 {
+        // Every operation counts, empty ones too: every rank numbers them alike.
+        let index = self.subs[sub].started;
+        self.subs[sub].started += 1;
+        if bytes == 0 {
             // Nothing to move: complete at once (never queued, so `test`
             // finds it done).
-            return Ok(Request(id));
+            return self.after_start(sub, id);
         }
-        let first = self.subs[sub].rotate;
-        self.subs[sub].rotate = (first + chunks) % nstreams;
-        let mut next = self.spare_next.pop().unwrap_or_default();
-        next.clear();
-        next.extend((0..nstreams).map(|st| (st + nstreams - first) % nstreams));
-        self.ops.push_back(Op { id, sub, send, recv, bytes, chunk_bytes, chunks, first, next, posted: 0, done: 0, mh_send, mh_recv });
+        let next = self.spare_next.pop().unwrap_or_default();
+        self.ops.push_back(Op {
+            id,
+            sub,
+            index,
+            planned: false,
+            gen: 0,
+            send,
+            recv,
+            bytes,
+            chunk_bytes: 0,
+            chunks: 0,
+            first: 0,
+            next,
+            posted: 0,
+            done: 0,
+            mh_send,
+            mh_recv,
+        });
         self.last_progress = Instant::now();
+        if !self.subs[sub].holding() {
+            let oi = self.ops.len() - 1;
+            if let Err(e) = self.plan(oi) {
+                self.failed = true;
+                return Err(e);
+            }
+        }
         if let Err(e) = self.pump() {
             self.failed = true;
             return Err(e);
         }
+        self.after_start(sub, id)
+    }
+
+    fn after_start(&mut self, sub: usize, id: u64) -> Result<Request, ClientError> {
+        if self.subs[sub].retiring {
+            if let Err(e) = self.retire(sub) {
+                self.failed = true;
+                return Err(e);
+            }
+        }
         Ok(Request(id))
+    }
+
+    /// Cuts operation `oi` over its stream set: chunk size, chunk count,
+    /// first stream, per-stream cursors. Operations of a sub-job are cut in
+    /// index order, the same on every rank.
+    fn plan(&mut self, oi: usize) -> Result<(), ClientError> {
+        let (sub, index, bytes) = (self.ops[oi].sub, self.ops[oi].index, self.ops[oi].bytes);
+        let s = &mut self.subs[sub];
+        let Some(gen) = s.gen_for(index) else {
+            return Err(ClientError::Refused { server: "every server".into(), reject: "no server left for this job".into() });
+        };
+        let set = &s.gens[gen].set;
+        let n = set.len();
+        let elem = s.dtype.size();
+        let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * elem, n, elem, self.cfg.min_piece);
+        let chunks = bytes.div_ceil(chunk_bytes);
+        if s.rotate_gen != gen {
+            // A new stream set starts its rotation afresh, on every rank alike.
+            s.rotate = 0;
+            s.rotate_gen = gen;
+        }
+        let first = s.rotate % n;
+        s.rotate = (first + chunks) % n;
+        let op = &mut self.ops[oi];
+        op.next.clear();
+        op.next.resize(s.streams.len(), usize::MAX);
+        for (pos, &st) in set.iter().enumerate() {
+            op.next[st] = (pos + n - first) % n;
+        }
+        (op.gen, op.chunk_bytes, op.chunks, op.first, op.planned) = (gen, chunk_bytes, chunks, first, true);
+        Ok(())
     }
 
     /// Registration cache for providers that want local buffers registered (EFA).
@@ -567,18 +751,20 @@ impl Client {
         }
         let window = self.cfg.window;
         for oi in 0..self.ops.len() {
-            if self.ops[oi].posted == self.ops[oi].chunks {
+            if self.ops[oi].posted == self.ops[oi].chunks || !self.ops[oi].planned {
                 // The common case while waiting for results: nothing to do.
+                // (Or held uncut while a drain's switch is agreed.)
                 continue;
             }
-            let (sub, nstreams, first) = (self.ops[oi].sub, self.ops[oi].next.len(), self.ops[oi].first);
+            let (sub, gen, first) = (self.ops[oi].sub, self.ops[oi].gen, self.ops[oi].first);
+            let nstreams = self.subs[sub].gens[gen].set.len();
             // One chunk per stream per pass, from the op's first stream:
             // chunks go out in chunk order.
             let mut progress = true;
             while progress {
                 progress = false;
                 for k in 0..nstreams {
-                    let st = (first + k) % nstreams;
+                    let st = self.subs[sub].gens[gen].set[(first + k) % nstreams];
                     let op = &self.ops[oi];
                     let stream = &self.subs[sub].streams[st];
                     if op.next[st] >= op.chunks || stream.next_seq.wrapping_sub(stream.head_seq) >= window {
@@ -586,7 +772,7 @@ impl Client {
                     }
                     // Earlier ops on the same sub-job must have posted all of
                     // this stream's chunks first, to keep sequence order.
-                    if self.ops.iter().take(oi).any(|o| o.sub == sub && o.next[st] < o.chunks) {
+                    if self.ops.iter().take(oi).any(|o| o.sub == sub && o.planned && o.next[st] < o.chunks) {
                         continue;
                     }
                     progress = true;
@@ -712,6 +898,7 @@ impl Client {
             return Ok(());
         }
         self.idle_polls = 0;
+        self.busy_polls = self.busy_polls.wrapping_add(1);
         self.last_progress = Instant::now();
         let window = self.cfg.window as usize;
         for c in &batch[..n] {
@@ -742,7 +929,28 @@ impl Client {
                     if self.ops[pos].done == self.ops[pos].chunks {
                         if let Some(op) = self.ops.remove(pos) {
                             self.spare_next.push(op.next);
+                            if self.subs[op.sub].retiring {
+                                self.retire(op.sub)?;
+                            }
                         }
+                    }
+                }
+            }
+        }
+        if self.busy_polls.is_multiple_of(BUSY_CHECK_EVERY) {
+            return self.check_controls();
+        }
+        Ok(())
+    }
+
+    /// A server that ended the job, or drains, says so on the control connection.
+    fn check_controls(&mut self) -> Result<(), ClientError> {
+        for sub in 0..self.subs.len() {
+            for si in 0..self.subs[sub].controls.len() {
+                while let Some(msg) = self.read_control(sub, si)? {
+                    match msg {
+                        Control::Drain => self.on_drain(sub, si)?,
+                        Control::SwitchAt(k) => self.on_switch(sub, si, k)?,
                     }
                 }
             }
@@ -750,28 +958,146 @@ impl Client {
         Ok(())
     }
 
-    /// A server that ended the job says so on the control connection.
-    fn check_controls(&mut self) -> Result<(), ClientError> {
-        for s in &mut self.subs {
-            for (si, c) in s.controls.iter_mut().enumerate() {
-                let mut b = [0u8; core::mem::size_of::<Reject>()];
-                match c.peek(&mut b) {
-                    Ok(0) => {
-                        return Err(ClientError::Refused {
-                            server: self.cfg.servers[si].clone(),
-                            reject: "the server closed the job's connection".into(),
-                        });
-                    }
-                    Ok(n) if n >= b.len() => {
-                        let _ = c.read_exact(&mut b);
-                        let r: Reject = wire::read(&b).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                        return Err(ClientError::Refused { server: self.cfg.servers[si].clone(), reject: r.to_string() });
-                    }
-                    _ => {}
+    /// The next whole message on a control connection, if one has arrived
+    /// (peeked first: a message is taken only once all of it is there).
+    fn read_control(&mut self, sub: usize, si: usize) -> Result<Option<Control>, ClientError> {
+        let server = || self.cfg.servers[si].clone();
+        let Some(c) = self.subs[sub].controls[si].as_mut() else { return Ok(None) };
+        let mut b = [0u8; core::mem::size_of::<Reject>()];
+        let n = match c.peek(&mut b) {
+            Ok(0) => return Err(ClientError::Refused { server: server(), reject: "the server closed the job's connection".into() }),
+            Ok(n) => n,
+            Err(_) => return Ok(None),
+        };
+        if n < core::mem::size_of::<wire::Header>() {
+            return Ok(None);
+        }
+        let bad = |e: String| ClientError::Fabric(format!("control message from {}: {e}", self.cfg.servers[si]));
+        let kind = wire::read::<wire::Header>(&b).and_then(|h| h.check()).map_err(|e| bad(e.to_string()))?;
+        let need = kind.server_message_bytes().ok_or_else(|| bad(format!("unexpected {kind:?}")))?;
+        if n < need {
+            return Ok(None);
+        }
+        c.read_exact(&mut b[..need]).map_err(|e| bad(e.to_string()))?;
+        match kind {
+            Kind::Drain => {
+                wire::read::<Drain>(&b).and_then(|d| d.check()).map_err(|e| bad(e.to_string()))?;
+                Ok(Some(Control::Drain))
+            }
+            Kind::SwitchAt => {
+                let k = wire::read::<SwitchAt>(&b).and_then(|m| m.check()).map_err(|e| bad(e.to_string()))?;
+                Ok(Some(Control::SwitchAt(k)))
+            }
+            _ => {
+                let r: Reject = wire::read(&b).map_err(|e| bad(e.to_string()))?;
+                Err(ClientError::Refused { server: server(), reject: r.to_string() })
+            }
+        }
+    }
+
+    /// Index of the sub-job's first operation not yet cut into chunks.
+    fn first_uncut(&self, sub: usize) -> u64 {
+        self.ops.iter().filter(|o| o.sub == sub && !o.planned).map(|o| o.index).min().unwrap_or(self.subs[sub].started)
+    }
+
+    /// Server `si` drains: answer where this rank can switch, and hold
+    /// operations uncut until the server names the switch.
+    fn on_drain(&mut self, sub: usize, si: usize) -> Result<(), ClientError> {
+        let s = &self.subs[sub];
+        if s.leave[si] != Leave::Serving {
+            return Ok(());
+        }
+        // Only a server that does not drain itself can take the shards over.
+        let elsewhere = (0..s.leave.len()).any(|o| o != si && s.leave[o] == Leave::Serving);
+        let next_op = if elsewhere { self.first_uncut(sub) } else { Boundary::STAY };
+        let server = &self.cfg.servers[si];
+        if elsewhere {
+            log::info!(
+                "server {server} drains: moving its shards of job {:#x} to the other servers at an operation boundary",
+                self.job_id_of(sub)
+            );
+        } else {
+            log::info!("server {server} drains, but job {:#x} has no other server: it stays there", self.job_id_of(sub));
+        }
+        self.send_control(sub, si, bytemuck::bytes_of(&Boundary::new(next_op)))?;
+        self.subs[sub].leave[si] = if elsewhere { Leave::Awaiting { next_op } } else { Leave::Stays };
+        Ok(())
+    }
+
+    /// The draining server `si` names the switch operation `k`.
+    fn on_switch(&mut self, sub: usize, si: usize, k: u64) -> Result<(), ClientError> {
+        let server = self.cfg.servers[si].clone();
+        match self.subs[sub].leave[si] {
+            Leave::Awaiting { next_op } if k != Boundary::STAY && k < next_op => {
+                return Err(ClientError::Refused {
+                    server,
+                    reject: format!("switch at operation {k}, before this rank's boundary {next_op}"),
+                });
+            }
+            Leave::Awaiting { .. } | Leave::Stays => {}
+            other => return Err(ClientError::Refused { server, reject: format!("unexpected switch while {other:?}") }),
+        }
+        if k == Boundary::STAY {
+            log::info!("server {server} drains; job {:#x} stays on it (a rank has no other server)", self.job_id_of(sub));
+            self.subs[sub].leave[si] = Leave::Stays;
+        } else {
+            log::info!(
+                "server {server} draining: moving its shards of job {:#x} to the other servers from operation {k}",
+                self.job_id_of(sub)
+            );
+            self.subs[sub].leave[si] = Leave::At(k);
+            self.subs[sub].retiring = true;
+        }
+        if !self.subs[sub].holding() {
+            for oi in 0..self.ops.len() {
+                if self.ops[oi].sub == sub && !self.ops[oi].planned {
+                    self.plan(oi)?;
                 }
             }
         }
+        self.retire(sub)?;
+        self.pump()
+    }
+
+    /// Says Bye to (and closes) each server the sub-job left whose last
+    /// operation on this rank completed.
+    fn retire(&mut self, sub: usize) -> Result<(), ClientError> {
+        let mut still = false;
+        for si in 0..self.subs[sub].leave.len() {
+            let Leave::At(k) = self.subs[sub].leave[si] else { continue };
+            if self.subs[sub].controls[si].is_none() {
+                continue;
+            }
+            if self.subs[sub].started < k || self.ops.iter().any(|o| o.sub == sub && o.index < k) {
+                still = true;
+                continue;
+            }
+            // Failing to say it is not this rank's problem: the server then
+            // fails the job on itself, which no longer matters to anyone.
+            let _ = self.send_control(sub, si, bytemuck::bytes_of(&wire::Header::new(Kind::Bye)));
+            self.subs[sub].controls[si] = None;
+            log::debug!("left server {} (job {:#x}) after operation {}", self.cfg.servers[si], self.job_id_of(sub), k.saturating_sub(1));
+        }
+        self.subs[sub].retiring = still;
         Ok(())
+    }
+
+    /// Writes a whole small message on a (non-blocking) control connection.
+    fn send_control(&mut self, sub: usize, si: usize, bytes: &[u8]) -> Result<(), ClientError> {
+        let Some(c) = self.subs[sub].controls[si].as_mut() else { return Ok(()) };
+        let _ = c.set_nonblocking(false);
+        let r = c.write_all(bytes);
+        let _ = c.set_nonblocking(true);
+        r.map_err(|e| ClientError::Connect { server: self.cfg.servers[si].clone(), error: e.to_string() })
+    }
+
+    fn job_id_of(&self, sub: usize) -> u64 {
+        let s = &self.subs[sub];
+        if sub == 0 {
+            self.cfg.job_id
+        } else {
+            self.cfg.job_id ^ (((s.dtype as u64) << 56) | ((s.op as u64) << 48) | 0x5a5a_0000_0000)
+        }
     }
 }
 
@@ -786,7 +1112,7 @@ impl Drop for Client {
         if clean {
             let bye = wire::Header::new(Kind::Bye);
             for s in &mut self.subs {
-                for c in &mut s.controls {
+                for c in s.controls.iter_mut().flatten() {
                     let _ = c.set_nonblocking(false);
                     let _ = c.write_all(bytemuck::bytes_of(&bye));
                 }
@@ -806,8 +1132,14 @@ fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> Result<TcpSt
     }
 }
 
+/// A server's message on a job's control connection, other than a reject.
+enum Control {
+    Drain,
+    SwitchAt(u64),
+}
+
 enum Answer {
-    Rejected(String),
+    Rejected(Box<Reject>),
     Io(String),
 }
 
@@ -822,7 +1154,7 @@ fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>), Answer> {
             b[..8].copy_from_slice(&hdr);
             s.read_exact(&mut b[8..]).map_err(io)?;
             let r: Reject = wire::read(&b).map_err(|e| Answer::Io(e.to_string()))?;
-            Err(Answer::Rejected(r.to_string()))
+            Err(Answer::Rejected(Box::new(r)))
         }
         Kind::Accept => {
             let mut b = [0u8; core::mem::size_of::<Accept>()];

@@ -46,6 +46,9 @@ pub struct ServerFile {
     /// Seconds a running job may go without any traffic before the server ends it
     /// and frees its slots (0: never).
     pub idle_timeout_s: Option<u64>,
+    /// Seconds a draining server (SIGTERM) waits for its jobs to move to other
+    /// servers or end before it ends them and exits (0: end them at once).
+    pub drain_timeout_s: Option<u64>,
     /// Prometheus metrics listen address (`ADDR:PORT`), off when absent.
     pub metrics: Option<String>,
     /// NIC (libfabric domain name) per lcore, for multi-rail hosts. Empty: the provider's first.
@@ -70,6 +73,7 @@ pub struct ServerConfig {
     pub handshake_timeout_s: u64,
     pub op_timeout_s: u64,
     pub idle_timeout_s: u64,
+    pub drain_timeout_s: u64,
     pub metrics: Option<String>,
     pub nics: Vec<String>,
 }
@@ -127,6 +131,7 @@ impl ServerFile {
             handshake_timeout_s,
             op_timeout_s,
             idle_timeout_s,
+            drain_timeout_s,
             metrics,
             nics
         )
@@ -200,6 +205,12 @@ impl ServerFile {
                 v => v,
             },
             idle_timeout_s: self.idle_timeout_s.unwrap_or(3600),
+            drain_timeout_s: match self.drain_timeout_s.unwrap_or(60) {
+                v if v > u32::MAX as u64 => {
+                    return Err(ConfigError::Invalid { key: "drain_timeout_s", message: format!("at most {} seconds", u32::MAX) })
+                }
+                v => v,
+            },
             metrics: self.metrics,
             nics,
         })

@@ -162,7 +162,7 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> St
     }
 
     let _ = writeln!(o, "# HELP tally_jobs Jobs the control plane knows, by state.\n# TYPE tally_jobs gauge");
-    for state in ["joining", "starting", "running", "ending"] {
+    for state in ["joining", "starting", "running", "draining", "ending"] {
         let _ = writeln!(o, "tally_jobs{{state=\"{state}\"}} {}", jobs.iter().filter(|j| j.state == state).count());
     }
 

@@ -9,6 +9,15 @@
 //! A connection that closes without a Bye means the rank died: the job fails
 //! at once for every rank, instead of leaving them to time out.
 //!
+//! Drain (a server going away while its jobs run): the server sends every
+//! rank of a running job a [`Drain`]; each rank answers with a [`Boundary`]
+//! (the index, counted per job from 0, of its first all-reduce not yet cut
+//! into chunks, or [`Boundary::STAY`] when it has no other server to move
+//! to); once every rank answered, the server sends every rank a
+//! [`SwitchAt`] with the largest boundary, K. All-reduces before K still use
+//! the draining server, later ones only the others; a rank that finished its
+//! all-reduces before K says Bye to the draining server and closes.
+//!
 //! Every message is a fixed-size `#[repr(C)]` plain-old-data struct whose
 //! size is pinned by a compile-time assertion, and starts with the same
 //! [`Header`]. Integers are little-endian (every supported target is).
@@ -45,6 +54,35 @@ pub enum Kind {
     Reject = 3,
     /// The rank is done with the job (all its all-reduces completed).
     Bye = 4,
+    /// Server to rank: this server is draining (see [`Drain`]).
+    Drain = 5,
+    /// Rank to server: where this rank can switch (see [`Boundary`]).
+    Boundary = 6,
+    /// Server to rank: the operation from which the job leaves this server (see [`SwitchAt`]).
+    SwitchAt = 7,
+}
+
+impl Kind {
+    /// Bytes of a whole message of this kind that a server may send a rank
+    /// after the handshake (None: not one it sends then).
+    pub const fn server_message_bytes(self) -> Option<usize> {
+        match self {
+            Kind::Reject => Some(core::mem::size_of::<Reject>()),
+            Kind::Drain => Some(core::mem::size_of::<Drain>()),
+            Kind::SwitchAt => Some(core::mem::size_of::<SwitchAt>()),
+            _ => None,
+        }
+    }
+
+    /// Bytes of a whole message of this kind that a rank may send its server
+    /// after the handshake (None: not one it sends then).
+    pub const fn rank_message_bytes(self) -> Option<usize> {
+        match self {
+            Kind::Bye => Some(core::mem::size_of::<Header>()),
+            Kind::Boundary => Some(core::mem::size_of::<Boundary>()),
+            _ => None,
+        }
+    }
 }
 
 /// The first 8 bytes of every control message.
@@ -75,9 +113,94 @@ impl Header {
             2 => Ok(Kind::Accept),
             3 => Ok(Kind::Reject),
             4 => Ok(Kind::Bye),
+            5 => Ok(Kind::Drain),
+            6 => Ok(Kind::Boundary),
+            7 => Ok(Kind::SwitchAt),
             k => Err(WireError::BadKind(k)),
         }
     }
+}
+
+/// Server to every rank of a running job: this server is draining. It
+/// admits no new jobs and exits when no job uses it (or after `timeout_s`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct Drain {
+    pub header: Header,
+    /// Seconds until the server ends whatever jobs are still on it.
+    pub timeout_s: u32,
+    pub _pad: u32,
+}
+const_assert_eq!(core::mem::size_of::<Drain>(), 16);
+
+/// A rank's answer to a [`Drain`]: the first operation it may still move.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct Boundary {
+    pub header: Header,
+    /// Index (per job, from 0) of the rank's first all-reduce not yet cut
+    /// into chunks; [`Boundary::STAY`]: the rank has no other server.
+    pub next_op: u64,
+}
+const_assert_eq!(core::mem::size_of::<Boundary>(), 16);
+
+/// The server's decision after every rank's [`Boundary`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct SwitchAt {
+    pub header: Header,
+    /// All-reduces from this index on go to the other servers only;
+    /// [`Boundary::STAY`]: the job stays on this server until it ends.
+    pub op: u64,
+}
+const_assert_eq!(core::mem::size_of::<SwitchAt>(), 16);
+
+impl Drain {
+    pub fn new(timeout_s: u32) -> Drain {
+        Drain { header: Header::new(Kind::Drain), timeout_s, _pad: 0 }
+    }
+
+    /// Checks the header and the padding.
+    pub fn check(&self) -> Result<u32, WireError> {
+        expect_kind(&self.header, Kind::Drain)?;
+        if self._pad != 0 {
+            return Err(WireError::BadPadding);
+        }
+        Ok(self.timeout_s)
+    }
+}
+
+impl Boundary {
+    /// "I cannot move off this server": the job stays there until it ends.
+    pub const STAY: u64 = u64::MAX;
+
+    pub fn new(next_op: u64) -> Boundary {
+        Boundary { header: Header::new(Kind::Boundary), next_op }
+    }
+
+    pub fn check(&self) -> Result<u64, WireError> {
+        expect_kind(&self.header, Kind::Boundary)?;
+        Ok(self.next_op)
+    }
+}
+
+impl SwitchAt {
+    pub fn new(op: u64) -> SwitchAt {
+        SwitchAt { header: Header::new(Kind::SwitchAt), op }
+    }
+
+    pub fn check(&self) -> Result<u64, WireError> {
+        expect_kind(&self.header, Kind::SwitchAt)?;
+        Ok(self.op)
+    }
+}
+
+fn expect_kind(h: &Header, want: Kind) -> Result<(), WireError> {
+    let k = h.check()?;
+    if k != want {
+        return Err(WireError::BadKind(k as u16));
+    }
+    Ok(())
 }
 
 /// A client's request to join a job.
@@ -180,6 +303,9 @@ pub enum RejectCode {
     Internal = 10,
     /// Too many connections are in their handshake at once; try again later.
     Busy = 11,
+    /// The server is draining: it admits no new jobs, or (after its drain
+    /// timeout) ends the jobs still on it.
+    Draining = 12,
 }
 
 impl RejectCode {
@@ -197,6 +323,7 @@ impl RejectCode {
             9 => Shutdown,
             10 => Internal,
             11 => Busy,
+            12 => Draining,
             _ => return None,
         })
     }
@@ -215,6 +342,7 @@ impl RejectCode {
             Shutdown => "shutdown",
             Internal => "internal error",
             Busy => "busy",
+            Draining => "draining",
         }
     }
 }
@@ -413,11 +541,16 @@ impl Hello {
 /// Why bytes could not be read as a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WireError {
-    Short { need: usize, got: usize },
+    Short {
+        need: usize,
+        got: usize,
+    },
     BadMagic(u32),
     BadVersion(u16),
     BadKind(u16),
     BadNameLength(u16),
+    /// Reserved bytes that must be zero are not.
+    BadPadding,
 }
 
 impl fmt::Display for WireError {
@@ -428,6 +561,7 @@ impl fmt::Display for WireError {
             WireError::BadVersion(v) => write!(f, "unsupported protocol version {v} (this build speaks {VERSION})"),
             WireError::BadKind(k) => write!(f, "unknown message kind {k}"),
             WireError::BadNameLength(n) => write!(f, "bad endpoint name length {n}"),
+            WireError::BadPadding => write!(f, "reserved bytes are not zero"),
         }
     }
 }
@@ -564,6 +698,28 @@ mod tests {
         let t = Tag::new(0xabcd, 0x1234, 0xdeadbeef);
         assert_eq!((t.job(), t.slot(), t.seq()), (0xabcd, 0x1234, 0xdeadbeef));
         assert_eq!(t.0 & !Tag::SEQ_BITS, Tag::new(0xabcd, 0x1234, 0).0);
+    }
+
+    #[test]
+    fn drain_messages_round_trip_and_check() {
+        let d: Drain = read(bytemuck::bytes_of(&Drain::new(60))).unwrap();
+        assert_eq!(d.check(), Ok(60));
+        let b: Boundary = read(bytemuck::bytes_of(&Boundary::new(41))).unwrap();
+        assert_eq!(b.check(), Ok(41));
+        let s: SwitchAt = read(bytemuck::bytes_of(&SwitchAt::new(Boundary::STAY))).unwrap();
+        assert_eq!(s.check(), Ok(Boundary::STAY));
+        // A message of one kind is not read as another.
+        let wrong: SwitchAt = read(bytemuck::bytes_of(&Boundary::new(3))).unwrap();
+        assert_eq!(wrong.check(), Err(WireError::BadKind(Kind::Boundary as u16)));
+        let mut d = Drain::new(1);
+        d._pad = 1;
+        assert_eq!(d.check(), Err(WireError::BadPadding));
+        assert_eq!(Kind::Drain.server_message_bytes(), Some(16));
+        assert_eq!(Kind::Reject.server_message_bytes(), Some(256));
+        assert_eq!(Kind::Boundary.server_message_bytes(), None);
+        assert_eq!(Kind::Boundary.rank_message_bytes(), Some(16));
+        assert_eq!(Kind::Bye.rank_message_bytes(), Some(8));
+        assert_eq!(RejectCode::from_u16(12), Some(RejectCode::Draining));
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //!   raw ones;
 //! - a Header that checks is exactly magic, version and a known kind;
 //! - Reject and NameRecord accessors return bounded, NUL-free text or a typed error;
+//! - the drain messages ([`Drain`], [`Boundary`], [`SwitchAt`]) check only
+//!   when they are exactly their own kind (with zero padding), and round-trip;
 //! - a configuration that resolves satisfies its documented bounds.
 //!
 //! The generator is a self-contained xorshift64* with a fixed seed (printed,
@@ -29,7 +31,8 @@ use bytemuck::Zeroable;
 use tally_engine::config::ServerFile;
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::wire::{
-    self, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, WireError, MAX_RANKS, MAX_WINDOW, NAME_BYTES,
+    self, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, WireError, MAX_RANKS,
+    MAX_WINDOW, NAME_BYTES,
 };
 
 /// xorshift64* (Vigna): small, fast, good enough to drive a fuzzer.
@@ -165,7 +168,7 @@ fn check_header(bytes: &[u8]) {
                     WireError::BadVersion(v) => {
                         assert!(h.magic == wire::MAGIC && v != wire::VERSION)
                     }
-                    WireError::BadKind(k) => assert!(!(1..=4).contains(&k)),
+                    WireError::BadKind(k) => assert!(!(1..=7).contains(&k)),
                     other => panic!("header check gave {other:?}"),
                 }
             }
@@ -188,6 +191,31 @@ fn check_reject(bytes: &[u8]) {
     match r.code() {
         Some(c) => assert_eq!(c as u16, r.code),
         None => assert!(RejectCode::from_u16(r.code).is_none() && shown.starts_with("unknown")),
+    }
+}
+
+/// A drain message checks only if its header is exactly its own kind; what
+/// it carries then comes back unchanged.
+fn check_drain_messages(bytes: &[u8]) {
+    if let Ok(d) = wire::read::<Drain>(bytes) {
+        match d.check() {
+            Ok(t) => assert_eq!((d.header.check(), t, d._pad), (Ok(Kind::Drain), d.timeout_s, 0)),
+            Err(e) => assert!(d.header.check() != Ok(Kind::Drain) || d._pad != 0, "{e}"),
+        }
+    } else {
+        assert!(bytes.len() < 16);
+    }
+    if let Ok(b) = wire::read::<Boundary>(bytes) {
+        match b.check() {
+            Ok(op) => assert_eq!((b.header.check(), op), (Ok(Kind::Boundary), b.next_op)),
+            Err(_) => assert_ne!(b.header.check(), Ok(Kind::Boundary)),
+        }
+    }
+    if let Ok(s) = wire::read::<SwitchAt>(bytes) {
+        match s.check() {
+            Ok(op) => assert_eq!((s.header.check(), op), (Ok(Kind::SwitchAt), s.op)),
+            Err(_) => assert_ne!(s.header.check(), Ok(Kind::SwitchAt)),
+        }
     }
 }
 
@@ -290,6 +318,7 @@ fn random_bytes_never_panic_and_accepted_hellos_hold_every_invariant() {
         check_header(&bytes);
         check_reject(&bytes);
         check_name_record(&bytes);
+        check_drain_messages(&bytes);
     }
     eprintln!("{ITERS} random byte strings, {accepted} accepted as hellos");
 }
@@ -323,7 +352,7 @@ fn mutated_valid_hellos_are_refused_by_name_or_hold_every_invariant() {
 fn rejects_and_name_records_from_valid_ones() {
     let mut rng = Rng::new(seed() ^ 2);
     for _ in 0..ITERS / 4 {
-        let code = RejectCode::from_u16(1 + rng.below(10) as u16).unwrap();
+        let code = RejectCode::from_u16(1 + rng.below(12) as u16).unwrap();
         let text = String::from_utf8_lossy(&rng.some_bytes(0, 300)).into_owned();
         let field: String = text.chars().take(rng.below(40) as usize).collect();
         let r = Reject::new(code, &field, &text);
@@ -338,6 +367,17 @@ fn rejects_and_name_records_from_valid_ones() {
         check_name_record(&bytes);
         mutate(&mut rng, &mut bytes);
         check_name_record(&bytes);
+        let v = rng.next();
+        for msg in [
+            bytemuck::bytes_of(&Drain::new(v as u32)).to_vec(),
+            bytemuck::bytes_of(&Boundary::new(v)).to_vec(),
+            bytemuck::bytes_of(&SwitchAt::new(v)).to_vec(),
+        ] {
+            let mut bytes = msg.clone();
+            check_drain_messages(&bytes);
+            mutate(&mut rng, &mut bytes);
+            check_drain_messages(&bytes);
+        }
     }
 }
 

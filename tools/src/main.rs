@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a reduction server until SIGINT/SIGTERM.
+    /// Run a reduction server; SIGTERM/SIGINT drains it (jobs move to other servers), a second one stops it.
     Server(server_cmd::ServerArgs),
     /// Live per-lcore view of a server's /metrics (like top); --once --json for scripts.
     Stats(stats_cmd::StatsArgs),

@@ -1,7 +1,13 @@
 //! `tally server`: run a reduction server until SIGINT or SIGTERM.
+//!
+//! The first signal drains the server (see `tally_engine::server::control`):
+//! it admits no new jobs, its running jobs move to their other servers at
+//! an operation boundary and leave without an error, and the process exits
+//! (status 0) when none is left or after `drain_timeout_s`. A second signal
+//! stops at once, ending the jobs still there.
 use clap::Args;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tally_engine::config::{ServerConfig, ServerFile};
 use tally_engine::server::Server;
@@ -35,6 +41,10 @@ pub struct ServerArgs {
     /// Seconds a job may go without traffic before it is ended (default 3600; 0: never).
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
+    /// Seconds a draining server (first SIGTERM or SIGINT) waits for its jobs to move
+    /// to other servers or end before it ends them and exits (default 60).
+    #[arg(long, value_name = "SECONDS")]
+    pub drain_timeout: Option<u64>,
     /// Seconds a client may take to finish its handshake (default 10).
     #[arg(long, value_name = "SECONDS")]
     pub handshake_timeout: Option<u64>,
@@ -63,16 +73,18 @@ impl ServerArgs {
             op_timeout_s: self.op_timeout,
             idle_timeout_s: self.idle_timeout,
             handshake_timeout_s: self.handshake_timeout,
+            drain_timeout_s: self.drain_timeout,
             ..Default::default()
         };
         file.overlay(flags).resolve().map_err(|e| e.to_string())
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// SIGINT and SIGTERM received so far: 1 drains, 2 stops at once.
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
+    SIGNALS.fetch_add(1, Ordering::Relaxed);
 }
 
 pub fn run(args: &ServerArgs) -> Result<(), String> {
@@ -92,7 +104,7 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
         );
         return Ok(());
     }
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    // SAFETY: the handler only adds to a lock-free atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
@@ -103,8 +115,22 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
     if let Some(m) = server.metrics_addr() {
         println!("metrics on {m}");
     }
-    while !STOP.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
+    let mut draining = false;
+    loop {
+        let signals = SIGNALS.load(Ordering::Relaxed);
+        if signals >= 2 {
+            log::info!("second signal: stopping at once");
+            break;
+        }
+        if signals == 1 && !draining {
+            log::info!("signal: draining (a second SIGTERM or SIGINT stops at once)");
+            server.drain();
+            draining = true;
+        }
+        if draining && server.drained() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     log::info!("stopping: ending jobs, draining lcores");
     let stats = server.stats();

@@ -16,13 +16,31 @@
 //! regions return to the pool only after every lcore drained it (canceled
 //! everything in flight), so no late completion can write into a region
 //! that a new job already owns.
+//!
+//! Draining ([`crate::server::Server::drain`], `tally server` on SIGTERM):
+//! the server admits no new jobs (a joining rank gets a reject saying it
+//! drains) and sends every rank of every running job a `Drain`. Each rank
+//! answers with a `Boundary`: the index of its first all-reduce of the job
+//! not yet cut into chunks. The server alone decides the switch point, K,
+//! the largest boundary (every rank has cut at most K operations over the
+//! old set of servers; every rank can still cut operation K and later over
+//! the new set), and sends it to every rank in a `SwitchAt`. Operations
+//! before K keep this server; from K on the ranks use only their other
+//! servers. Each rank says Bye here once its operations before K are done,
+//! and when every rank did the job ends as any finished job does: its ranks
+//! see no error. A rank with no other server answers `Boundary::STAY`, and
+//! the job then stays until it ends. When no job is left, or at the drain
+//! timeout (which ends the jobs still here with a reject saying so), the
+//! control plane reports the drain done and the process exits.
 use super::alloc::RangeAlloc;
 use super::shard::JobOnShard;
 use super::{Command, Event, REGION_ALIGN};
 use crate::config::ServerConfig;
 use crate::fabric::EndpointName;
 use crate::metrics::MetricsTable;
-use crate::wire::{self, Accept, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, TOKEN_BYTES};
+use crate::wire::{
+    self, Accept, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, TOKEN_BYTES,
+};
 use bytemuck::Zeroable;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -62,6 +80,11 @@ pub enum ConnEvent {
     /// The rank finished cleanly.
     Bye {
         conn: u64,
+    },
+    /// The rank's answer to a Drain: its first operation not yet cut.
+    Boundary {
+        conn: u64,
+        next_op: u64,
     },
     Closed {
         conn: u64,
@@ -107,6 +130,24 @@ struct Active {
     /// Bytes the lcores had received for the job at the last idle check, and when they last changed.
     seen_bytes: u64,
     last_traffic: Instant,
+    /// Set once the job was told that this server drains.
+    drain: Option<JobDrain>,
+}
+
+/// A running job's side of a drain.
+struct JobDrain {
+    /// Per rank: its Boundary, once it answered.
+    boundaries: Vec<Option<u64>>,
+    /// The operation from which the ranks leave this server, once decided
+    /// (`Boundary::STAY`: they stay until the job ends).
+    switch_at: Option<u64>,
+}
+
+/// The server's own drain.
+struct Draining {
+    since: Instant,
+    /// The drain timeout passed and the jobs still here were ended.
+    timed_out: bool,
 }
 
 struct Quarantine {
@@ -144,6 +185,12 @@ pub struct ControlPlane {
     /// Per lcore: its counters (read only), the poll count last seen, when
     /// it last moved, and whether the lcore is reported stuck.
     watchdog: Vec<Watch>,
+    drain_timeout: Duration,
+    /// Set by `Server::drain`; read once per loop turn.
+    drain_requested: Arc<AtomicBool>,
+    /// Set here once draining finished (no job left, or the timeout).
+    drained: Arc<AtomicBool>,
+    draining: Option<Draining>,
 }
 
 struct Watch {
@@ -212,7 +259,18 @@ impl ControlPlane {
             next_idle_check: Instant::now(),
             in_handshake: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             watchdog: Vec::new(),
+            drain_timeout: Duration::from_secs(cfg.drain_timeout_s),
+            drain_requested: Arc::new(AtomicBool::new(false)),
+            drained: Arc::new(AtomicBool::new(false)),
+            draining: None,
         })
+    }
+
+    /// The flag that asks for a drain, and the one that says it is done.
+    pub fn with_drain(mut self, requested: Arc<AtomicBool>, drained: Arc<AtomicBool>) -> ControlPlane {
+        self.drain_requested = requested;
+        self.drained = drained;
+        self
     }
 
     /// Watches the lcores' poll counters (see [`LCORE_STUCK_AFTER`]).
@@ -286,6 +344,7 @@ impl ControlPlane {
             self.expire_pending();
             self.expire_idle();
             self.check_lcores(Instant::now());
+            self.check_drain(Instant::now());
         }
         self.shut_down(&events);
     }
@@ -314,16 +373,38 @@ impl ControlPlane {
                 if tx.send(Event::Conn(ConnEvent::Join(Box::new(j)))).is_err() {
                     return;
                 }
-                // After the handshake a client sends at most a Bye, then closes.
+                // After the handshake a client sends Boundary answers (only
+                // when the server drains) and at most a Bye, then closes.
                 let _ = stream.set_read_timeout(None);
-                let mut b = [0u8; 8];
-                if stream.read_exact(&mut b).is_ok() {
-                    match wire::read::<Header>(&b).map(|h| h.check()) {
-                        Ok(Ok(Kind::Bye)) => {
+                let mut b = [0u8; 16];
+                while stream.read_exact(&mut b[..8]).is_ok() {
+                    let kind = wire::read::<Header>(&b).map(|h| h.check());
+                    let Ok(Ok(kind)) = kind else {
+                        log::warn!("{peer}: unexpected bytes after the handshake; closing");
+                        break;
+                    };
+                    match (kind, kind.rank_message_bytes()) {
+                        (Kind::Bye, _) => {
                             let _ = tx.send(Event::Conn(ConnEvent::Bye { conn }));
-                            let _ = stream.read(&mut b);
                         }
-                        _ => log::warn!("{peer}: unexpected bytes after the handshake; closing"),
+                        (Kind::Boundary, Some(n)) => {
+                            if stream.read_exact(&mut b[8..n]).is_err() {
+                                break;
+                            }
+                            match wire::read::<Boundary>(&b).map(|m| m.check()) {
+                                Ok(Ok(next_op)) => {
+                                    let _ = tx.send(Event::Conn(ConnEvent::Boundary { conn, next_op }));
+                                }
+                                _ => {
+                                    log::warn!("{peer}: malformed boundary; closing");
+                                    break;
+                                }
+                            }
+                        }
+                        _ => {
+                            log::warn!("{peer}: unexpected {kind:?} after the handshake; closing");
+                            break;
+                        }
                     }
                 }
                 let _ = tx.send(Event::Conn(ConnEvent::Closed { conn }));
@@ -339,6 +420,7 @@ impl ControlPlane {
         match ev {
             Event::Conn(ConnEvent::Join(j)) => self.join(*j),
             Event::Conn(ConnEvent::Bye { conn }) => self.bye(conn),
+            Event::Conn(ConnEvent::Boundary { conn, next_op }) => self.boundary(conn, next_op),
             Event::Conn(ConnEvent::Closed { conn }) => self.closed(conn),
             Event::JobReady { lcore, tag } => self.ready(lcore, tag),
             Event::JobFailed { lcore, tag, reason } => self.failed(lcore, tag, &reason),
@@ -357,6 +439,11 @@ impl ControlPlane {
     fn join(&mut self, j: Joining) {
         let Joining { conn, peer, spec, rank, name, stream } = j;
         let mut c = Conn { id: conn, rank, peer, stream };
+        if self.draining.is_some() {
+            log::info!("{peer}: rank {rank} of job {:#x} refused: the server is draining", spec.job_id);
+            refuse(&mut c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
+            return;
+        }
         if self.active.iter().flatten().any(|a| a.job_id == spec.job_id) {
             refuse(&mut c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
             return;
@@ -474,6 +561,7 @@ impl ControlPlane {
             phase: Phase::Starting,
             seen_bytes: 0,
             last_traffic: Instant::now(),
+            drain: None,
         });
     }
 
@@ -513,6 +601,11 @@ impl ControlPlane {
             }
         }
         log::info!("job {:#x}: running", a.job_id);
+        if self.draining.is_some() {
+            // Admitted just before the drain began: it moves like the others.
+            let i = (tag & 0x0fff) as usize;
+            self.tell_drain(i);
+        }
     }
 
     fn end(&mut self, index: usize, code: RejectCode, why: &str) {
@@ -607,10 +700,161 @@ impl ControlPlane {
             a.done[c.rank as usize] = true;
         }
         if a.done.iter().all(|&d| d) && a.phase != Phase::Ending {
-            log::info!("job {job_id:#x}: every rank finished; ending the job");
+            if a.drain.is_some() {
+                log::info!("job {job_id:#x}: every rank left this draining server; ending the job here");
+            } else {
+                log::info!("job {job_id:#x}: every rank finished; ending the job");
+            }
             a.phase = Phase::Ending;
             for l in 0..a.spec.shards as usize {
                 let _ = self.lcores[l].send(Command::EndJob { index: i as u16 });
+            }
+            return;
+        }
+        // A rank that finished counts as answered: it cuts no more operations.
+        self.decide_switch(i);
+    }
+
+    /// Starts draining when asked; ends it when no job is left, or ends the
+    /// jobs still here at the drain timeout.
+    fn check_drain(&mut self, now: Instant) {
+        if self.draining.is_none() {
+            if !self.drain_requested.load(Ordering::Relaxed) {
+                return;
+            }
+            self.start_drain(now);
+        }
+        let Some(d) = self.draining.as_mut() else { return };
+        if self.drained.load(Ordering::Relaxed) {
+            return;
+        }
+        let left = self.active.iter().flatten().count();
+        if left == 0 && self.pending.is_empty() {
+            log::info!("drained: no job left after {:.1?}", now.duration_since(d.since));
+            self.drained.store(true, Ordering::Relaxed);
+            return;
+        }
+        let waited = now.duration_since(d.since);
+        if !d.timed_out && waited >= self.drain_timeout {
+            d.timed_out = true;
+            let msg = format!("the server drained for drain_timeout_s={} and ends the jobs still on it", self.drain_timeout.as_secs());
+            log::warn!("drain timeout: ending {left} jobs still here");
+            for i in 0..self.active.len() {
+                if let Some(a) = self.active[i].as_ref() {
+                    log::warn!("job {:#x}: {msg}", a.job_id);
+                }
+                self.end(i, RejectCode::Draining, &msg);
+            }
+        } else if d.timed_out && waited >= self.drain_timeout + Duration::from_secs(3) {
+            // Lcores that cannot drain those jobs: stop anyway (the shutdown
+            // path bounds the wait for them once more).
+            log::warn!("drain: {left} jobs still ending 3 s after the drain timeout; stopping anyway");
+            self.drained.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn start_drain(&mut self, now: Instant) {
+        let running: Vec<usize> =
+            (0..self.active.len()).filter(|&i| self.active[i].as_ref().is_some_and(|a| a.phase == Phase::Running)).collect();
+        let ranks: u32 = running.iter().filter_map(|&i| self.active[i].as_ref()).map(|a| a.spec.nranks).sum();
+        log::info!(
+            "draining: {} running jobs ({ranks} ranks) move to their other servers; admitting no new jobs; exit when no job is left or after drain_timeout_s={}",
+            running.len(),
+            self.drain_timeout.as_secs()
+        );
+        self.draining = Some(Draining { since: now, timed_out: false });
+        let ids: Vec<u64> = self.pending.keys().copied().collect();
+        for id in ids {
+            let mut p = self.pending.remove(&id).unwrap();
+            log::info!("job {id:#x} refused: the server is draining ({} of {} ranks had joined)", p.joined, p.spec.nranks);
+            for c in p.conns.iter_mut().flatten() {
+                self.conn_job.remove(&c.id);
+                refuse(c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
+            }
+        }
+        for i in running {
+            self.tell_drain(i);
+        }
+    }
+
+    /// Sends every rank of job `i` that has not finished a Drain.
+    fn tell_drain(&mut self, i: usize) {
+        let timeout_s = self.drain_timeout.as_secs().min(u32::MAX as u64) as u32;
+        let Some(a) = self.active[i].as_mut() else { return };
+        if a.drain.is_some() || a.phase != Phase::Running {
+            return;
+        }
+        a.drain = Some(JobDrain { boundaries: vec![None; a.spec.nranks as usize], switch_at: None });
+        let msg = Drain::new(timeout_s);
+        for c in &mut a.conns {
+            if a.done[c.rank as usize] {
+                continue;
+            }
+            if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+                log::warn!("job {:#x}: cannot tell rank {} at {} that the server drains: {e}", a.job_id, c.rank, c.peer);
+            }
+        }
+        self.decide_switch(i);
+    }
+
+    fn boundary(&mut self, conn: u64, next_op: u64) {
+        let Some(&job_id) = self.conn_job.get(&conn) else { return };
+        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id)) else { return };
+        let a = self.active[i].as_mut().unwrap();
+        let Some(rank) = a.conns.iter().find(|c| c.id == conn).map(|c| c.rank as usize) else { return };
+        let Some(d) = a.drain.as_mut() else {
+            log::warn!("job {job_id:#x}: rank {rank} sent a boundary, but the server does not drain; ignored");
+            return;
+        };
+        if d.switch_at.is_some() || d.boundaries[rank].is_some() {
+            log::warn!("job {job_id:#x}: rank {rank} sent a second boundary; ignored");
+            return;
+        }
+        d.boundaries[rank] = Some(next_op);
+        if next_op == Boundary::STAY {
+            log::debug!("job {job_id:#x}: rank {rank} has no other server");
+        } else {
+            log::debug!("job {job_id:#x}: rank {rank} can move from operation {next_op}");
+        }
+        self.decide_switch(i);
+    }
+
+    /// Once every rank answered (or finished), picks the switch operation
+    /// and tells every rank still here.
+    fn decide_switch(&mut self, i: usize) {
+        let Some(a) = self.active[i].as_mut() else { return };
+        if a.phase != Phase::Running {
+            return;
+        }
+        let Some(d) = a.drain.as_mut() else { return };
+        if d.switch_at.is_some() {
+            return;
+        }
+        let mut k = 0u64;
+        for (r, b) in d.boundaries.iter().enumerate() {
+            match b {
+                Some(b) => k = k.max(*b), // STAY is u64::MAX: it wins
+                None if a.done[r] => {}
+                None => return,
+            }
+        }
+        d.switch_at = Some(k);
+        if k == Boundary::STAY {
+            log::info!(
+                "job {:#x}: a rank has no other server to move to; the job stays here until it ends (at most drain_timeout_s={})",
+                a.job_id,
+                self.drain_timeout.as_secs()
+            );
+        } else {
+            log::info!("job {:#x}: every rank moves off this server from operation {k}", a.job_id);
+        }
+        let msg = SwitchAt::new(k);
+        for c in &mut a.conns {
+            if a.done[c.rank as usize] {
+                continue;
+            }
+            if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+                log::warn!("job {:#x}: cannot send the switch to rank {} at {}: {e}", a.job_id, c.rank, c.peer);
             }
         }
     }
@@ -721,6 +965,8 @@ impl ControlPlane {
             op: a.spec.op.name(),
             state: match a.phase {
                 Phase::Starting => "starting",
+                // Running on a draining server: moving off it, or staying to its end.
+                Phase::Running if a.drain.is_some() => "draining",
                 Phase::Running => "running",
                 Phase::Ending => "ending",
             },

@@ -9,6 +9,11 @@
 //! hands it to the lcores; after that it only hears back when a job becomes
 //! ready, fails or ends. It never touches the dataplane's memory.
 //!
+//! [`Server::drain`] asks the control plane to drain (see [`control`]): no new
+//! jobs, running jobs move to their other servers at an operation boundary
+//! they agree on, and [`Server::drained`] turns true once no job is left
+//! (or the drain timeout ended the rest); `tally server` then exits.
+//!
 //! With `metrics` configured, a third kind of thread serves the lcores'
 //! counters and the per-job counter blocks ([`crate::metrics`]) over HTTP in
 //! the Prometheus text format; it only reads.
@@ -94,6 +99,8 @@ pub struct Server {
     names: Vec<EndpointName>,
     jobs: Arc<Mutex<Vec<control::JobInfo>>>,
     metrics: Option<MetricsServer>,
+    drain_requested: Arc<AtomicBool>,
+    drained: Arc<AtomicBool>,
 }
 
 impl Server {
@@ -200,15 +207,28 @@ impl Server {
                 Some(m)
             }
         };
+        let (drain_requested, drained) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, ev_tx, jobs.clone(), table_for_control)?
-            .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect());
+            .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
+            .with_drain(drain_requested.clone(), drained.clone());
         let stop2 = stop.clone();
         let control = std::thread::Builder::new()
             .name("tally-control".into())
             .spawn(move || plane.run(listener, ev_rx, stop2))
             .map_err(|e| e.to_string())?;
         log::info!("tally server listening on {local_addr}: {} lcores on cores {}, provider {provider}", cfg.lcores.len(), cfg.lcores);
-        Ok(Server { lcores: Some(lcores), control: Some(control), stop, local_addr, provider, names, jobs, metrics })
+        Ok(Server {
+            lcores: Some(lcores),
+            control: Some(control),
+            stop,
+            local_addr,
+            provider,
+            names,
+            jobs,
+            metrics,
+            drain_requested,
+            drained,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -240,6 +260,18 @@ impl Server {
     /// Jobs the control plane knows about (pending, running, draining).
     pub fn jobs(&self) -> Vec<control::JobInfo> {
         self.jobs.lock().unwrap().clone()
+    }
+
+    /// Starts draining: no new jobs; running jobs move to their other
+    /// servers (or stay, when they have none) and leave; see [`Server::drained`].
+    pub fn drain(&self) {
+        self.drain_requested.store(true, Ordering::Relaxed);
+    }
+
+    /// True once a drain finished: no job left, or the drain timeout ended
+    /// the rest. [`Server::stop`] then stops what is left.
+    pub fn drained(&self) -> bool {
+        self.drained.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, ends every job, stops the lcores (which cancel what

@@ -1,0 +1,345 @@
+//! Drain against real `tally server` processes: SIGTERM puts a server into
+//! draining, its running jobs move to their other servers at an operation
+//! boundary all ranks agree on, and it exits when no job uses it.
+//!
+//! - three servers, one job of three ranks looping over all-reduces of mixed
+//!   sizes (4 KiB to 1 MiB), every element checked: one server is SIGTERMed
+//!   mid-loop; no operation fails, every element is right, the server exits
+//!   with status 0 within its drain timeout while the loop still has many
+//!   operations to go (carried by the other two), over shm and tcp; also
+//!   with two sub-jobs (sum and max alternating: two server jobs drained at
+//!   once), with the ranks idle (between all-reduces) when it starts, and
+//!   with two lcores per server;
+//! - a second SIGTERM stops a draining server at once;
+//! - a server with no job exits at once on SIGTERM;
+//! - a job that tries to join a draining server is refused with a reject
+//!   naming the drain; a job with other servers runs on those instead;
+//! - a job with no other server stays on the draining server until it ends
+//!   (the server exits then), or, past the drain timeout, is ended with a
+//!   reject saying so.
+mod common;
+use common::{client, ServerProcess};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tally_engine::client::{Client, ClientConfig, ClientError};
+use tally_engine::reduce::{DataType, ReduceOp};
+
+/// A server on one lcore (core 0) unless `extra` names its lcores.
+fn server(provider: &str, extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
+    if !extra.contains(&"--lcores") {
+        args.extend(["--lcores", "0"]);
+    }
+    args.extend_from_slice(extra);
+    ServerProcess::start(&args)
+}
+
+fn sigterm(s: &ServerProcess) {
+    // SAFETY: signalling our own child process, not yet reaped.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+}
+
+/// Waits (bounded) for the server process to exit; its status and when.
+fn wait_exit(s: &mut ServerProcess, bound: Duration) -> Option<(std::process::ExitStatus, Instant)> {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            return Some((st, Instant::now()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+fn multi(provider: &str, addrs: &[String], job: u64, rank: u32, n: u32) -> ClientConfig {
+    let mut c = client(provider, &addrs[0], job, rank, n);
+    c.servers = addrs.to_vec();
+    c.chunk_bytes = 64 << 10;
+    c
+}
+
+/// Bytes of round `round`'s all-reduce: 4 KiB to 1 MiB, odd sizes included.
+fn round_bytes(round: usize) -> usize {
+    const SIZES: [usize; 6] = [4 << 10, 12 << 10, 64 << 10, (256 << 10) + 12, 1 << 20, 100_000];
+    SIZES[round % SIZES.len()]
+}
+
+/// How the ranks of [`loop_job_with`] run.
+#[derive(Clone, Copy, Default)]
+struct Shape {
+    /// Odd rounds are f32 max instead of sum: a second sub-job (server job).
+    mixed: bool,
+    /// Every rank sleeps this long after this round (idle between all-reduces).
+    pause: Option<(usize, Duration)>,
+    /// Two lcores per server instead of one (six streams, four after the drain).
+    two_lcores: bool,
+}
+
+fn loop_job(
+    provider: &str,
+    addrs: &[String],
+    job: u64,
+    n: u32,
+    rounds: usize,
+    progress: Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
+    loop_job_with(provider, addrs, job, n, rounds, progress, Shape::default())
+}
+
+/// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
+/// (or maxima) of `round_bytes(round)` (rank r's element i is r + i mod 97 +
+/// round: exact), every element checked; `progress` counts rank 0's rounds done.
+fn loop_job_with(
+    provider: &str,
+    addrs: &[String],
+    job: u64,
+    n: u32,
+    rounds: usize,
+    progress: Arc<AtomicUsize>,
+    shape: Shape,
+) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
+    (0..n)
+        .map(|rank| {
+            let cfg = multi(provider, addrs, job, rank, n);
+            let progress = progress.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                if shape.mixed {
+                    // Both sub-jobs from the start (a join is collective).
+                    c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                    c.join(DataType::Float32, ReduceOp::Max).map_err(|e| e.to_string())?;
+                }
+                for round in 0..rounds {
+                    let count = round_bytes(round) / 4;
+                    let max = shape.mixed && round % 2 == 1;
+                    let op = if max { ReduceOp::Max } else { ReduceOp::Sum };
+                    let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();
+                    let mut out = vec![0f32; count];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, op)
+                        .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
+                    for (i, v) in out.iter().enumerate() {
+                        let want: f32 = if max {
+                            (n as usize - 1 + i % 97 + round) as f32
+                        } else {
+                            (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
+                        };
+                        if *v != want {
+                            return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
+                        }
+                    }
+                    if rank == 0 {
+                        progress.store(round + 1, Ordering::Relaxed);
+                    }
+                    if let Some((at, pause)) = shape.pause {
+                        if round + 1 == at {
+                            std::thread::sleep(pause);
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+fn results(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) -> Vec<Result<(), String>> {
+    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+fn drain_one_of_three(provider: &str, shape: Shape) {
+    const ROUNDS: usize = 400;
+    const KILL_AT: usize = 80;
+    const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+    let lcores: &[&str] = if shape.two_lcores { &["--lcores", "0-1"] } else { &[] };
+    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, &[&["--drain-timeout", "15"], lcores].concat())).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let shape = Shape { pause: shape.pause.map(|(_, d)| (KILL_AT, d)), ..shape };
+    let ranks = loop_job_with(provider, &addrs, 0xd1, 3, ROUNDS, progress.clone(), shape);
+    while progress.load(Ordering::Relaxed) < KILL_AT {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the loop did not reach round {KILL_AT}");
+        if ranks.iter().any(|h| h.is_finished()) {
+            break; // a rank failed early: reported below
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if shape.pause.is_some() {
+        // Rank 0 finished round KILL_AT and sleeps: let the others reach it too.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed_round = progress.load(Ordering::Relaxed);
+    sigterm(&servers[1]);
+    let killed = Instant::now();
+    let exited = wait_exit(&mut servers[1], DRAIN_TIMEOUT + Duration::from_secs(5));
+    let exit_round = progress.load(Ordering::Relaxed);
+    let res = results(ranks);
+    let log = servers[1].log.lock().unwrap().join("\n");
+    eprintln!(
+        "DRAIN ({provider}): SIGTERM at round {killed_round}, server exited at round {exit_round} after {:?}; loop {:?}",
+        exited.map(|(_, at)| at - killed),
+        t0.elapsed()
+    );
+    for r in &res {
+        assert!(r.is_ok(), "an operation failed: {r:?}\ndraining server:\n{log}");
+    }
+    let (st, at) = exited.unwrap_or_else(|| panic!("the draining server did not exit:\n{log}"));
+    assert!(st.success(), "the draining server exited with {st}:\n{log}");
+    assert!(at - killed < DRAIN_TIMEOUT, "exit after {:?}, beyond the drain timeout", at - killed);
+    let (jobs, ids): (usize, &[&str]) = if shape.mixed { (2, &["0xd1", "0x"]) } else { (1, &["0xd1"]) };
+    assert!(servers[1].log_contains(&format!("draining: {jobs} running jobs ({} ranks)", 3 * jobs)), "{log}");
+    for id in ids {
+        assert!(servers[1].log_contains(&format!("job {id}")), "{log}");
+    }
+    let count = |needle: &str| servers[1].log.lock().unwrap().iter().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("every rank moves off this server from operation"), jobs, "{log}");
+    assert_eq!(count("every rank left this draining server"), jobs, "{log}");
+    assert!(servers[1].log_contains("drained: no job left"), "{log}");
+    assert!(!servers[1].log_contains("drain timeout"), "{log}");
+    // The server left while the loop had most of its rounds to go: the
+    // other two servers carried those (and every element was right).
+    assert!(exit_round + 100 < ROUNDS, "the server exited at round {exit_round} of {ROUNDS}: too late to show the others carried on");
+    for s in [&servers[0], &servers[2]] {
+        assert!(s.wait_log("job 0xd1: every rank finished", Duration::from_secs(5)), "the job ended cleanly on the others");
+        assert!(!s.log_contains("failed"), "{:?}", s.log.lock().unwrap());
+    }
+    let mut servers = servers.into_iter();
+    let (a, _, c) = (servers.next().unwrap(), servers.next(), servers.next().unwrap());
+    assert!(a.stop().success());
+    assert!(c.stop().success());
+}
+
+#[test]
+fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_shm() {
+    drain_one_of_three("shm", Shape::default());
+}
+
+#[test]
+fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_tcp() {
+    drain_one_of_three("tcp", Shape::default());
+}
+
+#[test]
+fn sigterm_mid_loop_moves_two_sub_jobs_at_once_shm() {
+    drain_one_of_three("shm", Shape { mixed: true, ..Shape::default() });
+}
+
+#[test]
+fn sigterm_while_the_ranks_are_idle_between_all_reduces_shm() {
+    drain_one_of_three("shm", Shape { pause: Some((0, Duration::from_millis(400))), ..Shape::default() });
+}
+
+#[test]
+fn sigterm_one_of_three_servers_with_two_lcores_each_tcp() {
+    drain_one_of_three("tcp", Shape { two_lcores: true, ..Shape::default() });
+}
+
+#[test]
+fn a_second_sigterm_stops_a_draining_server_at_once() {
+    let mut lone = server("shm", &["--drain-timeout", "60"]);
+    let addrs = vec![lone.addr.clone()];
+    let progress = Arc::new(AtomicUsize::new(0));
+    let ranks = loop_job("shm", &addrs, 0x71, 2, 1_000_000, progress.clone());
+    while progress.load(Ordering::Relaxed) < 5 {
+        if ranks.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sigterm(&lone);
+    assert!(lone.wait_log("the job stays here", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());
+    let t = Instant::now();
+    sigterm(&lone);
+    let (st, at) = wait_exit(&mut lone, Duration::from_secs(10)).expect("a second SIGTERM stops the server");
+    eprintln!("DRAIN second SIGTERM: exit after {:?}", at - t);
+    assert!(st.success(), "{st}");
+    assert!(at - t < Duration::from_secs(5), "{:?}", at - t);
+    assert!(lone.log_contains("second signal: stopping at once"));
+    for r in results(ranks) {
+        let e = r.expect_err("the job was stopped");
+        assert!(e.contains("shutting down") || e.contains("closed"), "{e}");
+    }
+}
+
+#[test]
+fn a_server_without_jobs_exits_at_once_on_sigterm() {
+    let mut s = server("shm", &["--drain-timeout", "30"]);
+    let t = Instant::now();
+    sigterm(&s);
+    let (st, at) = wait_exit(&mut s, Duration::from_secs(10)).expect("the idle server exits");
+    eprintln!("DRAIN idle server exited after {:?}", at - t);
+    assert!(st.success(), "{st}");
+    assert!(at - t < Duration::from_secs(3), "took {:?}", at - t);
+    assert!(s.log_contains("draining: 0 running jobs"));
+    assert!(s.log_contains("drained: no job left"));
+}
+
+/// A single-server job stays on its draining server until it ends; a new
+/// job is refused meanwhile (a reject naming the drain), and one with
+/// another server runs there; the server exits once the job ended.
+#[test]
+fn a_job_without_another_server_stays_until_it_ends_and_new_jobs_are_refused() {
+    let mut lone = server("shm", &["--drain-timeout", "30"]);
+    let other = server("shm", &[]);
+    let addrs = vec![lone.addr.clone()];
+    let progress = Arc::new(AtomicUsize::new(0));
+    // Two ranks, 150 rounds: long enough to outlive the checks below.
+    let ranks = loop_job("shm", &addrs, 0x51, 2, 150, progress.clone());
+    while progress.load(Ordering::Relaxed) < 20 {
+        if ranks.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sigterm(&lone);
+    assert!(lone.wait_log("draining: 1 running jobs", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());
+    // A new job on the draining server alone is refused, naming the drain.
+    let mut c = Client::connect(client("shm", &lone.addr, 0x52, 0, 1)).unwrap();
+    let e = c.join(DataType::Float32, ReduceOp::Sum).unwrap_err();
+    eprintln!("DRAIN new job: {e}");
+    assert!(matches!(&e, ClientError::Refused { reject, .. } if reject.contains("draining")), "{e}");
+    drop(c);
+    // A new job over the draining server and another runs on the other one.
+    let both = vec![lone.addr.clone(), other.addr.clone()];
+    let p2 = Arc::new(AtomicUsize::new(0));
+    let moved = results(loop_job("shm", &both, 0x53, 2, 12, p2));
+    assert!(moved.iter().all(Result::is_ok), "{moved:?}");
+    assert!(other.wait_log("job 0x53: every rank finished", Duration::from_secs(5)));
+    // The lone job ran on to its end without an error; the server exits then.
+    let res = results(ranks);
+    assert!(res.iter().all(Result::is_ok), "{res:?}\n{:?}", lone.log.lock().unwrap());
+    let (st, _) = wait_exit(&mut lone, Duration::from_secs(10)).expect("the server exits once its last job ended");
+    assert!(st.success(), "{st}");
+    assert!(lone.log_contains("job 0x51: a rank has no other server to move to; the job stays here"));
+    assert!(lone.log_contains("drained: no job left"));
+    assert!(other.stop().success());
+}
+
+/// Past the drain timeout a job still on the server is ended with a reject
+/// that says so, and the server exits (status 0).
+#[test]
+fn a_job_still_there_at_the_drain_timeout_is_ended_saying_so() {
+    let mut lone = server("shm", &["--drain-timeout", "1"]);
+    let addrs = vec![lone.addr.clone()];
+    let progress = Arc::new(AtomicUsize::new(0));
+    let ranks = loop_job("shm", &addrs, 0x61, 2, 1_000_000, progress.clone());
+    while progress.load(Ordering::Relaxed) < 5 {
+        if ranks.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t = Instant::now();
+    sigterm(&lone);
+    let res = results(ranks);
+    let took = t.elapsed();
+    eprintln!("DRAIN timeout: ranks ended after {took:?}: {res:?}");
+    for r in &res {
+        let e = r.as_ref().expect_err("the job cannot outlive the drain timeout");
+        assert!(e.contains("draining") && e.contains("drain_timeout_s=1"), "{e}");
+    }
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(6), "{took:?}");
+    let (st, _) = wait_exit(&mut lone, Duration::from_secs(10)).expect("the server exits after the drain timeout");
+    assert!(st.success(), "{st}");
+}

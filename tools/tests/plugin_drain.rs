@@ -1,0 +1,199 @@
+//! Drain through the NCCL plugin's ncclCollNet: ranks drive the plugin as
+//! NCCL does (init, listen, a collective connect, regMr, iallreduce/test
+//! with several all-reduces in flight) against three `tally server`
+//! processes; one is SIGTERMed mid-loop. No call fails, every element is
+//! right, and the server exits with status 0 within its drain timeout while
+//! the loop still has most of its rounds to go. (Its own test binary: it
+//! sets TALLY_SERVERS and TALLY_PROVIDER for the plugin in this process.)
+//! The plugin library must have been built in the same profile
+//! (`cargo build -p tally-nccl-plugin`, or the workspace).
+mod common;
+#[path = "../../ffi-plugin/tests/support/mod.rs"]
+mod support;
+
+use common::ServerProcess;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+use support::abi::*;
+use support::*;
+
+const F32: c_int = 7;
+const SUM: c_int = 0;
+const ROUNDS: usize = 200;
+const KILL_AT: usize = 40;
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// Elements of the all-reduces of one round, all in flight at once.
+const COUNTS: [usize; 3] = [1024, 25_000 + 3, 131_072];
+
+fn value(r: usize, i: usize, round: usize, k: usize) -> f32 {
+    (r + i % 97 + round + k) as f32
+}
+
+fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, progress: &AtomicUsize) {
+    let t = p.coll11;
+    let mut ctx = null();
+    // SAFETY: valid out-pointer; the logger matches NCCL's calling convention.
+    assert_eq!(unsafe { (t.init)(&mut ctx, 0xd4a1_0000 + r as u64, logger()) }, NCCL_SUCCESS);
+    let mut h = [0u8; HANDLE];
+    let mut listen = null();
+    // SAFETY: valid context, handle buffer and out-pointer.
+    assert_eq!(unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), &mut listen) }, NCCL_SUCCESS);
+    handles.lock().unwrap()[r] = h;
+    barrier.wait();
+    let mut all = handles.lock().unwrap().clone();
+    let mut ptrs: Vec<*mut c_void> = all.iter_mut().map(|h| h.as_mut_ptr().cast()).collect();
+    let mut comm = null();
+    // SAFETY: nranks handle pointers, a live listen comm.
+    assert_eq!(unsafe { (t.connect)(ptrs.as_mut_ptr(), n as c_int, r as c_int, listen, &mut comm) }, NCCL_SUCCESS, "rank {r}: connect");
+    // SAFETY: closed once, after connect, as NCCL does.
+    assert_eq!(unsafe { (t.close_listen)(listen) }, NCCL_SUCCESS);
+    let mut sends: Vec<Vec<f32>> = COUNTS.iter().map(|&c| vec![0f32; c]).collect();
+    let mut recvs: Vec<Vec<f32>> = COUNTS.iter().map(|&c| vec![0f32; c]).collect();
+    let mut mhs = Vec::new();
+    for (s, rv) in sends.iter_mut().zip(recvs.iter_mut()) {
+        let (mut a, mut b) = (null(), null());
+        // SAFETY: live comm; the buffers outlive the registrations (never reallocated).
+        unsafe {
+            assert_eq!((t.reg_mr)(comm, s.as_mut_ptr().cast(), s.len() * 4, NCCL_PTR_HOST, &mut a), NCCL_SUCCESS);
+            assert_eq!((t.reg_mr)(comm, rv.as_mut_ptr().cast(), rv.len() * 4, NCCL_PTR_HOST, &mut b), NCCL_SUCCESS);
+        }
+        mhs.push((a, b));
+    }
+    let t0 = Instant::now();
+    for round in 0..ROUNDS {
+        for (k, s) in sends.iter_mut().enumerate() {
+            for (i, v) in s.iter_mut().enumerate() {
+                *v = value(r, i, round, k);
+            }
+        }
+        let mut reqs = vec![null(); COUNTS.len()];
+        for k in 0..COUNTS.len() {
+            loop {
+                // SAFETY: live comm; both buffers hold COUNTS[k] f32 and stay
+                // valid and untouched until the request completes.
+                let rc = unsafe {
+                    (t.iallreduce)(
+                        comm,
+                        sends[k].as_mut_ptr().cast(),
+                        recvs[k].as_mut_ptr().cast(),
+                        COUNTS[k],
+                        F32,
+                        SUM,
+                        mhs[k].0,
+                        mhs[k].1,
+                        &mut reqs[k],
+                    )
+                };
+                assert_eq!(rc, NCCL_SUCCESS, "rank {r} round {round}: iallreduce {k}");
+                if !reqs[k].is_null() {
+                    break;
+                }
+                assert!(t0.elapsed() < TIMEOUT);
+            }
+        }
+        let mut left = COUNTS.len();
+        while left > 0 {
+            for (k, req) in reqs.iter_mut().enumerate() {
+                if req.is_null() {
+                    continue;
+                }
+                let mut done = 0;
+                // SAFETY: a request of a live comm.
+                assert_eq!(unsafe { (t.test)(*req, &mut done, std::ptr::null_mut()) }, NCCL_SUCCESS, "rank {r} round {round}: test {k}");
+                if done == 1 {
+                    *req = null();
+                    left -= 1;
+                }
+            }
+            assert!(t0.elapsed() < TIMEOUT, "rank {r} round {round}: {left} all-reduces not done");
+        }
+        for (k, out) in recvs.iter().enumerate() {
+            for (i, v) in out.iter().enumerate() {
+                let want: f32 = (0..n).map(|q| value(q, i, round, k)).sum();
+                assert_eq!(*v, want, "rank {r} round {round}: all-reduce {k} element {i}");
+            }
+        }
+        if r == 0 {
+            progress.store(round + 1, Ordering::Relaxed);
+        }
+    }
+    barrier.wait();
+    for (a, b) in mhs {
+        // SAFETY: registrations of this comm, removed once.
+        unsafe {
+            assert_eq!((t.dereg_mr)(comm, a), NCCL_SUCCESS);
+            assert_eq!((t.dereg_mr)(comm, b), NCCL_SUCCESS);
+        }
+    }
+    // SAFETY: live comm and context, closed and finalized once.
+    unsafe {
+        assert_eq!((t.close_coll)(comm), NCCL_SUCCESS);
+        assert_eq!((t.finalize)(ctx), NCCL_SUCCESS);
+    }
+}
+
+fn drain_through_the_plugin(p: &Plugin, provider: &str) {
+    std::env::set_var("TALLY_PROVIDER", provider);
+    let common = ["--lcores", "0", "--provider", provider, "--poll", "adaptive", "--slab-size", "32M", "--hugepages", "off"];
+    let mut servers: Vec<ServerProcess> =
+        (0..3).map(|_| ServerProcess::start(&[&common[..], &["--drain-timeout", "15"]].concat())).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    std::env::set_var("TALLY_SERVERS", addrs.join(","));
+    let n = 2;
+    let handles = Mutex::new(vec![[0u8; HANDLE]; n]);
+    let barrier = Barrier::new(n);
+    let progress = AtomicUsize::new(0);
+    let (mut killed, mut exited) = (None, None);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (handles, barrier, progress) = (&handles, &barrier, &progress);
+                s.spawn(move || rank_main(p, r, n, handles, barrier, progress))
+            })
+            .collect();
+        while progress.load(Ordering::Relaxed) < KILL_AT && !hs.iter().any(|h| h.is_finished()) {
+            assert!(t0.elapsed() < TIMEOUT, "the loop did not reach round {KILL_AT}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: signalling our own child process, not yet reaped.
+        unsafe { libc::kill(servers[1].child.id() as i32, libc::SIGTERM) };
+        killed = Some((Instant::now(), progress.load(Ordering::Relaxed)));
+        while exited.is_none() && t0.elapsed() < TIMEOUT {
+            if let Some(st) = servers[1].child.try_wait().unwrap() {
+                exited = Some((st, Instant::now(), progress.load(Ordering::Relaxed)));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for h in hs {
+            h.join().expect("rank thread");
+        }
+    });
+    std::env::remove_var("TALLY_SERVERS");
+    let log = servers[1].log.lock().unwrap().join("\n");
+    let (killed_at, killed_round) = killed.unwrap();
+    let (st, exit_at, exit_round) = exited.unwrap_or_else(|| panic!("the draining server did not exit:\n{log}"));
+    eprintln!(
+        "DRAIN plugin ({provider}): SIGTERM at round {killed_round}, exit at round {exit_round} after {:?}; loop {:?}",
+        exit_at - killed_at,
+        t0.elapsed()
+    );
+    assert!(st.success(), "{st}:\n{log}");
+    assert!(exit_at - killed_at < Duration::from_secs(15), "{log}");
+    assert!(exit_round + 50 < ROUNDS, "the server exited at round {exit_round} of {ROUNDS}");
+    assert!(servers[1].log_contains("every rank moves off this server from operation"), "{log}");
+    assert!(servers[1].log_contains("drained: no job left"), "{log}");
+    let mut servers = servers.into_iter();
+    let (a, _, c) = (servers.next().unwrap(), servers.next(), servers.next().unwrap());
+    assert!(a.stop().success());
+    assert!(c.stop().success());
+}
+
+#[test]
+fn collnet_all_reduces_carry_on_when_a_server_drains() {
+    let p = load();
+    drain_through_the_plugin(&p, "shm");
+    drain_through_the_plugin(&p, "tcp");
+}
