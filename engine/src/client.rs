@@ -462,11 +462,40 @@ impl Client {
         let mut leave = vec![Leave::Serving; controls.len()];
         let mut refused_draining = None;
         let mut controls: Vec<Option<TcpStream>> = controls.into_iter().map(Some).collect();
+        let join_started = Instant::now();
         for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
             let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
-            let (tag, names) = match read_answer(s) {
+            let mut tries = 0u32;
+            let answer = loop {
+                match read_answer(s) {
+                    // A server that is busy (too many connections in their
+                    // handshake, as in a join storm) says so at once: come
+                    // back after a jittered backoff, until the join deadline.
+                    Err(Answer::Rejected(r)) if r.code() == Some(RejectCode::Busy) => {
+                        let waited = join_started.elapsed();
+                        if waited >= self.cfg.timeout {
+                            return Err(ClientError::Refused {
+                                server: server.clone(),
+                                reject: format!(
+                                    "{r} (retried {tries} times for {:.1} s, until the join deadline of {:.0} s: TALLY_TIMEOUT_S)",
+                                    waited.as_secs_f64(),
+                                    self.cfg.timeout.as_secs_f64()
+                                ),
+                            });
+                        }
+                        tries += 1;
+                        let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.timeout - waited);
+                        log::debug!("server {server} is busy ({r}); joining again in {pause:?} (try {tries})");
+                        std::thread::sleep(pause);
+                        *s = hello_again(server, &hello, self.cfg.timeout.saturating_sub(join_started.elapsed()))?;
+                        let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+                    }
+                    other => break other,
+                }
+            };
+            let (tag, names) = match answer {
                 Ok(a) => a,
                 // Every rank of the sub-job gets this same answer from a
                 // draining server, so all of them leave it out alike.
@@ -1119,6 +1148,29 @@ impl Drop for Client {
             }
         }
     }
+}
+
+/// The pause before join attempt `tries` + 1 after a `busy` answer: 50 ms
+/// doubling to 2 s, each drawn between half and all of that (ranks that
+/// were turned away together do not come back together).
+fn join_backoff(tries: u32, rank: u32) -> Duration {
+    let cap_ms = (50u64 << tries.min(6)).min(2000);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64);
+    let mut x = nanos ^ (u64::from(rank) << 32) ^ u64::from(tries).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    Duration::from_millis(cap_ms / 2 + x % (cap_ms / 2 + 1))
+}
+
+/// A new control connection to `server` with the same Hello.
+fn hello_again(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
+    let err = |e: String| ClientError::Connect { server: server.to_string(), error: e };
+    let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
+    let mut s = connect_retry(&addr, timeout.max(Duration::from_millis(100))).map_err(err)?;
+    let _ = s.set_nodelay(true);
+    s.write_all(bytemuck::bytes_of(hello)).map_err(|e| err(e.to_string()))?;
+    Ok(s)
 }
 
 fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> Result<TcpStream, String> {
