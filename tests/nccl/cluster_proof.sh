@@ -39,6 +39,7 @@
 set -u -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+use_out
 RATE=${RATE:-8}
 SIZES=${SIZES:-1M,4M,16M,64M,256M}
 DTYPES=${DTYPES:-f32,bf16}

@@ -34,6 +34,7 @@
 set -u -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+use_out
 MODES=${MODES:-"socket tally-tcp tally-shm collnet-tcp collnet-shm"}
 MIN_SIZE=${MIN_SIZE:-1K}
 MAX_SIZE=${MAX_SIZE:-256M}
@@ -82,16 +83,6 @@ base_env=(
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV
     PYTHONUNBUFFERED=1
 )
-server_pid=""
-stop_server() {
-    if [ -n "$server_pid" ]; then
-        kill -TERM "$server_pid" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL "$server_pid" 2>/dev/null
-        wait "$server_pid" 2>/dev/null
-        server_pid=""
-    fi
-}
 trap stop_server EXIT
 
 start_server() { # provider

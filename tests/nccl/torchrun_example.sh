@@ -34,22 +34,11 @@
 #   LCORES         lcores of the local server (default 2-5; 0-1 on hosts with fewer than 8 cores)
 set -u -o pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 LOG=${LOG:-./torchrun_example.log}
 touch "$LOG" && LOG=$(readlink -f "$LOG")
 die() { echo "torchrun_example: FAILED: $*" >&2; exit 1; }
 
-first_existing() {
-    for f in "$@"; do
-        if [ -e "$f" ]; then
-            readlink -f "$f"
-            return 0
-        fi
-    done
-    return 1
-}
-TALLY_BIN=${TALLY_BIN:-$(first_existing "$root/target/release/tally" "$here/tally" || echo missing)}
 [ -x "$TALLY_BIN" ] || die "tally binary not found (run make, or set TALLY_BIN)"
 TALLY_LIB=${TALLY_LIB:-$(dirname "$TALLY_BIN")}
 [ -e "$TALLY_LIB/libnccl-net-tally.so" ] || die "no libnccl-net-tally.so in $TALLY_LIB (run make, or set TALLY_LIB)"
@@ -66,16 +55,6 @@ NPROC=${NPROC:-2}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
 
-server_pid=""
-stop_server() {
-    if [ -n "$server_pid" ]; then
-        kill -TERM "$server_pid" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL "$server_pid" 2>/dev/null
-        wait "$server_pid" 2>/dev/null
-        server_pid=""
-    fi
-}
 trap stop_server EXIT
 
 if [ -z "${TALLY_SERVERS:-}" ]; then

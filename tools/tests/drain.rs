@@ -158,13 +158,7 @@ fn drain_one_of_three(provider: &str, shape: Shape) {
     let t0 = Instant::now();
     let shape = Shape { pause: shape.pause.map(|(_, d)| (KILL_AT, d)), ..shape };
     let ranks = loop_job_with(provider, &addrs, 0xd1, 3, ROUNDS, progress.clone(), shape);
-    while progress.load(Ordering::Relaxed) < KILL_AT {
-        assert!(t0.elapsed() < Duration::from_secs(60), "the loop did not reach round {KILL_AT}");
-        if ranks.iter().any(|h| h.is_finished()) {
-            break; // a rank failed early: reported below
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_round(&progress, KILL_AT, &ranks);
     if shape.pause.is_some() {
         // Rank 0 finished round KILL_AT and sleeps: let the others reach it too.
         std::thread::sleep(Duration::from_millis(100));
@@ -210,6 +204,19 @@ fn drain_one_of_three(provider: &str, shape: Shape) {
     assert!(c.stop().success());
 }
 
+/// Waits until the loop job reached round `round` (bounded), or a rank
+/// ended early (its result is checked by the caller).
+fn wait_for_round<T>(progress: &AtomicUsize, round: usize, ranks: &[std::thread::JoinHandle<T>]) {
+    let t0 = Instant::now();
+    while progress.load(Ordering::Relaxed) < round {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the loop did not reach round {round}");
+        if ranks.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_shm() {
     drain_one_of_three("shm", Shape::default());
@@ -241,12 +248,7 @@ fn a_second_sigterm_stops_a_draining_server_at_once() {
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
     let ranks = loop_job("shm", &addrs, 0x71, 2, 1_000_000, progress.clone());
-    while progress.load(Ordering::Relaxed) < 5 {
-        if ranks.iter().any(|h| h.is_finished()) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_round(&progress, 5, &ranks);
     sigterm(&lone);
     assert!(lone.wait_log("the job stays here", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());
     let t = Instant::now();
@@ -286,12 +288,7 @@ fn a_job_without_another_server_stays_until_it_ends_and_new_jobs_are_refused() {
     let progress = Arc::new(AtomicUsize::new(0));
     // Two ranks, 150 rounds: long enough to outlive the checks below.
     let ranks = loop_job("shm", &addrs, 0x51, 2, 150, progress.clone());
-    while progress.load(Ordering::Relaxed) < 20 {
-        if ranks.iter().any(|h| h.is_finished()) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_round(&progress, 20, &ranks);
     sigterm(&lone);
     assert!(lone.wait_log("draining: 1 running jobs", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());
     // A new job on the draining server alone is refused, naming the drain.
@@ -324,12 +321,7 @@ fn a_job_still_there_at_the_drain_timeout_is_ended_saying_so() {
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
     let ranks = loop_job("shm", &addrs, 0x61, 2, 1_000_000, progress.clone());
-    while progress.load(Ordering::Relaxed) < 5 {
-        if ranks.iter().any(|h| h.is_finished()) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_round(&progress, 5, &ranks);
     let t = Instant::now();
     sigterm(&lone);
     let res = results(ranks);
