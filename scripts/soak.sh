@@ -4,6 +4,7 @@
 # processes of other runs are SIGKILLed at random.
 #
 #   scripts/soak.sh [--duration SECONDS] [--provider shm|tcp] [--lcores 0-1]
+#                   [--servers N] [--server-kills SECONDS]
 #
 # Environment: TALLY=path/to/tally (default: build target/release/tally).
 #
@@ -15,17 +16,27 @@
 # a hang counts as a failure), then a clean run must pass (the server still
 # serves). Prints operations, bytes, faults, wrong results (must be 0) and the
 # server's VmRSS at start and end. Exit status 0 only if nothing went wrong.
+# With --servers N every run uses N servers; with --server-kills S (needs
+# N >= 2 and tcp: failover is off over shm) one server, chosen at random, is
+# SIGKILLed every S seconds and restarted on the same port a second later.
+# Runs in progress then fail over to the others: none may fail or be wrong
+# while a server of theirs is alive. The summary counts the recoveries the
+# ranks logged.
 set -euo pipefail
 
 DURATION=600
 PROVIDER=shm
 LCORES=0-1
+NSERVERS=1
+SERVER_KILLS=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --duration) DURATION="$2"; shift 2 ;;
         --provider) PROVIDER="$2"; shift 2 ;;
         --lcores) LCORES="$2"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --servers) NSERVERS="$2"; shift 2 ;;
+        --server-kills) SERVER_KILLS="$2"; shift 2 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "soak.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -37,15 +48,23 @@ if [[ -z "${TALLY:-}" ]]; then
 fi
 TALLY="$(realpath "$TALLY")"
 
+if [[ $SERVER_KILLS != 0 && ( $NSERVERS -lt 2 || $PROVIDER != tcp ) ]]; then
+    echo "soak.sh: --server-kills needs --servers 2 or more and --provider tcp" >&2
+    exit 2
+fi
+
 WORK="$(mktemp -d /tmp/tally-soak.XXXXXX)"
 SERVER_PID=""
 FAULT_PID=""
+KILLER_PID=""
 cleanup() {
     [[ -n "$FAULT_PID" ]] && kill "$FAULT_PID" 2>/dev/null || true
-    if [[ -n "$SERVER_PID" ]]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
+    [[ -n "$KILLER_PID" ]] && kill "$KILLER_PID" 2>/dev/null || true
+    for f in "$WORK"/server*.pid; do
+        [[ -f "$f" ]] || continue
+        kill -TERM "$(cat "$f")" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -53,20 +72,31 @@ rss() { awk '/^VmRSS:/ {print $2 " " $3}' "/proc/$1/status" 2>/dev/null || echo 
 now() { date +%s.%N; }
 rand() { echo $(( RANDOM % $1 )); }   # 0 .. $1-1
 
-# The server: one for the whole soak.
-TALLY_LOG=info "$TALLY" server --listen 127.0.0.1:0 --lcores "$LCORES" --provider "$PROVIDER" \
-    --slab-size 64M >"$WORK/server.out" 2>"$WORK/server.log" &
-SERVER_PID=$!
-line=""
-for _ in $(seq 600); do
-    line="$(head -1 "$WORK/server.out")"
-    [[ -n "$line" ]] && break
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
+# Starts server $1 (on port $2, or a free one); waits until it is ready and
+# writes its pid and address under $WORK.
+start_server() {
+    local i="$1" port="${2:-0}" line=""
+    TALLY_LOG=info "$TALLY" server --listen "127.0.0.1:$port" --lcores "$LCORES" --provider "$PROVIDER" \
+        --slab-size 64M >"$WORK/server$i.out" 2>>"$WORK/server$i.log" &
+    local pid=$!
+    for _ in $(seq 600); do
+        line="$(head -1 "$WORK/server$i.out")"
+        [[ -n "$line" ]] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    [[ -n "$line" ]] || { echo "soak: server $i did not start"; cat "$WORK/server$i.log"; return 1; }
+    sed -n 's/^tally server ready on \([^ ]*\).*/\1/p' <<<"$line" >"$WORK/server$i.addr"
+    [[ -s "$WORK/server$i.addr" ]] || { echo "soak: unexpected first line: $line"; return 1; }
+    echo "$pid" >"$WORK/server$i.pid"
+}
+
+# The servers: for the whole soak (restarted on the same port after a kill).
+for i in $(seq 0 $(( NSERVERS - 1 ))); do
+    start_server "$i" || exit 1
 done
-[[ -n "$line" ]] || { echo "soak: server did not start"; cat "$WORK/server.log"; exit 1; }
-ADDR="$(sed -n 's/^tally server ready on \([^ ]*\).*/\1/p' <<<"$line")"
-[[ -n "$ADDR" ]] || { echo "soak: unexpected first line: $line"; exit 1; }
+SERVER_PID="$(cat "$WORK/server0.pid")"
+ADDR="$(cat "$WORK"/server*.addr | paste -sd,)"
 RSS_START="$(rss "$SERVER_PID")"
 echo "soak: server pid $SERVER_PID on $ADDR ($PROVIDER), VmRSS $RSS_START; running ${DURATION}s; work dir $WORK"
 
@@ -134,9 +164,28 @@ fault_loop() {
     done
 }
 
-touch "$WORK/runs" "$WORK/faults" "$WORK/after"
+# The server-kill loop: SIGKILL a random server, restart it a second later.
+server_kill_loop() {
+    while [[ $(date +%s) -lt $(( END - SERVER_KILLS / 2 - 5 )) ]]; do
+        sleep "$SERVER_KILLS"
+        local i pid port
+        i=$(rand "$NSERVERS")
+        pid="$(cat "$WORK/server$i.pid")"
+        port="$(cut -d: -f2 "$WORK/server$i.addr")"
+        kill -KILL "$pid" 2>/dev/null || true
+        echo "kill $i $(now)" >>"$WORK/server_kills"
+        sleep 1
+        start_server "$i" "$port" >>"$WORK/server_kills" 2>&1 || echo "restart-failed $i" >>"$WORK/server_kills"
+    done
+}
+
+touch "$WORK/runs" "$WORK/faults" "$WORK/after" "$WORK/server_kills"
 fault_loop &
 FAULT_PID=$!
+if [[ $SERVER_KILLS != 0 ]]; then
+    server_kill_loop &
+    KILLER_PID=$!
+fi
 # A progress line on a terminal (standard error), nothing in a pipe or a log.
 START=$(date +%s)
 progress() {
@@ -151,11 +200,18 @@ while [[ $(date +%s) -lt $END ]]; do
     i=$((i + 1))
     progress
     clean_run "run$i" "$WORK/runs" || true
-    kill -0 "$SERVER_PID" 2>/dev/null || { echo "soak: the server died"; break; }
+    if [[ $SERVER_KILLS == 0 ]]; then
+        kill -0 "$SERVER_PID" 2>/dev/null || { echo "soak: the server died"; break; }
+    fi
 done
 [[ -t 2 ]] && printf '\r\033[2K' >&2
 wait "$FAULT_PID" || true
 FAULT_PID=""
+if [[ -n "$KILLER_PID" ]]; then
+    wait "$KILLER_PID" || true
+    KILLER_PID=""
+fi
+SERVER_PID="$(cat "$WORK/server0.pid")"
 
 RSS_END="$(rss "$SERVER_PID")"
 cat "$WORK/after" >>"$WORK/runs"
@@ -168,9 +224,13 @@ hangs=$(grep -c '^hang' "$WORK/faults" || true)
 missed=$(grep -c '^missed' "$WORK/faults" || true)
 after_fail=$(awk '$1 != "missed" && $3 == "fail"' "$WORK/faults" | wc -l)
 tte="$(awk '$1 == "error" { n++; s += $2; if ($2 > m) m = $2 } END { if (n) printf "mean %.2fs, max %.2fs", s / n, m; else print "-" }' "$WORK/faults")"
-alive="yes"; kill -0 "$SERVER_PID" 2>/dev/null || alive="no"
+alive="yes"
+for f in "$WORK"/server*.pid; do kill -0 "$(cat "$f")" 2>/dev/null || alive="no"; done
+server_kills=$(grep -c '^kill' "$WORK/server_kills" || true)
+restart_failed=$(grep -c '^restart-failed' "$WORK/server_kills" || true)
+recoveries=$(cat "$WORK"/*.err 2>/dev/null | grep -c 'recovered from losing' || true)
 
-echo "soak summary (${DURATION}s, $PROVIDER, server $ADDR)"
+echo "soak summary (${DURATION}s, $PROVIDER, servers $ADDR)"
 echo "  clean runs:         $clean_ok passed, $clean_fail failed"
 echo "  all-reduces:        $ops (every element verified)"
 echo "  bytes all-reduced:  $bytes per rank ($(awk -v b="$bytes" 'BEGIN {printf "%.1f GiB", b / 2^30}'))"
@@ -178,11 +238,15 @@ echo "  wrong results:      $wrong"
 echo "  faults injected:    $faults rank SIGKILLs ($errors survivors errored, $hangs hung; $missed runs ended before the kill)"
 echo "  time to error:      $tte (kill to the run's exit)"
 echo "  clean run after a fault failed: $after_fail"
-echo "  server alive:       $alive"
+if [[ $SERVER_KILLS != 0 ]]; then
+    echo "  server kills:       $server_kills SIGKILLs of 1 of $NSERVERS servers, every ${SERVER_KILLS}s ($restart_failed restarts failed)"
+    echo "  rank recoveries:    $recoveries (a rank's log line: recovered from losing a server)"
+fi
+echo "  servers alive:      $alive"
 echo "  server VmRSS:       $RSS_START at start, $RSS_END at end"
 if [[ $clean_fail -gt 0 ]]; then echo "  failed runs:"; grep '^fail' "$WORK/runs" | head -5 | sed 's/^/    /'; fi
-grep -c 'ended' "$WORK/server.log" | sed 's/^/  server log: jobs ended: /'
-if [[ "$wrong" -ne 0 || $clean_fail -ne 0 || $hangs -ne 0 || $after_fail -ne 0 || $alive != yes ]]; then
+cat "$WORK"/server*.log | grep -c 'ended' | sed 's/^/  server logs: jobs ended: /'
+if [[ "$wrong" -ne 0 || $clean_fail -ne 0 || $hangs -ne 0 || $after_fail -ne 0 || $alive != yes || $restart_failed -ne 0 ]]; then
     echo "soak: FAILED (logs in $WORK)"
     exit 1
 fi

@@ -62,6 +62,9 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+pub mod failover;
+use failover::{Fo, Stage};
+
 /// How to reach the servers and cut the work.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -97,6 +100,15 @@ pub struct ClientConfig {
     /// (see [`op_chunk_bytes`]). Must be the same on every rank. Default
     /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`].
     pub min_piece: usize,
+    /// Survive the loss of a server when the job has others (see
+    /// [`failover`]): results land in a staging area first and are copied
+    /// out, which costs one copy of every result. Default on; TALLY_FAILOVER=0
+    /// turns it off (a lost server then fails the job, as before).
+    pub failover: bool,
+    /// Fault injection, for tests of failover: results from server
+    /// `.0` (its index in `servers`) of operations from index `.1` on are
+    /// dropped as they arrive, as if lost in flight. None in real use.
+    pub fault_drop_results: Option<(usize, u64)>,
 }
 
 impl ClientConfig {
@@ -116,6 +128,8 @@ impl ClientConfig {
             spin_polls: 2048,
             send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
+            failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
+            fault_drop_results: None,
         }
     }
 }
@@ -170,6 +184,14 @@ const BUSY_CHECK_EVERY: u32 = 1024;
 
 /// One (server, lcore) stream of a sub-job.
 struct Stream {
+    /// Its server was lost while this stream served it (failover): nothing
+    /// is posted on it again. A server that comes back gets new streams.
+    lost: bool,
+    /// The operations it carries: from `born` (0, or the switch of the
+    /// rejoin that added it) to before `died` (the switch of the recovery
+    /// from losing it). All ranks agree on both.
+    born: u64,
+    died: u64,
     addr: PeerAddr,
     /// Index of its server in the client's server list.
     server: usize,
@@ -183,6 +205,12 @@ struct Stream {
     /// sequence (which wraps at 2^32, not at a multiple of the window).
     next_slot: u32,
     head_slot: u32,
+}
+
+impl Stream {
+    fn new(addr: PeerAddr, server: usize, job_tag: u16) -> Stream {
+        Stream { lost: false, born: 0, died: u64::MAX, addr, server, job_tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 }
+    }
 }
 
 /// One chunk in flight, at its stream's slot.
@@ -211,7 +239,6 @@ enum Leave {
 
 /// A stream set: the servers in use for a run of operations, and their streams.
 struct Gen {
-    member: Vec<bool>,
     set: Vec<usize>,
 }
 
@@ -242,11 +269,22 @@ struct SubJob {
     /// current stream set. Every rank issues the same all-reduces in the
     /// same order, so it advances identically.
     rotate: usize,
+    /// Where results land first when the sub-job can fail over (None: straight
+    /// into the caller's buffer).
+    stage: Option<Stage>,
+    /// Failover state: lost servers, the recovery round in progress.
+    fo: Fo,
 }
 
 impl SubJob {
     fn holding(&self) -> bool {
-        self.leave.iter().any(|l| matches!(l, Leave::Awaiting { .. }))
+        self.fo.recovering || self.fo.rejoin_pending() || self.leave.iter().any(|l| matches!(l, Leave::Awaiting { .. }))
+    }
+
+    /// Whether stream `st` belongs to a server this rank lost.
+    #[inline(always)]
+    fn lost_stream(&self, st: usize) -> bool {
+        self.streams[st].lost
     }
 
     /// Whether server `si` carries operation `index`.
@@ -258,15 +296,23 @@ impl SubJob {
     /// no server is left, which the drain protocol never lets happen.
     fn gen_for(&mut self, index: u64) -> Option<usize> {
         let n = self.leave.len();
-        if let Some(g) = self.gens.iter().position(|g| (0..n).all(|si| g.member[si] == self.member(si, index))) {
+        let member: Vec<bool> = (0..n).map(|si| self.member(si, index)).collect();
+        // A server lost and taken back has new streams (the old ones carry
+        // the operations before the loss), so sets are told apart by their
+        // streams, not by their servers.
+        let set: Vec<usize> = (0..self.streams.len())
+            .filter(|&st| {
+                let s = &self.streams[st];
+                member[s.server] && s.born <= index && index < s.died
+            })
+            .collect();
+        if let Some(g) = self.gens.iter().position(|g| g.set == set) {
             return Some(g);
         }
-        let member: Vec<bool> = (0..n).map(|si| self.member(si, index)).collect();
-        let set: Vec<usize> = (0..self.streams.len()).filter(|&st| member[self.streams[st].server]).collect();
         if set.is_empty() {
             return None;
         }
-        self.gens.push(Gen { member, set });
+        self.gens.push(Gen { set });
         Some(self.gens.len() - 1)
     }
 }
@@ -348,6 +394,8 @@ pub struct Client {
     idle_polls: u32,
     /// Polls with completions (paces the control checks of a busy rank).
     busy_polls: u32,
+    /// What failover did so far.
+    stats: failover::FailoverStats,
     /// An operation failed or was aborted: this rank did not finish
     /// cleanly, so it must not say Bye (the servers then fail the job for
     /// the other ranks at once instead of counting this one as done).
@@ -400,6 +448,7 @@ impl Client {
             registrations: Vec::new(),
             last_progress: Instant::now(),
             failed: false,
+            stats: failover::FailoverStats::default(),
             idle_polls: 0,
             busy_polls: 0,
             cfg,
@@ -466,59 +515,30 @@ impl Client {
         for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
-            let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
-            let mut tries = 0u32;
-            let answer = loop {
-                match read_answer(s) {
-                    // A server that is busy (too many connections in their
-                    // handshake, as in a join storm) says so at once: come
-                    // back after a jittered backoff, until the join deadline.
-                    Err(Answer::Rejected(r)) if r.code() == Some(RejectCode::Busy) => {
-                        let waited = join_started.elapsed();
-                        if waited >= self.cfg.timeout {
-                            return Err(ClientError::Refused {
-                                server: server.clone(),
-                                reject: format!(
-                                    "{r} (retried {tries} times for {:.1} s, until the join deadline of {:.0} s: TALLY_TIMEOUT_S)",
-                                    waited.as_secs_f64(),
-                                    self.cfg.timeout.as_secs_f64()
-                                ),
-                            });
-                        }
-                        tries += 1;
-                        let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.timeout - waited);
-                        log::debug!("server {server} is busy ({r}); joining again in {pause:?} (try {tries})");
-                        std::thread::sleep(pause);
-                        *s = hello_again(server, &hello, self.cfg.timeout.saturating_sub(join_started.elapsed()))?;
-                        let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
-                    }
-                    other => break other,
-                }
-            };
+            let answer = self.answer(server, s, &hello, join_started)?;
             let (tag, names) = match answer {
                 Ok(a) => a,
                 // Every rank of the sub-job gets this same answer from a
                 // draining server, so all of them leave it out alike.
-                Err(Answer::Rejected(r)) if r.code() == Some(RejectCode::Draining) => {
+                Err(r) if r.code() == Some(RejectCode::Draining) => {
                     log::info!("server {server} drains: job {:#x} runs on the other servers", spec.job_id);
                     refused_draining = Some(ClientError::Refused { server: server.clone(), reject: r.to_string() });
                     leave[si] = Leave::At(0);
                     *slot = None;
                     continue;
                 }
-                Err(Answer::Rejected(r)) => return Err(ClientError::Refused { server: server.clone(), reject: r.to_string() }),
-                Err(Answer::Io(e)) => return Err(ClientError::Connect { server: server.clone(), error: e }),
+                Err(r) => return Err(ClientError::Refused { server: server.clone(), reject: r.to_string() }),
             };
             for n in names {
                 let addr = self.ep.insert_peer(&n).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                streams.push(Stream { addr, server: si, job_tag: tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 });
+                streams.push(Stream::new(addr, si, tag));
             }
             let _ = s.set_nonblocking(true);
         }
         if streams.is_empty() {
             return Err(refused_draining.unwrap_or_else(|| ClientError::Config("no server accepted the job".into())));
         }
-        if streams.len() as u32 * self.cfg.window * 2 > self.per_sub {
+        if streams.len() as u32 * self.cfg.window * 2 + failover::REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 > self.per_sub {
             return Err(ClientError::Config(format!(
                 "{} streams x window {} exceeds this client's context table",
                 streams.len(),
@@ -526,9 +546,21 @@ impl Client {
             )));
         }
         let flights = vec![Flight::default(); streams.len() * self.cfg.window as usize];
+        // Failover needs another server to move to and a window the report's
+        // per-stream bitmap covers.
+        let can_fail_over = self.cfg.failover
+            && self.cfg.servers.len() > 1
+            && self.cfg.servers.len() <= 64
+            && self.cfg.window <= 32
+            && !self.ep.in_order_sends()
+            && !self.ep.needs_local_mr();
+        if self.cfg.failover && self.cfg.servers.len() > 1 && !can_fail_over && self.subs.is_empty() {
+            log::info!("failover is off for this client: {} completes sends in order or wants registered buffers", self.ep.provider());
+        }
+        let stage = can_fail_over.then(|| Stage::new(streams.len(), self.cfg.window as usize, chunk_elems * dtype.size()));
         let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
         let pacing = (0..self.cfg.servers.len()).map(|_| Pacing { in_flight: 0, waiting: VecDeque::with_capacity(per_server) }).collect();
-        let gens = vec![Gen { member: leave.iter().map(|l| *l == Leave::Serving).collect(), set: (0..streams.len()).collect() }];
+        let gens = vec![Gen { set: (0..streams.len()).collect() }];
         self.subs.push(SubJob {
             dtype,
             op,
@@ -543,8 +575,62 @@ impl Client {
             retiring: false,
             pacing,
             rotate: 0,
+            stage,
+            fo: Fo::default(),
         });
         Ok(self.subs.len() - 1)
+    }
+
+    /// Reads a server's answer to `hello` on `s`. A server that is busy
+    /// (too many connections in their handshake, as in a join storm) says
+    /// so at once: join again after a jittered backoff, until the join
+    /// deadline. Ok(Err(reject)): the server refused the job.
+    fn answer(
+        &self,
+        server: &str,
+        s: &mut TcpStream,
+        hello: &Hello,
+        join_started: Instant,
+    ) -> Result<Result<(u16, Vec<EndpointName>), Box<Reject>>, ClientError> {
+        let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+        let mut tries = 0u32;
+        loop {
+            match read_answer(s) {
+                Ok(a) => return Ok(Ok(a)),
+                Err(Answer::Rejected(r)) if r.code() == Some(RejectCode::Busy) => {
+                    let waited = join_started.elapsed();
+                    if waited >= self.cfg.timeout {
+                        return Err(ClientError::Refused {
+                            server: server.to_string(),
+                            reject: format!(
+                                "{r} (retried {tries} times for {:.1} s, until the join deadline of {:.0} s: TALLY_TIMEOUT_S)",
+                                waited.as_secs_f64(),
+                                self.cfg.timeout.as_secs_f64()
+                            ),
+                        });
+                    }
+                    tries += 1;
+                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.timeout - waited);
+                    log::debug!("server {server} is busy ({r}); joining again in {pause:?} (try {tries})");
+                    std::thread::sleep(pause);
+                    *s = hello_again(server, hello, self.cfg.timeout.saturating_sub(join_started.elapsed()))?;
+                    let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+                }
+                Err(Answer::Rejected(r)) => return Ok(Err(r)),
+                // The connection broke before the answer (the server died or
+                // restarts): join again, as after `busy`, until the deadline.
+                // Every rank of the job then meets the server's next life.
+                Err(Answer::Io(e)) if join_started.elapsed() + Duration::from_millis(100) < self.cfg.timeout => {
+                    tries += 1;
+                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.timeout.saturating_sub(join_started.elapsed()));
+                    log::info!("server {server}: the join broke off ({e}); joining again in {pause:?}");
+                    std::thread::sleep(pause);
+                    *s = hello_again(server, hello, self.cfg.timeout.saturating_sub(join_started.elapsed()))?;
+                    let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+                }
+                Err(Answer::Io(e)) => return Err(ClientError::Connect { server: server.to_string(), error: e }),
+            }
+        }
     }
 
     /// Starts an all-reduce of `count` elements from `send` into `recv`
@@ -657,6 +743,11 @@ impl Client {
             op.next[st] = (pos + n - first) % n;
         }
         (op.gen, op.chunk_bytes, op.chunks, op.first, op.planned) = (gen, chunk_bytes, chunks, first, true);
+        if self.subs[sub].fo.round.as_ref().is_some_and(|r| index < r.switch_op) {
+            // Cut over the old set, which still has the lost servers: their
+            // chunks go to the recovery instead.
+            self.redo_cut(oi)?;
+        }
         Ok(())
     }
 
@@ -799,9 +890,13 @@ impl Client {
                     if op.next[st] >= op.chunks || stream.next_seq.wrapping_sub(stream.head_seq) >= window {
                         continue;
                     }
+                    if self.subs[sub].lost_stream(st) {
+                        // Its server is gone: the recovery redoes these chunks.
+                        continue;
+                    }
                     // Earlier ops on the same sub-job must have posted all of
                     // this stream's chunks first, to keep sequence order.
-                    if self.ops.iter().take(oi).any(|o| o.sub == sub && o.planned && o.next[st] < o.chunks) {
+                    if self.ops.iter().take(oi).any(|o| o.sub == sub && o.planned && o.next.get(st).is_some_and(|&n| n < o.chunks)) {
                         continue;
                     }
                     progress = true;
@@ -819,6 +914,11 @@ impl Client {
                     self.post(base)?; // receive first: the result may come back fast
                     self.issue_send(base + 1)?;
                 }
+            }
+        }
+        for sub in 0..self.subs.len() {
+            if self.subs[sub].fo.round.is_some() {
+                self.pump_redo(sub)?;
             }
         }
         Ok(())
@@ -861,6 +961,9 @@ impl Client {
     /// Posts the operation a context id names, from the flight it belongs to.
     fn post(&mut self, ctx: u32) -> Result<(), ClientError> {
         let (sub, local) = ((ctx / self.per_sub) as usize, ctx % self.per_sub);
+        if local >= self.redo_base() {
+            return self.post_redo(sub, local - self.redo_base());
+        }
         let (fi, is_send) = ((local >> 1) as usize, local & 1 == 1);
         let window = self.cfg.window as usize;
         let s = &self.subs[sub];
@@ -894,6 +997,11 @@ impl Client {
             // SAFETY: [send+off, +len) is inside the caller's buffer, valid
             // until the request completes (contract of `start`).
             unsafe { self.ep.send(op.send.add(off), len, op.mh_send, stream.addr, tag, ctx) }
+        } else if let Some(stage) = &s.stage {
+            // SAFETY: the staging slot of (stream, seq) holds a whole piece
+            // and is the target of this receive only (slots cycle over twice
+            // the window, see `Stage`); it lives as long as the sub-job.
+            unsafe { self.ep.recv(stage.slot(st, seq), len, None, Some(stream.addr), tag, 0, ctx) }
         } else {
             // SAFETY: as above; each chunk's range of `recv` has one receive.
             unsafe { self.ep.recv(op.recv.add(off), len, op.mh_recv, Some(stream.addr), tag, 0, ctx) }
@@ -912,7 +1020,7 @@ impl Client {
         let mut batch = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32];
         let n = match self.ep.poll(&mut batch) {
             Ok(n) => n,
-            Err(PollError::Completion(e)) => return Err(ClientError::Fabric(e.to_string())),
+            Err(PollError::Completion(e)) => return self.on_error_completion(e),
             Err(PollError::Fabric(e)) => return Err(ClientError::Fabric(e.to_string())),
         };
         if n == 0 {
@@ -932,7 +1040,23 @@ impl Client {
         let window = self.cfg.window as usize;
         for c in &batch[..n] {
             let (sub, local) = ((c.context / self.per_sub) as usize, c.context % self.per_sub);
+            if local >= self.redo_base() {
+                self.on_redo_completion(sub, local - self.redo_base(), c.is_recv)?;
+                continue;
+            }
             let fi = (local >> 1) as usize;
+            if self.subs[sub].lost_stream(fi / window) {
+                // A late completion from a lost server: its flights were
+                // handed to the recovery as they stood when it was lost.
+                continue;
+            }
+            if let Some((fsi, from)) = self.cfg.fault_drop_results {
+                let f = self.subs[sub].flights[fi];
+                let index = self.ops.iter().find(|o| o.id == f.op).map_or(0, |o| o.index);
+                if c.is_recv && self.subs[sub].streams[fi / window].server == fsi && index >= from {
+                    continue;
+                }
+            }
             if !c.is_recv {
                 let server = self.subs[sub].streams[fi / window].server;
                 self.release_send_credit(sub, server)?;
@@ -946,8 +1070,15 @@ impl Client {
             }
             if f.send_done && f.recv_done {
                 let op_id = f.op;
+                let (chunk, seq) = (f.chunk, f.seq);
                 *f = Flight::default();
                 let st = fi / window;
+                if s.stage.is_some() {
+                    if let Some(op) = self.ops.iter().find(|o| o.id == op_id) {
+                        failover::land(s, op, st, seq, chunk);
+                    }
+                }
+                let s = &mut self.subs[sub];
                 let stream = &mut s.streams[st];
                 while stream.head_seq != stream.next_seq && s.flights[st * window + stream.head_slot as usize].op == 0 {
                     stream.head_seq = stream.head_seq.wrapping_add(1);
@@ -975,13 +1106,31 @@ impl Client {
     /// A server that ended the job, or drains, says so on the control connection.
     fn check_controls(&mut self) -> Result<(), ClientError> {
         for sub in 0..self.subs.len() {
+            if self.subs[sub].fo.watcher.is_some() {
+                self.poll_rejoins(sub)?;
+            }
             for si in 0..self.subs[sub].controls.len() {
                 while let Some(msg) = self.read_control(sub, si)? {
                     match msg {
                         Control::Drain => self.on_drain(sub, si)?,
                         Control::SwitchAt(k) => self.on_switch(sub, si, k)?,
+                        Control::Gone(why) => self.lose(sub, 1u64 << si, &why)?,
+                        Control::Failover(dead) => self.lose(sub, dead, "the recovery's leader says so")?,
+                        Control::Recover { dead, switch_op, reports } => {
+                            self.subs[sub].fo.verdict = Some((dead, switch_op, reports));
+                        }
                     }
                 }
+            }
+        }
+        // Recoveries join redo jobs, a blocking collective: every rank takes
+        // its sub-jobs' verdicts in sub-job order, or two ranks could each
+        // wait in a different sub-job's join for the other.
+        for sub in 0..self.subs.len() {
+            if let Some((dead, switch_op, reports)) = self.subs[sub].fo.verdict.take() {
+                self.recover(sub, dead, switch_op, reports)?;
+            } else if self.subs[sub].fo.recovering {
+                break;
             }
         }
         Ok(())
@@ -991,11 +1140,16 @@ impl Client {
     /// (peeked first: a message is taken only once all of it is there).
     fn read_control(&mut self, sub: usize, si: usize) -> Result<Option<Control>, ClientError> {
         let server = || self.cfg.servers[si].clone();
+        let can_fail_over = self.subs[sub].stage.is_some();
         let Some(c) = self.subs[sub].controls[si].as_mut() else { return Ok(None) };
         let mut b = [0u8; core::mem::size_of::<Reject>()];
         let n = match c.peek(&mut b) {
+            Ok(0) if can_fail_over => return Ok(Some(Control::Gone("it closed the job's connection".into()))),
             Ok(0) => return Err(ClientError::Refused { server: server(), reject: "the server closed the job's connection".into() }),
             Ok(n) => n,
+            Err(e) if can_fail_over && e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted => {
+                return Ok(Some(Control::Gone(format!("its control connection failed: {e}"))));
+            }
             Err(_) => return Ok(None),
         };
         if n < core::mem::size_of::<wire::Header>() {
@@ -1017,8 +1171,29 @@ impl Client {
                 let k = wire::read::<SwitchAt>(&b).and_then(|m| m.check()).map_err(|e| bad(e.to_string()))?;
                 Ok(Some(Control::SwitchAt(k)))
             }
+            Kind::Failover => {
+                let dead = wire::read::<wire::Failover>(&b).and_then(|m| m.check()).map_err(|e| bad(e.to_string()))?;
+                Ok(Some(Control::Failover(dead)))
+            }
+            Kind::Recover => {
+                let m = wire::read::<wire::Recover>(&b).map_err(|e| bad(e.to_string()))?;
+                m.check().map_err(|e| bad(e.to_string()))?;
+                // The reports follow at once; read them whole (blocking, bounded).
+                let mut reports = vec![0u8; m.nranks as usize * m.report_len as usize];
+                let c = self.subs[sub].controls[si].as_mut().expect("checked above");
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(self.cfg.timeout));
+                let r = c.read_exact(&mut reports);
+                let _ = c.set_nonblocking(true);
+                r.map_err(|e| bad(format!("recovery reports: {e}")))?;
+                Ok(Some(Control::Recover { dead: m.dead, switch_op: m.switch_op, reports }))
+            }
             _ => {
                 let r: Reject = wire::read(&b).map_err(|e| bad(e.to_string()))?;
+                if can_fail_over {
+                    // The job may live on elsewhere: the server is lost to it.
+                    return Ok(Some(Control::Gone(format!("it ended the job: {r}"))));
+                }
                 Err(ClientError::Refused { server: server(), reject: r.to_string() })
             }
         }
@@ -1188,6 +1363,16 @@ fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> Result<TcpSt
 enum Control {
     Drain,
     SwitchAt(u64),
+    /// The server is gone (or ended the job there): fail over, if possible.
+    Gone(String),
+    /// The recovery's leader: ranks lost these servers.
+    Failover(u64),
+    /// The recovery's leader: every rank's report, and the switch operation.
+    Recover {
+        dead: u64,
+        switch_op: u64,
+        reports: Vec<u8>,
+    },
 }
 
 enum Answer {

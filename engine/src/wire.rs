@@ -18,6 +18,15 @@
 //! the draining server, later ones only the others; a rank that finished its
 //! all-reduces before K says Bye to the draining server and closes.
 //!
+//! Failover (a server died): each rank that notices sends the first server
+//! of the job's list that it has not lost a [`Lost`] with the set of lost
+//! servers, its boundary and a report of what it holds of the lost servers'
+//! work. That server tells every rank of the job with a [`Failover`] (so
+//! that ranks that had not noticed report too) and, once every rank
+//! reported the same set, sends every rank a [`Recover`] carrying the
+//! largest boundary and all the reports. The ranks then agree, each on its
+//! own and identically, on what to redo (see `client::failover`).
+//!
 //! Every message is a fixed-size `#[repr(C)]` plain-old-data struct whose
 //! size is pinned by a compile-time assertion, and starts with the same
 //! [`Header`]. Integers are little-endian (every supported target is).
@@ -60,6 +69,16 @@ pub enum Kind {
     Boundary = 6,
     /// Server to rank: the operation from which the job leaves this server (see [`SwitchAt`]).
     SwitchAt = 7,
+    /// Rank to a surviving server: servers this rank lost, and its state (see [`Lost`]).
+    Lost = 8,
+    /// Server to rank: the job is recovering from losing these servers; report (see [`Failover`]).
+    Failover = 9,
+    /// Server to rank: every rank's report and the switch operation (see [`Recover`]).
+    Recover = 10,
+    /// Server to rank of a rejoined job: answer with a [`Boundary`]; the
+    /// [`SwitchAt`] that follows names the operation from which the job
+    /// uses this server again. A bare [`Header`].
+    Rejoin = 11,
 }
 
 impl Kind {
@@ -70,6 +89,10 @@ impl Kind {
             Kind::Reject => Some(core::mem::size_of::<Reject>()),
             Kind::Drain => Some(core::mem::size_of::<Drain>()),
             Kind::SwitchAt => Some(core::mem::size_of::<SwitchAt>()),
+            Kind::Failover => Some(core::mem::size_of::<Failover>()),
+            Kind::Rejoin => Some(core::mem::size_of::<Header>()),
+            // Followed by `nranks * report_len` bytes of reports.
+            Kind::Recover => Some(core::mem::size_of::<Recover>()),
             _ => None,
         }
     }
@@ -80,6 +103,8 @@ impl Kind {
         match self {
             Kind::Bye => Some(core::mem::size_of::<Header>()),
             Kind::Boundary => Some(core::mem::size_of::<Boundary>()),
+            // Followed by `report_len` bytes of report.
+            Kind::Lost => Some(core::mem::size_of::<Lost>()),
             _ => None,
         }
     }
@@ -116,6 +141,10 @@ impl Header {
             5 => Ok(Kind::Drain),
             6 => Ok(Kind::Boundary),
             7 => Ok(Kind::SwitchAt),
+            8 => Ok(Kind::Lost),
+            9 => Ok(Kind::Failover),
+            10 => Ok(Kind::Recover),
+            11 => Ok(Kind::Rejoin),
             k => Err(WireError::BadKind(k)),
         }
     }
@@ -195,6 +224,96 @@ impl SwitchAt {
     }
 }
 
+/// The largest report a rank may attach to a [`Lost`] (the server keeps
+/// one per rank until every rank reported).
+pub const MAX_REPORT: u32 = 64 << 10;
+
+/// Rank to the surviving server it takes as the recovery's leader (the
+/// first in its server list that it has not lost): it lost the servers in
+/// `dead` (bit i: the i-th server of the job's list, the same list on every
+/// rank). `boundary` is its first all-reduce not yet cut, as in
+/// [`Boundary`]. `report_len` bytes follow: the rank's view of the lost
+/// servers' work, opaque to the server, which hands every rank's report to
+/// every rank in the [`Recover`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct Lost {
+    pub header: Header,
+    pub dead: u64,
+    pub boundary: u64,
+    pub report_len: u32,
+    pub _pad: u32,
+}
+const_assert_eq!(core::mem::size_of::<Lost>(), 32);
+
+/// Server to every rank of a job: a rank reported losing the servers in
+/// `dead` (the union of what ranks reported so far). A rank that has not
+/// reported this set reports it (after dropping those servers itself).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct Failover {
+    pub header: Header,
+    pub dead: u64,
+}
+const_assert_eq!(core::mem::size_of::<Failover>(), 16);
+
+/// Server to every rank, once every rank reported the same `dead` set:
+/// operations from `switch_op` (the largest boundary) on run without those
+/// servers; `nranks` reports of `report_len` bytes follow, in rank order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct Recover {
+    pub header: Header,
+    pub dead: u64,
+    pub switch_op: u64,
+    pub nranks: u32,
+    pub report_len: u32,
+}
+const_assert_eq!(core::mem::size_of::<Recover>(), 32);
+
+impl Lost {
+    pub fn new(dead: u64, boundary: u64, report_len: u32) -> Lost {
+        Lost { header: Header::new(Kind::Lost), dead, boundary, report_len, _pad: 0 }
+    }
+
+    /// Checks the header, the padding, a non-empty dead set and the report's bound.
+    pub fn check(&self) -> Result<(), WireError> {
+        expect_kind(&self.header, Kind::Lost)?;
+        if self._pad != 0 {
+            return Err(WireError::BadPadding);
+        }
+        if self.dead == 0 || self.report_len > MAX_REPORT {
+            return Err(WireError::BadField("lost"));
+        }
+        Ok(())
+    }
+}
+
+impl Failover {
+    pub fn new(dead: u64) -> Failover {
+        Failover { header: Header::new(Kind::Failover), dead }
+    }
+
+    pub fn check(&self) -> Result<u64, WireError> {
+        expect_kind(&self.header, Kind::Failover)?;
+        Ok(self.dead)
+    }
+}
+
+impl Recover {
+    pub fn new(dead: u64, switch_op: u64, nranks: u32, report_len: u32) -> Recover {
+        Recover { header: Header::new(Kind::Recover), dead, switch_op, nranks, report_len }
+    }
+
+    pub fn check(&self) -> Result<(), WireError> {
+        expect_kind(&self.header, Kind::Recover)?;
+        if self.dead == 0 || self.report_len > MAX_REPORT || self.nranks == 0 || self.nranks > MAX_RANKS {
+            return Err(WireError::BadField("recover"));
+        }
+        Ok(())
+    }
+}
+
 fn expect_kind(h: &Header, want: Kind) -> Result<(), WireError> {
     let k = h.check()?;
     if k != want {
@@ -218,7 +337,10 @@ pub struct Hello {
     pub dtype: u8,
     /// NCCL reduction op code.
     pub op: u8,
-    pub _pad0: [u8; 2],
+    /// [`Hello::REJOIN`]: the rank runs this job already, on other servers,
+    /// and takes this (restarted) server back at an operation boundary.
+    pub flags: u8,
+    pub _pad0: u8,
     /// Elements per shard of a chunk: the size of one server slot piece.
     pub chunk_elems: u32,
     /// Chunks each lcore keeps in flight for this job.
@@ -488,6 +610,13 @@ impl Hello {
         Some(h)
     }
 
+    /// The rank runs the job already and takes this server back (see `flags`).
+    pub const REJOIN: u8 = 1;
+
+    pub fn rejoin(&self) -> bool {
+        self.flags & Hello::REJOIN != 0
+    }
+
     /// Validates every field against `limits`; the token is checked by the
     /// server separately (it needs constant-time comparison and logging).
     pub fn check(&self, limits: &Limits) -> Result<JobSpec, FieldError> {
@@ -526,7 +655,10 @@ impl Hello {
         if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
             return bad("name_len", "endpoint name empty or too long");
         }
-        if self._pad0 != [0; 2] || self._pad1 != [0; 6] {
+        if self.flags & !Hello::REJOIN != 0 {
+            return bad("flags", "unknown flag bits");
+        }
+        if self._pad0 != 0 || self._pad1 != [0; 6] {
             return bad("padding", "reserved bytes must be zero");
         }
         let shards = if self.shards == 0 { limits.lcores } else { self.shards };
@@ -551,6 +683,8 @@ pub enum WireError {
     BadNameLength(u16),
     /// Reserved bytes that must be zero are not.
     BadPadding,
+    /// A field of a recovery message is out of range (which message).
+    BadField(&'static str),
 }
 
 impl fmt::Display for WireError {
@@ -562,6 +696,7 @@ impl fmt::Display for WireError {
             WireError::BadKind(k) => write!(f, "unknown message kind {k}"),
             WireError::BadNameLength(n) => write!(f, "bad endpoint name length {n}"),
             WireError::BadPadding => write!(f, "reserved bytes are not zero"),
+            WireError::BadField(m) => write!(f, "{m} message: a field is out of range"),
         }
     }
 }
@@ -661,6 +796,7 @@ mod tests {
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
             ("padding", |h| h._pad1[3] = 1),
+            ("flags", |h| h.flags = 2),
         ];
         for (field, mutate) in cases {
             let mut h = good;
@@ -720,6 +856,24 @@ mod tests {
         assert_eq!(Kind::Boundary.rank_message_bytes(), Some(16));
         assert_eq!(Kind::Bye.rank_message_bytes(), Some(8));
         assert_eq!(RejectCode::from_u16(12), Some(RejectCode::Draining));
+    }
+
+    #[test]
+    fn recovery_messages_round_trip_and_check() {
+        let l: Lost = read(bytemuck::bytes_of(&Lost::new(0b10, 7, 24))).unwrap();
+        assert_eq!(l.check(), Ok(()));
+        assert_eq!((l.dead, l.boundary, l.report_len), (0b10, 7, 24));
+        assert_eq!(Lost::new(0, 7, 24).check(), Err(WireError::BadField("lost")));
+        assert_eq!(Lost::new(1, 7, MAX_REPORT + 1).check(), Err(WireError::BadField("lost")));
+        let f: Failover = read(bytemuck::bytes_of(&Failover::new(5))).unwrap();
+        assert_eq!(f.check(), Ok(5));
+        let r: Recover = read(bytemuck::bytes_of(&Recover::new(1, 9, 4, 16))).unwrap();
+        assert_eq!(r.check(), Ok(()));
+        assert_eq!(Recover::new(1, 9, MAX_RANKS + 1, 16).check(), Err(WireError::BadField("recover")));
+        assert_eq!(Kind::Lost.rank_message_bytes(), Some(32));
+        assert_eq!(Kind::Recover.server_message_bytes(), Some(32));
+        assert_eq!(Kind::Failover.server_message_bytes(), Some(16));
+        assert_eq!(Kind::Lost.server_message_bytes(), None);
     }
 
     #[test]

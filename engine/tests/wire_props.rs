@@ -150,7 +150,7 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(h.shards == spec.shards || (h.shards == 0 && spec.shards == limits.lcores), "{}", ctx());
     assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
-    assert_eq!((h._pad0, h._pad1), ([0; 2], [0; 6]), "{}", ctx());
+    assert_eq!((h._pad0, h._pad1, h.flags & !Hello::REJOIN), (0, [0; 6], 0), "{}", ctx());
     assert_eq!((spec.job_id, spec.nranks, spec.chunk_elems, spec.window), (h.job_id, h.nranks, h.chunk_elems, h.window));
     true
 }
@@ -289,7 +289,8 @@ fn mutate_field(rng: &mut Rng, h: &mut Hello) {
         5 => h.window = v,
         6 => h.shards = v,
         7 => h.name_len = v as u16,
-        8 => h._pad0[rng.below(2) as usize] = v as u8,
+        8 if rng.below(2) == 0 => h._pad0 = v as u8,
+        8 => h.flags = v as u8,
         9 => h._pad1[rng.below(6) as usize] = v as u8,
         10 => h.header.kind = v as u16,
         _ => h.header.version = v as u16,

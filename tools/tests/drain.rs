@@ -18,134 +18,13 @@
 //!   (the server exits then), or, past the drain timeout, is ended with a
 //!   reject saying so.
 mod common;
+use common::jobloop::{loop_job, loop_job_with, results, server, sigterm, wait_exit, wait_for_round, Shape};
 use common::{client, ServerProcess};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_engine::client::{Client, ClientConfig, ClientError};
+use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
-
-/// A server on one lcore (core 0) unless `extra` names its lcores.
-fn server(provider: &str, extra: &[&str]) -> ServerProcess {
-    let mut args = vec!["--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
-    if !extra.contains(&"--lcores") {
-        args.extend(["--lcores", "0"]);
-    }
-    args.extend_from_slice(extra);
-    ServerProcess::start(&args)
-}
-
-fn sigterm(s: &ServerProcess) {
-    // SAFETY: signalling our own child process, not yet reaped.
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-}
-
-/// Waits (bounded) for the server process to exit; its status and when.
-fn wait_exit(s: &mut ServerProcess, bound: Duration) -> Option<(std::process::ExitStatus, Instant)> {
-    let deadline = Instant::now() + bound;
-    while Instant::now() < deadline {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            return Some((st, Instant::now()));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
-}
-
-fn multi(provider: &str, addrs: &[String], job: u64, rank: u32, n: u32) -> ClientConfig {
-    let mut c = client(provider, &addrs[0], job, rank, n);
-    c.servers = addrs.to_vec();
-    c.chunk_bytes = 64 << 10;
-    c
-}
-
-/// Bytes of round `round`'s all-reduce: 4 KiB to 1 MiB, odd sizes included.
-fn round_bytes(round: usize) -> usize {
-    const SIZES: [usize; 6] = [4 << 10, 12 << 10, 64 << 10, (256 << 10) + 12, 1 << 20, 100_000];
-    SIZES[round % SIZES.len()]
-}
-
-/// How the ranks of [`loop_job_with`] run.
-#[derive(Clone, Copy, Default)]
-struct Shape {
-    /// Odd rounds are f32 max instead of sum: a second sub-job (server job).
-    mixed: bool,
-    /// Every rank sleeps this long after this round (idle between all-reduces).
-    pause: Option<(usize, Duration)>,
-    /// Two lcores per server instead of one (six streams, four after the drain).
-    two_lcores: bool,
-}
-
-fn loop_job(
-    provider: &str,
-    addrs: &[String],
-    job: u64,
-    n: u32,
-    rounds: usize,
-    progress: Arc<AtomicUsize>,
-) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
-    loop_job_with(provider, addrs, job, n, rounds, progress, Shape::default())
-}
-
-/// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
-/// (or maxima) of `round_bytes(round)` (rank r's element i is r + i mod 97 +
-/// round: exact), every element checked; `progress` counts rank 0's rounds done.
-fn loop_job_with(
-    provider: &str,
-    addrs: &[String],
-    job: u64,
-    n: u32,
-    rounds: usize,
-    progress: Arc<AtomicUsize>,
-    shape: Shape,
-) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
-    (0..n)
-        .map(|rank| {
-            let cfg = multi(provider, addrs, job, rank, n);
-            let progress = progress.clone();
-            std::thread::spawn(move || {
-                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
-                if shape.mixed {
-                    // Both sub-jobs from the start (a join is collective).
-                    c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
-                    c.join(DataType::Float32, ReduceOp::Max).map_err(|e| e.to_string())?;
-                }
-                for round in 0..rounds {
-                    let count = round_bytes(round) / 4;
-                    let max = shape.mixed && round % 2 == 1;
-                    let op = if max { ReduceOp::Max } else { ReduceOp::Sum };
-                    let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();
-                    let mut out = vec![0f32; count];
-                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, op)
-                        .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
-                    for (i, v) in out.iter().enumerate() {
-                        let want: f32 = if max {
-                            (n as usize - 1 + i % 97 + round) as f32
-                        } else {
-                            (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
-                        };
-                        if *v != want {
-                            return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
-                        }
-                    }
-                    if rank == 0 {
-                        progress.store(round + 1, Ordering::Relaxed);
-                    }
-                    if let Some((at, pause)) = shape.pause {
-                        if round + 1 == at {
-                            std::thread::sleep(pause);
-                        }
-                    }
-                }
-                Ok(())
-            })
-        })
-        .collect()
-}
-
-fn results(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) -> Vec<Result<(), String>> {
-    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
-}
 
 fn drain_one_of_three(provider: &str, shape: Shape) {
     const ROUNDS: usize = 400;
@@ -202,19 +81,6 @@ fn drain_one_of_three(provider: &str, shape: Shape) {
     let (a, _, c) = (servers.next().unwrap(), servers.next(), servers.next().unwrap());
     assert!(a.stop().success());
     assert!(c.stop().success());
-}
-
-/// Waits until the loop job reached round `round` (bounded), or a rank
-/// ended early (its result is checked by the caller).
-fn wait_for_round<T>(progress: &AtomicUsize, round: usize, ranks: &[std::thread::JoinHandle<T>]) {
-    let t0 = Instant::now();
-    while progress.load(Ordering::Relaxed) < round {
-        assert!(t0.elapsed() < Duration::from_secs(60), "the loop did not reach round {round}");
-        if ranks.iter().any(|h| h.is_finished()) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[test]

@@ -1,9 +1,10 @@
-//! Drain through the NCCL plugin's ncclCollNet: ranks drive the plugin as
-//! NCCL does (init, listen, a collective connect, regMr, iallreduce/test
-//! with several all-reduces in flight) against three `tally server`
-//! processes; one is SIGTERMed mid-loop. No call fails, every element is
-//! right, and the server exits with status 0 within its drain timeout while
-//! the loop still has most of its rounds to go. (Its own test binary: it
+//! Drain and failover through the NCCL plugin's ncclCollNet: ranks drive
+//! the plugin as NCCL does (init, listen, a collective connect, regMr,
+//! iallreduce/test with several all-reduces in flight) against three
+//! `tally server` processes; one is SIGTERMed (drain: it exits with status
+//! 0 within its drain timeout while the loop still has most of its rounds
+//! to go) or SIGKILLed (failover, tcp) mid-loop. Either way no call fails
+//! and every element is right: NCCL would never see an error. (Its own test binary: it
 //! sets TALLY_SERVERS and TALLY_PROVIDER for the plugin in this process.)
 //! The plugin library must have been built in the same profile
 //! (`cargo build -p tally-nccl-plugin`, or the workspace).
@@ -134,7 +135,23 @@ fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>,
     }
 }
 
+/// How the test stops the middle server.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Stop {
+    Term,
+    Kill,
+}
+
 fn drain_through_the_plugin(p: &Plugin, provider: &str) {
+    stop_under_the_plugin(p, provider, Stop::Term)
+}
+
+/// The tests set the plugin's environment (TALLY_SERVERS, TALLY_PROVIDER):
+/// one at a time.
+static ENV: Mutex<()> = Mutex::new(());
+
+fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     std::env::set_var("TALLY_PROVIDER", provider);
     let common = ["--lcores", "0", "--provider", provider, "--poll", "adaptive", "--slab-size", "32M", "--hugepages", "off"];
     let mut servers: Vec<ServerProcess> =
@@ -158,8 +175,9 @@ fn drain_through_the_plugin(p: &Plugin, provider: &str) {
             assert!(t0.elapsed() < TIMEOUT, "the loop did not reach round {KILL_AT}");
             std::thread::sleep(Duration::from_millis(1));
         }
+        let sig = if stop == Stop::Term { libc::SIGTERM } else { libc::SIGKILL };
         // SAFETY: signalling our own child process, not yet reaped.
-        unsafe { libc::kill(servers[1].child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(servers[1].child.id() as i32, sig) };
         killed = Some((Instant::now(), progress.load(Ordering::Relaxed)));
         while exited.is_none() && t0.elapsed() < TIMEOUT {
             if let Some(st) = servers[1].child.try_wait().unwrap() {
@@ -174,6 +192,15 @@ fn drain_through_the_plugin(p: &Plugin, provider: &str) {
     std::env::remove_var("TALLY_SERVERS");
     let log = servers[1].log.lock().unwrap().join("\n");
     let (killed_at, killed_round) = killed.unwrap();
+    if stop == Stop::Kill {
+        let (st, _, _) = exited.expect("killed");
+        let leader = servers[0].log.lock().unwrap().join("\n");
+        eprintln!("FAILOVER plugin ({provider}): SIGKILL at round {killed_round}; loop {:?}", t0.elapsed());
+        assert!(!st.success());
+        assert!(leader.contains("every rank reported losing servers 0x2"), "{leader}");
+        assert!(servers[2].log_contains("every rank reported") || leader.contains("switching at operation"), "{leader}");
+        return;
+    }
     let (st, exit_at, exit_round) = exited.unwrap_or_else(|| panic!("the draining server did not exit:\n{log}"));
     eprintln!(
         "DRAIN plugin ({provider}): SIGTERM at round {killed_round}, exit at round {exit_round} after {:?}; loop {:?}",
@@ -189,6 +216,12 @@ fn drain_through_the_plugin(p: &Plugin, provider: &str) {
     let (a, _, c) = (servers.next().unwrap(), servers.next(), servers.next().unwrap());
     assert!(a.stop().success());
     assert!(c.stop().success());
+}
+
+#[test]
+fn collnet_all_reduces_carry_on_when_a_server_is_killed() {
+    let p = load();
+    stop_under_the_plugin(&p, "tcp", Stop::Kill);
 }
 
 #[test]

@@ -786,6 +786,12 @@ impl Endpoint {
         n
     }
 
+    /// Whether the provider completes this endpoint's sends strictly in
+    /// order, whatever their peer (shm: see the module doc).
+    pub fn in_order_sends(&self) -> bool {
+        self.in_order_sends
+    }
+
     /// Whether sends are refused because an abandoned send blocks them (shm).
     pub fn sends_blocked(&self) -> bool {
         self.sends_blocked

@@ -66,6 +66,8 @@ pub struct JobInfo {
 
 /// A rank that completed its handshake.
 pub struct Joining {
+    /// The rank takes this (restarted) server back into a running job.
+    rejoin: bool,
     conn: u64,
     peer: SocketAddr,
     spec: JobSpec,
@@ -86,6 +88,13 @@ pub enum ConnEvent {
         conn: u64,
         next_op: u64,
     },
+    /// The rank lost other servers of the job (this one leads the recovery).
+    Lost {
+        conn: u64,
+        dead: u64,
+        boundary: u64,
+        report: Vec<u8>,
+    },
     Closed {
         conn: u64,
     },
@@ -100,6 +109,7 @@ struct Conn {
 
 struct Pending {
     spec: JobSpec,
+    rejoin: bool,
     conns: Vec<Option<Conn>>,
     names: Vec<Option<EndpointName>>,
     joined: u32,
@@ -132,6 +142,21 @@ struct Active {
     last_traffic: Instant,
     /// Set once the job was told that this server drains.
     drain: Option<JobDrain>,
+    /// Set while ranks report losing other servers (this server leads).
+    recovery: Option<JobRecovery>,
+    /// Admitted as a rejoin: the ranks run the job already, elsewhere.
+    rejoin: bool,
+}
+
+/// A running job's recovery from losing other servers, led by this server:
+/// it collects one report per rank for the same set of lost servers, then
+/// hands every rank all of them. It decides nothing but the switch point;
+/// the ranks derive the rest identically from the reports.
+struct JobRecovery {
+    /// Union of the lost servers ranks reported (bits of the job's server list).
+    dead: u64,
+    /// Per rank: (boundary, report) for `dead`, once it reported that set.
+    reports: Vec<Option<(u64, Vec<u8>)>>,
 }
 
 /// A running job's side of a drain.
@@ -141,6 +166,9 @@ struct JobDrain {
     /// The operation from which the ranks leave this server, once decided
     /// (`Boundary::STAY`: they stay until the job ends).
     switch_at: Option<u64>,
+    /// The same agreement for a rejoined job: the operation from which the
+    /// ranks use this server again.
+    rejoin: bool,
 }
 
 /// The server's own drain.
@@ -376,7 +404,7 @@ impl ControlPlane {
                 // After the handshake a client sends Boundary answers (only
                 // when the server drains) and at most a Bye, then closes.
                 let _ = stream.set_read_timeout(None);
-                let mut b = [0u8; 16];
+                let mut b = [0u8; 32];
                 while stream.read_exact(&mut b[..8]).is_ok() {
                     let kind = wire::read::<Header>(&b).map(|h| h.check());
                     let Ok(Ok(kind)) = kind else {
@@ -386,6 +414,22 @@ impl ControlPlane {
                     match (kind, kind.rank_message_bytes()) {
                         (Kind::Bye, _) => {
                             let _ = tx.send(Event::Conn(ConnEvent::Bye { conn }));
+                        }
+                        (Kind::Lost, Some(n)) => {
+                            if stream.read_exact(&mut b[8..n]).is_err() {
+                                break;
+                            }
+                            let lost = wire::read::<wire::Lost>(&b[..n]);
+                            let Ok(lost) = lost.and_then(|l| l.check().map(|_| l)) else {
+                                log::warn!("{peer}: malformed lost report; closing");
+                                break;
+                            };
+                            let mut report = vec![0u8; lost.report_len as usize];
+                            if stream.read_exact(&mut report).is_err() {
+                                break;
+                            }
+                            let ev = ConnEvent::Lost { conn, dead: lost.dead, boundary: lost.boundary, report };
+                            let _ = tx.send(Event::Conn(ev));
                         }
                         (Kind::Boundary, Some(n)) => {
                             if stream.read_exact(&mut b[8..n]).is_err() {
@@ -421,6 +465,7 @@ impl ControlPlane {
             Event::Conn(ConnEvent::Join(j)) => self.join(*j),
             Event::Conn(ConnEvent::Bye { conn }) => self.bye(conn),
             Event::Conn(ConnEvent::Boundary { conn, next_op }) => self.boundary(conn, next_op),
+            Event::Conn(ConnEvent::Lost { conn, dead, boundary, report }) => self.lost(conn, dead, boundary, report),
             Event::Conn(ConnEvent::Closed { conn }) => self.closed(conn),
             Event::JobReady { lcore, tag } => self.ready(lcore, tag),
             Event::JobFailed { lcore, tag, reason } => self.failed(lcore, tag, &reason),
@@ -437,7 +482,7 @@ impl ControlPlane {
     }
 
     fn join(&mut self, j: Joining) {
-        let Joining { conn, peer, spec, rank, name, stream } = j;
+        let Joining { rejoin, conn, peer, spec, rank, name, stream } = j;
         let mut c = Conn { id: conn, rank, peer, stream };
         if self.draining.is_some() {
             log::info!("{peer}: rank {rank} of job {:#x} refused: the server is draining", spec.job_id);
@@ -459,13 +504,14 @@ impl ControlPlane {
         let nranks = spec.nranks as usize;
         let p = self.pending.entry(spec.job_id).or_insert_with(|| Pending {
             spec,
+            rejoin,
             conns: (0..nranks).map(|_| None).collect(),
             names: vec![None; nranks],
             joined: 0,
             deadline: Instant::now() + self.join_timeout,
         });
-        if p.spec != spec {
-            let field = mismatch_field(&p.spec, &spec);
+        if p.spec != spec || p.rejoin != rejoin {
+            let field = if p.rejoin != rejoin { "flags" } else { mismatch_field(&p.spec, &spec) };
             log::warn!("{peer}: rank {rank} of job {:#x} disagrees with the other ranks on {field}", spec.job_id);
             refuse(&mut c, RejectCode::JobMismatch, field, "differs from what other ranks of this job sent");
             return;
@@ -562,6 +608,8 @@ impl ControlPlane {
             seen_bytes: 0,
             last_traffic: Instant::now(),
             drain: None,
+            recovery: None,
+            rejoin: p.rejoin,
         });
     }
 
@@ -601,6 +649,13 @@ impl ControlPlane {
             }
         }
         log::info!("job {:#x}: running", a.job_id);
+        if a.rejoin {
+            // The ranks run it already: agree on the operation from which
+            // they use this server again, as a drain does in reverse.
+            let i = (tag & 0x0fff) as usize;
+            self.tell_rejoin(i);
+            return;
+        }
         if self.draining.is_some() {
             // Admitted just before the drain began: it moves like the others.
             let i = (tag & 0x0fff) as usize;
@@ -700,7 +755,7 @@ impl ControlPlane {
             a.done[c.rank as usize] = true;
         }
         if a.done.iter().all(|&d| d) && a.phase != Phase::Ending {
-            if a.drain.is_some() {
+            if a.drain.as_ref().is_some_and(|d| !d.rejoin) {
                 log::info!("job {job_id:#x}: every rank left this draining server; ending the job here");
             } else {
                 log::info!("job {job_id:#x}: every rank finished; ending the job");
@@ -781,10 +836,12 @@ impl ControlPlane {
     fn tell_drain(&mut self, i: usize) {
         let timeout_s = self.drain_timeout.as_secs().min(u32::MAX as u64) as u32;
         let Some(a) = self.active[i].as_mut() else { return };
-        if a.drain.is_some() || a.phase != Phase::Running {
+        // A rejoined job drains like any other once it is back in use.
+        let rejoined = a.drain.as_ref().is_some_and(|d| d.rejoin && d.switch_at.is_some());
+        if (a.drain.is_some() && !rejoined) || a.phase != Phase::Running {
             return;
         }
-        a.drain = Some(JobDrain { boundaries: vec![None; a.spec.nranks as usize], switch_at: None });
+        a.drain = Some(JobDrain { boundaries: vec![None; a.spec.nranks as usize], switch_at: None, rejoin: false });
         let msg = Drain::new(timeout_s);
         for c in &mut a.conns {
             if a.done[c.rank as usize] {
@@ -795,6 +852,18 @@ impl ControlPlane {
             }
         }
         self.decide_switch(i);
+    }
+
+    /// A rejoined job: ask every rank where it can take this server back.
+    fn tell_rejoin(&mut self, i: usize) {
+        let Some(a) = self.active[i].as_mut() else { return };
+        a.drain = Some(JobDrain { boundaries: vec![None; a.spec.nranks as usize], switch_at: None, rejoin: true });
+        let msg = Header::new(Kind::Rejoin);
+        for c in &mut a.conns {
+            if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+                log::warn!("job {:#x}: cannot ask rank {} at {} where it rejoins: {e}", a.job_id, c.rank, c.peer);
+            }
+        }
     }
 
     fn boundary(&mut self, conn: u64, next_op: u64) {
@@ -839,7 +908,9 @@ impl ControlPlane {
             }
         }
         d.switch_at = Some(k);
-        if k == Boundary::STAY {
+        if d.rejoin {
+            log::info!("job {:#x}: rejoined: every rank uses this server again from operation {k}", a.job_id);
+        } else if k == Boundary::STAY {
             log::info!(
                 "job {:#x}: a rank has no other server to move to; the job stays here until it ends (at most drain_timeout_s={})",
                 a.job_id,
@@ -855,6 +926,74 @@ impl ControlPlane {
             }
             if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
                 log::warn!("job {:#x}: cannot send the switch to rank {} at {}: {e}", a.job_id, c.rank, c.peer);
+            }
+        }
+    }
+
+    /// A rank lost other servers of job `conn`'s job and takes this server
+    /// as the recovery's leader.
+    fn lost(&mut self, conn: u64, dead: u64, boundary: u64, report: Vec<u8>) {
+        let Some(&job_id) = self.conn_job.get(&conn) else { return };
+        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id)) else { return };
+        let a = self.active[i].as_mut().unwrap();
+        let Some(rank) = a.conns.iter().find(|c| c.id == conn).map(|c| c.rank as usize) else { return };
+        if a.phase != Phase::Running {
+            return;
+        }
+        let nranks = a.spec.nranks as usize;
+        let r = a.recovery.get_or_insert_with(|| JobRecovery { dead: 0, reports: vec![None; nranks] });
+        if dead & !r.dead != 0 {
+            // News: a new round. Every rank hears the whole set and reports it.
+            r.dead |= dead;
+            r.reports.iter_mut().for_each(|x| *x = None);
+            log::warn!("job {job_id:#x}: rank {rank} lost servers {:#x}; the job recovers on the others (led here)", r.dead);
+            let msg = wire::Failover::new(r.dead);
+            for c in &mut a.conns {
+                if !a.done[c.rank as usize] {
+                    if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+                        log::warn!("job {job_id:#x}: cannot tell rank {} at {} of the failover: {e}", c.rank, c.peer);
+                    }
+                }
+            }
+        }
+        if dead != r.dead {
+            return; // an older view; the rank reports again after the Failover
+        }
+        r.reports[rank] = Some((boundary, report));
+        let mut k = 0u64;
+        let mut len = None;
+        for (rk, x) in r.reports.iter().enumerate() {
+            match x {
+                Some((b, rep)) => {
+                    k = k.max(*b);
+                    if *len.get_or_insert(rep.len()) != rep.len() {
+                        let msg = format!("ranks sent recovery reports of different lengths ({} and {})", len.unwrap(), rep.len());
+                        log::warn!("job {job_id:#x}: {msg}");
+                        self.end(i, RejectCode::JobFailed, &msg);
+                        return;
+                    }
+                }
+                None if a.done[rk] => {
+                    // It finished and left: it cannot take part in a redo.
+                    let msg = format!("rank {rk} had finished and left when the job lost servers {:#x}", r.dead);
+                    log::warn!("job {job_id:#x}: {msg}");
+                    self.end(i, RejectCode::JobFailed, &msg);
+                    return;
+                }
+                None => return,
+            }
+        }
+        let len = len.unwrap_or(0);
+        let mut msg = Vec::with_capacity(32 + nranks * len);
+        msg.extend_from_slice(bytemuck::bytes_of(&wire::Recover::new(r.dead, k, nranks as u32, len as u32)));
+        for (_, rep) in r.reports.iter().flatten() {
+            msg.extend_from_slice(rep);
+        }
+        log::info!("job {job_id:#x}: every rank reported losing servers {:#x}; switching at operation {k}", r.dead);
+        r.reports.iter_mut().for_each(|x| *x = None);
+        for c in &mut a.conns {
+            if let Err(e) = c.stream.write_all(&msg) {
+                log::warn!("job {job_id:#x}: cannot send the recovery to rank {} at {}: {e}", c.rank, c.peer);
             }
         }
     }
@@ -1090,5 +1229,5 @@ fn handshake(
         }
     };
     let name = EndpointName::from_bytes(hello.name())?;
-    Some(Joining { conn, peer, spec, rank: hello.rank, name, stream })
+    Some(Joining { rejoin: hello.rejoin(), conn, peer, spec, rank: hello.rank, name, stream })
 }

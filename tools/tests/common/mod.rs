@@ -1,5 +1,6 @@
 //! Shared by the integration tests: a real `tally server` process.
 #![allow(dead_code)]
+pub mod jobloop;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,9 +17,14 @@ impl ServerProcess {
     /// Starts `tally server` on a free loopback port with `args` and waits
     /// until it says it is ready. Its log lines are collected.
     pub fn start(args: &[&str]) -> ServerProcess {
+        Self::start_on("127.0.0.1:0", args)
+    }
+
+    /// As `start`, listening on `listen` (a restarted server takes its old port).
+    pub fn start_on(listen: &str, args: &[&str]) -> ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
             .arg("server")
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .args(args)
             .env("TALLY_LOG", std::env::var("TALLY_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::piped())

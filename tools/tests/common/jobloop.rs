@@ -1,0 +1,158 @@
+//! A job looping over all-reduces against several real `tally server`
+//! processes, every element checked: what the drain and failover tests
+//! run while they stop or kill servers under it.
+use super::{client, ServerProcess};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tally_engine::client::failover::FailoverStats;
+use tally_engine::client::{Client, ClientConfig};
+use tally_engine::reduce::{DataType, ReduceOp};
+
+/// A server on one lcore (core 0) unless `extra` names its lcores.
+pub fn server(provider: &str, extra: &[&str]) -> ServerProcess {
+    server_on("127.0.0.1:0", provider, extra)
+}
+
+/// As [`server`], listening on `listen`.
+pub fn server_on(listen: &str, provider: &str, extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
+    if !extra.contains(&"--lcores") {
+        args.extend(["--lcores", "0"]);
+    }
+    args.extend_from_slice(extra);
+    ServerProcess::start_on(listen, &args)
+}
+
+pub fn sigterm(s: &ServerProcess) {
+    // SAFETY: signalling our own child process, not yet reaped.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+}
+
+/// Waits (bounded) for the server process to exit; its status and when.
+pub fn wait_exit(s: &mut ServerProcess, bound: Duration) -> Option<(std::process::ExitStatus, Instant)> {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            return Some((st, Instant::now()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+pub fn multi(provider: &str, addrs: &[String], job: u64, rank: u32, n: u32) -> ClientConfig {
+    let mut c = client(provider, &addrs[0], job, rank, n);
+    c.servers = addrs.to_vec();
+    c.chunk_bytes = 64 << 10;
+    c
+}
+
+/// Bytes of round `round`'s all-reduce: 4 KiB to 1 MiB, odd sizes included.
+pub fn round_bytes(round: usize) -> usize {
+    const SIZES: [usize; 6] = [4 << 10, 12 << 10, 64 << 10, (256 << 10) + 12, 1 << 20, 100_000];
+    SIZES[round % SIZES.len()]
+}
+
+/// How the ranks of [`loop_job_with`] run.
+#[derive(Clone, Copy, Default)]
+pub struct Shape {
+    /// Odd rounds are f32 max instead of sum: a second sub-job (server job).
+    pub mixed: bool,
+    /// Every rank sleeps this long after this round (idle between all-reduces).
+    pub pause: Option<(usize, Duration)>,
+    /// Two lcores per server instead of one (six streams, four after the drain).
+    pub two_lcores: bool,
+    /// Fault injection: rank `.0` drops the results server `.1` sends for
+    /// operations from index `.2` on (see `ClientConfig::fault_drop_results`).
+    pub drop_results: Option<(u32, usize, u64)>,
+}
+
+pub fn loop_job(
+    provider: &str,
+    addrs: &[String],
+    job: u64,
+    n: u32,
+    rounds: usize,
+    progress: Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<Result<FailoverStats, String>>> {
+    loop_job_with(provider, addrs, job, n, rounds, progress, Shape::default())
+}
+
+/// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
+/// (or maxima) of `round_bytes(round)` (rank r's element i is r + i mod 97 +
+/// round: exact), every element checked; `progress` counts rank 0's rounds done.
+pub fn loop_job_with(
+    provider: &str,
+    addrs: &[String],
+    job: u64,
+    n: u32,
+    rounds: usize,
+    progress: Arc<AtomicUsize>,
+    shape: Shape,
+) -> Vec<std::thread::JoinHandle<Result<FailoverStats, String>>> {
+    (0..n)
+        .map(|rank| {
+            let mut cfg = multi(provider, addrs, job, rank, n);
+            if let Some((r, si, from)) = shape.drop_results {
+                if r == rank {
+                    cfg.fault_drop_results = Some((si, from));
+                }
+            }
+            let progress = progress.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                if shape.mixed {
+                    // Both sub-jobs from the start (a join is collective).
+                    c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                    c.join(DataType::Float32, ReduceOp::Max).map_err(|e| e.to_string())?;
+                }
+                for round in 0..rounds {
+                    let count = round_bytes(round) / 4;
+                    let max = shape.mixed && round % 2 == 1;
+                    let op = if max { ReduceOp::Max } else { ReduceOp::Sum };
+                    let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();
+                    let mut out = vec![0f32; count];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, op)
+                        .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
+                    for (i, v) in out.iter().enumerate() {
+                        let want: f32 = if max {
+                            (n as usize - 1 + i % 97 + round) as f32
+                        } else {
+                            (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
+                        };
+                        if *v != want {
+                            return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
+                        }
+                    }
+                    if rank == 0 {
+                        progress.store(round + 1, Ordering::Relaxed);
+                    }
+                    if let Some((at, pause)) = shape.pause {
+                        if round + 1 == at {
+                            std::thread::sleep(pause);
+                        }
+                    }
+                }
+                Ok(c.failover_stats())
+            })
+        })
+        .collect()
+}
+
+pub fn results(hs: Vec<std::thread::JoinHandle<Result<FailoverStats, String>>>) -> Vec<Result<FailoverStats, String>> {
+    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+/// Waits until the loop job reached round `round` (bounded), or a rank
+/// ended early (its result is checked by the caller).
+pub fn wait_for_round<T>(progress: &AtomicUsize, round: usize, ranks: &[std::thread::JoinHandle<T>]) {
+    let t0 = Instant::now();
+    while progress.load(Ordering::Relaxed) < round {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the loop did not reach round {round}");
+        if ranks.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
