@@ -6,8 +6,9 @@
 //! [`shard::ShardWorker`], then runs the poll loop in [`crate::lcore`].
 //! The control plane ([`control`]) listens on TCP, validates handshakes,
 //! gathers a job's ranks, carves the job a region in every lcore's slab
-//! (with a piece size that fits its share: [`budget`]) and hands it to the lcores; after that it only hears back when a job becomes
-//! ready, fails or ends. It never touches the dataplane's memory.
+//! (with a piece size that fits its share: [`budget`]) and hands it to the
+//! lcores; after that it only hears back when a job becomes ready, fails or
+//! ends. It never touches the dataplane's memory.
 //!
 //! [`Server::drain`] asks the control plane to drain (see [`control`]): no new
 //! jobs, running jobs move to their other servers at an operation boundary
