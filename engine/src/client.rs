@@ -93,6 +93,12 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Spin this many empty polls before sleeping on the CQ.
     pub spin_polls: u32,
+    /// Longest sleep on the CQ (ms) before polling again. Traffic wakes the
+    /// client through the CQ's descriptor (tcp), so this bounds only a
+    /// missed wake-up; shm and EFA nap 50 us whatever it says. Hundreds of
+    /// clients on a few cores (a load generator) raise it: each wake-up of
+    /// an idle client costs system calls. Default 1.
+    pub sleep_ms: u32,
     /// Sends in flight per server (0: as many as the windows allow).
     /// Default from TALLY_SEND_CREDITS.
     pub send_credits: u32,
@@ -126,6 +132,7 @@ impl ClientConfig {
             fabric_addr: None,
             timeout: Duration::from_secs(30),
             spin_polls: 2048,
+            sleep_ms: 1,
             send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
@@ -481,7 +488,7 @@ impl Client {
         if self.subs.len() == MAX_SUBJOBS {
             return Err(ClientError::BadArgument(format!("more than {MAX_SUBJOBS} (dtype, op) pairs in one job")));
         }
-        let chunk_elems = (self.cfg.chunk_bytes / dtype.size()).max(1);
+        let mut chunk_elems = (self.cfg.chunk_bytes / dtype.size()).max(1);
         let spec = JobSpec {
             job_id: self.job_id_for(dtype, op),
             nranks: self.cfg.nranks,
@@ -516,7 +523,7 @@ impl Client {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
             let answer = self.answer(server, s, &hello, join_started)?;
-            let (tag, names) = match answer {
+            let (tag, names, piece_elems) = match answer {
                 Ok(a) => a,
                 // Every rank of the sub-job gets this same answer from a
                 // draining server, so all of them leave it out alike.
@@ -529,6 +536,11 @@ impl Client {
                 }
                 Err(r) => return Err(ClientError::Refused { server: server.clone(), reject: r.to_string() }),
             };
+            // A server may grant smaller pieces than asked (its slab budget):
+            // cut to the smallest grant. Every rank gets the same answers.
+            if piece_elems != 0 {
+                chunk_elems = chunk_elems.min(piece_elems as usize);
+            }
             for n in names {
                 let addr = self.ep.insert_peer(&n).map_err(|e| ClientError::Fabric(e.to_string()))?;
                 streams.push(Stream::new(addr, si, tag));
@@ -591,7 +603,7 @@ impl Client {
         s: &mut TcpStream,
         hello: &Hello,
         join_started: Instant,
-    ) -> Result<Result<(u16, Vec<EndpointName>), Box<Reject>>, ClientError> {
+    ) -> Result<Result<(u16, Vec<EndpointName>, u32), Box<Reject>>, ClientError> {
         let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
         let mut tries = 0u32;
         loop {
@@ -832,7 +844,7 @@ impl Client {
             if self.last_progress == before {
                 empty += 1;
                 if empty >= self.cfg.spin_polls {
-                    let _ = self.ep.wait(1);
+                    let _ = self.ep.wait(self.cfg.sleep_ms.min(i32::MAX as u32) as i32);
                     empty = 0;
                 }
             } else {
@@ -1380,7 +1392,8 @@ enum Answer {
     Io(String),
 }
 
-fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>), Answer> {
+/// An Accept's job tag, lcore names and granted piece (elements; 0: as asked), or why not.
+fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>, u32), Answer> {
     let io = |e: std::io::Error| Answer::Io(e.to_string());
     let mut hdr = [0u8; 8];
     s.read_exact(&mut hdr).map_err(io)?;
@@ -1409,7 +1422,7 @@ fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>), Answer> {
                 let n = rec.name().map_err(|e| Answer::Io(e.to_string()))?;
                 names.push(EndpointName::from_bytes(n).ok_or_else(|| Answer::Io("bad name".into()))?);
             }
-            Ok((a.job_tag, names))
+            Ok((a.job_tag, names, a.piece_elems))
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
     }

@@ -34,7 +34,8 @@ pub struct ServerFile {
     pub max_window: Option<u32>,
     /// Most jobs served at once.
     pub max_jobs: Option<u32>,
-    /// Most ranks in one job.
+    /// Most ranks in one job (default and ceiling: the wire's 1024). A job's
+    /// pieces shrink with its ranks so that its slab region fits (server::budget).
     pub max_ranks: Option<u32>,
     /// File holding the shared job token (else TALLY_TOKEN; else no token required).
     pub token_file: Option<String>,
@@ -194,7 +195,7 @@ impl ServerFile {
             max_chunk,
             max_window: positive("max_window", self.max_window, 16, 1024)?,
             max_jobs: positive("max_jobs", self.max_jobs, 16, 4096)?,
-            max_ranks: positive("max_ranks", self.max_ranks, 64, 1024)?,
+            max_ranks: positive("max_ranks", self.max_ranks, crate::wire::MAX_RANKS, crate::wire::MAX_RANKS)?,
             token_file: self.token_file,
             handshake_timeout_s: match self.handshake_timeout_s.unwrap_or(10) {
                 0 => return Err(ConfigError::Invalid { key: "handshake_timeout_s", message: "must be at least 1".into() }),

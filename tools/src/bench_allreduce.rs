@@ -4,8 +4,14 @@
 //! The launcher (what a user runs) hosts a reduction server in-process when
 //! none is given, and runs every rank as a child process of itself (`--rank
 //! i`): separate processes, as real workers are (shm endpoints of one process
-//! must not talk to each other's closing regions). Ranks meet through a TCP
-//! bootstrap. For each mode and size, after `warmup` all-reduces and one
+//! must not talk to each other's closing regions). Above [`PROCESS_RANKS`]
+//! ranks (or with `--ranks-per-process K`), ranks run as threads instead, K
+//! per child process (`--rank i --ranks-per-process K`: ranks i..i+K), each
+//! thread with its own `Client` and so its own fabric endpoint, as a rank of
+//! its own: up to [`wire::MAX_RANKS`] ranks on one machine. Only agg runs
+//! that way (ring ranks talk to each other, and the plugin is one per
+//! process). Ranks meet through a TCP bootstrap (one connection per rank to
+//! rank 0). For each mode and size, after `warmup` all-reduces and one
 //! barrier, every rank runs `iters` all-reduces back to back, as nccl-tests
 //! and users time them; rank 0 timestamps each completion and reports the
 //! loop's mean (wall time / iterations: the `time_us` of nccl-tests) and the
@@ -31,6 +37,12 @@ use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::ring::{Ring, RingConfig};
 use tally_engine::server::Server;
 use tally_engine::units::{format_size, parse_size};
+use tally_engine::wire;
+
+/// Up to this many ranks, every rank is a process of its own by default (as
+/// before ranks could be threads, so those figures are unchanged); above it,
+/// ranks are threads, this many per process.
+pub const PROCESS_RANKS: u32 = 64;
 
 #[derive(Args, Debug, Clone)]
 pub struct AllreduceArgs {
@@ -38,9 +50,17 @@ pub struct AllreduceArgs {
     /// drives it), ring; comma-separated.
     #[arg(long, default_value = "agg,ring", value_delimiter = ',')]
     pub mode: Vec<String>,
-    /// Ranks (worker processes) on this machine.
+    /// Ranks on this machine (up to 1024): processes up to 64, else threads (--ranks-per-process).
     #[arg(long, default_value_t = 4)]
     pub ranks: u32,
+    /// Run ranks as threads, this many per process, each with its own client and
+    /// endpoint (agg only). Default: 1 (a process per rank) up to 64 ranks, else 64.
+    #[arg(long)]
+    pub ranks_per_process: Option<u32>,
+    /// agg: longest sleep (ms) of an adaptive rank waiting on its completion queue before it
+    /// polls again (traffic wakes it sooner). Default: 1 with a process per rank, 20 with threads.
+    #[arg(long)]
+    pub sleep_ms: Option<u32>,
     /// libfabric provider: shm, tcp or efa (default: TALLY_PROVIDER, else shm here).
     #[arg(long)]
     pub provider: Option<String>,
@@ -107,7 +127,8 @@ pub struct AllreduceArgs {
     /// Write busbw against size (one line per mode) to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
-    /// Run as one rank (set by the launcher, or for multi-host runs by hand).
+    /// Run as this rank (set by the launcher, or for multi-host runs by hand); with
+    /// --ranks-per-process K, as ranks R..R+K, one thread each.
     #[arg(long, hide = true)]
     pub rank: Option<u32>,
     /// Rank 0's bootstrap address (with --rank).
@@ -180,10 +201,100 @@ fn plan(args: &AllreduceArgs) -> Result<Plan, String> {
             return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
         }
     }
-    if args.ranks == 0 || args.ranks > 64 {
-        return Err("--ranks: between 1 and 64".into());
+    if args.ranks == 0 || args.ranks > wire::MAX_RANKS {
+        return Err(format!("--ranks: between 1 and {}", wire::MAX_RANKS));
+    }
+    if ranks_per_process(args) > 1 && args.mode.iter().any(|m| m != "agg") {
+        return Err(format!(
+            "--mode {}: with {} ranks, ranks run as threads ({} per process), and only agg runs that way \
+             (ring ranks talk to each other, the plugin is one per process): use --mode agg, or --ranks-per-process 1",
+            args.mode.join(","),
+            args.ranks,
+            ranks_per_process(args)
+        ));
     }
     Ok(Plan { provider, sizes, dtype, op, chunk })
+}
+
+/// Ranks per process: as given, else one up to [`PROCESS_RANKS`] ranks and
+/// that many above (a rank started by hand with `--rank` runs one).
+fn ranks_per_process(args: &AllreduceArgs) -> u32 {
+    match args.ranks_per_process {
+        Some(k) => k.clamp(1, args.ranks.max(1)),
+        None if args.rank.is_some() || args.ranks <= PROCESS_RANKS => 1,
+        None => PROCESS_RANKS,
+    }
+}
+
+/// Busy pollers that share a core take turns by the scheduler's timeslice
+/// (and starve the rest of the machine): refuse more of them than cores.
+fn check_busy(args: &AllreduceArgs, pollers: usize, what: &str) -> Result<(), String> {
+    if args.poll != "busy" {
+        return Ok(());
+    }
+    let cores = tally_engine::cpuset::allowed().map_err(|e| e.to_string())?.len();
+    if pollers > cores {
+        return Err(format!(
+            "--poll busy: {what} make {pollers} busy pollers on {cores} cores; use --poll adaptive (pollers then sleep when idle)"
+        ));
+    }
+    Ok(())
+}
+
+/// How long an adaptive rank sleeps on its CQ at most, unless `--sleep-ms`.
+/// A sleeping rank wakes on traffic (tcp: the CQ's descriptor), so this only
+/// paces the wake-ups of ranks with nothing to do: at 1 ms, 128 rank threads
+/// on 2 cores woke 128,000 times a second, a few system calls each, and the
+/// server's lcores got what was left: a 4 KiB all-reduce took 31 ms, 4.6 ms
+/// at 20 ms (and 4.5 at 100).
+const THREAD_SLEEP_MS: u32 = 20;
+
+/// libfabric settings for a process of many rank threads over tcp;ofi_rxm,
+/// unless the environment sets them. rxm gives every endpoint two pools of
+/// 512 bounce buffers of the eager limit (32 KiB here) and, per connection,
+/// 128 posted receives: about 70 MB resident per endpoint, 4.5 GB for 64
+/// rank threads. With 1 KiB bounce buffers (tcp places eager messages
+/// straight into posted receives, and a client posts its receive before its
+/// send) and 16 per connection a rank thread holds about 5 MB (measured:
+/// 337 MB for 64, all-reduces of 64 KiB; with 4 KiB buffers 12 MB each, same
+/// speed). Only local memory: the eager limit, which peers must agree on,
+/// is left alone.
+const THREAD_RXM_ENV: &[(&str, &str)] =
+    &[("FI_OFI_RXM_BUFFER_SIZE", "1024"), ("FI_OFI_RXM_MSG_RX_SIZE", "16"), ("FI_OFI_RXM_MSG_TX_SIZE", "16")];
+
+/// Descriptors a rank needs at most: its endpoint (tcp;ofi_rxm: a listening
+/// socket, an epoll set, wait fds, a connection per server lcore), its
+/// control and bootstrap connections. Measured: about 15 per rank thread
+/// over tcp to one server of 2 lcores; this leaves room for more lcores.
+const FDS_PER_RANK: u64 = 24;
+
+/// Raises this process's soft descriptor limit to `need` when it is lower
+/// (up to the hard limit; the default soft limit is often 1024): a process
+/// of many rank threads, or rank 0 with its bootstrap connection to every
+/// rank, needs more.
+fn ensure_fds(need: u64) -> Result<(), String> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(format!("getrlimit(RLIMIT_NOFILE): {}", std::io::Error::last_os_error()));
+    }
+    if lim.rlim_cur >= need {
+        return Ok(());
+    }
+    if lim.rlim_max < need {
+        return Err(format!(
+            "this needs about {need} file descriptors, above the hard limit of {} (ulimit -Hn): raise it, or use fewer ranks",
+            lim.rlim_max
+        ));
+    }
+    let old = lim.rlim_cur;
+    lim.rlim_cur = need.max(old);
+    // SAFETY: setrlimit reads one rlimit we own; raising the soft limit up to the hard one needs no privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(format!("setrlimit(RLIMIT_NOFILE, {need}): {}", std::io::Error::last_os_error()));
+    }
+    log::info!("raised the open file limit from {old} to {need} (ranks' endpoints and connections)");
+    Ok(())
 }
 
 /// What the launcher hands back to callers such as `tally demo`.
@@ -221,8 +332,10 @@ fn free_port() -> Result<u16, String> {
 }
 
 pub fn print_header(p: &Plan, args: &AllreduceArgs) {
+    let per = ranks_per_process(args);
+    let threads = if per > 1 { format!(" (threads: {per} per process, {} processes)", args.ranks.div_ceil(per)) } else { String::new() };
     println!(
-        "# tally bench allreduce: {} ranks, provider {}, {} {}, chunk {}, window {}, {} polling",
+        "# tally bench allreduce: {} ranks{threads}, provider {}, {} {}, chunk {}, window {}, {} polling",
         args.ranks,
         p.provider,
         p.dtype,
@@ -276,9 +389,14 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let p = plan(args)?;
     let mut server = None;
     let mut servers = args.servers.clone();
-    if servers.is_empty() && args.mode.iter().any(|m| m.starts_with("agg")) {
+    let hosting = servers.is_empty() && args.mode.iter().any(|m| m.starts_with("agg"));
+    let lcores = if hosting { tally_engine::cpuset::CoreList::parse(&args.lcores).map_or(0, |l| l.len()) } else { 0 };
+    check_busy(args, args.ranks as usize + lcores, &format!("{} ranks and {lcores} server lcores", args.ranks))?;
+    // A hosted server has a control connection and a connection per lcore to every rank.
+    ensure_fds(args.ranks as u64 * (lcores as u64 + 1) + 256)?;
+    if hosting {
         let text = format!(
-            "listen = \"127.0.0.1:0\"\nlcores = \"{}\"\nhugepages = \"{}\"\nprovider = \"{}\"\npoll = \"{}\"\nmax_chunk = \"{}\"\nmax_ranks = 64\n",
+            "listen = \"127.0.0.1:0\"\nlcores = \"{}\"\nhugepages = \"{}\"\nprovider = \"{}\"\npoll = \"{}\"\nmax_chunk = \"{}\"\n",
             args.lcores,
             args.hugepages,
             p.provider,
@@ -299,9 +417,21 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let job_id = (nanos ^ (std::process::id() as u64).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children = Vec::new();
-    for rank in 0..args.ranks {
+    let per = ranks_per_process(args);
+    for rank in (0..args.ranks).step_by(per as usize) {
         let mut c = Command::new(&exe);
         c.args(["bench", "allreduce", "--rank", &rank.to_string(), "--bootstrap", &boot, "--job-id", &job_id.to_string()]);
+        c.args(["--ranks-per-process", &per.to_string()]);
+        if let Some(ms) = args.sleep_ms {
+            c.args(["--sleep-ms", &ms.to_string()]);
+        }
+        if per > 1 && p.provider.starts_with("tcp") {
+            for (var, value) in THREAD_RXM_ENV {
+                if std::env::var_os(var).is_none() {
+                    c.env(var, value);
+                }
+            }
+        }
         c.args(["--ranks", &args.ranks.to_string(), "--provider", &p.provider, "--dtype", &args.dtype, "--op", &args.op]);
         c.args(["--iters", &args.iters.to_string(), "--warmup", &args.warmup.to_string(), "--chunk", &args.chunk]);
         c.args(["--window", &args.window.to_string(), "--poll", &args.poll, "--mode", &args.mode.join(",")]);
@@ -330,7 +460,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         }
         let mut child = c.spawn().map_err(|e| format!("cannot start rank {rank}: {e}"))?;
         if let Some(err) = child.stderr.take() {
-            logfile::forward(err, format!("[rank {rank}]"));
+            logfile::forward(err, ranks_label(rank, per, args.ranks));
         }
         children.push(child);
     }
@@ -356,10 +486,11 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     }
     progress.finish();
     let mut failed = Vec::new();
-    for (rank, mut c) in children.into_iter().enumerate() {
+    for (k, mut c) in children.into_iter().enumerate() {
         let st = c.wait().map_err(|e| e.to_string())?;
         if !st.success() {
-            failed.push(format!("rank {rank} exited with {st}"));
+            let label = ranks_label(k as u32 * per, per, args.ranks);
+            failed.push(format!("{} exited with {st}", label.trim_matches(['[', ']'])));
         }
     }
     let lcore_stats = server.as_ref().map(|s| s.stats()).unwrap_or_default();
@@ -395,10 +526,76 @@ fn format_size_toml(b: usize) -> String {
     format!("{b}")
 }
 
-/// One rank: join, then for every mode and size time and check.
+/// Puts this thread, and the threads it starts afterwards, in SCHED_IDLE
+/// (no privilege needed to lower one's own priority).
+fn idle_priority() -> Result<(), String> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; one sched_param we own.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(format!("sched_setscheduler(SCHED_IDLE): {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// "[rank 3]", or "[ranks 64-127]" for a process of rank threads.
+fn ranks_label(first: u32, per: u32, nranks: u32) -> String {
+    let last = (first + per).min(nranks) - 1;
+    if last == first {
+        format!("[rank {first}]")
+    } else {
+        format!("[ranks {first}-{last}]")
+    }
+}
+
+/// This process's ranks: one, or `--ranks-per-process` threads from `--rank`.
 fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
+    let first = args.rank.unwrap();
+    let per = ranks_per_process(args);
+    let last = (first + per).min(args.ranks);
+    if first >= args.ranks {
+        return Err(format!("--rank {first}: there are {} ranks", args.ranks));
+    }
+    check_busy(args, (last - first) as usize, &format!("{} rank threads", last - first))?;
+    // Rank 0 also holds a bootstrap connection to every other rank.
+    let star = if first == 0 { args.ranks as u64 } else { 0 };
+    ensure_fds((last - first) as u64 * FDS_PER_RANK + star + 64)?;
+    if last - first == 1 {
+        return run_one(args, first);
+    }
+    // The rank threads stand in for other hosts: they must not take the
+    // server's cores. At normal priority 1024 of them, spinning while their
+    // connections to an lcore were set up, left that lcore 1.5% of a core:
+    // it did not poll for 5 s and the watchdog failed the job. In SCHED_IDLE
+    // they run only when the server's lcores (and anything else) wait.
+    idle_priority()?;
+    let threads: Vec<_> = (first..last)
+        .map(|rank| {
+            let args = args.clone();
+            std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn(move || run_one(&args, rank).map_err(|e| format!("rank {rank}: {e}")))
+                .map_err(|e| format!("cannot start the thread of rank {rank}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let errors: Vec<String> = threads
+        .into_iter()
+        .filter_map(|t| match t.join() {
+            Ok(r) => r.err(),
+            Err(_) => Some("a rank thread panicked".into()),
+        })
+        .collect();
+    match errors.len() {
+        0 => Ok(()),
+        n => {
+            // The first error is usually the cause, the rest its echo (the job failed for every rank).
+            Err(format!("{n} of {} ranks failed; first: {}", last - first, errors[0]))
+        }
+    }
+}
+
+/// One rank: join, then for every mode and size time and check.
+fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     let p = plan(args)?;
-    let rank = args.rank.unwrap();
     if let Some(rc) = &args.rank_cores {
         let cores = tally_engine::cpuset::CoreList::parse(rc).map_err(|e| format!("--rank-cores: {e}"))?;
         let core = cores.as_slice()[rank as usize % cores.len()];
@@ -445,6 +642,7 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
             cfg.timeout = Duration::from_secs(args.timeout.max(1));
             cfg.send_credits = args.send_credits;
             cfg.spin_polls = if busy { u32::MAX } else { tally_engine::lcore::adaptive_spin() };
+            cfg.sleep_ms = args.sleep_ms.unwrap_or(if ranks_per_process(args) > 1 { THREAD_SLEEP_MS } else { cfg.sleep_ms });
             let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
             c.join(p.dtype, p.op).map_err(|e| e.to_string())?;
             agg = Some(c);
@@ -526,8 +724,10 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Rank r's input element i: a small integer (so sums are exact in every
-/// type, including bf16 with its 8-bit mantissa, for up to 64 ranks).
+/// Rank r's input element i: a small integer (|v| <= 2), so every partial
+/// sum is exact in f32 and f64; 16-bit types accumulate in f32 and round once,
+/// as the reference does (bf16 holds the sums of up to 64 ranks exactly, and
+/// rounds larger ones the same way on both sides).
 fn value(op: ReduceOp, rank: u32, i: usize) -> i64 {
     match op {
         // Products stay within ±2^6: at most one 2 per element across ranks.
@@ -564,38 +764,74 @@ fn fill(dtype: DataType, op: ReduceOp, rank: u32, buf: &mut [u8]) {
     }
 }
 
+/// [`value`] repeats every `PERIOD` elements (it depends on i mod 5 and,
+/// for products, i mod 7), so the reference of element i is that of i mod
+/// PERIOD: computed once per check over every rank, then each element is
+/// compared. (Over n ranks per element, 512 rank threads checking 64 KiB
+/// each would take 4 billion steps.)
+const PERIOD: usize = 35;
+
 /// Counts elements of `out` that differ from the exact reference.
 fn check(dtype: DataType, op: ReduceOp, n: u32, out: &[u8]) -> u64 {
+    let size = dtype.size();
+    let mut want = vec![0u8; PERIOD * size];
+    for (i, w) in want.chunks_exact_mut(size).enumerate() {
+        reference(dtype, op, n, i, w);
+    }
+    out.chunks_exact(size).enumerate().filter(|(i, got)| *got != &want[(i % PERIOD) * size..][..size]).count() as u64
+}
+
+/// The exact result of element `i` over `n` ranks, in `dtype`, into `want`.
+fn reference(dtype: DataType, op: ReduceOp, n: u32, i: usize, want: &mut [u8]) {
     let unsigned = matches!(dtype, DataType::Uint8 | DataType::Uint32 | DataType::Uint64);
-    let mut want = vec![0u8; dtype.size()];
-    let mut wrong = 0u64;
-    for (i, got) in out.chunks_exact(dtype.size()).enumerate() {
-        let vals = (0..n).map(|r| {
-            let v = value(op, r, i);
-            if unsigned {
-                v.abs()
-            } else {
-                v
-            }
-        });
-        let exact: i64 = match op {
-            ReduceOp::Sum | ReduceOp::Avg => vals.sum(),
-            ReduceOp::Prod => vals.product(),
-            ReduceOp::Max => vals.max().unwrap(),
-            ReduceOp::Min => vals.min().unwrap(),
-        };
-        match (op, dtype) {
-            // Averages divide once, in the type the kernels divide in.
-            (ReduceOp::Avg, DataType::Float64) => put(dtype, &mut want, exact as f64 / n as f64),
-            (ReduceOp::Avg, DataType::Float32 | DataType::Float16 | DataType::Bfloat16) => {
-                put(dtype, &mut want, (exact as f32 / n as f32) as f64)
-            }
-            (ReduceOp::Avg, _) => put(dtype, &mut want, (exact / n as i64) as f64),
-            _ => put(dtype, &mut want, exact as f64),
+    let vals = (0..n).map(|r| {
+        let v = value(op, r, i);
+        if unsigned {
+            v.abs()
+        } else {
+            v
         }
-        if got != want.as_slice() {
-            wrong += 1;
+    });
+    let exact: i64 = match op {
+        ReduceOp::Sum | ReduceOp::Avg => vals.sum(),
+        ReduceOp::Prod => vals.product(),
+        ReduceOp::Max => vals.max().unwrap(),
+        ReduceOp::Min => vals.min().unwrap(),
+    };
+    match (op, dtype) {
+        // Averages divide once, in the type the kernels divide in.
+        (ReduceOp::Avg, DataType::Float64) => put(dtype, want, exact as f64 / n as f64),
+        (ReduceOp::Avg, DataType::Float32 | DataType::Float16 | DataType::Bfloat16) => put(dtype, want, (exact as f32 / n as f32) as f64),
+        (ReduceOp::Avg, _) => put(dtype, want, (exact / n as i64) as f64),
+        _ => put(dtype, want, exact as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_repeat_every_period() {
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg] {
+            for rank in [0, 1, 6, 7, 63, 1023] {
+                for i in 0..3 * PERIOD {
+                    assert_eq!(value(op, rank, i), value(op, rank, i % PERIOD), "{op:?} rank {rank} element {i}");
+                }
+            }
         }
     }
-    wrong
+
+    #[test]
+    fn the_check_finds_each_wrong_element() {
+        let (n, count) = (5u32, 1000usize);
+        let mut out = vec![0u8; count * 4];
+        for (i, e) in out.chunks_exact_mut(4).enumerate() {
+            reference(DataType::Float32, ReduceOp::Sum, n, i, e);
+        }
+        assert_eq!(check(DataType::Float32, ReduceOp::Sum, n, &out), 0);
+        out[4 * 777] ^= 1;
+        out[4 * 3 + 2] ^= 4;
+        assert_eq!(check(DataType::Float32, ReduceOp::Sum, n, &out), 2);
+    }
 }

@@ -117,6 +117,8 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     let ar = AllreduceArgs {
         mode: vec!["agg".into(), "ring".into()],
         ranks: args.ranks,
+        ranks_per_process: None,
+        sleep_ms: None,
         provider: Some(provider.clone()),
         sizes: ["4K", "64K", "1M", "16M", "64M"].iter().map(|s| s.to_string()).collect(),
         dtype: "f32".into(),

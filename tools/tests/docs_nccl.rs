@@ -795,7 +795,7 @@ fn quoted_figures_hold() {
     let row = format!("| {}M: {} node-jobs at a time |", c7gn.slab_size >> 20, (c7gn.slab_size / (256 << 10) / 4));
     assert!(md.contains(&row), "{row}");
     assert!(md.contains(&format!("| `max_jobs` | jobs at a time | {} |", c7gn.max_jobs)));
-    assert!(md.contains(&format!("| `max_ranks` | ranks (nodes) per job | {} |", c7gn.max_ranks)));
+    assert!(md.contains(&format!("| `max_ranks` | ranks (nodes) per job (default and most: 1024) | {} |", c7gn.max_ranks)));
     assert!(md.contains(&format!("{}M, {} |", c7gn.max_chunk >> 20, c7gn.max_window)));
     assert!(md.contains(&format!("`op_timeout_s` ({} on c7gn)", c7gn.op_timeout_s)));
 
@@ -815,13 +815,12 @@ fn quoted_figures_hold() {
     let control = read("engine/src/server/control.rs");
     let client = read("engine/src/client.rs");
     let wire = read("engine/src/wire.rs");
+    let budget = read("engine/src/server/budget.rs");
     for (file, text, quoted) in [
         (&control, "refused: wrong or missing token (job {:#x}, rank {})", "refused: wrong or missing token (job 0x..., rank 1)"),
-        (
-            &control,
-            "the job needs {} per lcore (window {} x {} ranks x {} piece); lcore {l} has {} free of {}",
-            "the job needs 8 MiB per lcore (window 4 x 8 ranks x 256 KiB piece); lcore 3 has 4 MiB free of 512 MiB",
-        ),
+        (&control, "job {:#x} refused: {e}", "job 0x... refused: window 32 x 1024 ranks x 4 KiB piece"),
+        (&budget, "per lcore, above the {} a job may take on lcore {}: ", "per lcore, above the 64 MiB a job may take on lcore 3: "),
+        (&budget, "at most {r} ranks fit at window {}, or window {w} at {} ranks", "at most 512 ranks fit at window 32, or window 16"),
         (&control, "the server already runs its limit of {} jobs", "the server already runs its limit of 4 jobs"),
         (&client, "cannot connect to {server}: {error}", "cannot connect to 127.0.0.1:7999"),
         (&client, "token longer than 32 bytes", "token longer than 32 bytes"),

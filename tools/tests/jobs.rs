@@ -1,8 +1,9 @@
 //! Job admission and isolation against a real `tally server` process:
 //! malformed or mismatched handshakes are refused with the field named and
 //! the server keeps serving; jobs run concurrently, one ending does not
-//! disturb another; a job that does not fit is refused with sizes; a rank
-//! that vanishes fails its job quickly and nobody else's.
+//! disturb another; a job too large for its share of the slab runs with
+//! smaller pieces (one that cannot fit at all: many_ranks.rs); a rank that
+//! vanishes fails its job quickly and nobody else's.
 mod common;
 use common::{client, join_all, sum_job, ServerProcess};
 use std::io::{Read, Write};
@@ -110,22 +111,34 @@ fn concurrent_jobs_and_one_ending_while_another_runs_shm() {
 }
 
 #[test]
-fn a_job_that_does_not_fit_is_refused_and_others_are_unaffected() {
+fn a_job_too_large_for_its_slab_share_gets_smaller_pieces_and_others_are_unaffected() {
     let srv = server(&[]);
     let running = sum_job("shm", &srv.addr, 1, 2, 100_000, 10);
-    // 8 MiB slabs: window 16 x 4 ranks x 1 MiB pieces cannot fit.
-    let hs: Vec<_> = (0..4)
+    // 8 MiB slabs: window 16 x 4 ranks x 1 MiB pieces is 64 MiB; a job gets a
+    // quarter of the slab, 2 MiB: 32 KiB pieces. (Refusals: many_ranks.rs.)
+    let hs: Vec<_> = (0..4u32)
         .map(|rank| {
             let mut cfg = client("shm", &srv.addr, 2, rank, 4);
             cfg.chunk_bytes = 1 << 20;
             cfg.window = 16;
-            std::thread::spawn(move || Client::connect(cfg).unwrap().join(DataType::Float32, ReduceOp::Sum).map(|_| ()))
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                let send: Vec<f32> = (0..300_000).map(|i| (rank as usize * 3 + i % 89) as f32).collect();
+                let mut out = vec![0f32; send.len()];
+                c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                for (i, v) in out.iter().enumerate() {
+                    let want: f32 = (0..4).map(|r| (r * 3 + i % 89) as f32).sum();
+                    if *v != want {
+                        return Err(format!("rank {rank} element {i}: {v}, want {want}"));
+                    }
+                }
+                Ok(())
+            })
         })
         .collect();
-    for h in hs {
-        let e = h.join().unwrap().unwrap_err();
-        assert!(matches!(&e, ClientError::Refused { reject, .. } if reject.contains("no capacity") && reject.contains("per lcore")), "{e}");
-    }
+    join_all(hs);
+    assert!(srv.log_contains("4 ranks, f32 sum, 8192 elements per piece (asked 262144"), "{:?}", srv.log.lock().unwrap());
     join_all(running);
     assert!(srv.stop().success());
 }

@@ -736,7 +736,10 @@ impl Client {
             for (si, mut c) in conns {
                 let server = self.cfg.servers[si].clone();
                 match self.answer(&server, &mut c, &hello, started)? {
-                    Ok((tag, names)) => {
+                    Ok((_, _, granted)) if granted != 0 && (granted as usize) < chunk_elems => {
+                        log::warn!("server {server} grants the redo job pieces of {granted} elements, fewer than the job's {chunk_elems}: not used for it");
+                    }
+                    Ok((tag, names, _)) => {
                         let addr = self.ep.insert_peer(&names[0]).map_err(|e| ClientError::Fabric(e.to_string()))?;
                         streams.push(Stream::new(addr, si, tag));
                         let _ = c.set_nonblocking(true);
@@ -1076,6 +1079,15 @@ impl Client {
             wire::Kind::Accept => {
                 let a: wire::Accept = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
                 let window = self.cfg.window as usize;
+                if a.piece_elems != 0 && (a.piece_elems as usize) < self.subs[sub].chunk_elems {
+                    log::warn!(
+                        "server {server} grants pieces of {} elements now, fewer than job {:#x}'s {}: it goes on without it",
+                        a.piece_elems,
+                        self.job_id_of(sub),
+                        self.subs[sub].chunk_elems
+                    );
+                    return Ok(false);
+                }
                 let s = &self.subs[sub];
                 let grown = s.streams.len() + a.lcores as usize;
                 if (grown * window * 2) as u32 + REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 > self.per_sub {

@@ -552,8 +552,18 @@ impl ControlPlane {
             self.refuse_all(&mut conns, RejectCode::Internal, "", &msg);
             return;
         }
-        let stride = spec.piece_bytes().div_ceil(64) * 64;
-        let len = spec.window as usize * spec.nranks as usize * stride;
+        // The piece may be smaller than asked, so that the region fits (budget.rs).
+        let asked = spec.chunk_elems;
+        let grant = match super::budget::grant(&spec, &self.allocs, REGION_ALIGN) {
+            Ok(g) => g,
+            Err(e) => {
+                log::warn!("job {:#x} refused: {e}", spec.job_id);
+                self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &e.to_string());
+                return;
+            }
+        };
+        let spec = JobSpec { chunk_elems: grant.chunk_elems, ..spec };
+        let (stride, len) = (grant.stride, grant.len);
         let mut regions = Vec::new();
         for l in 0..spec.shards as usize {
             match self.allocs[l].alloc(len) {
@@ -585,12 +595,13 @@ impl ControlPlane {
             let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
         }
         log::info!(
-            "job {:#x}: {} ranks, {} {}, {} elements per piece, window {}, {} shards: starting (tag {tag:#06x})",
+            "job {:#x}: {} ranks, {} {}, {} elements per piece{}, window {}, {} shards: starting (tag {tag:#06x})",
             spec.job_id,
             spec.nranks,
             spec.dtype,
             spec.op,
             spec.chunk_elems,
+            if asked == spec.chunk_elems { String::new() } else { format!(" (asked {asked}: the region fits the job's slab budget)") },
             spec.window,
             spec.shards
         );
@@ -636,7 +647,7 @@ impl ControlPlane {
             _pad0: 0,
             lcores: a.spec.shards,
             server_lcores: names.len() as u32,
-            _pad1: 0,
+            piece_elems: a.spec.chunk_elems,
         };
         msg.extend_from_slice(bytemuck::bytes_of(&acc));
         for n in names.iter().take(a.spec.shards as usize) {

@@ -5,9 +5,10 @@
 //! own thread, its endpoint, its slab (registered once) and a
 //! [`shard::ShardWorker`], then runs the poll loop in [`crate::lcore`].
 //! The control plane ([`control`]) listens on TCP, validates handshakes,
-//! gathers a job's ranks, carves the job a region in every lcore's slab and
-//! hands it to the lcores; after that it only hears back when a job becomes
-//! ready, fails or ends. It never touches the dataplane's memory.
+//! gathers a job's ranks, carves the job a region in every lcore's slab
+//! (with a piece size that fits its share: [`budget`]) and hands it to the
+//! lcores; after that it only hears back when a job becomes ready, fails or
+//! ends. It never touches the dataplane's memory.
 //!
 //! [`Server::drain`] asks the control plane to drain (see [`control`]): no new
 //! jobs, running jobs move to their other servers at an operation boundary
@@ -18,6 +19,7 @@
 //! counters and the per-job counter blocks ([`crate::metrics`]) over HTTP in
 //! the Prometheus text format; it only reads.
 pub mod alloc;
+pub mod budget;
 pub mod control;
 pub mod shard;
 

@@ -45,6 +45,8 @@ use std::time::Instant;
 pub struct JobOnShard {
     pub index: u16,
     pub tag: u16,
+    /// The job as admitted: `chunk_elems` is the piece the control plane
+    /// granted (`budget.rs`), which every receive is posted for.
     pub spec: JobSpec,
     /// Byte offset of the job's region in the slab.
     pub base: usize,
