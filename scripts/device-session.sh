@@ -29,6 +29,14 @@
 #            through the same server (p50, p99 of the small job).
 #   cluster  emulated cluster (tally bench cluster): 4 + 4 and 8 + 8 hosts,
 #            2-16 Gbit/s, 16 and 64 MiB, agg, agg through the NCCL plugin, ring.
+#   ranks    many ranks (issue 18): one server (lcores 0-3, tcp, adaptive),
+#            8 and then 1024 ranks (threads, 64 per process, on the other
+#            cores), 4 KiB and 1 MiB, every element checked: p50, the time
+#            from the bench's start to the job running, and the server's
+#            threads and VmRSS (sampled every 0.2 s, the highest seen).
+#   fostage  what failover's staging copy costs: 8 ranks (cores 8-15)
+#            against 3 servers (tcp, busy, lcores 0-1, 2-3, 4-5), 4 KiB,
+#            1 MiB and 64 MiB, with TALLY_FAILOVER=0 and =1, same run.
 #   demo     `tally demo` as a user runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -266,6 +274,85 @@ q = rows["agg"]["algbw_GBps"] / rows["ring"]["algbw_GBps"] if "agg" in rows and 
 print(f"{sys.argv[2]} + {sys.argv[2]} hosts, poll {sys.argv[3]:>8}, {sys.argv[4]} lcore(s)/server: " + ", ".join(f"{m} {r['fraction']:.2f}" for m, r in rows.items()) + f"; agg/ring {q:.2f}")
 PY
     done
+fi
+
+if has ranks; then
+    say ""
+    say "## many ranks: one server (lcores 0-3, tcp, adaptive), ranks on cores 4-$((C-1)), window 2, 4 KiB and 1 MiB, 20 iterations"
+    for n in 8 1024; do
+        TALLY_LOG=info "$TALLY" server --listen 127.0.0.1:7480 --lcores 0-3 --provider tcp --poll adaptive \
+            >"$OUT/ranks-server$n.out" 2>"$OUT/ranks-server$n.log" &
+        spid=$!
+        for _ in $(seq 100); do grep -q ready "$OUT/ranks-server$n.out" 2>/dev/null && break; sleep 0.1; done
+        ( peak_t=0; peak_r=0
+          while kill -0 "$spid" 2>/dev/null; do
+              t=$(awk '/^Threads:/ {print $2}' "/proc/$spid/status" 2>/dev/null || echo 0)
+              r=$(awk '/^VmRSS:/ {print $2}' "/proc/$spid/status" 2>/dev/null || echo 0)
+              [ "${t:-0}" -gt "$peak_t" ] && peak_t=$t; [ "${r:-0}" -gt "$peak_r" ] && peak_r=$r
+              echo "$peak_t $peak_r" >"$OUT/ranks-peak$n"; sleep 0.2
+          done ) &
+        sampler=$!
+        t0=$(date +%s.%N)
+        timeout -k 5 400 taskset -c 4-$((C-1)) "$TALLY" bench allreduce --servers 127.0.0.1:7480 --provider tcp --ranks "$n" \
+            --mode agg --sizes 4K,1M --iters 20 --warmup 2 --window 2 --json >"$OUT/ranks$n.json" 2>"$OUT/ranks$n.err"
+        rc=$?
+        t1=$(date +%s.%N)
+        sleep 0.5
+        kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+        python3 - "$n" "$rc" "$t0" "$t1" "$OUT/ranks$n.json" "$OUT/ranks-server$n.log" "$OUT/ranks-peak$n" <<'PY' | tee -a "$S"
+import json, sys, datetime
+n, rc, t0, t1, jf, log, peak = sys.argv[1:]
+t0, t1 = float(t0), float(t1)
+def stamp(line):
+    return datetime.datetime.strptime(line[1:24], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc).timestamp()
+running = next((stamp(l) for l in open(log) if ": running" in l and "job " in l), None)
+first = next((stamp(l) for l in open(log) if "starting (tag" in l), None)
+try:
+    rows = json.load(open(jf))["results"]
+except Exception as e:
+    rows = []
+pt, pr = (open(peak).read().split() + ["?", "?"])[:2]
+print(f"{n} ranks: exit {rc}; bench start to job running {running - t0:.2f} s" if running else f"{n} ranks: exit {rc}; job never ran")
+for r in rows:
+    print(f"  {r['bytes']:>8} B: p50 {r.get('p50_us', 0):.0f} us, mean {r.get('mean_us', 0):.0f} us, p99 {r.get('p99_us', 0):.0f} us, wrong {r['wrong']}")
+print(f"  server: peak {pt} threads, peak VmRSS {int(pr) // 1024 if pr.isdigit() else pr} MiB; whole run {t1 - t0:.1f} s")
+PY
+    done
+fi
+
+if has fostage; then
+    say ""
+    say "## failover staging cost: 8 ranks (cores 8-15), 3 servers (tcp, busy, lcores 0-1, 2-3, 4-5)"
+    pids=""; addrs=""
+    for k in 0 1 2; do
+        "$TALLY" server --listen 127.0.0.1:$((7490 + k)) --lcores $((2 * k))-$((2 * k + 1)) --provider tcp --poll busy \
+            >"$OUT/fo-server$k.out" 2>"$OUT/fo-server$k.log" &
+        pids="$pids $!"; addrs="$addrs,127.0.0.1:$((7490 + k))"
+    done
+    addrs="${addrs#,}"
+    sleep 2
+    for fo in 0 1 0 1; do
+        TALLY_FAILOVER=$fo timeout -k 5 300 "$TALLY" bench allreduce --servers "$addrs" --provider tcp --ranks 8 --rank-cores 8-15 \
+            --poll busy --mode agg --sizes 4K,1M,64M --iters 20 --warmup 3 --json >"$OUT/fo$fo-$RANDOM.json" 2>>"$OUT/fo.err" || say "FAILED (fo.err)"
+    done
+    kill $pids 2>/dev/null; wait $pids 2>/dev/null
+    python3 - "$OUT" <<'PY' | tee -a "$S"
+import json, sys, glob, os
+rows = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "fo[01]-*.json"))):
+    fo = os.path.basename(f)[2]
+    try:
+        for r in json.load(open(f))["results"]:
+            rows.setdefault((r["bytes"], fo), []).append(r)
+    except Exception as e:
+        print(f"{f}: {e}")
+for b in sorted({k[0] for k in rows}):
+    off, on = rows.get((b, "0"), []), rows.get((b, "1"), [])
+    fmt = lambda rs: " / ".join(f"{r['p50_us']:.0f}" for r in rs)
+    wrong = sum(r["wrong"] for r in off + on)
+    ratio = (sum(r["p50_us"] for r in on) / len(on)) / (sum(r["p50_us"] for r in off) / len(off)) if on and off else float("nan")
+    print(f"{b:>9} B: p50 us failover off {fmt(off)}, on {fmt(on)}; on/off {ratio:.2f}; wrong {wrong}")
+PY
 fi
 
 if has demo; then

@@ -25,7 +25,11 @@
 //! that ranks that had not noticed report too) and, once every rank
 //! reported the same set, sends every rank a [`Recover`] carrying the
 //! largest boundary and all the reports. The ranks then agree, each on its
-//! own and identically, on what to redo (see `client::failover`).
+//! own and identically, on what to redo (see `client::failover`). A lost
+//! server that comes back is joined anew with a [`Hello`] flagged
+//! [`Hello::REJOIN`]; once every rank is in, it asks each for its boundary
+//! (`Rejoin`), and the [`SwitchAt`] it sends names the operation from which
+//! the job uses it again.
 //!
 //! Every message is a fixed-size `#[repr(C)]` plain-old-data struct whose
 //! size is pinned by a compile-time assertion, and starts with the same

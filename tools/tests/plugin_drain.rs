@@ -32,7 +32,7 @@ fn value(r: usize, i: usize, round: usize, k: usize) -> f32 {
     (r + i % 97 + round + k) as f32
 }
 
-fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, progress: &AtomicUsize) {
+fn rank_main(p: &Plugin, r: usize, n: usize, rounds: usize, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, progress: &AtomicUsize) {
     let t = p.coll11;
     let mut ctx = null();
     // SAFETY: valid out-pointer; the logger matches NCCL's calling convention.
@@ -63,7 +63,7 @@ fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>,
         mhs.push((a, b));
     }
     let t0 = Instant::now();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         for (k, s) in sends.iter_mut().enumerate() {
             for (i, v) in s.iter_mut().enumerate() {
                 *v = value(r, i, round, k);
@@ -140,6 +140,8 @@ fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>,
 enum Stop {
     Term,
     Kill,
+    /// SIGKILL, then the server restarted on its port: the job takes it back.
+    KillRestart,
 }
 
 fn drain_through_the_plugin(p: &Plugin, provider: &str) {
@@ -163,12 +165,15 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     let barrier = Barrier::new(n);
     let progress = AtomicUsize::new(0);
     let (mut killed, mut exited) = (None, None);
+    // Long enough, with a restart, for the job to take the server back and use it.
+    let rounds = if stop == Stop::KillRestart { 1000 } else { ROUNDS };
+    let mut back = None;
     let t0 = Instant::now();
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
                 let (handles, barrier, progress) = (&handles, &barrier, &progress);
-                s.spawn(move || rank_main(p, r, n, handles, barrier, progress))
+                s.spawn(move || rank_main(p, r, n, rounds, handles, barrier, progress))
             })
             .collect();
         while progress.load(Ordering::Relaxed) < KILL_AT && !hs.iter().any(|h| h.is_finished()) {
@@ -176,6 +181,7 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
             std::thread::sleep(Duration::from_millis(1));
         }
         let sig = if stop == Stop::Term { libc::SIGTERM } else { libc::SIGKILL };
+        let restart_args = [&common[..], &["--drain-timeout", "15"]].concat();
         // SAFETY: signalling our own child process, not yet reaped.
         unsafe { libc::kill(servers[1].child.id() as i32, sig) };
         killed = Some((Instant::now(), progress.load(Ordering::Relaxed)));
@@ -185,6 +191,12 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        if stop == Stop::KillRestart {
+            let at = Instant::now();
+            servers[1] = ServerProcess::start_on(&addrs[1], &restart_args);
+            let ok = servers[1].wait_log("rejoined: every rank uses this server again", Duration::from_secs(30));
+            back = Some((ok, at.elapsed(), progress.load(Ordering::Relaxed)));
+        }
         for h in hs {
             h.join().expect("rank thread");
         }
@@ -192,6 +204,17 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     std::env::remove_var("TALLY_SERVERS");
     let log = servers[1].log.lock().unwrap().join("\n");
     let (killed_at, killed_round) = killed.unwrap();
+    if let Some((ok, took, round)) = back {
+        let log = servers[1].log.lock().unwrap().join("\n");
+        eprintln!("REJOIN plugin ({provider}): killed at round {killed_round}, restarted and taken back after {took:?} at round {round} of {rounds}; loop {:?}", t0.elapsed());
+        assert!(ok, "the restarted server was not taken back:\n{log}");
+        assert!(round + 200 < rounds, "taken back at round {round} of {rounds}: too late to show it was used");
+        assert!(
+            servers[1].wait_log("every rank finished", Duration::from_secs(10)),
+            "the restarted server did not carry the job to its end:\n{log}"
+        );
+        return;
+    }
     if stop == Stop::Kill {
         let (st, _, _) = exited.expect("killed");
         let leader = servers[0].log.lock().unwrap().join("\n");
@@ -222,6 +245,12 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
 fn collnet_all_reduces_carry_on_when_a_server_is_killed() {
     let p = load();
     stop_under_the_plugin(&p, "tcp", Stop::Kill);
+}
+
+#[test]
+fn collnet_takes_a_killed_server_back_once_it_restarts() {
+    let p = load();
+    stop_under_the_plugin(&p, "tcp", Stop::KillRestart);
 }
 
 #[test]

@@ -49,6 +49,13 @@
 //!    rank that has not yet issued operation j+1 (its caller waits for j)
 //!    could never fill a slot queued behind j+1's chunks on a shared stream.
 //!
+//! Rejoin: once a recovery is over, a background thread ([`Watcher`]) tries
+//! to reach the lost servers; one that answers again (restarted on its
+//! address) gets a Hello flagged REJOIN for the same job, admits it once
+//! every rank is back, and asks each rank for its boundary: from the
+//! largest, K, operations are cut over its new streams too (streams carry
+//! the operations from `born` to before `died`; every rank agrees on both).
+//!
 //! Limits: a second loss while a recovery's items are in flight fails the
 //! job with an error saying so (a loss during the agreement is fine: it
 //! just grows the set); a rank that finished and said Bye before the loss
