@@ -511,6 +511,7 @@ impl Client {
                 .ok_or_else(|| ClientError::Connect { server: server.clone(), error: "no address".into() })?;
             let mut s = connect_retry(&addr, self.cfg.timeout).map_err(|e| ClientError::Connect { server: server.clone(), error: e })?;
             let _ = s.set_nodelay(true);
+            keepalive(&s);
             s.write_all(bytemuck::bytes_of(&hello)).map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
             controls.push(s);
         }
@@ -522,7 +523,7 @@ impl Client {
         for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
-            let answer = self.answer(server, s, &hello, join_started)?;
+            let answer = self.answer(server, s, &hello, join_started, true)?;
             let (tag, names, piece_elems) = match answer {
                 Ok(a) => a,
                 // Every rank of the sub-job gets this same answer from a
@@ -596,13 +597,16 @@ impl Client {
     /// Reads a server's answer to `hello` on `s`. A server that is busy
     /// (too many connections in their handshake, as in a join storm) says
     /// so at once: join again after a jittered backoff, until the join
-    /// deadline. Ok(Err(reject)): the server refused the job.
+    /// deadline; so does one whose connection broke before it answered, if
+    /// `rejoin_broken` (a server restarting under a job's start). Ok(Err(reject)):
+    /// the server refused the job.
     fn answer(
         &self,
         server: &str,
         s: &mut TcpStream,
         hello: &Hello,
         join_started: Instant,
+        rejoin_broken: bool,
     ) -> Result<Result<(u16, Vec<EndpointName>, u32), Box<Reject>>, ClientError> {
         let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
         let mut tries = 0u32;
@@ -632,7 +636,7 @@ impl Client {
                 // The connection broke before the answer (the server died or
                 // restarts): join again, as after `busy`, until the deadline.
                 // Every rank of the job then meets the server's next life.
-                Err(Answer::Io(e)) if join_started.elapsed() + Duration::from_millis(100) < self.cfg.timeout => {
+                Err(Answer::Io(e)) if rejoin_broken && join_started.elapsed() + Duration::from_millis(100) < self.cfg.timeout => {
                     tries += 1;
                     let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.timeout.saturating_sub(join_started.elapsed()));
                     log::info!("server {server}: the join broke off ({e}); joining again in {pause:?}");
@@ -1350,12 +1354,35 @@ fn join_backoff(tries: u32, rank: u32) -> Duration {
     Duration::from_millis(cap_ms / 2 + x % (cap_ms / 2 + 1))
 }
 
+/// TCP keepalive on a job's control connection, probing after 2 s idle,
+/// every second, 3 times: a server whose host went away or whose link is
+/// down is noticed in about 5 s (the connection fails, and failover takes
+/// over), where TCP alone would wait for minutes. A SIGKILLed server's
+/// kernel closes the connection at once; this is for hosts that vanish.
+pub(crate) fn keepalive(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let fd = s.as_raw_fd();
+    for (level, name, value) in [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 2),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+    ] {
+        let v: libc::c_int = value;
+        // SAFETY: fd is an open socket owned by `s`; v is a c_int whose size is passed.
+        unsafe {
+            libc::setsockopt(fd, level, name, (&v as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+        };
+    }
+}
+
 /// A new control connection to `server` with the same Hello.
 fn hello_again(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
     let err = |e: String| ClientError::Connect { server: server.to_string(), error: e };
     let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
     let mut s = connect_retry(&addr, timeout.max(Duration::from_millis(100))).map_err(err)?;
     let _ = s.set_nodelay(true);
+    keepalive(&s);
     s.write_all(bytemuck::bytes_of(hello)).map_err(|e| err(e.to_string()))?;
     Ok(s)
 }

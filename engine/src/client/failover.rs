@@ -734,6 +734,7 @@ impl Client {
                 let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
                 let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| err(e.to_string()))?;
                 let _ = c.set_nodelay(true);
+                super::keepalive(&c);
                 c.write_all(bytemuck::bytes_of(&hello)).map_err(|e| err(e.to_string()))?;
                 conns.push((si, c));
             }
@@ -742,7 +743,8 @@ impl Client {
             let mut controls = Vec::new();
             for (si, mut c) in conns {
                 let server = self.cfg.servers[si].clone();
-                match self.answer(&server, &mut c, &hello, started)? {
+                // A survivor that breaks off now is dying too: fail, do not wait.
+                match self.answer(&server, &mut c, &hello, started, false)? {
                     Ok((_, _, granted)) if granted != 0 && (granted as usize) < chunk_elems => {
                         log::warn!("server {server} grants the redo job pieces of {granted} elements, fewer than the job's {chunk_elems}: not used for it");
                     }
@@ -991,6 +993,7 @@ impl Client {
             let Some(mut hello) = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes()) else { continue };
             hello.flags = Hello::REJOIN;
             let _ = conn.set_nodelay(true);
+            super::keepalive(&conn);
             if conn.write_all(bytemuck::bytes_of(&hello)).is_ok() && conn.set_nonblocking(true).is_ok() {
                 log::info!("server {} answers again: taking it back into job {:#x}", self.cfg.servers[si], spec.job_id);
                 self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept });
