@@ -565,12 +565,14 @@ impl Client {
             && self.cfg.servers.len() > 1
             && self.cfg.servers.len() <= 64
             && self.cfg.window <= 32
-            && !self.ep.in_order_sends()
-            && !self.ep.needs_local_mr();
+            && !self.ep.in_order_sends();
         if self.cfg.failover && self.cfg.servers.len() > 1 && !can_fail_over && self.subs.is_empty() {
-            log::info!("failover is off for this client: {} completes sends in order or wants registered buffers", self.ep.provider());
+            log::info!("failover is off for this client: {} completes sends in order", self.ep.provider());
         }
-        let stage = can_fail_over.then(|| Stage::new(streams.len(), self.cfg.window as usize, chunk_elems * dtype.size()));
+        let stage = match can_fail_over {
+            true => Some(Stage::new(streams.len(), self.cfg.window as usize, chunk_elems * dtype.size(), &mut self.ep)?),
+            false => None,
+        };
         let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
         let pacing = (0..self.cfg.servers.len()).map(|_| Pacing { in_flight: 0, waiting: VecDeque::with_capacity(per_server) }).collect();
         let gens = vec![Gen { set: (0..streams.len()).collect() }];
@@ -1017,7 +1019,7 @@ impl Client {
             // SAFETY: the staging slot of (stream, seq) holds a whole piece
             // and is the target of this receive only (slots cycle over twice
             // the window, see `Stage`); it lives as long as the sub-job.
-            unsafe { self.ep.recv(stage.slot(st, seq), len, None, Some(stream.addr), tag, 0, ctx) }
+            unsafe { self.ep.recv(stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), tag, 0, ctx) }
         } else {
             // SAFETY: as above; each chunk's range of `recv` has one receive.
             unsafe { self.ep.recv(op.recv.add(off), len, op.mh_recv, Some(stream.addr), tag, 0, ctx) }

@@ -61,13 +61,15 @@
 //! just grows the set); a rank that finished and said Bye before the loss
 //! cannot take part, so the leader ends the job. Failover is on for jobs
 //! with two to 64 servers and a window of at most 32 (`TALLY_FAILOVER=0`
-//! turns it off), on providers that need no local registration and that
-//! complete sends independently. Not on shm: it completes an endpoint's
+//! turns it off), on providers that complete sends independently (the
+//! staging area is registered where the provider wants local buffers
+//! registered, as EFA does: untested there so far). Not on shm: it completes an endpoint's
 //! sends in order (see `fabric::endpoint`), so one send the dead server
 //! never took blocks every later send completion of the rank for good.
 //! shm is one host's transport, where servers and ranks die together
 //! anyway; tcp;ofi_rxm and EFA complete sends per peer.
 use super::{Client, ClientError, Flight, Op, Stream, SubJob};
+use crate::fabric::{Endpoint, MemoryHandle};
 use crate::reduce::{DataType, ReduceOp};
 use crate::wire::{self, Hello, JobSpec};
 use std::collections::VecDeque;
@@ -93,10 +95,12 @@ pub struct Stage {
     meta: Vec<Held>,
 }
 
-/// One stream's staging slots.
+/// One stream's staging slots (registered where the provider wants local
+/// buffers registered, as EFA does).
 struct Block {
     ptr: *mut u8,
     layout: std::alloc::Layout,
+    mh: Option<MemoryHandle>,
 }
 
 impl Drop for Block {
@@ -118,14 +122,16 @@ struct Held {
 }
 
 impl Stage {
-    pub fn new(streams: usize, window: usize, piece: usize) -> Stage {
+    /// Slots for `streams` streams; registered on `ep` if it wants local
+    /// buffers registered.
+    pub fn new(streams: usize, window: usize, piece: usize, ep: &mut Endpoint) -> Result<Stage, ClientError> {
         let mut s = Stage { blocks: Vec::new(), piece, slots: 2 * window, meta: Vec::new() };
-        s.add(streams);
-        s
+        s.add(streams, ep)?;
+        Ok(s)
     }
 
     /// Slots for `n` more streams.
-    pub fn add(&mut self, n: usize) {
+    pub fn add(&mut self, n: usize, ep: &mut Endpoint) -> Result<(), ClientError> {
         for _ in 0..n {
             let layout = std::alloc::Layout::from_size_align((self.slots * self.piece).max(64), 64).expect("staging layout");
             // SAFETY: the layout has a non-zero size.
@@ -133,9 +139,34 @@ impl Stage {
             if ptr.is_null() {
                 std::alloc::handle_alloc_error(layout);
             }
-            self.blocks.push(Block { ptr, layout });
+            let mut block = Block { ptr, layout, mh: None };
+            if ep.needs_local_mr() {
+                // SAFETY: the block stays allocated while registered: the
+                // endpoint closes its registrations before the sub-jobs'
+                // stages drop (field order of Client), and redo stages are
+                // deregistered before they drop (`maybe_end_round`).
+                let mh = unsafe { ep.register(ptr, layout.size()) }
+                    .map_err(|e| ClientError::Fabric(format!("registering the staging area: {e}")))?;
+                block.mh = Some(mh);
+            }
+            self.blocks.push(block);
         }
         self.meta.resize(self.blocks.len() * self.slots, Held::default());
+        Ok(())
+    }
+
+    /// The registration of stream `st`'s slots, where the provider wants one.
+    #[inline(always)]
+    pub fn mh(&self, st: usize) -> Option<MemoryHandle> {
+        self.blocks[st].mh
+    }
+
+    fn deregister(&mut self, ep: &mut Endpoint) {
+        for b in &mut self.blocks {
+            if let Some(mh) = b.mh.take() {
+                let _ = ep.deregister(mh);
+            }
+        }
     }
 
     /// The slot of sequence `seq` on stream `st`.
@@ -283,8 +314,10 @@ pub struct Round {
     /// verdict: only while the round is being set up).
     queued: usize,
     jobs: Vec<RedoJob>,
-    /// A piece of the sum's identity for this data type.
+    /// A piece of the sum's identity for this data type, and its
+    /// registration where the provider wants one.
     identity: Vec<u8>,
+    identity_mh: Option<MemoryHandle>,
     done: usize,
 }
 
@@ -509,6 +542,7 @@ impl Client {
             queued: 0,
             jobs: Vec::new(),
             identity: identity(dtype, piece),
+            identity_mh: None,
             done: 0,
         });
         let lost: Vec<usize> = std::mem::take(&mut s.fo.fresh);
@@ -591,6 +625,14 @@ impl Client {
                 server: self.server_names(!dead & ((1u64 << self.cfg.servers.len()) - 1)),
                 reject: format!("the recovery of job {job:#x} from losing {} failed: {e}", self.server_names(new)),
             });
+        }
+        if self.ep.needs_local_mr() {
+            let r = self.subs[sub].fo.round.as_mut().unwrap();
+            // SAFETY: the identity piece lives in the round, which
+            // deregisters it before it drops (`maybe_end_round`).
+            let mh = unsafe { self.ep.register(r.identity.as_mut_ptr(), r.identity.len()) }
+                .map_err(|e| ClientError::Fabric(format!("registering the identity piece: {e}")))?;
+            r.identity_mh = Some(mh);
         }
         self.classify(sub)?;
         log::info!(
@@ -767,7 +809,7 @@ impl Client {
             jobs.push(RedoJob {
                 queue: (0..n).map(|_| VecDeque::new()).collect(),
                 flights: vec![RedoFlight::default(); n * REDO_WINDOW as usize],
-                stage: Stage::new(n, REDO_WINDOW as usize / 2, chunk_elems * dtype.size()),
+                stage: Stage::new(n, REDO_WINDOW as usize / 2, chunk_elems * dtype.size(), &mut self.ep)?,
                 streams,
                 controls,
                 assigned: 0,
@@ -825,9 +867,12 @@ impl Client {
         let stream = &rj.streams[k];
         let tag = wire::Tag::new(stream.job_tag, w as u16, f.seq).0;
         let res = if is_send {
-            let src = match it.holder {
-                Some(h) if h == self.cfg.rank => s.stage.as_ref().unwrap().slot(it.st, it.seq) as *const u8,
-                Some(_) => r.identity.as_ptr(),
+            let (src, mh) = match it.holder {
+                Some(h) if h == self.cfg.rank => {
+                    let stage = s.stage.as_ref().unwrap();
+                    (stage.slot(it.st, it.seq) as *const u8, stage.mh(it.st))
+                }
+                Some(_) => (r.identity.as_ptr(), r.identity_mh),
                 None => {
                     let op = self
                         .ops
@@ -835,18 +880,18 @@ impl Client {
                         .find(|o| o.id == it.op)
                         .ok_or_else(|| ClientError::Fabric("recovery: an item's operation is gone".into()))?;
                     // SAFETY: off + len lies inside the operation's input (contract of `start`).
-                    unsafe { op.send.add(it.off) }
+                    (unsafe { op.send.add(it.off) }, op.mh_send)
                 }
             };
             // SAFETY: src holds len bytes (a staged result, the identity
             // piece, or the caller's input) that stay put until the send
             // completes: staged results of a lost stream are never
             // overwritten, and the operation cannot complete before its item.
-            unsafe { self.ep.send(src, it.len, None, stream.addr, tag, ctx) }
+            unsafe { self.ep.send(src, it.len, mh, stream.addr, tag, ctx) }
         } else {
             // SAFETY: the redo job's staging slot w of stream k, a whole
             // piece, the target of this receive only.
-            unsafe { self.ep.recv(rj.stage.slot(k, w as u32), it.len, None, Some(stream.addr), tag, 0, ctx) }
+            unsafe { self.ep.recv(rj.stage.slot(k, w as u32), it.len, rj.stage.mh(k), Some(stream.addr), tag, 0, ctx) }
         };
         match res {
             Ok(()) => Ok(()),
@@ -928,6 +973,12 @@ impl Client {
             return Ok(());
         }
         let mut r = self.subs[sub].fo.round.take().unwrap();
+        for rj in &mut r.jobs {
+            rj.stage.deregister(&mut self.ep);
+        }
+        if let Some(mh) = r.identity_mh.take() {
+            let _ = self.ep.deregister(mh);
+        }
         let bye = wire::Header::new(wire::Kind::Bye);
         for rj in &mut r.jobs {
             for c in &mut rj.controls {
@@ -1122,7 +1173,7 @@ impl Client {
                 s.streams.extend(added);
                 s.flights.resize(s.streams.len() * window, Flight::default());
                 if let Some(stage) = s.stage.as_mut() {
-                    stage.add(n);
+                    stage.add(n, &mut self.ep)?;
                 }
                 s.fo.rejoins[i].phase = RejoinPhase::Question;
                 Ok(true)
