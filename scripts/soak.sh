@@ -65,6 +65,7 @@ cleanup() {
         kill -TERM "$(cat "$f")" 2>/dev/null || true
     done
     wait 2>/dev/null || true
+    [[ "${PASSED:-0}" == 1 ]] && rm -rf "$WORK"
 }
 trap cleanup EXIT
 
@@ -251,4 +252,4 @@ if [[ "$wrong" -ne 0 || $clean_fail -ne 0 || $hangs -ne 0 || $after_fail -ne 0 |
     exit 1
 fi
 echo "soak: passed"
-rm -rf "$WORK"
+PASSED=1

@@ -382,6 +382,12 @@ fn identity(dtype: DataType, piece: usize) -> Vec<u8> {
 }
 
 impl Client {
+    /// Whether the first sub-job survives the loss of a server (several
+    /// servers, failover on, a provider that completes sends per peer).
+    pub fn can_fail_over(&self) -> bool {
+        self.subs.first().is_some_and(|s| s.stage.is_some())
+    }
+
     /// Failover counters of the first sub-job.
     pub fn failover_stats(&self) -> FailoverStats {
         self.stats
