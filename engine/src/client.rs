@@ -1091,18 +1091,16 @@ impl Client {
                 let (chunk, seq) = (f.chunk, f.seq);
                 *f = Flight::default();
                 let st = fi / window;
-                if s.stage.is_some() {
-                    if let Some(op) = self.ops.iter().find(|o| o.id == op_id) {
-                        failover::land(s, op, st, seq, chunk);
-                    }
-                }
-                let s = &mut self.subs[sub];
                 let stream = &mut s.streams[st];
                 while stream.head_seq != stream.next_seq && s.flights[st * window + stream.head_slot as usize].op == 0 {
                     stream.head_seq = stream.head_seq.wrapping_add(1);
                     stream.head_slot = (stream.head_slot + 1) % window as u32;
                 }
                 if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
+                    if s.stage.is_some() {
+                        // One search for the operation serves both.
+                        failover::land(s, &self.ops[pos], st, seq, chunk);
+                    }
                     self.ops[pos].done += 1;
                     if self.ops[pos].done == self.ops[pos].chunks {
                         if let Some(op) = self.ops.remove(pos) {

@@ -453,12 +453,11 @@ impl Client {
                     p.waiting.clear();
                 }
             }
+            // Posts waiting for a retry on the lost streams are dropped too.
+            let (per_sub, redo_base, streams) = (self.per_sub, self.redo_base(), &self.subs[sub].streams);
             self.retry.retain(|&ctx| {
-                let (csub, local) = ((ctx / self.per_sub) as usize, ctx % self.per_sub);
-                csub != sub || local >= self.per_sub - REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 || {
-                    let st = (local >> 1) as usize / window;
-                    new & (1u64 << self.subs[sub].streams[st].server) == 0
-                }
+                let (csub, local) = ((ctx / per_sub) as usize, ctx % per_sub);
+                csub != sub || local >= redo_base || !streams[(local >> 1) as usize / window].lost
             });
         }
         let s = &self.subs[sub];
