@@ -6,7 +6,7 @@ use std::{env, path::PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/fabric/wrapper.h");
+    println!("cargo:rerun-if-changed=src/dataplane/fabric/wrapper.h");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
     if env::var_os("CARGO_FEATURE_FABRIC").is_none() {
         return;
@@ -20,7 +20,7 @@ fn main() {
         ),
     };
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    let header = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("src/fabric/wrapper.h");
+    let header = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("src/dataplane/fabric/wrapper.h");
     let includes: Vec<String> = lib.include_paths.iter().map(|p| format!("-I{}", p.display())).collect();
     let bindings = bindgen::Builder::default()
         .header(header.to_str().unwrap())

@@ -11,7 +11,7 @@
 //! time per slab for `slab_map_4k_pages`.
 use divan::counter::ItemsCount;
 use divan::{black_box, Bencher};
-use tally_engine::server::alloc::RangeAlloc;
+use tally_engine::control::alloc::RangeAlloc;
 use tally_engine::server::REGION_ALIGN;
 use tally_engine::slab::{HugepagePolicy, Slab, SlabConfig};
 

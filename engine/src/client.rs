@@ -51,7 +51,7 @@
 //! Operations are asynchronous underneath ([`Client::start`] and
 //! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
 //! is the blocking convenience.
-use crate::fabric::{
+use crate::dataplane::fabric::{
     select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
 };
 use crate::reduce::{DataType, ReduceOp};
@@ -89,8 +89,14 @@ pub struct ClientConfig {
     pub provider: Option<String>,
     /// Local address for the fabric endpoint (tcp), e.g. this host's address on the servers' network.
     pub fabric_addr: Option<String>,
-    /// Bound on joining (all ranks must arrive) and on an all-reduce making no progress.
+    /// Bound on an all-reduce making no progress.
     pub timeout: Duration,
+    /// Bound on joining: all ranks must arrive, and a server that says
+    /// `busy` (a join storm) is tried again with jittered backoff until
+    /// then. Default from TALLY_JOIN_TIMEOUT_S, else 120 s: the ranks of a
+    /// thousand-node job start over a minute or more. (The server has its
+    /// own, `join_timeout_s`, for all ranks to arrive.)
+    pub join_timeout: Duration,
     /// Spin this many empty polls before sleeping on the CQ.
     pub spin_polls: u32,
     /// Longest sleep on the CQ (ms) before polling again. Traffic wakes the
@@ -131,6 +137,9 @@ impl ClientConfig {
             provider: None,
             fabric_addr: None,
             timeout: Duration::from_secs(30),
+            join_timeout: Duration::from_secs(
+                std::env::var("TALLY_JOIN_TIMEOUT_S").ok().and_then(|v| v.trim().parse().ok()).filter(|&s| s > 0).unwrap_or(120),
+            ),
             spin_polls: 2048,
             sleep_ms: 1,
             send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
@@ -143,7 +152,7 @@ impl ClientConfig {
 
 /// A positive size from the environment (K/M/G suffixes), if set and valid.
 fn env_size(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| crate::units::parse_size(&v).ok()).map(|v| v as usize).filter(|&v| v > 0)
+    std::env::var(name).ok().and_then(|v| crate::host::units::parse_size(&v).ok()).map(|v| v as usize).filter(|&v| v > 0)
 }
 
 #[derive(Debug)]
@@ -440,7 +449,7 @@ impl Client {
             wait_object: true,
         };
         let ep = Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")))?;
-        crate::lcore::precise_naps();
+        crate::dataplane::lcore::precise_naps();
         let name = ep.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
         Ok(Client {
             token,
@@ -509,7 +518,8 @@ impl Client {
                 .map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?
                 .next()
                 .ok_or_else(|| ClientError::Connect { server: server.clone(), error: "no address".into() })?;
-            let mut s = connect_retry(&addr, self.cfg.timeout).map_err(|e| ClientError::Connect { server: server.clone(), error: e })?;
+            let mut s =
+                connect_retry(&addr, self.cfg.join_timeout).map_err(|e| ClientError::Connect { server: server.clone(), error: e })?;
             let _ = s.set_nodelay(true);
             keepalive(&s);
             s.write_all(bytemuck::bytes_of(&hello)).map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
@@ -610,41 +620,41 @@ impl Client {
         join_started: Instant,
         rejoin_broken: bool,
     ) -> Result<Result<(u16, Vec<EndpointName>, u32), Box<Reject>>, ClientError> {
-        let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+        let _ = s.set_read_timeout(Some(self.cfg.join_timeout + Duration::from_secs(5)));
         let mut tries = 0u32;
         loop {
             match read_answer(s) {
                 Ok(a) => return Ok(Ok(a)),
                 Err(Answer::Rejected(r)) if r.code() == Some(RejectCode::Busy) => {
                     let waited = join_started.elapsed();
-                    if waited >= self.cfg.timeout {
+                    if waited >= self.cfg.join_timeout {
                         return Err(ClientError::Refused {
                             server: server.to_string(),
                             reject: format!(
-                                "{r} (retried {tries} times for {:.1} s, until the join deadline of {:.0} s: TALLY_TIMEOUT_S)",
+                                "{r} (retried {tries} times for {:.1} s, until the join deadline of {:.0} s: TALLY_JOIN_TIMEOUT_S)",
                                 waited.as_secs_f64(),
-                                self.cfg.timeout.as_secs_f64()
+                                self.cfg.join_timeout.as_secs_f64()
                             ),
                         });
                     }
                     tries += 1;
-                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.timeout - waited);
+                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.join_timeout - waited);
                     log::debug!("server {server} is busy ({r}); joining again in {pause:?} (try {tries})");
                     std::thread::sleep(pause);
-                    *s = hello_again(server, hello, self.cfg.timeout.saturating_sub(join_started.elapsed()))?;
-                    let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+                    *s = hello_again(server, hello, self.cfg.join_timeout.saturating_sub(join_started.elapsed()))?;
+                    let _ = s.set_read_timeout(Some(self.cfg.join_timeout + Duration::from_secs(5)));
                 }
                 Err(Answer::Rejected(r)) => return Ok(Err(r)),
                 // The connection broke before the answer (the server died or
                 // restarts): join again, as after `busy`, until the deadline.
                 // Every rank of the job then meets the server's next life.
-                Err(Answer::Io(e)) if rejoin_broken && join_started.elapsed() + Duration::from_millis(100) < self.cfg.timeout => {
+                Err(Answer::Io(e)) if rejoin_broken && join_started.elapsed() + Duration::from_millis(100) < self.cfg.join_timeout => {
                     tries += 1;
-                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.timeout.saturating_sub(join_started.elapsed()));
+                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.join_timeout.saturating_sub(join_started.elapsed()));
                     log::info!("server {server}: the join broke off ({e}); joining again in {pause:?}");
                     std::thread::sleep(pause);
-                    *s = hello_again(server, hello, self.cfg.timeout.saturating_sub(join_started.elapsed()))?;
-                    let _ = s.set_read_timeout(Some(self.cfg.timeout + Duration::from_secs(5)));
+                    *s = hello_again(server, hello, self.cfg.join_timeout.saturating_sub(join_started.elapsed()))?;
+                    let _ = s.set_read_timeout(Some(self.cfg.join_timeout + Duration::from_secs(5)));
                 }
                 Err(Answer::Io(e)) => return Err(ClientError::Connect { server: server.to_string(), error: e }),
             }

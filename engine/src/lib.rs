@@ -15,27 +15,25 @@ pub mod reduce;
 pub mod wire;
 
 #[cfg(feature = "std")]
-pub mod config;
-#[cfg(feature = "std")]
-pub mod cpuset;
-#[cfg(feature = "std")]
-pub mod units;
+pub mod host;
 
 #[cfg(feature = "fabric")]
 pub mod bootstrap;
 #[cfg(feature = "fabric")]
 pub mod client;
 #[cfg(feature = "fabric")]
-pub mod fabric;
+pub mod control;
 #[cfg(feature = "fabric")]
-pub mod hugepages;
-#[cfg(feature = "fabric")]
-pub mod lcore;
-#[cfg(feature = "fabric")]
-pub mod metrics;
+pub mod dataplane;
 #[cfg(feature = "fabric")]
 pub mod ring;
 #[cfg(feature = "fabric")]
 pub mod server;
+
+// The paths the tools, the plugin and the tests have always used.
 #[cfg(feature = "fabric")]
-pub mod slab;
+pub use dataplane::{fabric, lcore, metrics, slab};
+#[cfg(feature = "fabric")]
+pub use host::hugepages;
+#[cfg(feature = "std")]
+pub use host::{config, cpuset, units};

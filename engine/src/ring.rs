@@ -64,11 +64,11 @@
 //! Nothing on the per-chunk path allocates: the lanes, slots and completion
 //! array are sized at [`Ring::new`].
 use crate::bootstrap::{Bootstrap, BootstrapError};
-use crate::fabric::{
+use crate::dataplane::fabric::{
     Completion, Endpoint, EndpointConfig, EndpointName, FabricError, Hints, MemoryHandle, PeerAddr, PollError, PostError, MAX_NAME_LEN,
 };
+use crate::dataplane::slab::{Slab, SlabConfig};
 use crate::reduce::{DataType, Kernels, ReduceOp};
-use crate::slab::{Slab, SlabConfig};
 use std::fmt;
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,5 @@
 //! libfabric 1.17 shm provider quirks that tally works around in
-//! `engine/src/fabric`, each shown on real endpoints.
+//! `engine/src/dataplane/fabric`, each shown on real endpoints.
 use std::time::{Duration, Instant};
 use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, Hints, PollError, PostError};
 

@@ -70,7 +70,7 @@ if [ -z "${TALLY_SERVERS:-}" ]; then
     token=${TALLY_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
     srv_log="${LOG%.log}.server"
     # The server and the plugin set the same rxm eager limit (rxm peers must
-    # agree on FI_OFI_RXM_EAGER_LIMIT: engine/src/fabric/defaults.rs).
+    # agree on FI_OFI_RXM_EAGER_LIMIT: engine/src/dataplane/fabric/defaults.rs).
     TALLY_TOKEN=$token tally server --listen 127.0.0.1:7400 --lcores "$LCORES" --provider "$TALLY_PROVIDER" --poll adaptive \
         --metrics 127.0.0.1:9400 >"$srv_log.out" 2>"$srv_log.log" &
     server_pid=$!

@@ -48,6 +48,16 @@ pub struct ServerArgs {
     /// Seconds a client may take to finish its handshake (default 10).
     #[arg(long, value_name = "SECONDS")]
     pub handshake_timeout: Option<u64>,
+    /// Seconds all ranks of a job have to join, from the first (default 120).
+    #[arg(long, value_name = "SECONDS")]
+    pub join_timeout: Option<u64>,
+    /// Most connections in their handshake at once (default 16384; when full, the
+    /// oldest of the address holding the most is evicted).
+    #[arg(long, value_name = "N")]
+    pub max_handshakes: Option<u32>,
+    /// Most connections in their handshake at once from one address (default 256).
+    #[arg(long, value_name = "N")]
+    pub max_handshakes_per_source: Option<u32>,
     /// TOML configuration file; flags given here override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -73,6 +83,9 @@ impl ServerArgs {
             op_timeout_s: self.op_timeout,
             idle_timeout_s: self.idle_timeout,
             handshake_timeout_s: self.handshake_timeout,
+            join_timeout_s: self.join_timeout,
+            max_handshakes: self.max_handshakes,
+            max_handshakes_per_source: self.max_handshakes_per_source,
             drain_timeout_s: self.drain_timeout,
             ..Default::default()
         };

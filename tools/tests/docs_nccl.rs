@@ -748,7 +748,7 @@ fn named_files_exist_and_load() {
 fn tally_variables_exist() {
     let md = read(DOC);
     let mut code = String::new();
-    for dir in ["ffi-plugin/src", "engine/src", "engine/src/server", "engine/src/fabric", "tools/src"] {
+    for dir in ["ffi-plugin/src", "engine/src", "engine/src/server", "engine/src/dataplane/fabric", "tools/src"] {
         for e in std::fs::read_dir(repo().join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "rs") {
@@ -812,10 +812,10 @@ fn quoted_figures_hold() {
     assert!(md.contains(&format!("`idle_timeout_s` ({} on c7gn", c7gn.idle_timeout_s)));
 
     // Messages the page quotes, as the code writes them.
-    let control = read("engine/src/server/control.rs");
+    let control = read("engine/src/control/mod.rs");
     let client = read("engine/src/client.rs");
     let wire = read("engine/src/wire.rs");
-    let budget = read("engine/src/server/budget.rs");
+    let budget = read("engine/src/control/budget.rs");
     for (file, text, quoted) in [
         (&control, "refused: wrong or missing token (job {:#x}, rank {})", "refused: wrong or missing token (job 0x..., rank 1)"),
         (&control, "job {:#x} refused: {e}", "job 0x... refused: window 32 x 1024 ranks x 4 KiB piece"),

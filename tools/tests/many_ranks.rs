@@ -11,36 +11,13 @@
 //! issue asks for), which checks every element and reports wrong ones in
 //! its JSON.
 mod common;
-use common::ServerProcess;
-use std::process::{Command, Stdio};
+use common::{bench, ServerProcess};
 use std::time::Duration;
 use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
 
 fn server(slab: &str) -> ServerProcess {
     ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", slab])
-}
-
-/// Runs `tally bench allreduce --servers ADDR --mode agg --json ARGS` to its
-/// end and returns its rows, after checking that it succeeded and that no
-/// element of any all-reduce was wrong.
-fn bench(addr: &str, args: &[&str]) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(["bench", "allreduce", "--servers", addr, "--provider", "tcp", "--mode", "agg", "--json", "--timeout", "60"])
-        .args(args)
-        .env("TALLY_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run tally bench allreduce");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "tally bench allreduce {}: {}\n{stderr}", args.join(" "), out.status);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the JSON report");
-    let rows = report["results"].as_array().expect("results").clone();
-    for r in &rows {
-        assert_eq!(r["wrong"], 0, "{r}");
-    }
-    rows
 }
 
 #[test]

@@ -3,10 +3,8 @@
 //! what the clients sent; `tally stats --once --json` reads the same
 //! endpoint.
 mod common;
-use common::ServerProcess;
-use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use common::{get, scrape, sum, ServerProcess};
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, ReduceOp};
@@ -19,35 +17,6 @@ const JOB: u64 = 0x77;
 /// A port that was free a moment ago (the server binds it right after).
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn get(addr: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    (head.to_string(), body.to_string())
-}
-
-/// Every sample of a scrape, keyed by the series text (`name{labels}`).
-fn scrape(addr: &str) -> HashMap<String, f64> {
-    let (head, body) = get(addr, "/metrics");
-    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (k, v) = l.rsplit_once(' ').unwrap();
-            (k.to_string(), v.parse::<f64>().unwrap_or_else(|_| panic!("bad value in {l:?}")))
-        })
-        .collect()
-}
-
-/// Sum of every series of metric `name` whose labels contain `with`.
-fn sum(m: &HashMap<String, f64>, name: &str, with: &str) -> f64 {
-    m.iter().filter(|(k, _)| k.split('{').next() == Some(name) && k.contains(with)).map(|(_, v)| v).sum()
 }
 
 fn rank(addr: String, rank: u32) -> std::thread::JoinHandle<()> {

@@ -69,7 +69,7 @@
 //! shm is one host's transport, where servers and ranks die together
 //! anyway; tcp;ofi_rxm and EFA complete sends per peer.
 use super::{Client, ClientError, Flight, Op, Stream, SubJob};
-use crate::fabric::{Endpoint, MemoryHandle};
+use crate::dataplane::fabric::{Endpoint, MemoryHandle};
 use crate::reduce::{DataType, ReduceOp};
 use crate::wire::{self, Hello, JobSpec};
 use std::collections::VecDeque;
@@ -900,7 +900,7 @@ impl Client {
         };
         match res {
             Ok(()) => Ok(()),
-            Err(crate::fabric::PostError::Again) => {
+            Err(crate::dataplane::fabric::PostError::Again) => {
                 self.retry.push(ctx);
                 Ok(())
             }
@@ -1168,7 +1168,8 @@ impl Client {
                     let off = hdr.len() + k * core::mem::size_of::<wire::NameRecord>();
                     let rec: wire::NameRecord = wire::read(&msg[off..]).map_err(|e| ClientError::Fabric(e.to_string()))?;
                     let name = rec.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
-                    let name = crate::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?;
+                    let name =
+                        crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?;
                     let addr = self.ep.insert_peer(&name).map_err(|e| ClientError::Fabric(e.to_string()))?;
                     // It carries nothing until the switch names its first operation.
                     added.push(Stream { born: u64::MAX, ..Stream::new(addr, si, a.job_tag) });
@@ -1229,7 +1230,7 @@ impl Client {
     /// An error completion: from a lost server's stream, expected (canceled);
     /// from a live server's, that server is lost to this job (if it can fail
     /// over); from a redo job, a second loss.
-    pub(super) fn on_error_completion(&mut self, e: crate::fabric::CompletionError) -> Result<(), ClientError> {
+    pub(super) fn on_error_completion(&mut self, e: crate::dataplane::fabric::CompletionError) -> Result<(), ClientError> {
         let Some(ctx) = e.context else { return Err(ClientError::Fabric(e.to_string())) };
         let (sub, local) = ((ctx / self.per_sub) as usize, ctx % self.per_sub);
         if sub >= self.subs.len() {

@@ -3,7 +3,7 @@
 //!
 //! [`Server::start`] pins one lcore per configured core. Each builds, on its
 //! own thread, its endpoint, its slab (registered once) and a
-//! [`shard::ShardWorker`], then runs the poll loop in [`crate::lcore`].
+//! [`shard::ShardWorker`], then runs the poll loop in [`crate::dataplane::lcore`].
 //! The control plane ([`control`]) listens on TCP, validates handshakes,
 //! gathers a job's ranks, carves the job a region in every lcore's slab
 //! (with a piece size that fits its share: [`budget`]) and hands it to the
@@ -16,77 +16,22 @@
 //! (or the drain timeout ended the rest); `tally server` then exits.
 //!
 //! With `metrics` configured, a third kind of thread serves the lcores'
-//! counters and the per-job counter blocks ([`crate::metrics`]) over HTTP in
+//! counters and the per-job counter blocks ([`crate::dataplane::metrics`]) over HTTP in
 //! the Prometheus text format; it only reads.
-pub mod alloc;
-pub mod budget;
-pub mod control;
-pub mod shard;
+pub use crate::control;
+pub use crate::dataplane::shard::{self, Command, Event};
 
-use crate::config::ServerConfig;
-use crate::cpuset::CoreList;
-use crate::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
-use crate::lcore::{self, LcoreSet, PollMode, Snapshot};
-use crate::metrics::{MetricsServer, MetricsTable};
+use crate::dataplane::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
+use crate::dataplane::lcore::{self, LcoreSet, PollMode, Snapshot};
+use crate::dataplane::metrics::{ControlCounters, MetricsServer, MetricsTable};
+use crate::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
+use crate::host::config::ServerConfig;
+use crate::host::cpuset::CoreList;
 use crate::reduce::Kernels;
-use crate::slab::{HugepagePolicy, Slab, SlabConfig};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-
-/// Control plane to lcore.
-pub enum Command {
-    AddJob(Box<shard::JobOnShard>),
-    EndJob {
-        index: u16,
-    },
-    /// A rank of the job closed its control connection without finishing
-    /// (its process died or dropped its client): what is still queued to
-    /// it on a connection-based provider will never be taken.
-    RankGone {
-        index: u16,
-        rank: u32,
-    },
-}
-
-/// Messages to the control plane, from lcores and connection threads.
-pub enum Event {
-    Conn(control::ConnEvent),
-    JobReady {
-        lcore: usize,
-        tag: u16,
-    },
-    JobFailed {
-        lcore: usize,
-        tag: u16,
-        reason: String,
-    },
-    /// The lcore is done with the job; `stuck` operations never completed
-    /// (their region and job slot must not be reused).
-    JobEnded {
-        lcore: usize,
-        tag: u16,
-        stuck: u32,
-    },
-    LcoreError {
-        lcore: usize,
-        reason: String,
-    },
-    /// The provider reported that this lcore's connection to a rank of the
-    /// job failed: the rank is gone for every lcore (see `Command::RankGone`).
-    RankGone {
-        tag: u16,
-        rank: u32,
-    },
-    /// A job this lcore had reported ended with operations stuck in flight
-    /// got all of them back at last (e.g. its peers' connections finally
-    /// failed): its region and job slot may be reused.
-    JobReleased {
-        lcore: usize,
-        tag: u16,
-    },
-}
 
 /// Granularity of slab regions: pages, so regions never share one.
 pub const REGION_ALIGN: usize = 4096;
@@ -128,10 +73,21 @@ impl Server {
                 1u64 << 22
             ));
         }
-        let listener = TcpListener::bind(&cfg.listen).map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+        let listener = control::listen(&cfg.listen)?;
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        crate::host::limits::raise_open_files(cfg);
+        // The control plane's epoll loop exists before the lcores, so that
+        // their events can wake it.
+        let counters = Arc::new(ControlCounters::default());
+        let net =
+            control::conn::Connections::new(listener, control::rules(cfg)?, counters.clone()).map_err(|e| format!("control plane: {e}"))?;
+        let waker = net.waker();
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            let _ = waker.wake();
+        });
 
         let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+        let ev_tx = shard::EventSender::new(ev_tx, wake);
         let mut cmd_txs = Vec::new();
         let mut cmd_rxs = Vec::new();
         for _ in 0..cfg.lcores.len() {
@@ -155,7 +111,7 @@ impl Server {
                 hints.domain = Some(nic.clone());
             }
             let ecfg = EndpointConfig { hints, cq_size: 0, contexts: contexts as u32, wait_object: mode.wants_wait_object() };
-            let mut ep = crate::fabric::Endpoint::open(&ecfg).map_err(|e| format!("{setup_provider}: {e}"))?;
+            let mut ep = crate::dataplane::fabric::Endpoint::open(&ecfg).map_err(|e| format!("{setup_provider}: {e}"))?;
             let mut scfg = SlabConfig::new(format!("lcore {}", info.id), REGION_ALIGN, slab_size / REGION_ALIGN);
             scfg.policy = policy;
             scfg.page_aligned_slots = true;
@@ -200,24 +156,24 @@ impl Server {
             Some(addr) => {
                 let stats: Vec<_> = lcores.lcores().iter().map(|l| l.stats.clone()).collect();
                 let jobs2 = jobs.clone();
+                let counters = counters.clone();
                 let m = MetricsServer::start(addr, move || {
                     let snaps: Vec<Snapshot> = stats.iter().map(|s| s.snapshot()).collect();
                     let infos = jobs2.lock().unwrap().clone();
-                    crate::metrics::render(&snaps, &table, &infos)
+                    crate::dataplane::metrics::render(&snaps, &table, &infos, &counters)
                 })?;
                 log::info!("metrics on http://{}/metrics", m.local_addr());
                 Some(m)
             }
         };
         let (drain_requested, drained) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, ev_tx, jobs.clone(), table_for_control)?
+        drop(ev_tx); // the lcores hold theirs
+        let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)?
             .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
             .with_drain(drain_requested.clone(), drained.clone());
         let stop2 = stop.clone();
-        let control = std::thread::Builder::new()
-            .name("tally-control".into())
-            .spawn(move || plane.run(listener, ev_rx, stop2))
-            .map_err(|e| e.to_string())?;
+        let control =
+            std::thread::Builder::new().name("tally-control".into()).spawn(move || plane.run(ev_rx, stop2)).map_err(|e| e.to_string())?;
         log::info!("tally server listening on {local_addr}: {} lcores on cores {}, provider {provider}", cfg.lcores.len(), cfg.lcores);
         Ok(Server {
             lcores: Some(lcores),

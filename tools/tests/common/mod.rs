@@ -1,7 +1,9 @@
 //! Shared by the integration tests: a real `tally server` process.
 #![allow(dead_code)]
 pub mod jobloop;
-use std::io::{BufRead, BufReader};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tally_engine::client::{Client, ClientConfig};
@@ -73,6 +75,21 @@ impl ServerProcess {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// A line of the process's /proc status (`Threads`, `VmRSS` in kB, ...).
+    pub fn status(&self, key: &str) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("the server's /proc status");
+        let line = text.lines().find(|l| l.starts_with(&format!("{key}:"))).unwrap_or_else(|| panic!("no {key} in /proc status"));
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("a number")
+    }
+
+    /// Where it serves /metrics (started with `--metrics ADDR`), from its log.
+    pub fn metrics_addr(&self) -> String {
+        assert!(self.wait_log("metrics on http://", Duration::from_secs(10)), "the server serves no metrics");
+        let log = self.log.lock().unwrap();
+        let line = log.iter().find(|l| l.contains("metrics on http://")).unwrap();
+        line.split("http://").nth(1).unwrap().trim_end_matches("/metrics").to_string()
     }
 
     /// SIGTERM, and wait for a clean exit.
@@ -151,4 +168,56 @@ pub fn join_all(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) {
     for h in hs {
         h.join().expect("rank thread").unwrap();
     }
+}
+
+/// One HTTP GET: (head, body).
+pub fn get(addr: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.to_string(), body.to_string())
+}
+
+/// Every sample of a scrape, keyed by the series text (`name{labels}`).
+pub fn scrape(addr: &str) -> HashMap<String, f64> {
+    let (head, body) = get(addr, "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse::<f64>().unwrap_or_else(|_| panic!("bad value in {l:?}")))
+        })
+        .collect()
+}
+
+/// Sum of every series of metric `name` whose labels contain `with`.
+pub fn sum(m: &HashMap<String, f64>, name: &str, with: &str) -> f64 {
+    m.iter().filter(|(k, _)| k.split('{').next() == Some(name) && k.contains(with)).map(|(_, v)| v).sum()
+}
+
+/// Runs `tally bench allreduce --servers ADDR --mode agg --json ARGS` to its
+/// end and returns its rows, after checking that it succeeded and that no
+/// element of any all-reduce was wrong.
+pub fn bench(addr: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["bench", "allreduce", "--servers", addr, "--provider", "tcp", "--mode", "agg", "--json", "--timeout", "60"])
+        .args(args)
+        .env("TALLY_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tally bench allreduce");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tally bench allreduce {}: {}\n{stderr}", args.join(" "), out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the JSON report");
+    let rows = report["results"].as_array().expect("results").clone();
+    for r in &rows {
+        assert_eq!(r["wrong"], 0, "{r}");
+    }
+    rows
 }

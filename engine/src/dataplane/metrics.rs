@@ -2,7 +2,7 @@
 //! histograms, and their rendering in the Prometheus text format, served
 //! over a minimal HTTP endpoint.
 //!
-//! The rule is the one of [`crate::lcore::Counters`]: every counter has
+//! The rule is the one of [`crate::dataplane::lcore::Counters`]: every counter has
 //! exactly one writer (its lcore), which updates it with a plain
 //! load + store ([`bump`]); any other thread may read it at any time and
 //! sees a value at most one update old. Nothing on the data path allocates
@@ -20,8 +20,8 @@
 //! about 8.4 s, then +Inf): recording is a leading-zeros count and one
 //! store, and the rendering makes the buckets cumulative as Prometheus
 //! requires.
-use crate::lcore::{bump, Snapshot};
-use crate::server::control::JobInfo;
+use crate::dataplane::lcore::{bump, Snapshot};
+use crate::wire::RejectCode;
 use crossbeam_utils::CachePadded;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -131,6 +131,59 @@ impl MetricsTable {
     }
 }
 
+/// A job as the control plane publishes it (`Server::jobs`, `tally_jobs`):
+/// plain data, so that nothing here depends on the control plane's types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    pub job_id: u64,
+    pub tag: Option<u16>,
+    /// Its slot in every lcore's job table (and metrics table), once admitted.
+    pub index: Option<u16>,
+    pub nranks: u32,
+    pub joined: u32,
+    pub dtype: &'static str,
+    pub op: &'static str,
+    pub state: &'static str,
+}
+
+/// Reject codes are small numbers (wire.rs); one counter each.
+const REASONS: usize = 16;
+
+/// The control plane's counters: one writer (the control thread), any reader.
+#[derive(Default)]
+pub struct ControlCounters {
+    /// Connections in their handshake now.
+    pub handshakes: AtomicU64,
+    /// Connections past their handshake (ranks of jobs joining or running) now.
+    pub joined: AtomicU64,
+    /// Connections accepted since start.
+    pub accepted: AtomicU64,
+    /// Handshakes closed at their deadline since start.
+    pub handshake_timeouts: AtomicU64,
+    /// Connections or joins refused, by reject code.
+    refusals: [AtomicU64; REASONS],
+    /// A job's first join to its running (every lcore ready, Accepts sent).
+    pub join_to_running_buckets: [AtomicU64; BUCKETS + 1],
+    pub join_to_running_sum_ns: AtomicU64,
+}
+
+impl ControlCounters {
+    pub fn refused(&self, code: RejectCode) {
+        if let Some(c) = self.refusals.get(code as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn refusals(&self, code: RejectCode) -> u64 {
+        self.refusals.get(code as usize).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    pub fn record_join_to_running(&self, ns: u64) {
+        self.join_to_running_buckets[bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        self.join_to_running_sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
 /// An lcore series: name, type, help, and how to read it from a snapshot.
 type LcoreMetric = (&'static str, &'static str, &'static str, fn(&Snapshot) -> u64);
 /// A per-job counter series: name, help, and its value from a block.
@@ -139,7 +192,7 @@ type JobMetric = (&'static str, &'static str, fn(&JobCounters) -> f64);
 /// Renders everything in the Prometheus text exposition format (0.0.4).
 /// `lcores` are the lcores' counter snapshots in lcore order; `jobs` what
 /// the control plane publishes.
-pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> String {
+pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], control: &ControlCounters) -> String {
     let mut o = String::with_capacity(4096);
     let lcore_metrics: [LcoreMetric; 7] = [
         ("tally_lcore_polls_total", "counter", "Completion-queue polls.", |s| s.polls),
@@ -166,8 +219,32 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo]) -> St
         let _ = writeln!(o, "tally_jobs{{state=\"{state}\"}} {}", jobs.iter().filter(|j| j.state == state).count());
     }
 
-    // Blocks that ever served a job, with their labels.
     let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let control_gauges: [(&str, &str, &str, u64); 4] = [
+        ("tally_control_handshakes", "gauge", "Control connections in their handshake.", r(&control.handshakes)),
+        ("tally_control_joined", "gauge", "Control connections past their handshake (ranks joining or running).", r(&control.joined)),
+        ("tally_control_accepted_total", "counter", "Control connections accepted.", r(&control.accepted)),
+        ("tally_control_handshake_timeouts_total", "counter", "Handshakes closed at their deadline.", r(&control.handshake_timeouts)),
+    ];
+    for (name, kind, help, v) in control_gauges {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    }
+    let name = "tally_control_refusals_total";
+    let _ = writeln!(o, "# HELP {name} Connections and joins refused, by reason.\n# TYPE {name} counter");
+    for code in (0..REASONS as u16).filter_map(RejectCode::from_u16) {
+        let _ = writeln!(o, "{name}{{reason=\"{}\"}} {}", code.name().replace(' ', "_"), control.refusals(code));
+    }
+    let h = "tally_control_join_to_running_seconds";
+    let _ = writeln!(o, "# HELP {h} From a job's first join to its running.\n# TYPE {h} histogram");
+    let mut cum = 0u64;
+    for i in 0..BUCKETS {
+        cum += r(&control.join_to_running_buckets[i]);
+        let _ = writeln!(o, "{h}_bucket{{le=\"{}\"}} {cum}", bucket_le_seconds(i));
+    }
+    cum += r(&control.join_to_running_buckets[BUCKETS]);
+    let _ = writeln!(o, "{h}_bucket{{le=\"+Inf\"}} {cum}\n{h}_sum {}\n{h}_count {cum}", r(&control.join_to_running_sum_ns) as f64 * 1e-9);
+
+    // Blocks that ever served a job, with their labels.
     let blocks: Vec<(String, &JobCounters)> = (0..table.lcores)
         .flat_map(|l| (0..table.max_jobs).map(move |j| (l, j)))
         .map(|(l, j)| (l, j, table.job(l, j)))
@@ -324,7 +401,7 @@ mod tests {
         for ns in [500, 1500, 3000, 3000, 100_000_000_000] {
             t.job(1, 2).record_round(ns);
         }
-        let text = render(&[Snapshot::default(), Snapshot::default()], &t, &[]);
+        let text = render(&[Snapshot::default(), Snapshot::default()], &t, &[], &ControlCounters::default());
         let l = "job=\"0xab\",index=\"2\",lcore=\"1\"";
         assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000001\"}} 1\n")), "{text}");
         assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000004\"}} 4\n")), "{text}");

@@ -1,8 +1,13 @@
 //! The control plane: handshakes, job admission, job teardown.
 //!
-//! One thread owns all control state; connection threads only read a
-//! client's Hello (with a deadline), check it, and report; after that they
-//! wait for the connection to close. A job is admitted once all its ranks
+//! One thread owns all control state and every control connection: an
+//! epoll loop ([`conn`]) reads each client's Hello (with a deadline, under
+//! the admission limits of [`admission`]), checks it, and hands the job
+//! logic here a join; afterwards it parses the rank's few messages (Bye,
+//! Boundary, Lost) into events and writes the answers from per-connection
+//! out-buffers. The thread count does not grow with connections: a server
+//! runs its lcores, this thread and a constant few more. Lcores report
+//! through a channel and wake the loop. A job is admitted once all its ranks
 //! joined with matching parameters: it gets an index (its slot in every
 //! lcore's job table), a tag (index plus a generation, so a late message of
 //! an old job can never match a new one) and a region in each lcore's slab.
@@ -32,79 +37,35 @@
 //! the job then stays until it ends. When no job is left, or at the drain
 //! timeout (which ends the jobs still here with a reject saying so), the
 //! control plane reports the drain done and the process exits.
-use super::alloc::RangeAlloc;
-use super::shard::JobOnShard;
-use super::{Command, Event, REGION_ALIGN};
-use crate::config::ServerConfig;
-use crate::fabric::EndpointName;
-use crate::metrics::MetricsTable;
-use crate::wire::{
-    self, Accept, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, TOKEN_BYTES,
-};
+pub mod alloc;
+pub mod budget;
+
+use crate::dataplane::fabric::EndpointName;
+use crate::dataplane::metrics::{ControlCounters, MetricsTable};
+use crate::dataplane::shard::{Command, Event, JobOnShard};
+use crate::host::config::ServerConfig;
+use crate::server::REGION_ALIGN;
+use crate::wire::{self, Accept, Boundary, Drain, Header, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, TOKEN_BYTES};
+use alloc::RangeAlloc;
 use bytemuck::Zeroable;
+use conn::{ConnEvent, Connections, Joining, Rules};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// What `Server::jobs` reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobInfo {
-    pub job_id: u64,
-    pub tag: Option<u16>,
-    /// Its slot in every lcore's job table (and metrics table), once admitted.
-    pub index: Option<u16>,
-    pub nranks: u32,
-    pub joined: u32,
-    pub dtype: &'static str,
-    pub op: &'static str,
-    pub state: &'static str,
-}
+pub mod admission;
+pub mod conn;
 
-/// A rank that completed its handshake.
-pub struct Joining {
-    /// The rank takes this (restarted) server back into a running job.
-    rejoin: bool,
-    conn: u64,
-    peer: SocketAddr,
-    spec: JobSpec,
-    rank: u32,
-    name: EndpointName,
-    stream: TcpStream,
-}
+pub use crate::dataplane::metrics::JobInfo;
 
-/// Messages from connection threads.
-pub enum ConnEvent {
-    Join(Box<Joining>),
-    /// The rank finished cleanly.
-    Bye {
-        conn: u64,
-    },
-    /// The rank's answer to a Drain: its first operation not yet cut.
-    Boundary {
-        conn: u64,
-        next_op: u64,
-    },
-    /// The rank lost other servers of the job (this one leads the recovery).
-    Lost {
-        conn: u64,
-        dead: u64,
-        boundary: u64,
-        report: Vec<u8>,
-    },
-    Closed {
-        conn: u64,
-    },
-}
-
+/// A rank's control connection, as the job logic knows it.
 struct Conn {
     id: u64,
     rank: u32,
     peer: SocketAddr,
-    stream: TcpStream,
 }
 
 struct Pending {
@@ -113,6 +74,7 @@ struct Pending {
     conns: Vec<Option<Conn>>,
     names: Vec<Option<EndpointName>>,
     joined: u32,
+    first_join: Instant,
     deadline: Instant,
 }
 
@@ -146,6 +108,8 @@ struct Active {
     recovery: Option<JobRecovery>,
     /// Admitted as a rejoin: the ranks run the job already, elsewhere.
     rejoin: bool,
+    /// When its first rank joined (for the join-to-running time).
+    first_join: Instant,
 }
 
 /// A running job's recovery from losing other servers, led by this server:
@@ -187,12 +151,14 @@ struct Quarantine {
 
 pub struct ControlPlane {
     limits: Limits,
-    token: Option<[u8; TOKEN_BYTES]>,
-    handshake_timeout: Duration,
     join_timeout: Duration,
     names: Vec<EndpointName>,
     lcores: Vec<Sender<Command>>,
-    conn_tx: Sender<Event>,
+    /// Every control connection (the epoll loop).
+    net: Connections,
+    counters: Arc<ControlCounters>,
+    /// Something published changed since the last publish.
+    dirty: bool,
     pending: HashMap<u64, Pending>,
     active: Vec<Option<Active>>,
     generation: Vec<u8>,
@@ -208,8 +174,6 @@ pub struct ControlPlane {
     /// None: jobs may idle forever.
     idle_timeout: Option<Duration>,
     next_idle_check: Instant,
-    /// Connections in their handshake now (bounded by [`MAX_HANDSHAKES`]).
-    in_handshake: Arc<std::sync::atomic::AtomicUsize>,
     /// Per lcore: its counters (read only), the poll count last seen, when
     /// it last moved, and whether the lcore is reported stuck.
     watchdog: Vec<Watch>,
@@ -222,7 +186,7 @@ pub struct ControlPlane {
 }
 
 struct Watch {
-    stats: Arc<crate::lcore::LcoreStats>,
+    stats: Arc<crate::dataplane::lcore::LcoreStats>,
     polls: u64,
     moved: Instant,
     stuck: bool,
@@ -233,13 +197,9 @@ struct Watch {
 /// holding it). Every lcore polls at least every few milliseconds, idle or not.
 pub const LCORE_STUCK_AFTER: Duration = Duration::from_secs(5);
 
-static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
-
-/// Connections allowed in their handshake at once. Each costs a thread and a
-/// Hello-sized buffer for at most the handshake timeout; past this many a new
-/// connection is refused at once, so a flood of silent or garbage
-/// connections costs bounded memory and time.
-pub const MAX_HANDSHAKES: usize = 256;
+/// The longest the loop sleeps: how soon it sees a drain request, a stop,
+/// and the timers that are not handshake deadlines.
+const TICK: Duration = Duration::from_millis(20);
 
 /// Reads the shared token: token_file if configured, else TALLY_TOKEN.
 fn load_token(cfg: &ServerConfig) -> Result<Option<[u8; TOKEN_BYTES]>, String> {
@@ -253,28 +213,64 @@ fn load_token(cfg: &ServerConfig) -> Result<Option<[u8; TOKEN_BYTES]>, String> {
     }
 }
 
+/// Binds the control port, with a backlog deep enough for a thousand ranks
+/// connecting in the same millisecond (std's is 128; past the backlog a
+/// connection waits out a SYN retransmit, a second or more).
+pub fn listen(addr: &str) -> Result<std::net::TcpListener, String> {
+    use std::net::ToSocketAddrs;
+    let at = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("cannot listen on {addr}: no address"))?;
+    let bind = || -> std::io::Result<std::net::TcpListener> {
+        let s = socket2::Socket::new(socket2::Domain::for_address(at), socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+        s.set_reuse_address(true)?;
+        s.bind(&at.into())?;
+        s.listen(LISTEN_BACKLOG)?;
+        Ok(s.into())
+    };
+    bind().map_err(|e| format!("cannot listen on {addr}: {e}"))
+}
+
+/// The kernel caps it at net.core.somaxconn (4096 on current kernels).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// What a handshake is checked against, from the configuration.
+pub fn rules(cfg: &ServerConfig) -> Result<Rules, String> {
+    let token = load_token(cfg)?;
+    if token.is_none() {
+        log::warn!("no token configured (TALLY_TOKEN or token_file): any client that can reach this server may join jobs");
+    }
+    let n = cfg.lcores.len() as u32;
+    Ok(Rules {
+        limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n },
+        token,
+        handshake_timeout: Duration::from_secs(cfg.handshake_timeout_s.max(1)),
+        max_handshakes: cfg.max_handshakes as usize,
+        max_handshakes_per_source: cfg.max_handshakes_per_source,
+    })
+}
+
 impl ControlPlane {
     pub fn new(
         cfg: &ServerConfig,
         names: Vec<EndpointName>,
         lcores: Vec<Sender<Command>>,
-        conn_tx: Sender<Event>,
+        net: Connections,
+        counters: Arc<ControlCounters>,
         published: Arc<Mutex<Vec<JobInfo>>>,
         metrics: MetricsTable,
     ) -> Result<ControlPlane, String> {
-        let token = load_token(cfg)?;
-        if token.is_none() {
-            log::warn!("no token configured (TALLY_TOKEN or token_file): any client that can reach this server may join jobs");
-        }
         let n = cfg.lcores.len();
         Ok(ControlPlane {
             limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n as u32 },
-            token,
-            handshake_timeout: Duration::from_secs(cfg.handshake_timeout_s.max(1)),
-            join_timeout: Duration::from_secs(cfg.op_timeout_s.max(1)),
+            join_timeout: Duration::from_secs(cfg.join_timeout_s.max(1)),
             names,
             lcores,
-            conn_tx,
+            net,
+            counters,
+            dirty: true,
             pending: HashMap::new(),
             active: (0..cfg.max_jobs).map(|_| None).collect(),
             generation: vec![0; cfg.max_jobs as usize],
@@ -285,7 +281,6 @@ impl ControlPlane {
             metrics,
             idle_timeout: (cfg.idle_timeout_s > 0).then(|| Duration::from_secs(cfg.idle_timeout_s)),
             next_idle_check: Instant::now(),
-            in_handshake: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             watchdog: Vec::new(),
             drain_timeout: Duration::from_secs(cfg.drain_timeout_s),
             drain_requested: Arc::new(AtomicBool::new(false)),
@@ -302,7 +297,7 @@ impl ControlPlane {
     }
 
     /// Watches the lcores' poll counters (see [`LCORE_STUCK_AFTER`]).
-    pub fn with_watchdog(mut self, stats: Vec<Arc<crate::lcore::LcoreStats>>) -> ControlPlane {
+    pub fn with_watchdog(mut self, stats: Vec<Arc<crate::dataplane::lcore::LcoreStats>>) -> ControlPlane {
         let now = Instant::now();
         self.watchdog = stats.into_iter().map(|stats| Watch { polls: stats.snapshot().polls, stats, moved: now, stuck: false }).collect();
         self
@@ -342,131 +337,47 @@ impl ControlPlane {
         self.watchdog.iter().take(shards as usize).position(|w| w.stuck)
     }
 
-    /// The control thread's loop, until `stop`.
-    pub fn run(mut self, listener: TcpListener, events: Receiver<Event>, stop: Arc<AtomicBool>) {
-        if let Err(e) = listener.set_nonblocking(true) {
-            log::error!("control plane: {e}");
-            return;
-        }
+    /// The control thread's loop, until `stop`: set-up is done (the listener
+    /// and every lcore are up); each turn waits in epoll for connections or
+    /// an lcore's wake-up, at most until the next deadline, then runs the
+    /// timers. Tear-down is [`ControlPlane::shut_down`].
+    pub fn run(mut self, events: Receiver<Event>, stop: Arc<AtomicBool>) {
+        let mut happened = Vec::new();
         while !stop.load(Ordering::Relaxed) {
-            loop {
-                match listener.accept() {
-                    Ok((stream, peer)) => self.spawn_handshake(stream, peer),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        log::warn!("accept: {e}");
-                        break;
-                    }
-                }
+            let now = Instant::now();
+            let next = self.pending.values().map(|p| p.deadline).min().map_or(TICK, |d| d.saturating_duration_since(now).min(TICK));
+            self.net.turn(next, &mut happened);
+            for ev in happened.drain(..) {
+                self.on_conn(ev);
             }
-            match events.recv_timeout(Duration::from_millis(20)) {
-                Ok(ev) => {
-                    self.handle(ev);
-                    while let Ok(ev) = events.try_recv() {
-                        self.handle(ev);
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+            while let Ok(ev) = events.try_recv() {
+                self.handle(ev);
             }
-            self.expire_pending();
+            let now = Instant::now();
+            self.expire_pending(now);
             self.expire_idle();
-            self.check_lcores(Instant::now());
-            self.check_drain(Instant::now());
+            self.check_lcores(now);
+            self.check_drain(now);
+            if std::mem::take(&mut self.dirty) {
+                self.publish();
+            }
         }
         self.shut_down(&events);
     }
 
-    fn spawn_handshake(&self, mut stream: TcpStream, peer: SocketAddr) {
-        if self.in_handshake.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
-            self.in_handshake.fetch_sub(1, Ordering::AcqRel);
-            log::warn!("{peer}: refused: {MAX_HANDSHAKES} connections already in their handshake");
-            let r = Reject::new(RejectCode::Busy, "", "too many connections in their handshake; try again later");
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = stream.write_all(bytemuck::bytes_of(&r));
-            return;
+    fn on_conn(&mut self, ev: ConnEvent) {
+        match ev {
+            ConnEvent::Join(j) => self.join(*j),
+            ConnEvent::Bye { conn } => self.bye(conn),
+            ConnEvent::Boundary { conn, next_op } => self.boundary(conn, next_op),
+            ConnEvent::Lost { conn, dead, boundary, report } => self.lost(conn, dead, boundary, report),
+            ConnEvent::Closed { conn } => self.closed(conn),
         }
-        let (tx, limits, token, timeout) = (self.conn_tx.clone(), self.limits, self.token, self.handshake_timeout);
-        let counter = self.in_handshake.clone();
-        let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-        let r = std::thread::Builder::new().name(format!("tally-conn-{conn}")).spawn(move || {
-            let joined = handshake(stream, peer, conn, &limits, token.as_ref(), timeout);
-            counter.fetch_sub(1, Ordering::AcqRel);
-            if let Some(j) = joined {
-                let mut stream = match j.stream.try_clone() {
-                    Ok(s) => s,
-                    Err(_) => return,
-                };
-                if tx.send(Event::Conn(ConnEvent::Join(Box::new(j)))).is_err() {
-                    return;
-                }
-                // After the handshake a client sends Boundary answers (only
-                // when the server drains) and at most a Bye, then closes.
-                let _ = stream.set_read_timeout(None);
-                let mut b = [0u8; 32];
-                while stream.read_exact(&mut b[..8]).is_ok() {
-                    let kind = wire::read::<Header>(&b).map(|h| h.check());
-                    let Ok(Ok(kind)) = kind else {
-                        log::warn!("{peer}: unexpected bytes after the handshake; closing");
-                        break;
-                    };
-                    match (kind, kind.rank_message_bytes()) {
-                        (Kind::Bye, _) => {
-                            let _ = tx.send(Event::Conn(ConnEvent::Bye { conn }));
-                        }
-                        (Kind::Lost, Some(n)) => {
-                            if stream.read_exact(&mut b[8..n]).is_err() {
-                                break;
-                            }
-                            let lost = wire::read::<wire::Lost>(&b[..n]);
-                            let Ok(lost) = lost.and_then(|l| l.check().map(|_| l)) else {
-                                log::warn!("{peer}: malformed lost report; closing");
-                                break;
-                            };
-                            let mut report = vec![0u8; lost.report_len as usize];
-                            if stream.read_exact(&mut report).is_err() {
-                                break;
-                            }
-                            let ev = ConnEvent::Lost { conn, dead: lost.dead, boundary: lost.boundary, report };
-                            let _ = tx.send(Event::Conn(ev));
-                        }
-                        (Kind::Boundary, Some(n)) => {
-                            if stream.read_exact(&mut b[8..n]).is_err() {
-                                break;
-                            }
-                            match wire::read::<Boundary>(&b).map(|m| m.check()) {
-                                Ok(Ok(next_op)) => {
-                                    let _ = tx.send(Event::Conn(ConnEvent::Boundary { conn, next_op }));
-                                }
-                                _ => {
-                                    log::warn!("{peer}: malformed boundary; closing");
-                                    break;
-                                }
-                            }
-                        }
-                        _ => {
-                            log::warn!("{peer}: unexpected {kind:?} after the handshake; closing");
-                            break;
-                        }
-                    }
-                }
-                let _ = tx.send(Event::Conn(ConnEvent::Closed { conn }));
-            }
-        });
-        if let Err(e) = r {
-            self.in_handshake.fetch_sub(1, Ordering::AcqRel);
-            log::error!("cannot start a connection thread: {e}");
-        }
+        self.dirty = true;
     }
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Conn(ConnEvent::Join(j)) => self.join(*j),
-            Event::Conn(ConnEvent::Bye { conn }) => self.bye(conn),
-            Event::Conn(ConnEvent::Boundary { conn, next_op }) => self.boundary(conn, next_op),
-            Event::Conn(ConnEvent::Lost { conn, dead, boundary, report }) => self.lost(conn, dead, boundary, report),
-            Event::Conn(ConnEvent::Closed { conn }) => self.closed(conn),
             Event::JobReady { lcore, tag } => self.ready(lcore, tag),
             Event::JobFailed { lcore, tag, reason } => self.failed(lcore, tag, &reason),
             Event::JobEnded { lcore, tag, stuck } => self.ended(lcore, tag, stuck),
@@ -478,19 +389,19 @@ impl ControlPlane {
                 }
             }
         }
-        self.publish();
+        self.dirty = true;
     }
 
     fn join(&mut self, j: Joining) {
-        let Joining { rejoin, conn, peer, spec, rank, name, stream } = j;
-        let mut c = Conn { id: conn, rank, peer, stream };
+        let Joining { rejoin, conn, peer, spec, rank, name } = j;
+        let c = Conn { id: conn, rank, peer };
         if self.draining.is_some() {
             log::info!("{peer}: rank {rank} of job {:#x} refused: the server is draining", spec.job_id);
-            refuse(&mut c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
+            refuse(&mut self.net, &c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
             return;
         }
         if self.active.iter().flatten().any(|a| a.job_id == spec.job_id) {
-            refuse(&mut c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
+            refuse(&mut self.net, &c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
             return;
         }
         // Ranks waiting for their job to gather hold a thread each: bounded
@@ -498,7 +409,7 @@ impl ControlPlane {
         let waiting: u32 = self.pending.values().map(|p| p.joined).sum();
         if waiting >= self.limits.max_ranks * self.active.len() as u32 {
             log::warn!("{peer}: refused: {waiting} ranks already waiting for their jobs to gather");
-            refuse(&mut c, RejectCode::Busy, "", "too many ranks waiting for their jobs to gather; try again later");
+            refuse(&mut self.net, &c, RejectCode::Busy, "", "too many ranks waiting for their jobs to gather; try again later");
             return;
         }
         let nranks = spec.nranks as usize;
@@ -508,17 +419,18 @@ impl ControlPlane {
             conns: (0..nranks).map(|_| None).collect(),
             names: vec![None; nranks],
             joined: 0,
+            first_join: Instant::now(),
             deadline: Instant::now() + self.join_timeout,
         });
         if p.spec != spec || p.rejoin != rejoin {
             let field = if p.rejoin != rejoin { "flags" } else { mismatch_field(&p.spec, &spec) };
             log::warn!("{peer}: rank {rank} of job {:#x} disagrees with the other ranks on {field}", spec.job_id);
-            refuse(&mut c, RejectCode::JobMismatch, field, "differs from what other ranks of this job sent");
+            refuse(&mut self.net, &c, RejectCode::JobMismatch, field, "differs from what other ranks of this job sent");
             return;
         }
         if p.conns[rank as usize].is_some() {
             log::warn!("{peer}: rank {rank} of job {:#x} joined twice", spec.job_id);
-            refuse(&mut c, RejectCode::DuplicateRank, "rank", "this rank already joined the job");
+            refuse(&mut self.net, &c, RejectCode::DuplicateRank, "rank", "this rank already joined the job");
             return;
         }
         p.conns[rank as usize] = Some(c);
@@ -554,7 +466,7 @@ impl ControlPlane {
         }
         // The piece may be smaller than asked, so that the region fits (budget.rs).
         let asked = spec.chunk_elems;
-        let grant = match super::budget::grant(&spec, &self.allocs, REGION_ALIGN) {
+        let grant = match budget::grant(&spec, &self.allocs, REGION_ALIGN) {
             Ok(g) => g,
             Err(e) => {
                 log::warn!("job {:#x} refused: {e}", spec.job_id);
@@ -575,12 +487,12 @@ impl ControlPlane {
                     }
                     let msg = format!(
                         "the job needs {} per lcore (window {} x {} ranks x {} piece); lcore {l} has {} free of {}",
-                        crate::units::format_size(len as u64),
+                        crate::host::units::format_size(len as u64),
                         spec.window,
                         spec.nranks,
-                        crate::units::format_size(stride as u64),
-                        crate::units::format_size(largest as u64),
-                        crate::units::format_size(total as u64)
+                        crate::host::units::format_size(stride as u64),
+                        crate::host::units::format_size(largest as u64),
+                        crate::host::units::format_size(total as u64)
                     );
                     log::warn!("job {:#x} refused: {msg}", spec.job_id);
                     self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &msg);
@@ -621,6 +533,7 @@ impl ControlPlane {
             drain: None,
             recovery: None,
             rejoin: p.rejoin,
+            first_join: p.first_join,
         });
     }
 
@@ -634,7 +547,8 @@ impl ControlPlane {
 
     fn ready(&mut self, _lcore: usize, tag: u16) {
         let names = self.names.clone();
-        let Some((_, a)) = self.find(tag) else { return };
+        let Some((i, _)) = self.find(tag) else { return };
+        let a = self.active[i].as_mut().expect("found");
         a.ready += 1;
         if a.phase != Phase::Starting || a.ready < a.spec.shards {
             return;
@@ -654,12 +568,14 @@ impl ControlPlane {
             let rec = NameRecord::new(n.as_bytes()).unwrap_or_else(NameRecord::zeroed);
             msg.extend_from_slice(bytemuck::bytes_of(&rec));
         }
-        for c in &mut a.conns {
-            if let Err(e) = c.stream.write_all(&msg) {
+        for c in &a.conns {
+            if let Err(e) = self.net.send(c.id, &msg) {
                 log::warn!("job {:#x}: cannot send the accept to rank {} at {}: {e}", a.job_id, c.rank, c.peer);
             }
         }
-        log::info!("job {:#x}: running", a.job_id);
+        let took = a.first_join.elapsed();
+        self.counters.record_join_to_running(took.as_nanos() as u64);
+        log::info!("job {:#x}: running, {:.1?} after its first rank joined", a.job_id, took);
         if a.rejoin {
             // The ranks run it already: agree on the operation from which
             // they use this server again, as a drain does in reverse.
@@ -681,9 +597,9 @@ impl ControlPlane {
         }
         a.phase = Phase::Ending;
         let r = Reject::new(code, "", why);
-        for c in &mut a.conns {
-            let _ = c.stream.write_all(bytemuck::bytes_of(&r));
-            let _ = c.stream.shutdown(Shutdown::Both);
+        for c in &a.conns {
+            let _ = self.net.send(c.id, bytemuck::bytes_of(&r));
+            self.net.close(c.id);
         }
         for l in 0..a.spec.shards as usize {
             let _ = self.lcores[l].send(Command::EndJob { index: index as u16 });
@@ -835,7 +751,7 @@ impl ControlPlane {
             log::info!("job {id:#x} refused: the server is draining ({} of {} ranks had joined)", p.joined, p.spec.nranks);
             for c in p.conns.iter_mut().flatten() {
                 self.conn_job.remove(&c.id);
-                refuse(c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
+                refuse(&mut self.net, c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
             }
         }
         for i in running {
@@ -854,11 +770,11 @@ impl ControlPlane {
         }
         a.drain = Some(JobDrain { boundaries: vec![None; a.spec.nranks as usize], switch_at: None, rejoin: false });
         let msg = Drain::new(timeout_s);
-        for c in &mut a.conns {
+        for c in &a.conns {
             if a.done[c.rank as usize] {
                 continue;
             }
-            if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+            if let Err(e) = self.net.send(c.id, bytemuck::bytes_of(&msg)) {
                 log::warn!("job {:#x}: cannot tell rank {} at {} that the server drains: {e}", a.job_id, c.rank, c.peer);
             }
         }
@@ -870,8 +786,8 @@ impl ControlPlane {
         let Some(a) = self.active[i].as_mut() else { return };
         a.drain = Some(JobDrain { boundaries: vec![None; a.spec.nranks as usize], switch_at: None, rejoin: true });
         let msg = Header::new(Kind::Rejoin);
-        for c in &mut a.conns {
-            if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+        for c in &a.conns {
+            if let Err(e) = self.net.send(c.id, bytemuck::bytes_of(&msg)) {
                 log::warn!("job {:#x}: cannot ask rank {} at {} where it rejoins: {e}", a.job_id, c.rank, c.peer);
             }
         }
@@ -931,11 +847,11 @@ impl ControlPlane {
             log::info!("job {:#x}: every rank moves off this server from operation {k}", a.job_id);
         }
         let msg = SwitchAt::new(k);
-        for c in &mut a.conns {
+        for c in &a.conns {
             if a.done[c.rank as usize] {
                 continue;
             }
-            if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+            if let Err(e) = self.net.send(c.id, bytemuck::bytes_of(&msg)) {
                 log::warn!("job {:#x}: cannot send the switch to rank {} at {}: {e}", a.job_id, c.rank, c.peer);
             }
         }
@@ -959,9 +875,9 @@ impl ControlPlane {
             r.reports.iter_mut().for_each(|x| *x = None);
             log::warn!("job {job_id:#x}: rank {rank} lost servers {:#x}; the job recovers on the others (led here)", r.dead);
             let msg = wire::Failover::new(r.dead);
-            for c in &mut a.conns {
+            for c in &a.conns {
                 if !a.done[c.rank as usize] {
-                    if let Err(e) = c.stream.write_all(bytemuck::bytes_of(&msg)) {
+                    if let Err(e) = self.net.send(c.id, bytemuck::bytes_of(&msg)) {
                         log::warn!("job {job_id:#x}: cannot tell rank {} at {} of the failover: {e}", c.rank, c.peer);
                     }
                 }
@@ -1002,8 +918,8 @@ impl ControlPlane {
         }
         log::info!("job {job_id:#x}: every rank reported losing servers {:#x}; switching at operation {k}", r.dead);
         r.reports.iter_mut().for_each(|x| *x = None);
-        for c in &mut a.conns {
-            if let Err(e) = c.stream.write_all(&msg) {
+        for c in &a.conns {
+            if let Err(e) = self.net.send(c.id, &msg) {
                 log::warn!("job {job_id:#x}: cannot send the recovery to rank {} at {}: {e}", c.rank, c.peer);
             }
         }
@@ -1040,8 +956,7 @@ impl ControlPlane {
         }
     }
 
-    fn expire_pending(&mut self) {
-        let now = Instant::now();
+    fn expire_pending(&mut self, now: Instant) {
         let expired: Vec<u64> = self.pending.iter().filter(|(_, p)| p.deadline <= now).map(|(k, _)| *k).collect();
         for id in expired {
             let mut p = self.pending.remove(&id).unwrap();
@@ -1049,10 +964,10 @@ impl ControlPlane {
             log::warn!("job {id:#x} refused: {msg}");
             for c in p.conns.iter_mut().flatten() {
                 self.conn_job.remove(&c.id);
-                refuse(c, RejectCode::Timeout, "", &msg);
+                refuse(&mut self.net, c, RejectCode::Timeout, "", &msg);
             }
+            self.dirty = true;
         }
-        self.publish();
     }
 
     /// Ends running jobs that moved no bytes for the idle timeout.
@@ -1086,11 +1001,11 @@ impl ControlPlane {
     fn refuse_all(&mut self, conns: &mut [Conn], code: RejectCode, field: &str, msg: &str) {
         for c in conns {
             self.conn_job.remove(&c.id);
-            refuse(c, code, field, msg);
+            refuse(&mut self.net, c, code, field, msg);
         }
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         let mut v: Vec<JobInfo> = self
             .pending
             .values()
@@ -1131,26 +1046,30 @@ impl ControlPlane {
         for id in ids {
             let mut p = self.pending.remove(&id).unwrap();
             for c in p.conns.iter_mut().flatten() {
-                refuse(c, RejectCode::Shutdown, "", "the server is shutting down");
+                refuse(&mut self.net, c, RejectCode::Shutdown, "", "the server is shutting down");
             }
         }
         for i in 0..self.active.len() {
             self.end(i, RejectCode::Shutdown, "the server is shutting down");
         }
         let deadline = Instant::now() + Duration::from_secs(2);
+        let mut happened = Vec::new();
         while self.active.iter().any(Option::is_some) && Instant::now() < deadline {
-            if let Ok(ev) = events.recv_timeout(Duration::from_millis(20)) {
+            // Turning the loop writes the rejects out; lcore events come on the channel.
+            self.net.turn(Duration::from_millis(20), &mut happened);
+            happened.clear();
+            while let Ok(ev) = events.try_recv() {
                 self.handle(ev);
             }
         }
+        self.net.flush_all();
         self.publish();
     }
 }
 
-fn refuse(c: &mut Conn, code: RejectCode, field: &str, msg: &str) {
-    let r = Reject::new(code, field, msg);
-    let _ = c.stream.write_all(bytemuck::bytes_of(&r));
-    let _ = c.stream.shutdown(Shutdown::Both);
+/// Refuses a rank's join: the reject, then the close (counted by reason).
+fn refuse(net: &mut Connections, c: &Conn, code: RejectCode, field: &str, msg: &str) {
+    net.refuse(c.id, code, field, msg);
 }
 
 fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
@@ -1167,78 +1086,4 @@ fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
     } else {
         "shards"
     }
-}
-
-/// Reads and checks one Hello; answers bad ones with a Reject naming the
-/// field. Bounded in time (the handshake deadline) and memory (one Hello).
-fn handshake(
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    conn: u64,
-    limits: &Limits,
-    token: Option<&[u8; TOKEN_BYTES]>,
-    timeout: Duration,
-) -> Option<Joining> {
-    let _ = stream.set_read_timeout(Some(timeout));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-    let _ = stream.set_nodelay(true);
-    let mut buf = [0u8; core::mem::size_of::<Hello>()];
-    let mut got = 0;
-    let deadline = Instant::now() + timeout;
-    while got < buf.len() {
-        match stream.read(&mut buf[got..]) {
-            Ok(0) => {
-                if got > 0 {
-                    log::warn!("{peer}: connection closed after {got} bytes of a handshake");
-                }
-                return None;
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                log::warn!("{peer}: no complete handshake within {timeout:?} ({got} bytes); closing");
-                let r = Reject::new(RejectCode::Timeout, "", "handshake not completed in time");
-                let _ = stream.write_all(bytemuck::bytes_of(&r));
-                return None;
-            }
-        }
-        // A header that is already wrong is refused without waiting for the rest.
-        if got >= 8 {
-            let hdr: Header = wire::read(&buf).ok()?;
-            if let Err(e) = hdr.check().and_then(|k| if k == Kind::Hello { Ok(k) } else { Err(wire::WireError::BadKind(k as u16)) }) {
-                let field = match e {
-                    wire::WireError::BadMagic(_) => "magic",
-                    wire::WireError::BadVersion(_) => "version",
-                    _ => "kind",
-                };
-                log::warn!("{peer}: refused handshake: {e}");
-                let r = Reject::new(RejectCode::BadField, field, &e.to_string());
-                let _ = stream.write_all(bytemuck::bytes_of(&r));
-                return None;
-            }
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-    }
-    let hello: Hello = wire::read(&buf).ok()?;
-    if let Some(t) = token {
-        if !wire::token_eq(t, &hello.token) {
-            log::warn!("{peer}: refused: wrong or missing token (job {:#x}, rank {})", hello.job_id, hello.rank);
-            let r = Reject::new(RejectCode::Unauthorized, "token", "wrong or missing token");
-            let _ = stream.write_all(bytemuck::bytes_of(&r));
-            return None;
-        }
-    }
-    let spec = match hello.check(limits) {
-        Ok(s) => s,
-        Err(e) => {
-            log::warn!("{peer}: refused handshake: {}: {}", e.field, e.reason);
-            let r = Reject::new(RejectCode::BadField, e.field, e.reason);
-            let _ = stream.write_all(bytemuck::bytes_of(&r));
-            return None;
-        }
-    };
-    let name = EndpointName::from_bytes(hello.name())?;
-    Some(Joining { rejoin: hello.rejoin(), conn, peer, spec, rank: hello.rank, name, stream })
 }

@@ -31,7 +31,7 @@
 //! that all the memory is allocated there and then, not page by page on the
 //! data path. Linux places a page on the NUMA node of the CPU that first
 //! touches it, so `Slab::new` must be called **on the owning lcore's thread,
-//! after that thread is pinned** ([`crate::cpuset::pin_current_thread`]);
+//! after that thread is pinned** ([`crate::host::cpuset::pin_current_thread`]);
 //! the slab is then NUMA-local to the core that uses it. The memory is also
 //! locked (`mlock`, best effort) so that it is never paged out from under a
 //! registration, and marked `MADV_DONTFORK` so that a forked child (a data
@@ -43,8 +43,8 @@ use core::ptr::NonNull;
 use core::str::FromStr;
 use std::io;
 
-use crate::hugepages::{self, SIZE_1G, SIZE_2M};
-use crate::units::{format_size, format_size_arg};
+use crate::host::hugepages::{self, SIZE_1G, SIZE_2M};
+use crate::host::units::{format_size, format_size_arg};
 
 /// How hard to try for huge pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -24,7 +24,7 @@
 //! rank cuts alike (a server gives every rank of a job the same answer, and
 //! each rank takes the smallest piece over its servers).
 use super::alloc::RangeAlloc;
-use crate::units::format_size;
+use crate::host::units::format_size;
 use crate::wire::JobSpec;
 use core::fmt;
 

@@ -4,8 +4,8 @@
 //! polling, hugepages preferred); production files (config/) pin lcores,
 //! choose `efa`, busy polling and required hugepages. Unknown keys are
 //! rejected by name so that a typo never silently becomes a default.
-use crate::cpuset::CoreList;
-use crate::units::parse_size;
+use crate::host::cpuset::CoreList;
+use crate::host::units::parse_size;
 use serde::Deserialize;
 use std::fmt;
 use std::path::Path;
@@ -41,9 +41,17 @@ pub struct ServerFile {
     pub token_file: Option<String>,
     /// Seconds a client may take to finish its handshake.
     pub handshake_timeout_s: Option<u64>,
-    /// Seconds a job's operation may wait for a straggling rank before the job fails
-    /// (also the time all ranks of a job have to join).
+    /// Seconds a job's operation may wait for a straggling rank before the job fails.
     pub op_timeout_s: Option<u64>,
+    /// Seconds all ranks of a job have to join, counted from the first (default 120:
+    /// a thousand-node job's ranks start over a minute or more).
+    pub join_timeout_s: Option<u64>,
+    /// Most connections in their handshake at once, from everywhere (default 16384).
+    /// When full, the oldest handshake of the address holding the most is evicted.
+    pub max_handshakes: Option<u32>,
+    /// Most connections in their handshake at once from one address (default 256);
+    /// more are told `busy` at once.
+    pub max_handshakes_per_source: Option<u32>,
     /// Seconds a running job may go without any traffic before the server ends it
     /// and frees its slots (0: never).
     pub idle_timeout_s: Option<u64>,
@@ -73,6 +81,9 @@ pub struct ServerConfig {
     pub token_file: Option<String>,
     pub handshake_timeout_s: u64,
     pub op_timeout_s: u64,
+    pub join_timeout_s: u64,
+    pub max_handshakes: u32,
+    pub max_handshakes_per_source: u32,
     pub idle_timeout_s: u64,
     pub drain_timeout_s: u64,
     pub metrics: Option<String>,
@@ -131,6 +142,9 @@ impl ServerFile {
             token_file,
             handshake_timeout_s,
             op_timeout_s,
+            join_timeout_s,
+            max_handshakes,
+            max_handshakes_per_source,
             idle_timeout_s,
             drain_timeout_s,
             metrics,
@@ -205,6 +219,12 @@ impl ServerFile {
                 0 => return Err(ConfigError::Invalid { key: "op_timeout_s", message: "must be at least 1".into() }),
                 v => v,
             },
+            join_timeout_s: match self.join_timeout_s.unwrap_or(120) {
+                0 => return Err(ConfigError::Invalid { key: "join_timeout_s", message: "must be at least 1".into() }),
+                v => v,
+            },
+            max_handshakes: positive("max_handshakes", self.max_handshakes, 16384, 1 << 20)?,
+            max_handshakes_per_source: positive("max_handshakes_per_source", self.max_handshakes_per_source, 256, 1 << 20)?,
             idle_timeout_s: self.idle_timeout_s.unwrap_or(3600),
             drain_timeout_s: match self.drain_timeout_s.unwrap_or(60) {
                 v if v > u32::MAX as u64 => {

@@ -287,7 +287,7 @@ fn parse_mounts(text: &str, default_page_size: u64) -> Vec<HugetlbfsMount> {
             let page_size = options
                 .split(',')
                 .find_map(|o| o.strip_prefix("pagesize="))
-                .and_then(|p| crate::units::parse_size(p).ok())
+                .and_then(|p| crate::host::units::parse_size(p).ok())
                 .unwrap_or(default_page_size);
             let mount_point = PathBuf::from(std::ffi::OsString::from_vec(unescape_mount_field(target)));
             Some(HugetlbfsMount { mount_point, page_size })
@@ -310,7 +310,7 @@ pub fn mounts() -> io::Result<Vec<HugetlbfsMount>> {
 ///
 /// Exact only when the mapping is a VMA of its own: the kernel merges
 /// neighbouring anonymous mappings with identical flags into one VMA, and
-/// smaps reports per VMA. [`crate::slab`] keeps a guard page on each side of
+/// smaps reports per VMA. [`crate::dataplane::slab`] keeps a guard page on each side of
 /// its mappings so that they never merge.
 pub fn thp_bytes_of_mapping(start: *const u8) -> io::Result<Option<u64>> {
     let text = fs::read_to_string("/proc/self/smaps")?;
@@ -361,7 +361,7 @@ pub fn mount(mount_point: &Path, page_size: u64) -> io::Result<()> {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(
             e.kind(),
-            format!("cannot mount hugetlbfs ({} pages) at {}: {e}", crate::units::format_size(page_size), mount_point.display()),
+            format!("cannot mount hugetlbfs ({} pages) at {}: {e}", crate::host::units::format_size(page_size), mount_point.display()),
         ));
     }
     Ok(())
@@ -447,11 +447,15 @@ impl Drop for PoolGuard {
             // into surplus and releases them when they are unmapped.
             Ok(n) => log::warn!(
                 "hugepage pool of {}: restored to {} pages, kernel reports {n} (pages still in use?)",
-                crate::units::format_size(self.page_size),
+                crate::host::units::format_size(self.page_size),
                 self.previous
             ),
             Err(e) => {
-                log::warn!("hugepage pool of {}: could not restore {} pages: {e}", crate::units::format_size(self.page_size), self.previous)
+                log::warn!(
+                    "hugepage pool of {}: could not restore {} pages: {e}",
+                    crate::host::units::format_size(self.page_size),
+                    self.previous
+                )
             }
         }
     }

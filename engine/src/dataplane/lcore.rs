@@ -15,7 +15,7 @@
 //!   CQ's wait object (or briefly, on providers without one) until the next
 //!   completion or the stop request. Tests and small machines use this: a
 //!   busy poller on an oversubscribed machine starves everything else.
-use crate::cpuset::{self, CoreList};
+use crate::host::cpuset::{self, CoreList};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

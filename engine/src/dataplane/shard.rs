@@ -30,16 +30,89 @@
 //! reduce time, round-latency histogram), written only by this lcore. The
 //! clock is read twice per slot round (first piece in, results posted) and
 //! twice around the kernel: `Instant::now` is a vDSO read, no system call.
-use super::{Command, Event};
-use crate::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
-use crate::lcore::{bump, Counters, Worker};
-use crate::metrics::MetricsTable;
+use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
+use crate::dataplane::lcore::{bump, Counters, Worker};
+use crate::dataplane::metrics::MetricsTable;
+use crate::dataplane::slab::Slab;
 use crate::reduce::{Kernels, MAX_INPUTS};
-use crate::slab::Slab;
 use crate::wire::{JobSpec, Tag};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
 use std::time::Instant;
+
+/// Control plane to lcore.
+pub enum Command {
+    AddJob(Box<JobOnShard>),
+    EndJob {
+        index: u16,
+    },
+    /// A rank of the job closed its control connection without finishing
+    /// (its process died or dropped its client): what is still queued to
+    /// it on a connection-based provider will never be taken.
+    RankGone {
+        index: u16,
+        rank: u32,
+    },
+}
+
+/// How an lcore sends [`Event`]s: a channel, and a wake-up for the control
+/// thread, which sleeps in epoll rather than on the channel. Events are
+/// rare (a job ready, failed or ended), never per chunk.
+#[derive(Clone)]
+pub struct EventSender {
+    tx: Sender<Event>,
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl EventSender {
+    pub fn new(tx: Sender<Event>, wake: Arc<dyn Fn() + Send + Sync>) -> EventSender {
+        EventSender { tx, wake }
+    }
+
+    pub fn send(&self, ev: Event) -> Result<(), std::sync::mpsc::SendError<Event>> {
+        self.tx.send(ev)?;
+        (self.wake)();
+        Ok(())
+    }
+}
+
+/// Messages to the control plane, from lcores.
+pub enum Event {
+    JobReady {
+        lcore: usize,
+        tag: u16,
+    },
+    JobFailed {
+        lcore: usize,
+        tag: u16,
+        reason: String,
+    },
+    /// The lcore is done with the job; `stuck` operations never completed
+    /// (their region and job slot must not be reused).
+    JobEnded {
+        lcore: usize,
+        tag: u16,
+        stuck: u32,
+    },
+    LcoreError {
+        lcore: usize,
+        reason: String,
+    },
+    /// The provider reported that this lcore's connection to a rank of the
+    /// job failed: the rank is gone for every lcore (see `Command::RankGone`).
+    RankGone {
+        tag: u16,
+        rank: u32,
+    },
+    /// A job this lcore had reported ended with operations stuck in flight
+    /// got all of them back at last (e.g. its peers' connections finally
+    /// failed): its region and job slot may be reused.
+    JobReleased {
+        lcore: usize,
+        tag: u16,
+    },
+}
 
 /// Everything a shard needs to serve one job, built by the control plane.
 pub struct JobOnShard {
@@ -53,7 +126,7 @@ pub struct JobOnShard {
     /// Distance between pieces (piece size rounded up to a cache line).
     pub stride: usize,
     /// Fabric names of the ranks' endpoints, in rank order.
-    pub client_names: Vec<crate::fabric::EndpointName>,
+    pub client_names: Vec<crate::dataplane::fabric::EndpointName>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -129,7 +202,7 @@ pub struct ShardWorker {
     /// first on every turn. Preallocated to the context table's size.
     retry: Vec<u32>,
     commands: Receiver<Command>,
-    events: Sender<Event>,
+    events: EventSender,
     turns: u32,
     /// Empty polls, counted to pace the idle checks.
     idle: u32,
@@ -159,7 +232,7 @@ impl ShardWorker {
         max_jobs: usize,
         per_job: u32,
         commands: Receiver<Command>,
-        events: Sender<Event>,
+        events: EventSender,
         metrics: MetricsTable,
         op_timeout: std::time::Duration,
     ) -> ShardWorker {

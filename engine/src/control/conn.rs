@@ -1,0 +1,654 @@
+//! Control connections, all of them on one thread: an epoll loop (mio).
+//!
+//! Every TCP connection to the control port lives here from its accept to
+//! its close: first in its **handshake** (the Hello is read into a
+//! Hello-sized buffer, checked, and turned into a [`ConnEvent::Join`]),
+//! then **joined** (the rank sends at most a few small messages for the
+//! rest of the job: `Boundary`, `Lost`, `Bye`, each parsed here into an
+//! event). Nothing blocks: reads take what the socket has, writes go out as
+//! far as the socket takes them and the rest waits in the connection's own
+//! out-buffer (a `Recover` to a thousand ranks is large) until the socket
+//! is writable again. A connection costs its file descriptor, one small
+//! struct and its buffers, whatever the number of connections: no thread.
+//!
+//! Why mio rather than a tokio runtime: the control plane is one state
+//! machine on one thread that already owns all its state; mio gives it
+//! epoll, non-blocking sockets and a waker with nothing else to learn or to
+//! run, no task scheduler or second threading model beside the lcores', and
+//! deadlines stay plain `Instant`s the loop compares (see [`Connections::turn`]).
+//!
+//! Admission of handshakes (per source and in total) is [`super::admission`];
+//! this module enforces its verdicts and the handshake deadline. What a
+//! joined connection's messages mean is the job logic's ([`super::ControlPlane`]):
+//! it hears [`ConnEvent`]s and answers through [`Connections::send`] and
+//! [`Connections::refuse`].
+use super::admission::{Admission, Verdict};
+use crate::dataplane::fabric::EndpointName;
+use crate::dataplane::metrics::ControlCounters;
+use crate::wire::{self, Header, Hello, JobSpec, Kind, Limits, Reject, RejectCode, TOKEN_BYTES};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Poll, Token, Waker};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+/// Tokens of connections: slot index + this.
+const FIRST_CONN: usize = 2;
+
+/// A joined connection that leaves this much unsent is not reading: it is closed.
+const MAX_OUT_BYTES: usize = 64 << 20;
+
+/// What the job logic hears from connections.
+pub enum ConnEvent {
+    Join(Box<Joining>),
+    /// The rank finished cleanly.
+    Bye {
+        conn: u64,
+    },
+    /// The rank's answer to a Drain or a Rejoin: its first operation not yet cut.
+    Boundary {
+        conn: u64,
+        next_op: u64,
+    },
+    /// The rank lost other servers of the job (this one leads the recovery).
+    Lost {
+        conn: u64,
+        dead: u64,
+        boundary: u64,
+        report: Vec<u8>,
+    },
+    /// A joined connection closed (either side).
+    Closed {
+        conn: u64,
+    },
+}
+
+/// A rank that completed its handshake.
+pub struct Joining {
+    /// The rank takes this (restarted) server back into a running job.
+    pub rejoin: bool,
+    pub conn: u64,
+    pub peer: SocketAddr,
+    pub spec: JobSpec,
+    pub rank: u32,
+    pub name: EndpointName,
+}
+
+/// What a handshake is checked against.
+pub struct Rules {
+    pub limits: Limits,
+    pub token: Option<[u8; TOKEN_BYTES]>,
+    pub handshake_timeout: Duration,
+    pub max_handshakes: usize,
+    pub max_handshakes_per_source: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Accepted; its Hello is being read. Counted by [`Admission`].
+    Handshake,
+    /// Its Hello was good: a rank (a Join was reported; its close will be).
+    Rank,
+    /// Its handshake was refused: it closes once the reject is written.
+    Refused,
+}
+
+struct Connection {
+    id: u64,
+    stream: TcpStream,
+    peer: SocketAddr,
+    phase: Phase,
+    /// Bytes read and not yet consumed: the Hello, then rank messages.
+    input: Vec<u8>,
+    output: Vec<u8>,
+    /// Bytes of `output` already written.
+    sent: usize,
+    /// Close once `output` is written (a reject, an end).
+    closing: bool,
+}
+
+/// Every control connection and the listener, on one mio poll.
+pub struct Connections {
+    poll: Poll,
+    events: mio::Events,
+    listener: TcpListener,
+    waker: Arc<Waker>,
+    slots: Vec<Option<Connection>>,
+    free: Vec<usize>,
+    /// Per slot: generation, so that a stale id never names a new connection.
+    generation: Vec<u32>,
+    /// Handshake deadlines in accept order (one timeout for all: FIFO is sorted).
+    deadlines: VecDeque<(Instant, u64)>,
+    admission: Admission,
+    rules: Rules,
+    counters: Arc<ControlCounters>,
+    /// Events produced outside `turn` (a write that failed), reported by the next one.
+    queued: Vec<ConnEvent>,
+    /// The listener stopped on an error (out of descriptors): retry each turn.
+    accept_stalled: bool,
+    /// Rate-limited summaries instead of a log line per refused connection.
+    quiet: Quiet,
+}
+
+/// Counts refusals and handshake timeouts between log lines, so a storm of
+/// thousands of connections costs a line a second, not a line each.
+#[derive(Default)]
+struct Quiet {
+    busy_source: u64,
+    evicted: u64,
+    timed_out: u64,
+    accept_errors: u64,
+    last: Option<Instant>,
+    sample: Option<IpAddr>,
+}
+
+impl Connections {
+    pub fn new(listener: std::net::TcpListener, rules: Rules, counters: Arc<ControlCounters>) -> std::io::Result<Connections> {
+        listener.set_nonblocking(true)?;
+        let mut listener = TcpListener::from_std(listener);
+        let poll = Poll::new()?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        Ok(Connections {
+            poll,
+            events: mio::Events::with_capacity(1024),
+            listener,
+            waker,
+            slots: Vec::new(),
+            free: Vec::new(),
+            generation: Vec::new(),
+            deadlines: VecDeque::new(),
+            admission: Admission::new(rules.max_handshakes, rules.max_handshakes_per_source),
+            rules,
+            counters,
+            queued: Vec::new(),
+            accept_stalled: false,
+            quiet: Quiet::default(),
+        })
+    }
+
+    /// Wakes [`Connections::turn`] from another thread (an lcore's event).
+    pub fn waker(&self) -> Arc<Waker> {
+        self.waker.clone()
+    }
+
+    /// The earliest handshake deadline, if any connection is in its handshake.
+    fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(&(_, id)) = self.deadlines.front() {
+            if self.get(id).is_some_and(|c| c.phase == Phase::Handshake) {
+                break;
+            }
+            self.deadlines.pop_front();
+        }
+        self.deadlines.front().map(|d| d.0)
+    }
+
+    /// One turn: waits for readiness (at most `timeout`, less if a handshake
+    /// deadline comes first), accepts, reads, writes, expires handshakes,
+    /// and appends what happened to `out`.
+    pub fn turn(&mut self, timeout: Duration, out: &mut Vec<ConnEvent>) {
+        out.append(&mut self.queued);
+        let now = Instant::now();
+        let timeout = match self.next_deadline() {
+            Some(d) => timeout.min(d.saturating_duration_since(now)),
+            None => timeout,
+        };
+        let timeout = if out.is_empty() { timeout } else { Duration::ZERO };
+        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
+            if e.kind() != ErrorKind::Interrupted {
+                log::error!("control plane: poll: {e}");
+            }
+            return;
+        }
+        let ready: Vec<(Token, bool, bool)> =
+            self.events.iter().map(|e| (e.token(), e.is_readable() || e.is_read_closed() || e.is_error(), e.is_writable())).collect();
+        let mut accept = self.accept_stalled;
+        for (token, readable, writable) in ready {
+            match token {
+                LISTENER => accept = true,
+                WAKER => {}
+                Token(t) => {
+                    let slot = t - FIRST_CONN;
+                    if writable {
+                        self.flush(slot, out);
+                    }
+                    if readable {
+                        self.read(slot, out);
+                    }
+                }
+            }
+        }
+        if accept {
+            self.accept();
+        }
+        self.expire(Instant::now());
+        self.summarize(Instant::now());
+        out.append(&mut self.queued);
+        self.publish();
+    }
+
+    fn accept(&mut self) {
+        self.accept_stalled = false;
+        loop {
+            match self.listener.accept() {
+                Ok((stream, peer)) => self.admit(stream, peer),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and kin: the connection stays in the backlog;
+                    // epoll will not say so again, so retry next turn.
+                    if self.quiet.accept_errors == 0 {
+                        log::warn!("control plane: accept: {e} (connections wait in the backlog; retrying)");
+                    }
+                    self.quiet.accept_errors += 1;
+                    self.accept_stalled = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        let source = peer.ip();
+        match self.admission.verdict(source) {
+            Verdict::SourceFull => {
+                self.quiet.busy_source += 1;
+                self.quiet.sample = Some(source);
+                self.counters.refused(RejectCode::Busy);
+                // One try; a socket that cannot take 200 bytes is not a rank's.
+                let r = Reject::new(RejectCode::Busy, "", "too many connections from this address in their handshake; try again later");
+                let _ = stream.write(bytemuck::bytes_of(&r));
+                return;
+            }
+            Verdict::AdmitEvicting(victim) => self.evict(victim),
+            Verdict::Admit => {}
+        }
+        let _ = stream.set_nodelay(true);
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                self.generation.push(0);
+                self.slots.len() - 1
+            }
+        };
+        self.generation[slot] = self.generation[slot].wrapping_add(1);
+        let id = ((self.generation[slot] as u64) << 32) | slot as u64;
+        if let Err(e) = self.poll.registry().register(&mut stream, Token(slot + FIRST_CONN), Interest::READABLE | Interest::WRITABLE) {
+            log::warn!("{peer}: cannot watch the connection: {e}");
+            self.free.push(slot);
+            return;
+        }
+        self.admission.enter(source);
+        self.deadlines.push_back((Instant::now() + self.rules.handshake_timeout, id));
+        self.slots[slot] = Some(Connection {
+            id,
+            stream,
+            peer,
+            phase: Phase::Handshake,
+            input: Vec::with_capacity(core::mem::size_of::<Hello>()),
+            output: Vec::new(),
+            sent: 0,
+            closing: false,
+        });
+    }
+
+    /// Makes room: the oldest handshake from `source` is told busy and closed.
+    fn evict(&mut self, source: IpAddr) {
+        let victim = self
+            .deadlines
+            .iter()
+            .map(|d| d.1)
+            .find(|&id| self.get(id).is_some_and(|c| c.phase == Phase::Handshake && c.peer.ip() == source));
+        if let Some(id) = victim {
+            self.quiet.evicted += 1;
+            self.quiet.sample = Some(source);
+            self.counters.refused(RejectCode::Busy);
+            self.refuse_handshake(id, RejectCode::Busy, "", "evicted from a full handshake table; try again later");
+        }
+    }
+
+    fn get(&self, id: u64) -> Option<&Connection> {
+        self.slots.get((id & 0xffff_ffff) as usize).and_then(|s| s.as_ref()).filter(|c| c.id == id)
+    }
+
+    fn slot_of(&self, id: u64) -> Option<usize> {
+        self.get(id).map(|_| (id & 0xffff_ffff) as usize)
+    }
+
+    /// Reads what the socket has and acts on it.
+    fn read(&mut self, slot: usize, out: &mut Vec<ConnEvent>) {
+        let mut buf = [0u8; 4096];
+        loop {
+            let Some(c) = self.slots[slot].as_mut() else { return };
+            // A handshake reads no further than its Hello: a peer cannot make
+            // an unauthenticated connection buffer more.
+            let want = match c.phase {
+                Phase::Handshake => core::mem::size_of::<Hello>() - c.input.len(),
+                Phase::Rank | Phase::Refused => buf.len(),
+            };
+            if want == 0 {
+                break;
+            }
+            match c.stream.read(&mut buf[..want]) {
+                Ok(0) => {
+                    self.eof(slot, out);
+                    return;
+                }
+                Ok(n) => {
+                    if c.closing {
+                        continue; // already refused: drain and ignore
+                    }
+                    c.input.extend_from_slice(&buf[..n]);
+                    if !self.consume(slot, out) {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.eof(slot, out);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The peer closed (or reset) the connection.
+    fn eof(&mut self, slot: usize, out: &mut Vec<ConnEvent>) {
+        let Some(c) = self.slots[slot].as_ref() else { return };
+        if c.phase == Phase::Handshake && !c.input.is_empty() && !c.closing {
+            log::warn!("{}: connection closed after {} bytes of a handshake", c.peer, c.input.len());
+        }
+        self.drop_slot(slot, out);
+    }
+
+    /// Parses the input; false once the connection is gone or closing.
+    fn consume(&mut self, slot: usize, out: &mut Vec<ConnEvent>) -> bool {
+        let c = self.slots[slot].as_mut().expect("live slot");
+        match c.phase {
+            Phase::Handshake => self.handshake(slot, out),
+            Phase::Rank => self.messages(slot, out),
+            Phase::Refused => false,
+        }
+    }
+
+    /// Checks the Hello as far as it arrived: a header that is already wrong
+    /// is refused without waiting for the rest.
+    fn handshake(&mut self, slot: usize, out: &mut Vec<ConnEvent>) -> bool {
+        let c = self.slots[slot].as_ref().expect("live slot");
+        let (id, peer) = (c.id, c.peer);
+        if c.input.len() >= 8 {
+            let hdr: Header = wire::read(&c.input).expect("8 bytes");
+            if let Err(e) = hdr.check().and_then(|k| if k == Kind::Hello { Ok(k) } else { Err(wire::WireError::BadKind(k as u16)) }) {
+                let field = match e {
+                    wire::WireError::BadMagic(_) => "magic",
+                    wire::WireError::BadVersion(_) => "version",
+                    _ => "kind",
+                };
+                log::warn!("{peer}: refused handshake: {e}");
+                self.counters.refused(RejectCode::BadField);
+                self.refuse_handshake(id, RejectCode::BadField, field, &e.to_string());
+                return false;
+            }
+        }
+        if c.input.len() < core::mem::size_of::<Hello>() {
+            return true;
+        }
+        let hello: Hello = wire::read(&c.input).expect("a whole Hello");
+        if let Some(t) = &self.rules.token {
+            if !wire::token_eq(t, &hello.token) {
+                log::warn!("{peer}: refused: wrong or missing token (job {:#x}, rank {})", hello.job_id, hello.rank);
+                self.counters.refused(RejectCode::Unauthorized);
+                self.refuse_handshake(id, RejectCode::Unauthorized, "token", "wrong or missing token");
+                return false;
+            }
+        }
+        let spec = match hello.check(&self.rules.limits) {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("{peer}: refused handshake: {}: {}", e.field, e.reason);
+                self.counters.refused(RejectCode::BadField);
+                self.refuse_handshake(id, RejectCode::BadField, e.field, e.reason);
+                return false;
+            }
+        };
+        let Some(name) = EndpointName::from_bytes(hello.name()) else {
+            self.counters.refused(RejectCode::BadField);
+            self.refuse_handshake(id, RejectCode::BadField, "name", "the endpoint name is empty or too long");
+            return false;
+        };
+        let c = self.slots[slot].as_mut().expect("live slot");
+        c.phase = Phase::Rank;
+        c.input.clear();
+        self.admission.leave(peer.ip());
+        out.push(ConnEvent::Join(Box::new(Joining { rejoin: hello.rejoin(), conn: id, peer, spec, rank: hello.rank, name })));
+        true
+    }
+
+    /// Parses rank messages after the handshake.
+    fn messages(&mut self, slot: usize, out: &mut Vec<ConnEvent>) -> bool {
+        loop {
+            let c = self.slots[slot].as_mut().expect("live slot");
+            let (id, peer) = (c.id, c.peer);
+            if c.input.len() < 8 {
+                return true;
+            }
+            let kind = wire::read::<Header>(&c.input).map(|h| h.check());
+            let Ok(Ok(kind)) = kind else {
+                log::warn!("{peer}: unexpected bytes after the handshake; closing");
+                self.close(id);
+                return false;
+            };
+            let Some(n) = kind.rank_message_bytes() else {
+                log::warn!("{peer}: unexpected {kind:?} after the handshake; closing");
+                self.close(id);
+                return false;
+            };
+            if c.input.len() < n {
+                return true;
+            }
+            let used = match kind {
+                Kind::Bye => {
+                    out.push(ConnEvent::Bye { conn: id });
+                    n
+                }
+                Kind::Boundary => match wire::read::<wire::Boundary>(&c.input).map(|m| m.check()) {
+                    Ok(Ok(next_op)) => {
+                        out.push(ConnEvent::Boundary { conn: id, next_op });
+                        n
+                    }
+                    _ => {
+                        log::warn!("{peer}: malformed boundary; closing");
+                        self.close(id);
+                        return false;
+                    }
+                },
+                Kind::Lost => {
+                    let lost = wire::read::<wire::Lost>(&c.input[..n]);
+                    let Ok(lost) = lost.and_then(|l| l.check().map(|_| l)) else {
+                        log::warn!("{peer}: malformed lost report; closing");
+                        self.close(id);
+                        return false;
+                    };
+                    let len = lost.report_len as usize;
+                    if c.input.len() < n + len {
+                        return true;
+                    }
+                    let report = c.input[n..n + len].to_vec();
+                    out.push(ConnEvent::Lost { conn: id, dead: lost.dead, boundary: lost.boundary, report });
+                    n + len
+                }
+                _ => unreachable!("rank_message_bytes names only these"),
+            };
+            c.input.drain(..used);
+        }
+    }
+
+    /// Writes what is queued; closes once done if asked to.
+    fn flush(&mut self, slot: usize, out: &mut Vec<ConnEvent>) {
+        let Some(c) = self.slots[slot].as_mut() else { return };
+        while c.sent < c.output.len() {
+            match c.stream.write(&c.output[c.sent..]) {
+                Ok(0) => break,
+                Ok(n) => c.sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    // The peer is gone: the read side says so too, or this does.
+                    c.output.clear();
+                    c.sent = 0;
+                    if c.closing || c.phase == Phase::Rank {
+                        self.drop_slot(slot, out);
+                    }
+                    return;
+                }
+            }
+        }
+        c.output.clear();
+        c.sent = 0;
+        if c.closing {
+            let _ = c.stream.shutdown(Shutdown::Both);
+            self.drop_slot(slot, out);
+        }
+    }
+
+    /// Queues `bytes` for connection `id` and writes what the socket takes now.
+    pub fn send(&mut self, id: u64, bytes: &[u8]) -> Result<(), &'static str> {
+        let Some(slot) = self.slot_of(id) else { return Err("the connection is closed") };
+        let c = self.slots[slot].as_mut().expect("live slot");
+        if c.closing {
+            return Err("the connection is closing");
+        }
+        if c.output.len() - c.sent + bytes.len() > MAX_OUT_BYTES {
+            log::warn!("{}: {} bytes unsent: the peer does not read; closing", c.peer, c.output.len() - c.sent);
+            self.close(id);
+            return Err("the peer does not read its messages");
+        }
+        c.output.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        self.flush(slot, &mut out);
+        self.queued.append(&mut out);
+        Ok(())
+    }
+
+    /// Sends a reject and closes the connection once it is written.
+    pub fn refuse(&mut self, id: u64, code: RejectCode, field: &str, msg: &str) {
+        let r = Reject::new(code, field, msg);
+        if self.send(id, bytemuck::bytes_of(&r)).is_ok() {
+            self.close(id);
+        }
+    }
+
+    /// Closes `id` once what is queued for it is written.
+    pub fn close(&mut self, id: u64) {
+        let Some(slot) = self.slot_of(id) else { return };
+        self.slots[slot].as_mut().expect("live slot").closing = true;
+        let mut out = Vec::new();
+        self.flush(slot, &mut out);
+        self.queued.append(&mut out);
+    }
+
+    fn refuse_handshake(&mut self, id: u64, code: RejectCode, field: &str, msg: &str) {
+        if let Some(slot) = self.slot_of(id) {
+            let c = self.slots[slot].as_mut().expect("live slot");
+            if c.phase == Phase::Handshake {
+                // It leaves the table now, not when the reject is written.
+                c.phase = Phase::Refused;
+                c.input = Vec::new();
+                self.admission.leave(c.peer.ip());
+            }
+            c.closing = true;
+            c.output.extend_from_slice(bytemuck::bytes_of(&Reject::new(code, field, msg)));
+            let mut out = Vec::new();
+            self.flush(slot, &mut out);
+            self.queued.append(&mut out);
+        }
+    }
+
+    /// Closes handshakes past their deadline.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(deadline, id)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            if self.get(id).is_some_and(|c| c.phase == Phase::Handshake) {
+                self.quiet.timed_out += 1;
+                self.counters.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+                let (peer, got) = self.get(id).map(|c| (c.peer, c.input.len())).expect("checked");
+                if self.quiet.timed_out == 1 {
+                    self.quiet.sample = Some(peer.ip());
+                }
+                log::debug!("{peer}: no complete handshake within {:?} ({got} bytes); closing", self.rules.handshake_timeout);
+                self.refuse_handshake(id, RejectCode::Timeout, "", "handshake not completed in time");
+            }
+        }
+    }
+
+    /// At most one line a second about refused and expired connections.
+    fn summarize(&mut self, now: Instant) {
+        let q = &mut self.quiet;
+        if q.busy_source + q.evicted + q.timed_out == 0 {
+            return;
+        }
+        if q.last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            return;
+        }
+        let mut parts = Vec::new();
+        if q.busy_source > 0 {
+            parts.push(format!(
+                "{} refused as busy (their address already had {} in their handshake)",
+                q.busy_source,
+                self.admission.max_per_source()
+            ));
+        }
+        if q.evicted > 0 {
+            parts.push(format!("{} evicted from the full handshake table ({} places)", q.evicted, self.admission.max_total()));
+        }
+        if q.timed_out > 0 {
+            parts.push(format!("{} closed at their {:?} handshake deadline", q.timed_out, self.rules.handshake_timeout));
+        }
+        let sample = q.sample.map(|s| format!(" (e.g. from {s})")).unwrap_or_default();
+        log::warn!("control connections: {}{sample}; {} in their handshake now", parts.join(", "), self.admission.total());
+        *q = Quiet { last: Some(now), accept_errors: q.accept_errors, ..Quiet::default() };
+    }
+
+    /// Forgets a connection; a joined one is reported closed.
+    fn drop_slot(&mut self, slot: usize, out: &mut Vec<ConnEvent>) {
+        let Some(mut c) = self.slots[slot].take() else { return };
+        let _ = self.poll.registry().deregister(&mut c.stream);
+        match c.phase {
+            Phase::Handshake => self.admission.leave(c.peer.ip()),
+            Phase::Rank => out.push(ConnEvent::Closed { conn: c.id }),
+            Phase::Refused => {} // never a rank: nobody waits for its close
+        }
+        self.free.push(slot);
+    }
+
+    fn publish(&self) {
+        let live = self.slots.iter().flatten().count();
+        let hs = self.admission.total();
+        self.counters.handshakes.store(hs as u64, Ordering::Relaxed);
+        self.counters.joined.store((live - hs) as u64, Ordering::Relaxed);
+    }
+
+    /// Connections in their handshake, and all connections.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.admission.total(), self.slots.iter().flatten().count())
+    }
+
+    /// Best effort at shutdown: writes what is queued, without waiting.
+    pub fn flush_all(&mut self) {
+        let mut out = Vec::new();
+        for slot in 0..self.slots.len() {
+            self.flush(slot, &mut out);
+        }
+    }
+}
