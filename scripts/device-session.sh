@@ -306,13 +306,15 @@ t0, t1 = float(t0), float(t1)
 def stamp(line):
     return datetime.datetime.strptime(line[1:24], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc).timestamp()
 running = next((stamp(l) for l in open(log) if ": running" in l and "job " in l), None)
+import re
+j2r = next((m.group(1) for l in open(log) for m in [re.search(r": running, (\S+) after its first rank joined", l)] if m), None)
 first = next((stamp(l) for l in open(log) if "starting (tag" in l), None)
 try:
     rows = json.load(open(jf))["results"]
 except Exception as e:
     rows = []
 pt, pr = (open(peak).read().split() + ["?", "?"])[:2]
-print(f"{n} ranks: exit {rc}; bench start to job running {running - t0:.2f} s" if running else f"{n} ranks: exit {rc}; job never ran")
+print(f"{n} ranks: exit {rc}; bench start to job running {running - t0:.2f} s (first join to running {j2r})" if running else f"{n} ranks: exit {rc}; job never ran")
 for r in rows:
     print(f"  {r['bytes']:>8} B: p50 {r.get('p50_us', 0):.0f} us, mean {r.get('mean_us', 0):.0f} us, p99 {r.get('p99_us', 0):.0f} us, wrong {r['wrong']}")
 print(f"  server: peak {pt} threads, peak VmRSS {int(pr) // 1024 if pr.isdigit() else pr} MiB; whole run {t1 - t0:.1f} s")

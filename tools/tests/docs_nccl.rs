@@ -812,7 +812,8 @@ fn quoted_figures_hold() {
     assert!(md.contains(&format!("`idle_timeout_s` ({} on c7gn", c7gn.idle_timeout_s)));
 
     // Messages the page quotes, as the code writes them.
-    let control = read("engine/src/control/mod.rs");
+    // The control plane's texts: its job logic and its connections (handshake refusals).
+    let control = read("engine/src/control/mod.rs") + &read("engine/src/control/conn.rs");
     let client = read("engine/src/client.rs");
     let wire = read("engine/src/wire.rs");
     let budget = read("engine/src/control/budget.rs");

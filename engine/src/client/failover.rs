@@ -1139,6 +1139,13 @@ impl Client {
         match kind {
             wire::Kind::Reject => {
                 let r: wire::Reject = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                if r.code() == Some(wire::RejectCode::Busy) {
+                    // Every rank of every job reconnects to a restarted
+                    // server at once: the watcher tries again in 0.5 s.
+                    log::debug!("server {server} is busy ({r}); taking it back later");
+                    self.watch_again(sub, si);
+                    return Ok(false);
+                }
                 log::warn!("server {server} refused to take job {:#x} back ({r}); the job goes on without it", self.job_id_of(sub));
                 Ok(false)
             }
