@@ -162,18 +162,41 @@ fn two_servers_killed_one_after_the_other_leave_the_job_on_the_last() {
 
 #[test]
 fn a_killed_server_restarted_on_its_port_is_taken_back_into_the_job() {
+    restarted_server_is_taken_back(0xf6, false);
+}
+
+#[test]
+fn a_restarted_server_that_answers_busy_is_taken_back_once_it_has_room() {
+    restarted_server_is_taken_back(0xf7, true);
+}
+
+/// Kills one of three servers mid-loop and restarts it on its port. With
+/// `storm`, the restarted server takes one handshake per address and a
+/// silent connection from the ranks' address holds that place for its 2 s
+/// deadline (a reconnect storm in miniature): the ranks' rejoins are told
+/// busy, their watchers come back every 0.5 s, and they get in after it.
+fn restarted_server_is_taken_back(job: u64, storm: bool) {
     const ROUNDS: usize = 1500;
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job_with("tcp", &addrs, 0xf6, 3, ROUNDS, progress.clone(), Shape::default());
+    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), Shape::default());
     wait_for_round(&progress, 40, &ranks);
     sigkill(&mut servers[1]);
     let killed_round = progress.load(Ordering::Relaxed);
     assert!(next_round_after(&progress, killed_round + 20, Instant::now()).is_some(), "no progress after the kill");
     let t = Instant::now();
-    servers[1] = server_on(&addrs[1], "tcp", &[]);
+    let stormy = ["--max-handshakes-per-source", "1", "--handshake-timeout", "2", "--metrics", "127.0.0.1:0"];
+    servers[1] = server_on(&addrs[1], "tcp", if storm { &stormy } else { &[] });
+    let junk = storm.then(|| std::net::TcpStream::connect(&addrs[1]).expect("a silent connection"));
     let back = servers[1].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
+    if storm {
+        let m = common::scrape(&servers[1].metrics_addr());
+        let busy = common::sum(&m, "tally_control_refusals_total", "reason=\"busy\"");
+        eprintln!("REJOIN through a busy server: {busy} rejoin attempts told busy");
+        assert!(busy > 0.0, "no rank was told busy: the silent connection did not hold the place");
+        drop(junk);
+    }
     let took = t.elapsed();
     let rejoin_round = progress.load(Ordering::Relaxed);
     let res = results(ranks);
@@ -190,7 +213,7 @@ fn a_killed_server_restarted_on_its_port_is_taken_back_into_the_job() {
         assert_eq!((r.recoveries, r.rejoins), (1, 1), "{r:?}");
     }
     // It carried the rest of the loop with the others: the job ends cleanly there.
-    assert!(servers[1].wait_log("job 0xf6: every rank finished", Duration::from_secs(5)), "{logs}");
+    assert!(servers[1].wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
 }
 
 #[test]
