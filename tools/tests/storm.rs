@@ -249,3 +249,23 @@ fn ten_thousand_idle_connections_cost_little_memory_and_no_thread() {
     wait_metrics(&maddr, "closed connections still counted", |m| sum(m, "tally_control_handshakes", "") == 0.0);
     assert!(srv.stop().success());
 }
+
+#[test]
+fn a_busy_answer_arrives_whole_even_after_the_hello_was_sent() {
+    // The client sends its Hello right after connecting, so a server that
+    // refuses at accept has unread bytes when it closes: closing then makes
+    // the kernel send a reset, which can destroy the reject before the client
+    // reads it. The server lingers instead (reject, FIN, then close).
+    let srv = server(&["--handshake-timeout", "60", "--max-handshakes-per-source", "1"]);
+    let maddr = srv.metrics_addr();
+    let _held = connect_from("127.0.0.1", &srv.addr);
+    wait_metrics(&maddr, "the place was not taken", |m| sum(m, "tally_control_handshakes", "") == 1.0);
+    for i in 0..200 {
+        let mut s = connect_from("127.0.0.1", &srv.addr);
+        std::io::Write::write_all(&mut s, &[0x55u8; core::mem::size_of::<tally_engine::wire::Hello>()]).unwrap();
+        let a = answer(&mut s);
+        assert_eq!(a, "busy", "try {i}: {a}");
+    }
+    assert_eq!(metric(&maddr, "tally_control_refusals_total", "reason=\"busy\""), 200.0);
+    assert!(srv.stop().success());
+}

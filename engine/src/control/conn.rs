@@ -43,6 +43,15 @@ const FIRST_CONN: usize = 2;
 /// A joined connection that leaves this much unsent is not reading: it is closed.
 const MAX_OUT_BYTES: usize = 64 << 20;
 
+/// A refused handshake stays open this long after its reject, or until the
+/// peer closes, reading and dropping what comes. Closing at once with the
+/// peer's Hello unread would make the kernel answer with a reset, and a
+/// reset can reach the peer before the reject it has not read yet.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// At most this many refused connections linger; past it they are closed at once.
+const MAX_LINGERING: usize = 4096;
+
 /// What the job logic hears from connections.
 pub enum ConnEvent {
     Join(Box<Joining>),
@@ -110,6 +119,8 @@ struct Connection {
     sent: usize,
     /// Close once `output` is written (a reject, an end).
     closing: bool,
+    /// Refused, reject written, write side shut: waiting for the peer's close.
+    lingering: bool,
 }
 
 /// Every control connection and the listener, on one mio poll.
@@ -124,7 +135,11 @@ pub struct Connections {
     generation: Vec<u32>,
     /// Handshake deadlines in accept order (one timeout for all: FIFO is sorted).
     deadlines: VecDeque<(Instant, u64)>,
+    /// Refused connections waiting for their peer's close, by deadline (FIFO, as above).
+    lingering: VecDeque<(Instant, u64)>,
     admission: Admission,
+    /// Connections in [`Phase::Rank`].
+    ranks: usize,
     rules: Rules,
     counters: Arc<ControlCounters>,
     /// Events produced outside `turn` (a write that failed), reported by the next one.
@@ -163,6 +178,8 @@ impl Connections {
             free: Vec::new(),
             generation: Vec::new(),
             deadlines: VecDeque::new(),
+            lingering: VecDeque::new(),
+            ranks: 0,
             admission: Admission::new(rules.max_handshakes, rules.max_handshakes_per_source),
             rules,
             counters,
@@ -185,7 +202,13 @@ impl Connections {
             }
             self.deadlines.pop_front();
         }
-        self.deadlines.front().map(|d| d.0)
+        while let Some(&(_, id)) = self.lingering.front() {
+            if self.get(id).is_some_and(|c| c.lingering) {
+                break;
+            }
+            self.lingering.pop_front();
+        }
+        [self.deadlines.front(), self.lingering.front()].into_iter().flatten().map(|d| d.0).min()
     }
 
     /// One turn: waits for readiness (at most `timeout`, less if a handshake
@@ -261,14 +284,33 @@ impl Connections {
                 self.quiet.busy_source += 1;
                 self.quiet.sample = Some(source);
                 self.counters.refused(RejectCode::Busy);
-                // One try; a socket that cannot take 200 bytes is not a rank's.
                 let r = Reject::new(RejectCode::Busy, "", "too many connections from this address in their handshake; try again later");
-                let _ = stream.write(bytemuck::bytes_of(&r));
+                if self.lingering.len() >= MAX_LINGERING {
+                    // A flood: one try, then close (a reset may beat the reject).
+                    let _ = stream.write(bytemuck::bytes_of(&r));
+                    return;
+                }
+                if let Some(id) = self.register(stream, peer, Phase::Refused) {
+                    let slot = (id & 0xffff_ffff) as usize;
+                    let c = self.slots[slot].as_mut().expect("just registered");
+                    c.closing = true;
+                    c.output.extend_from_slice(bytemuck::bytes_of(&r));
+                    let mut out = Vec::new();
+                    self.flush(slot, &mut out);
+                }
                 return;
             }
             Verdict::AdmitEvicting(victim) => self.evict(victim),
             Verdict::Admit => {}
         }
+        if let Some(id) = self.register(stream, peer, Phase::Handshake) {
+            self.admission.enter(source);
+            self.deadlines.push_back((Instant::now() + self.rules.handshake_timeout, id));
+        }
+    }
+
+    /// Gives an accepted connection a slot and a place on the poll.
+    fn register(&mut self, mut stream: TcpStream, peer: SocketAddr, phase: Phase) -> Option<u64> {
         let _ = stream.set_nodelay(true);
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -283,20 +325,12 @@ impl Connections {
         if let Err(e) = self.poll.registry().register(&mut stream, Token(slot + FIRST_CONN), Interest::READABLE | Interest::WRITABLE) {
             log::warn!("{peer}: cannot watch the connection: {e}");
             self.free.push(slot);
-            return;
+            return None;
         }
-        self.admission.enter(source);
-        self.deadlines.push_back((Instant::now() + self.rules.handshake_timeout, id));
-        self.slots[slot] = Some(Connection {
-            id,
-            stream,
-            peer,
-            phase: Phase::Handshake,
-            input: Vec::with_capacity(core::mem::size_of::<Hello>()),
-            output: Vec::new(),
-            sent: 0,
-            closing: false,
-        });
+        let input = if phase == Phase::Handshake { Vec::with_capacity(core::mem::size_of::<Hello>()) } else { Vec::new() };
+        self.slots[slot] =
+            Some(Connection { id, stream, peer, phase, input, output: Vec::new(), sent: 0, closing: false, lingering: false });
+        Some(id)
     }
 
     /// Makes room: the oldest handshake from `source` is told busy and closed.
@@ -427,6 +461,7 @@ impl Connections {
         let c = self.slots[slot].as_mut().expect("live slot");
         c.phase = Phase::Rank;
         c.input.clear();
+        self.ranks += 1;
         self.admission.leave(peer.ip());
         out.push(ConnEvent::Join(Box::new(Joining { rejoin: hello.rejoin(), conn: id, peer, spec, rank: hello.rank, name })));
         true
@@ -513,7 +548,12 @@ impl Connections {
         }
         c.output.clear();
         c.sent = 0;
-        if c.closing {
+        if c.closing && c.phase == Phase::Refused && !c.lingering && self.lingering.len() < MAX_LINGERING {
+            // The reject is out: FIN after it, and wait for the peer's close.
+            let _ = c.stream.shutdown(Shutdown::Write);
+            c.lingering = true;
+            self.lingering.push_back((Instant::now() + LINGER, c.id));
+        } else if c.closing && !c.lingering {
             let _ = c.stream.shutdown(Shutdown::Both);
             self.drop_slot(slot, out);
         }
@@ -572,8 +612,18 @@ impl Connections {
         }
     }
 
-    /// Closes handshakes past their deadline.
+    /// Closes handshakes past their deadline, and refused connections past their linger.
     fn expire(&mut self, now: Instant) {
+        while let Some(&(deadline, id)) = self.lingering.front() {
+            if deadline > now {
+                break;
+            }
+            self.lingering.pop_front();
+            if let Some(slot) = self.slot_of(id) {
+                let mut out = Vec::new();
+                self.drop_slot(slot, &mut out);
+            }
+        }
         while let Some(&(deadline, id)) = self.deadlines.front() {
             if deadline > now {
                 break;
@@ -626,22 +676,18 @@ impl Connections {
         let _ = self.poll.registry().deregister(&mut c.stream);
         match c.phase {
             Phase::Handshake => self.admission.leave(c.peer.ip()),
-            Phase::Rank => out.push(ConnEvent::Closed { conn: c.id }),
+            Phase::Rank => {
+                self.ranks -= 1;
+                out.push(ConnEvent::Closed { conn: c.id });
+            }
             Phase::Refused => {} // never a rank: nobody waits for its close
         }
         self.free.push(slot);
     }
 
     fn publish(&self) {
-        let live = self.slots.iter().flatten().count();
-        let hs = self.admission.total();
-        self.counters.handshakes.store(hs as u64, Ordering::Relaxed);
-        self.counters.joined.store((live - hs) as u64, Ordering::Relaxed);
-    }
-
-    /// Connections in their handshake, and all connections.
-    pub fn counts(&self) -> (usize, usize) {
-        (self.admission.total(), self.slots.iter().flatten().count())
+        self.counters.handshakes.store(self.admission.total() as u64, Ordering::Relaxed);
+        self.counters.joined.store(self.ranks as u64, Ordering::Relaxed);
     }
 
     /// Best effort at shutdown: writes what is queued, without waiting.
