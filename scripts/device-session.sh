@@ -346,7 +346,8 @@ if has rankscale; then
     say "## rank scaling (issue 18): one server (lcores $RS_LCORES, tcp, adaptive, slab $RS_SLAB), ranks on cores $RCORES;"
     say "## $RS_TOTAL in per operation (ranks x size), window $RS_WINDOW, $RS_ITERS back-to-back all-reduces after 2 warm-up, every element checked;"
     say "## per-lcore GB/s = ranks x size / loop mean / $L lcores; ratio = against the first rank count's of the same case and round"
-    say "$(printf '%5s %6s %5s %9s %9s %10s %9s %8s %6s %6s' round case ranks size piece 'mean ms' 'GB/s/lc' ratio wrong exit)"
+    say "## lcore cpu = cores the lcore threads used while bytes came in (of $L; well below $L: the ranks, not the server, set the figure)"
+    say "$(printf '%5s %6s %5s %9s %9s %10s %9s %8s %7s %6s %6s' round case ranks size piece 'mean ms' 'GB/s/lc' ratio 'lc cpu' wrong exit)"
     port=7481
     for round in $(seq "$RS_REPEAT"); do
         for case in chunk piece; do
@@ -355,18 +356,49 @@ if has rankscale; then
                 chunk=256K; [ "$case" = piece ] && chunk=$RS_PIECE
                 tag="$round-$case-$n"
                 TALLY_LOG=info "$TALLY" server --listen 127.0.0.1:$port --lcores "$RS_LCORES" --provider tcp --poll adaptive \
-                    --slab-size "$RS_SLAB" >"$OUT/rs-server$tag.out" 2>"$OUT/rs-server$tag.log" &
+                    --slab-size "$RS_SLAB" --metrics 127.0.0.1:$((port + 100)) >"$OUT/rs-server$tag.out" 2>"$OUT/rs-server$tag.log" &
                 spid=$!
                 for _ in $(seq 100); do grep -q ready "$OUT/rs-server$tag.out" 2>/dev/null && break; sleep 0.1; done
+                # Every 0.1 s: the lcore threads' CPU time and the bytes they
+                # took in, so that the loop's lcore use can be told apart from
+                # the join (lcores below 1.0 each: the ranks, not the server,
+                # set the figure).
+                python3 - "$spid" "$((port + 100))" >"$OUT/rs-cpu$tag" 2>/dev/null <<'PY' &
+import glob, os, sys, time, urllib.request
+pid, mport = sys.argv[1], sys.argv[2]
+tick = os.sysconf("SC_CLK_TCK")
+while os.path.exists(f"/proc/{pid}"):
+    try:
+        cpu = 0
+        for t in glob.glob(f"/proc/{pid}/task/*"):
+            if open(f"{t}/comm").read().startswith("lcore-"):
+                f = open(f"{t}/stat").read().rsplit(")", 1)[1].split()
+                cpu += int(f[11]) + int(f[12])
+        m = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=1).read().decode()
+        b = sum(float(l.split()[-1]) for l in m.splitlines() if l.startswith("tally_lcore_bytes_in_total{"))
+        print(time.time(), cpu / tick, b, flush=True)
+    except Exception:
+        pass
+    time.sleep(0.1)
+PY
+                sampler=$!
                 timeout -k 5 500 taskset -c "$RCORES" "$TALLY" bench allreduce --servers 127.0.0.1:$port --provider tcp --ranks "$n" \
                     --mode agg --sizes "$size" --chunk "$chunk" --window "$RS_WINDOW" --iters "$RS_ITERS" --warmup 2 --json \
                     >"$OUT/rs$tag.json" 2>"$OUT/rs$tag.err"
                 rc=$?
-                kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+                kill "$spid" 2>/dev/null; wait "$spid" "$sampler" 2>/dev/null
                 port=$((port + 1))
-                python3 - "$round" "$case" "$n" "$L" "$rc" "$OUT/rs$tag.json" "$OUT/rs-server$tag.log" "$OUT/rs-base-$round-$case" <<'PY' | tee -a "$S"
+                python3 - "$round" "$case" "$n" "$L" "$rc" "$OUT/rs$tag.json" "$OUT/rs-server$tag.log" "$OUT/rs-base-$round-$case" "$OUT/rs-cpu$tag" <<'PY' | tee -a "$S"
 import json, os, re, sys
-rnd, case, n, L, rc, jf, log, basef = sys.argv[1:]
+rnd, case, n, L, rc, jf, log, basef, cpuf = sys.argv[1:]
+# lcore CPU (cores) while bytes came in, leaving out the first and last such interval
+rows = [list(map(float, l.split())) for l in open(cpuf) if len(l.split()) == 3]
+act = [i for i in range(1, len(rows)) if rows[i][2] > rows[i - 1][2]]
+lc = "-"
+if len(act) >= 3:
+    a, b = act[1] - 1, act[-2]
+    if rows[b][0] > rows[a][0]:
+        lc = f"{(rows[b][1] - rows[a][1]) / (rows[b][0] - rows[a][0]):.2f}"
 n, L = int(n), int(L)
 try:
     r = json.load(open(jf))["results"][0]
@@ -375,14 +407,14 @@ except Exception:
 m = next((re.search(r"(\d+) elements per piece", l) for l in open(log) if "starting (tag" in l), None)
 piece = f"{int(m.group(1)) * 4 // 1024}K" if m else "?"
 if r is None:
-    print(f"{rnd:>5} {case:>6} {n:>5} {'-':>9} {piece:>9} {'-':>10} {'-':>9} {'-':>8} {'-':>6} {rc:>6}")
+    print(f"{rnd:>5} {case:>6} {n:>5} {'-':>9} {piece:>9} {'-':>10} {'-':>9} {'-':>8} {lc:>7} {'-':>6} {rc:>6}")
     sys.exit()
 gbps = n * r["bytes"] / (r["time_us"] * 1e-6) / L / 1e9
 if not os.path.exists(basef):
     open(basef, "w").write(str(gbps))
 base = float(open(basef).read())
 size = f"{r['bytes'] // 1024}K" if r["bytes"] < 1 << 20 else f"{r['bytes'] >> 20}M"
-print(f"{rnd:>5} {case:>6} {n:>5} {size:>9} {piece:>9} {r['time_us'] / 1e3:>10.1f} {gbps:>9.3f} {gbps / base:>8.2f} {r['wrong']:>6} {rc:>6}")
+print(f"{rnd:>5} {case:>6} {n:>5} {size:>9} {piece:>9} {r['time_us'] / 1e3:>10.1f} {gbps:>9.3f} {gbps / base:>8.2f} {lc:>7} {r['wrong']:>6} {rc:>6}")
 PY
             done
         done
