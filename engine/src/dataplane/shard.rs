@@ -201,6 +201,9 @@ pub struct ShardWorker {
     /// Operations the provider refused with EAGAIN, as context ids, retried
     /// first on every turn. Preallocated to the context table's size.
     retry: Vec<u32>,
+    /// The retry list being worked through, swapped with `retry` each pass
+    /// (preallocated alike, so a pass allocates nothing).
+    retrying: Vec<u32>,
     commands: Receiver<Command>,
     events: EventSender,
     turns: u32,
@@ -259,6 +262,7 @@ impl ShardWorker {
             per_job,
             jobs: (0..max_jobs).map(|_| None).collect(),
             retry: Vec::with_capacity(capacity),
+            retrying: Vec::with_capacity(capacity),
             commands,
             events,
             turns: 0,
@@ -731,19 +735,31 @@ impl ShardWorker {
     }
 
     fn retry_posts(&mut self) {
-        // Take the queue so posting can push to it again; capacity is kept.
-        let mut pending = std::mem::take(&mut self.retry);
-        for ctx in pending.drain(..) {
+        // Work through the list while posting refills `retry`; both vectors
+        // have the context table's capacity, so neither ever grows.
+        std::mem::swap(&mut self.retry, &mut self.retrying);
+        // Once the provider refused a receive, the rest of this pass's
+        // receives would be refused too: rxm queues a fixed number per
+        // endpoint (2048 in 1.17), so a job past it (1024 ranks at window 4)
+        // had every refused receive retried on every turn, thousands of
+        // failing calls before each poll. They keep their order and are
+        // tried again next turn.
+        let mut recv_full = false;
+        for i in 0..self.retrying.len() {
+            let ctx = self.retrying[i];
+            let is_recv = (ctx % self.per_job) & 1 == 0;
+            if recv_full && is_recv {
+                self.retry.push(ctx);
+                continue;
+            }
+            let queued = self.retry.len();
             if let Err(e) = self.post(ctx) {
                 let ji = (ctx / self.per_job) as usize;
                 self.fail(ji, format!("posting: {e}"));
             }
+            recv_full |= is_recv && self.retry.len() > queued;
         }
-        if self.retry.is_empty() {
-            self.retry = pending;
-        } else {
-            self.retry.append(&mut pending);
-        }
+        self.retrying.clear();
     }
 }
 
