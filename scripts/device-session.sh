@@ -34,6 +34,19 @@
 #            cores), 4 KiB and 1 MiB, every element checked: p50, the time
 #            from the bench's start to the job running, and the server's
 #            threads and VmRSS (sampled every 0.2 s, the highest seen).
+#   rankscale  issue 18's target, throughput per lcore with many ranks: one
+#            server (lcores 0-3, tcp, adaptive), ranks (threads above 64) on
+#            the other cores; 8 ranks against 1024 at the same total bytes
+#            per operation (8 x 64 MiB against 1024 x 512 KiB), once with the
+#            default chunk (the server shrinks 1024 ranks' pieces to fit its
+#            slab budget) and once with every run at the piece 1024 ranks get
+#            (32 KiB: the same number of messages). Figure: server input
+#            GB/s per lcore = ranks x bytes per rank / time (loop mean) /
+#            lcores, and its ratio to 8 ranks' (issue 18 asks >= 0.8). Each
+#            pair is run twice (8, N, 8, N) so the spread shows. Knobs (to
+#            shrink it on a small host): RS_LCORES (0-3), RS_RANKS ("8 1024",
+#            the first is the baseline), RS_TOTAL (512M), RS_PIECE (32K),
+#            RS_WINDOW (2), RS_ITERS (10), RS_REPEAT (2), RS_SLAB (256M).
 #   fostage  what failover's staging copy costs: 8 ranks (cores 8-15)
 #            against 3 servers (tcp, busy, lcores 0-1, 2-3, 4-5), 4 KiB,
 #            1 MiB and 64 MiB, with TALLY_FAILOVER=0 and =1, same run.
@@ -319,6 +332,94 @@ for r in rows:
     print(f"  {r['bytes']:>8} B: p50 {r.get('p50_us', 0):.0f} us, mean {r.get('mean_us', 0):.0f} us, p99 {r.get('p99_us', 0):.0f} us, wrong {r['wrong']}")
 print(f"  server: peak {pt} threads, peak VmRSS {int(pr) // 1024 if pr.isdigit() else pr} MiB; whole run {t1 - t0:.1f} s")
 PY
+    done
+fi
+
+if has rankscale; then
+    RS_LCORES="${RS_LCORES:-0-3}"; RS_RANKS="${RS_RANKS:-8 1024}"; RS_TOTAL="${RS_TOTAL:-512M}"
+    RS_PIECE="${RS_PIECE:-32K}"; RS_WINDOW="${RS_WINDOW:-2}"; RS_ITERS="${RS_ITERS:-10}"
+    RS_REPEAT="${RS_REPEAT:-2}"; RS_SLAB="${RS_SLAB:-256M}"
+    bytes() { numfmt --from=iec "$1"; }
+    L=$(( ${RS_LCORES#*-} - ${RS_LCORES%-*} + 1 ))
+    # Ranks on the cores the lcores leave; a host with no others shares them.
+    if [ "$C" -gt $(( ${RS_LCORES#*-} + 1 )) ]; then RCORES="$(( ${RS_LCORES#*-} + 1 ))-$((C-1))"; else RCORES="0-$((C-1))"; fi
+    total=$(bytes "$RS_TOTAL")
+    say ""
+    say "## rank scaling (issue 18): one server (lcores $RS_LCORES, tcp, adaptive, slab $RS_SLAB), ranks on cores $RCORES;"
+    say "## $RS_TOTAL in per operation (ranks x size), window $RS_WINDOW, $RS_ITERS back-to-back all-reduces after 2 warm-up, every element checked;"
+    say "## per-lcore GB/s = ranks x size / loop mean / $L lcores; ratio = against the first rank count's of the same case and round"
+    say "## lcore cpu = cores the lcore threads used while bytes came in (of $L; well below $L: the ranks, not the server, set the figure)"
+    say "$(printf '%5s %6s %5s %9s %9s %10s %9s %8s %7s %6s %6s' round case ranks size piece 'mean ms' 'GB/s/lc' ratio 'lc cpu' wrong exit)"
+    port=7481
+    for round in $(seq "$RS_REPEAT"); do
+        for case in chunk piece; do
+            for n in $RS_RANKS; do
+                size=$(( total / n ))
+                chunk=256K; [ "$case" = piece ] && chunk=$RS_PIECE
+                tag="$round-$case-$n"
+                TALLY_LOG=info "$TALLY" server --listen 127.0.0.1:$port --lcores "$RS_LCORES" --provider tcp --poll adaptive \
+                    --slab-size "$RS_SLAB" --metrics 127.0.0.1:$((port + 100)) >"$OUT/rs-server$tag.out" 2>"$OUT/rs-server$tag.log" &
+                spid=$!
+                for _ in $(seq 100); do grep -q ready "$OUT/rs-server$tag.out" 2>/dev/null && break; sleep 0.1; done
+                # Every 0.1 s: the lcore threads' CPU time and the bytes they
+                # took in, so that the loop's lcore use can be told apart from
+                # the join (lcores below 1.0 each: the ranks, not the server,
+                # set the figure).
+                python3 - "$spid" "$((port + 100))" >"$OUT/rs-cpu$tag" 2>/dev/null <<'PY' &
+import glob, os, sys, time, urllib.request
+pid, mport = sys.argv[1], sys.argv[2]
+tick = os.sysconf("SC_CLK_TCK")
+while os.path.exists(f"/proc/{pid}"):
+    try:
+        cpu = 0
+        for t in glob.glob(f"/proc/{pid}/task/*"):
+            if open(f"{t}/comm").read().startswith("lcore-"):
+                f = open(f"{t}/stat").read().rsplit(")", 1)[1].split()
+                cpu += int(f[11]) + int(f[12])
+        m = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=1).read().decode()
+        b = sum(float(l.split()[-1]) for l in m.splitlines() if l.startswith("tally_lcore_bytes_in_total{"))
+        print(time.time(), cpu / tick, b, flush=True)
+    except Exception:
+        pass
+    time.sleep(0.1)
+PY
+                sampler=$!
+                timeout -k 5 500 taskset -c "$RCORES" "$TALLY" bench allreduce --servers 127.0.0.1:$port --provider tcp --ranks "$n" \
+                    --mode agg --sizes "$size" --chunk "$chunk" --window "$RS_WINDOW" --iters "$RS_ITERS" --warmup 2 --json \
+                    >"$OUT/rs$tag.json" 2>"$OUT/rs$tag.err"
+                rc=$?
+                kill "$spid" 2>/dev/null; wait "$spid" "$sampler" 2>/dev/null
+                port=$((port + 1))
+                python3 - "$round" "$case" "$n" "$L" "$rc" "$OUT/rs$tag.json" "$OUT/rs-server$tag.log" "$OUT/rs-base-$round-$case" "$OUT/rs-cpu$tag" <<'PY' | tee -a "$S"
+import json, os, re, sys
+rnd, case, n, L, rc, jf, log, basef, cpuf = sys.argv[1:]
+# lcore CPU (cores) while bytes came in, leaving out the first and last such interval
+rows = [list(map(float, l.split())) for l in open(cpuf) if len(l.split()) == 3]
+act = [i for i in range(1, len(rows)) if rows[i][2] > rows[i - 1][2]]
+lc = "-"
+if len(act) >= 3:
+    a, b = act[1] - 1, act[-2]
+    if rows[b][0] > rows[a][0]:
+        lc = f"{(rows[b][1] - rows[a][1]) / (rows[b][0] - rows[a][0]):.2f}"
+n, L = int(n), int(L)
+try:
+    r = json.load(open(jf))["results"][0]
+except Exception:
+    r = None
+m = next((re.search(r"(\d+) elements per piece", l) for l in open(log) if "starting (tag" in l), None)
+piece = f"{int(m.group(1)) * 4 // 1024}K" if m else "?"
+if r is None:
+    print(f"{rnd:>5} {case:>6} {n:>5} {'-':>9} {piece:>9} {'-':>10} {'-':>9} {'-':>8} {lc:>7} {'-':>6} {rc:>6}")
+    sys.exit()
+gbps = n * r["bytes"] / (r["time_us"] * 1e-6) / L / 1e9
+if not os.path.exists(basef):
+    open(basef, "w").write(str(gbps))
+base = float(open(basef).read())
+size = f"{r['bytes'] // 1024}K" if r["bytes"] < 1 << 20 else f"{r['bytes'] >> 20}M"
+print(f"{rnd:>5} {case:>6} {n:>5} {size:>9} {piece:>9} {r['time_us'] / 1e3:>10.1f} {gbps:>9.3f} {gbps / base:>8.2f} {lc:>7} {r['wrong']:>6} {rc:>6}")
+PY
+            done
+        done
     done
 fi
 

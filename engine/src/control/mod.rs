@@ -404,7 +404,7 @@ impl ControlPlane {
             refuse(&mut self.net, &c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
             return;
         }
-        // Ranks waiting for their job to gather hold a thread each: bounded
+        // Ranks waiting for their job to gather hold a connection each: bounded
         // by what the server could ever run at once.
         let waiting: u32 = self.pending.values().map(|p| p.joined).sum();
         if waiting >= self.limits.max_ranks * self.active.len() as u32 {
