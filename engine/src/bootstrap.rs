@@ -289,7 +289,14 @@ impl BootstrapListener {
             // accept deadline allows.
             let hello_wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
             let mut link = Link::new(stream, u32::MAX, hello_wait)?;
-            let (h, _) = link.recv(hello_wait, "a hello").map_err(|e| {
+            let got = link.recv(hello_wait, "a hello");
+            if let Err(BootstrapError::Closed { .. }) = got {
+                // A rank's connect that gave up (its 1 s attempt timed out
+                // while the connection waited in our backlog) and was retried:
+                // the retry is the one that says hello.
+                continue;
+            }
+            let (h, _) = got.map_err(|e| {
                 let detail = match e {
                     BootstrapError::Protocol { detail, .. } => detail,
                     BootstrapError::Timeout { .. } => {
@@ -379,8 +386,16 @@ impl Bootstrap {
     /// [`BootstrapListener::port`] reports.
     pub fn listen(addr: &str) -> Result<BootstrapListener, BootstrapError> {
         let sa = resolve(addr)?;
-        let listener =
-            TcpListener::bind(sa).map_err(|e| BootstrapError::Io { what: format!("binding the bootstrap listener to {sa}"), source: e })?;
+        // A thousand ranks connect at once: std's backlog of 128 would drop
+        // SYNs and make them wait out retransmits.
+        let bind = || -> io::Result<TcpListener> {
+            let s = socket2::Socket::new(socket2::Domain::for_address(sa), socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+            s.set_reuse_address(true)?;
+            s.bind(&sa.into())?;
+            s.listen(4096)?;
+            Ok(s.into())
+        };
+        let listener = bind().map_err(|e| BootstrapError::Io { what: format!("binding the bootstrap listener to {sa}"), source: e })?;
         let addr = listener.local_addr().map_err(|e| BootstrapError::Io { what: "reading the listener's address".into(), source: e })?;
         Ok(BootstrapListener { listener, addr })
     }

@@ -126,11 +126,6 @@ pub trait Worker {
     fn poll_once(&mut self, stats: &Counters) -> usize;
     /// Sleep until work may be ready or `timeout_ms` passes (adaptive mode).
     fn wait(&mut self, timeout_ms: i32);
-    /// Empty polls an adaptive poller makes before it sleeps, given the
-    /// configured number: a worker whose empty poll is expensive spins less.
-    fn spin_polls(&self, configured: u32) -> u32 {
-        configured
-    }
     /// Called once when the lcore stops: cancel or drain what is in flight.
     /// Resources are released when the worker is dropped right after.
     fn shutdown(&mut self) {}
@@ -267,7 +262,7 @@ fn run<W: Worker>(worker: &mut W, mode: PollMode, stats: &Counters, stop: &Atomi
             PollMode::Busy => std::hint::spin_loop(),
             PollMode::Adaptive { spin_polls, sleep_ms } => {
                 empty_streak += 1;
-                if empty_streak >= worker.spin_polls(spin_polls) {
+                if empty_streak >= spin_polls {
                     worker.wait(sleep_ms);
                     bump(&stats.sleeps, 1);
                     empty_streak = 0;

@@ -217,20 +217,7 @@ pub struct ShardWorker {
     /// How long a slot's first piece waits for the other ranks' pieces.
     op_timeout: std::time::Duration,
     next_housekeeping: Instant,
-    /// Ranks of the jobs in the table: on connection-based providers, the
-    /// connections each empty poll walks (see [`SPIN_PEERS`]).
-    peers: u32,
 }
-
-/// Peers up to which an adaptive lcore spins its configured number of empty
-/// polls; above it, proportionally fewer (at least one). tcp;ofi_rxm 1.17
-/// visits every connection of the endpoint, taking its mutex, on each poll
-/// (`tcpx_progress` walks the CQ's endpoint list before its `epoll_wait`),
-/// and again in `fi_trywait`: an empty poll costs about 15 us with 512 ranks
-/// here, so 16 of them held the lcore 250 us spinning, while the sleep on the
-/// CQ's descriptor wakes as soon as data arrives. Measured here (2 cores, 512
-/// ranks, 32 KiB pieces): 3.6 empty polls per completion at 16 spins, 0.4 at 1.
-const SPIN_PEERS: u32 = 64;
 
 /// Empty polls between two looks at the command channel and the clock.
 const IDLE_CHECK_EVERY: u32 = 32;
@@ -272,16 +259,7 @@ impl ShardWorker {
             metrics,
             op_timeout,
             next_housekeeping: Instant::now(),
-            peers: 0,
         }
-    }
-
-    /// Counts the ranks of the jobs in the table (cold: job start, housekeeping),
-    /// on providers whose poll visits every connection (rxm; shm and efa poll
-    /// shared queues, and shm's sleep is a nap, not a wake-up on data).
-    fn count_peers(&mut self) {
-        let walks = self.ep.provider().contains("rxm");
-        self.peers = if walks { self.jobs.iter().flatten().map(|j| j.on.spec.nranks).sum() } else { 0 };
     }
 
     /// Posts the operation a context id stands for (receive into its piece,
@@ -655,7 +633,6 @@ impl ShardWorker {
         self.check_commands();
         self.expire_drains();
         self.expire_stragglers(now);
-        self.count_peers();
     }
 
     fn add_job(&mut self, on: JobOnShard) {
@@ -709,7 +686,6 @@ impl ShardWorker {
                 return;
             }
         }
-        self.count_peers();
         let _ = self.events.send(Event::JobReady { lcore: self.lcore, tag });
     }
 
@@ -844,13 +820,6 @@ impl Worker for ShardWorker {
         self.check_commands();
         self.housekeeping();
         let _ = self.ep.wait(timeout_ms);
-    }
-
-    fn spin_polls(&self, configured: u32) -> u32 {
-        if self.peers <= SPIN_PEERS {
-            return configured;
-        }
-        (configured as u64 * SPIN_PEERS as u64 / self.peers as u64).max(1) as u32
     }
 
     fn shutdown(&mut self) {
