@@ -127,6 +127,8 @@ struct Connection {
 pub struct Connections {
     poll: Poll,
     events: mio::Events,
+    /// (token, readable, writable) of the last poll's events, reused.
+    ready: Vec<(Token, bool, bool)>,
     listener: TcpListener,
     waker: Arc<Waker>,
     slots: Vec<Option<Connection>>,
@@ -172,6 +174,7 @@ impl Connections {
         Ok(Connections {
             poll,
             events: mio::Events::with_capacity(1024),
+            ready: Vec::with_capacity(1024),
             listener,
             waker,
             slots: Vec::new(),
@@ -228,10 +231,12 @@ impl Connections {
             }
             return;
         }
-        let ready: Vec<(Token, bool, bool)> =
-            self.events.iter().map(|e| (e.token(), e.is_readable() || e.is_read_closed() || e.is_error(), e.is_writable())).collect();
+        // The events borrow the poll's buffer; copy what matters out first.
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.clear();
+        ready.extend(self.events.iter().map(|e| (e.token(), e.is_readable() || e.is_read_closed() || e.is_error(), e.is_writable())));
         let mut accept = self.accept_stalled;
-        for (token, readable, writable) in ready {
+        for &(token, readable, writable) in &ready {
             match token {
                 LISTENER => accept = true,
                 WAKER => {}
@@ -246,6 +251,7 @@ impl Connections {
                 }
             }
         }
+        self.ready = ready;
         if accept {
             self.accept();
         }
@@ -284,19 +290,14 @@ impl Connections {
                 self.quiet.busy_source += 1;
                 self.quiet.sample = Some(source);
                 self.counters.refused(RejectCode::Busy);
-                let r = Reject::new(RejectCode::Busy, "", "too many connections from this address in their handshake; try again later");
+                let why = "too many connections from this address in their handshake; try again later";
                 if self.lingering.len() >= MAX_LINGERING {
                     // A flood: one try, then close (a reset may beat the reject).
-                    let _ = stream.write(bytemuck::bytes_of(&r));
+                    let _ = stream.write(bytemuck::bytes_of(&Reject::new(RejectCode::Busy, "", why)));
                     return;
                 }
                 if let Some(id) = self.register(stream, peer, Phase::Refused) {
-                    let slot = (id & 0xffff_ffff) as usize;
-                    let c = self.slots[slot].as_mut().expect("just registered");
-                    c.closing = true;
-                    c.output.extend_from_slice(bytemuck::bytes_of(&r));
-                    let mut out = Vec::new();
-                    self.flush(slot, &mut out);
+                    self.refuse_handshake(id, RejectCode::Busy, "", why);
                 }
                 return;
             }
@@ -595,6 +596,8 @@ impl Connections {
         self.queued.append(&mut out);
     }
 
+    /// Sends a reject to a connection that is not a rank (in its handshake,
+    /// or refused at accept) and closes it once written, lingering (see [`LINGER`]).
     fn refuse_handshake(&mut self, id: u64, code: RejectCode, field: &str, msg: &str) {
         if let Some(slot) = self.slot_of(id) {
             let c = self.slots[slot].as_mut().expect("live slot");

@@ -596,6 +596,7 @@ impl ControlPlane {
             return;
         }
         a.phase = Phase::Ending;
+        self.dirty = true;
         let r = Reject::new(code, "", why);
         for c in &a.conns {
             let _ = self.net.send(c.id, bytemuck::bytes_of(&r));
@@ -736,6 +737,7 @@ impl ControlPlane {
     }
 
     fn start_drain(&mut self, now: Instant) {
+        self.dirty = true;
         let running: Vec<usize> =
             (0..self.active.len()).filter(|&i| self.active[i].as_ref().is_some_and(|a| a.phase == Phase::Running)).collect();
         let ranks: u32 = running.iter().filter_map(|&i| self.active[i].as_ref()).map(|a| a.spec.nranks).sum();
