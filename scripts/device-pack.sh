@@ -7,6 +7,8 @@
 #                     (`tally bench cluster --iproute devlib/iproute`)
 #   devlib/bin/       tally and the plugin, debug info stripped (symbols kept,
 #                     so perf still names functions)
+#   devlib/libfabric-X.Y/  other libfabric builds found under /opt
+#                     (scripts/build-libfabric.sh), for side-by-side runs
 #   devlib/perf.tar.xz  this host's perf and its libraries (the session's
 #                     `profile` part unpacks it), when perf is installed here
 # Run it here after `make build`; then on the host:
@@ -39,6 +41,14 @@ rm -rf devlib/iproute/x devlib/debs
 mkdir -p devlib/bin
 for f in "$TALLY" target/release/libnccl_net_tally.so; do
     strip --strip-debug -o "devlib/bin/$(basename "$f")" "$f"
+done
+# Other libfabric builds (scripts/build-libfabric.sh installs them under
+# /opt/libfabric-VERSION): one folder each, for the session's RS_LIBS.
+for d in /opt/libfabric-*/lib; do
+    [ -f "$d/libfabric.so.1" ] || continue
+    v=$(basename "$(dirname "$d")")
+    mkdir -p "devlib/$v"
+    cp -L "$d/libfabric.so.1" "devlib/$v/"
 done
 # perf, for profiles on hosts that have none. Compressed: libpython and
 # libperl alone are 11 MiB.

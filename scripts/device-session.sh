@@ -45,8 +45,14 @@
 #            lcores, and its ratio to 8 ranks' (issue 18 asks >= 0.8). Each
 #            pair is run twice (8, N, 8, N) so the spread shows. Knobs (to
 #            shrink it on a small host): RS_LCORES (0-3), RS_RANKS ("8 1024",
-#            the first is the baseline), RS_TOTAL (512M), RS_PIECE (32K),
-#            RS_WINDOW (2), RS_ITERS (10), RS_REPEAT (2), RS_SLAB (256M).
+#            the first is the baseline; RANKS:WINDOW sets one count's window), RS_TOTAL (512M), RS_PIECE (32K),
+#            RS_WINDOW (2), RS_ITERS (10), RS_REPEAT (2), RS_SLAB (256M),
+#            RS_CASES ("chunk piece"), RS_LIBS (library folders put first
+#            on LD_LIBRARY_PATH, one pass each, e.g. "devlib/lib
+#            devlib/libfabric-1.22": libfabric builds side by side; default
+#            the inherited path only; ",VAR=value" after a folder sets
+#            variables for that pass), RS_PERF (1: perf profile of the
+#            lcores in each run, from devlib/perf.tar.xz).
 #   fostage  what failover's staging copy costs: 8 ranks (cores 8-15)
 #            against 3 servers (tcp, busy, lcores 0-1, 2-3, 4-5), 4 KiB,
 #            1 MiB and 64 MiB, with TALLY_FAILOVER=0 and =1, same run.
@@ -224,33 +230,46 @@ fi
 
 if has tail; then
     say ""
-    say "## tail: 4 KiB agg loop (2 ranks) alone and beside a 64 MiB agg job (2 ranks), one server, 2 lcores busy"
-    "$TALLY" server --listen 127.0.0.1:7470 --lcores 2-3 --poll busy --provider shm --slab-size 512M >"$OUT/tail-server.out" 2>"$OUT/tail-server.err" &
-    SP=$!
-    for _ in $(seq 300); do grep -q ready "$OUT/tail-server.out" 2>/dev/null && break; sleep 0.1; done
-    small() { timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores "$1" --poll busy \
-        --sizes 4K --iters 5000 --warmup 100 --mode agg --timeout 30 --json 2>>"$OUT/tail.err"; }
-    small 8,9 >"$OUT/tail-alone.json"
-    # The big job ends by itself (bounded iterations), long after the small
-    # loop. Its chunk and window set how many bytes wait in an lcore's shm
-    # queue ahead of a small job's piece: run it with two of each.
-    for big in "256K 4" "64K 2"; do
-        set -- $big
-        timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores 10,11 --poll busy \
-            --sizes 64M --iters 150 --warmup 2 --mode agg --chunk "$1" --window "$2" --timeout 30 --json >"$OUT/tail-big-$1.json" 2>>"$OUT/tail.err" &
-        BP=$!
-        sleep 1.5
-        small 8,9 >"$OUT/tail-loaded-$1.json"
-        wait "$BP"
-        python3 - "$OUT/tail-alone.json" "$OUT/tail-loaded-$1.json" "$1" "$2" <<'PY' | tee -a "$S"
+    say "## tail: 4 KiB agg loop (2 ranks, cores 8,9) alone and beside a 64 MiB agg job (2 ranks, cores 10,11), one server, busy, shm."
+    say "## shared: lcores 2-3 serve both jobs. latency lcore: lcores 2-4 with --latency-lcores 1 (lcore 2 takes operations"
+    say "## of at most 64 KiB, lcores 3-4 the larger ones: the big job has two lcores either way)."
+    for cfg in shared latency; do
+        case $cfg in
+            shared) lc=(--lcores 2-3) ;;
+            latency) lc=(--lcores 2-4 --latency-lcores 1 --latency-max 64K) ;;
+        esac
+        "$TALLY" server --listen 127.0.0.1:7470 "${lc[@]}" --poll busy --provider shm --slab-size 512M >"$OUT/tail-server-$cfg.out" 2>"$OUT/tail-server-$cfg.err" &
+        SP=$!
+        for _ in $(seq 300); do grep -q ready "$OUT/tail-server-$cfg.out" 2>/dev/null && break; sleep 0.1; done
+        small() { timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores "$1" --poll busy \
+            --sizes 4K --iters 5000 --warmup 100 --mode agg --timeout 30 --json 2>>"$OUT/tail.err"; }
+        small 8,9 >"$OUT/tail-alone-$cfg.json"
+        # The big job ends by itself (bounded iterations), long after the small
+        # loop. Its chunk and window set how many bytes wait in an lcore's shm
+        # queue ahead of a small job's piece: run it with two of each.
+        for big in "256K 4" "64K 2"; do
+            set -- $big
+            timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores 10,11 --poll busy \
+                --sizes 64M --iters 150 --warmup 2 --mode agg --chunk "$1" --window "$2" --timeout 30 --json >"$OUT/tail-big-$cfg-$1.json" 2>>"$OUT/tail.err" &
+            BP=$!
+            sleep 1.5
+            small 8,9 >"$OUT/tail-loaded-$cfg-$1.json"
+            wait "$BP"
+            python3 - "$OUT/tail-alone-$cfg.json" "$OUT/tail-loaded-$cfg-$1.json" "$OUT/tail-big-$cfg-$1.json" "$1" "$2" "$cfg" <<'PY' | tee -a "$S"
 import json, sys
 a = json.load(open(sys.argv[1]))["results"][0]; b = json.load(open(sys.argv[2]))["results"][0]
-if sys.argv[3] == "256K":
-    print(f"alone:       mean {a['time_us']:.2f} us, p50 {a['p50_us']:.2f}, p99 {a['p99_us']:.2f}, max {a['max_us']:.1f}; p99/p50 {a['p99_us']/a['p50_us']:.2f}")
-print(f"beside 64M (chunk {sys.argv[3]}, window {sys.argv[4]}):  mean {b['time_us']:.2f} us, p50 {b['p50_us']:.2f}, p99 {b['p99_us']:.2f}, max {b['max_us']:.1f}; p99/alone-p50 {b['p99_us']/a['p50_us']:.2f}")
+try:
+    g = json.load(open(sys.argv[3]))["results"][0]; big = f"; big job {g['time_us'] / 1e3:.1f} ms per 64 MiB, wrong {g['wrong']}"
+except Exception:
+    big = "; big job: no result"
+cfg = sys.argv[6]
+if sys.argv[4] == "256K":
+    print(f"{cfg:>8} alone:  mean {a['time_us']:.2f} us, p50 {a['p50_us']:.2f}, p99 {a['p99_us']:.2f}, max {a['max_us']:.1f}; p99/p50 {a['p99_us']/a['p50_us']:.2f}; wrong {a['wrong']}")
+print(f"{cfg:>8} beside 64M (chunk {sys.argv[4]}, window {sys.argv[5]}):  mean {b['time_us']:.2f} us, p50 {b['p50_us']:.2f}, p99 {b['p99_us']:.2f}, max {b['max_us']:.1f}; p99/alone-p50 {b['p99_us']/a['p50_us']:.2f}; wrong {b['wrong']}{big}")
 PY
+        done
+        kill "$SP"; sleep 2; kill -9 "$SP" 2>/dev/null; wait "$SP" 2>/dev/null
     done
-    kill "$SP"; sleep 2; kill -9 "$SP" 2>/dev/null; wait "$SP" 2>/dev/null
 fi
 
 if has cluster; then
@@ -338,7 +357,8 @@ fi
 if has rankscale; then
     RS_LCORES="${RS_LCORES:-0-3}"; RS_RANKS="${RS_RANKS:-8 1024}"; RS_TOTAL="${RS_TOTAL:-512M}"
     RS_PIECE="${RS_PIECE:-32K}"; RS_WINDOW="${RS_WINDOW:-2}"; RS_ITERS="${RS_ITERS:-10}"
-    RS_REPEAT="${RS_REPEAT:-2}"; RS_SLAB="${RS_SLAB:-256M}"
+    RS_REPEAT="${RS_REPEAT:-2}"; RS_SLAB="${RS_SLAB:-256M}"; RS_CASES="${RS_CASES:-chunk piece}"; RS_LIBS="${RS_LIBS:--}"
+    LD0="${LD_LIBRARY_PATH:-}"
     bytes() { numfmt --from=iec "$1"; }
     L=$(( ${RS_LCORES#*-} - ${RS_LCORES%-*} + 1 ))
     # Ranks on the cores the lcores leave; a host with no others shares them.
@@ -348,15 +368,23 @@ if has rankscale; then
     say "## rank scaling (issue 18): one server (lcores $RS_LCORES, tcp, adaptive, slab $RS_SLAB), ranks on cores $RCORES;"
     say "## $RS_TOTAL in per operation (ranks x size), window $RS_WINDOW, $RS_ITERS back-to-back all-reduces after 2 warm-up, every element checked;"
     say "## per-lcore GB/s = ranks x size / loop mean / $L lcores; ratio = against the first rank count's of the same case and round"
-    say "## lcore cpu = cores the lcore threads used while bytes came in (of $L; well below $L: the ranks, not the server, set the figure)"
-    say "$(printf '%5s %6s %5s %9s %9s %10s %9s %8s %7s %6s %6s' round case ranks size piece 'mean ms' 'GB/s/lc' ratio 'lc cpu' wrong exit)"
+    say "## lc cpu = cores the lcore threads used while bytes came in (of $L; well below $L: the ranks, not the server, set the figure);"
+    say "## rk cpu = busy cores among the ranks' cores $RCORES over the same span (near all of them: the load generator is the limit)"
+    say "$(printf '%5s %6s %8s %9s %9s %10s %9s %8s %7s %7s %6s %6s %s' round case ranks/win size piece 'mean ms' 'GB/s/lc' ratio 'lc cpu' 'rk cpu' wrong exit libfabric)"
     port=7481
     for round in $(seq "$RS_REPEAT"); do
-        for case in chunk piece; do
-            for n in $RS_RANKS; do
+        for case in $RS_CASES; do
+          for entry in $RS_LIBS; do
+            lib="${entry%%,*}"; extra=""; [ "$entry" != "$lib" ] && extra="${entry#*,}"
+            if [ "$lib" = - ]; then export LD_LIBRARY_PATH="$LD0"; else export LD_LIBRARY_PATH="$(realpath "$lib")${LD0:+:$LD0}"; fi
+            for kv in ${extra//,/ }; do export "${kv?}"; done
+            libv=$("$TALLY" doctor 2>/dev/null | awk '$1 == "libfabric" {sub(";", "", $3); print "libfabric-" $3; exit}'); libv="${libv:-libfabric-?}${extra:+,$extra}"
+            for nw in $RS_RANKS; do
+                # RANKS:WINDOW gives that rank count its own window.
+                n=${nw%%:*}; w=${nw#*:}; [ "$w" = "$nw" ] && w=$RS_WINDOW
                 size=$(( total / n ))
                 chunk=256K; [ "$case" = piece ] && chunk=$RS_PIECE
-                tag="$round-$case-$n"
+                tag="$round-$case-$libv-$n-w$w"
                 TALLY_LOG=info "$TALLY" server --listen 127.0.0.1:$port --lcores "$RS_LCORES" --provider tcp --poll adaptive \
                     --slab-size "$RS_SLAB" --metrics 127.0.0.1:$((port + 100)) >"$OUT/rs-server$tag.out" 2>"$OUT/rs-server$tag.log" &
                 spid=$!
@@ -365,10 +393,20 @@ if has rankscale; then
                 # took in, so that the loop's lcore use can be told apart from
                 # the join (lcores below 1.0 each: the ranks, not the server,
                 # set the figure).
-                python3 - "$spid" "$((port + 100))" >"$OUT/rs-cpu$tag" 2>/dev/null <<'PY' &
+                python3 - "$spid" "$((port + 100))" "$RCORES" >"$OUT/rs-cpu$tag" 2>/dev/null <<'PY' &
 import glob, os, sys, time, urllib.request
-pid, mport = sys.argv[1], sys.argv[2]
+pid, mport, rcores = sys.argv[1], sys.argv[2], sys.argv[3]
 tick = os.sysconf("SC_CLK_TCK")
+lo, hi = map(int, rcores.split("-"))
+def rank_busy():
+    # Busy time of the ranks' cores (everything but idle and iowait).
+    t = 0
+    for l in open("/proc/stat"):
+        f = l.split()
+        if f[0].startswith("cpu") and f[0][3:].isdigit() and lo <= int(f[0][3:]) <= hi:
+            v = list(map(int, f[1:]))
+            t += sum(v) - v[3] - v[4]
+    return t / tick
 while os.path.exists(f"/proc/{pid}"):
     try:
         cpu = 0
@@ -378,30 +416,47 @@ while os.path.exists(f"/proc/{pid}"):
                 cpu += int(f[11]) + int(f[12])
         m = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=1).read().decode()
         b = sum(float(l.split()[-1]) for l in m.splitlines() if l.startswith("tally_lcore_bytes_in_total{"))
-        print(time.time(), cpu / tick, b, flush=True)
+        print(time.time(), cpu / tick, b, rank_busy(), flush=True)
     except Exception:
         pass
     time.sleep(0.1)
 PY
                 sampler=$!
                 timeout -k 5 500 taskset -c "$RCORES" "$TALLY" bench allreduce --servers 127.0.0.1:$port --provider tcp --ranks "$n" \
-                    --mode agg --sizes "$size" --chunk "$chunk" --window "$RS_WINDOW" --iters "$RS_ITERS" --warmup 2 --json \
-                    >"$OUT/rs$tag.json" 2>"$OUT/rs$tag.err"
+                    --mode agg --sizes "$size" --chunk "$chunk" --window "$w" --iters "$RS_ITERS" --warmup 2 --json \
+                    >"$OUT/rs$tag.json" 2>"$OUT/rs$tag.err" &
+                bpid=$!
+                if [ -n "${RS_PERF:-}" ] && [ -f "$DEVLIB/perf.tar.xz" ]; then
+                    # RS_PERF=1: the lcores' profile once bytes flow (the
+                    # second half of the run's expected span).
+                    [ -x /tmp/tally-perf/perf/perf ] || { mkdir -p /tmp/tally-perf && tar -C /tmp/tally-perf -xJf "$DEVLIB/perf.tar.xz"; }
+                    for _ in $(seq 600); do [ "$(wc -l <"$OUT/rs-cpu$tag" 2>/dev/null || echo 0)" -gt 2 ] && \
+                        awk 'NR > 1 && $3 > p {f = 1} {p = $3} END {exit !f}' "$OUT/rs-cpu$tag" && break; sleep 0.1; done
+                    env LD_LIBRARY_PATH="/tmp/tally-perf/perf/lib:${LD_LIBRARY_PATH:-}" /tmp/tally-perf/perf/perf record -F 1999 \
+                        -C "$RS_LCORES" -o "$OUT/rs-perf$tag.data" -- sleep 3 >/dev/null 2>>"$OUT/rs-perf.err"
+                    env LD_LIBRARY_PATH="/tmp/tally-perf/perf/lib:${LD_LIBRARY_PATH:-}" /tmp/tally-perf/perf/perf report -i "$OUT/rs-perf$tag.data" \
+                        --no-children --sort dso --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -8 >"$OUT/rs-perf$tag.txt"
+                    env LD_LIBRARY_PATH="/tmp/tally-perf/perf/lib:${LD_LIBRARY_PATH:-}" /tmp/tally-perf/perf/perf report -i "$OUT/rs-perf$tag.data" \
+                        --no-children --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -30 >>"$OUT/rs-perf$tag.txt"
+                    rm -f "$OUT/rs-perf$tag.data"
+                fi
+                wait "$bpid"
                 rc=$?
                 kill "$spid" 2>/dev/null; wait "$spid" "$sampler" 2>/dev/null
                 port=$((port + 1))
-                python3 - "$round" "$case" "$n" "$L" "$rc" "$OUT/rs$tag.json" "$OUT/rs-server$tag.log" "$OUT/rs-base-$round-$case" "$OUT/rs-cpu$tag" <<'PY' | tee -a "$S"
+                python3 - "$round" "$case" "$n:$w" "$L" "$rc" "$OUT/rs$tag.json" "$OUT/rs-server$tag.log" "$OUT/rs-base-$round-$case-$libv" "$OUT/rs-cpu$tag" "$libv" <<'PY' | tee -a "$S"
 import json, os, re, sys
-rnd, case, n, L, rc, jf, log, basef, cpuf = sys.argv[1:]
+rnd, case, n, L, rc, jf, log, basef, cpuf, libv = sys.argv[1:]
 # lcore CPU (cores) while bytes came in, leaving out the first and last such interval
-rows = [list(map(float, l.split())) for l in open(cpuf) if len(l.split()) == 3]
+rows = [list(map(float, l.split())) for l in open(cpuf) if len(l.split()) == 4]
 act = [i for i in range(1, len(rows)) if rows[i][2] > rows[i - 1][2]]
-lc = "-"
+lc = rc_cpu = "-"
 if len(act) >= 3:
     a, b = act[1] - 1, act[-2]
     if rows[b][0] > rows[a][0]:
         lc = f"{(rows[b][1] - rows[a][1]) / (rows[b][0] - rows[a][0]):.2f}"
-n, L = int(n), int(L)
+        rc_cpu = f"{(rows[b][3] - rows[a][3]) / (rows[b][0] - rows[a][0]):.1f}"
+n, w = n.split(":"); n, L = int(n), int(L); rk = f"{n}/w{w}"
 try:
     r = json.load(open(jf))["results"][0]
 except Exception:
@@ -409,17 +464,24 @@ except Exception:
 m = next((re.search(r"(\d+) elements per piece", l) for l in open(log) if "starting (tag" in l), None)
 piece = f"{int(m.group(1)) * 4 // 1024}K" if m else "?"
 if r is None:
-    print(f"{rnd:>5} {case:>6} {n:>5} {'-':>9} {piece:>9} {'-':>10} {'-':>9} {'-':>8} {lc:>7} {'-':>6} {rc:>6}")
+    print(f"{rnd:>5} {case:>6} {rk:>8} {'-':>9} {piece:>9} {'-':>10} {'-':>9} {'-':>8} {lc:>7} {rc_cpu:>7} {'-':>6} {rc:>6} {libv}")
     sys.exit()
 gbps = n * r["bytes"] / (r["time_us"] * 1e-6) / L / 1e9
 if not os.path.exists(basef):
     open(basef, "w").write(str(gbps))
 base = float(open(basef).read())
 size = f"{r['bytes'] // 1024}K" if r["bytes"] < 1 << 20 else f"{r['bytes'] >> 20}M"
-print(f"{rnd:>5} {case:>6} {n:>5} {size:>9} {piece:>9} {r['time_us'] / 1e3:>10.1f} {gbps:>9.3f} {gbps / base:>8.2f} {lc:>7} {r['wrong']:>6} {rc:>6}")
+print(f"{rnd:>5} {case:>6} {rk:>8} {size:>9} {piece:>9} {r['time_us'] / 1e3:>10.1f} {gbps:>9.3f} {gbps / base:>8.2f} {lc:>7} {rc_cpu:>7} {r['wrong']:>6} {rc:>6} {libv}")
 PY
             done
+            for kv in ${extra//,/ }; do unset "${kv%%=*}"; done
+          done
         done
+    done
+    export LD_LIBRARY_PATH="$LD0"
+    for f in "$OUT"/rs-perf*.txt; do
+        [ -f "$f" ] || continue
+        say ""; say "## lcore profile (perf, self time by library, then by symbol): $(basename "$f" .txt)"; head -28 "$f" | tee -a "$S"
     done
 fi
 

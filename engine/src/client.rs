@@ -203,6 +203,9 @@ struct Stream {
     /// Its server was lost while this stream served it (failover): nothing
     /// is posted on it again. A server that comes back gets new streams.
     lost: bool,
+    /// One of its server's latency lcores: it carries only the sub-job's
+    /// small operations (`SubJob::latency_max`).
+    latency: bool,
     /// The operations it carries: from `born` (0, or the switch of the
     /// rejoin that added it) to before `died` (the switch of the recovery
     /// from losing it). All ranks agree on both.
@@ -225,7 +228,7 @@ struct Stream {
 
 impl Stream {
     fn new(addr: PeerAddr, server: usize, job_tag: u16) -> Stream {
-        Stream { lost: false, born: 0, died: u64::MAX, addr, server, job_tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 }
+        Stream { lost: false, latency: false, born: 0, died: u64::MAX, addr, server, job_tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 }
     }
 }
 
@@ -253,9 +256,22 @@ enum Leave {
     At(u64),
 }
 
-/// A stream set: the servers in use for a run of operations, and their streams.
+/// `SubJob::gen_for`'s working lists, kept between calls.
+#[derive(Default)]
+struct GenScratch {
+    member: Vec<bool>,
+    set: Vec<usize>,
+    has: Vec<bool>,
+}
+
+/// A stream set: the streams a run of operations of one size class uses
+/// (the servers in use, their latency or bulk lcores).
 struct Gen {
     set: Vec<usize>,
+    /// The position in `set` of the next all-reduce's chunk 0. Every rank
+    /// issues the same all-reduces in the same order, so it advances
+    /// identically; a new set starts at 0.
+    rotate: usize,
 }
 
 /// A job on the servers for one (dtype, op).
@@ -269,11 +285,13 @@ struct SubJob {
     /// the server, or when the server refused the join because it drains).
     controls: Vec<Option<TcpStream>>,
     leave: Vec<Leave>,
-    /// Stream sets seen so far (0: every stream); at most one per server left.
+    /// Stream sets seen so far; at most two (small, bulk) per server left.
     gens: Vec<Gen>,
-    /// The stream set of the last operation cut: `rotate` restarts at 0
-    /// with a new set.
-    rotate_gen: usize,
+    /// Operations of at most this many bytes use only the latency lcores of
+    /// the servers that have them, larger ones only the others (0: no split).
+    latency_max: usize,
+    /// Reused by `gen_for`.
+    scratch: GenScratch,
     /// Index of the next operation started on this sub-job.
     started: u64,
     /// Some server is left from an operation on but not told Bye yet.
@@ -281,10 +299,6 @@ struct SubJob {
     /// Per server: sends in flight, and send contexts waiting for a credit
     /// (in chunk order). Only used with `send_credits`.
     pacing: Vec<Pacing>,
-    /// The stream of the next all-reduce's chunk 0, a position in the
-    /// current stream set. Every rank issues the same all-reduces in the
-    /// same order, so it advances identically.
-    rotate: usize,
     /// Where results land first when the sub-job can fail over (None: straight
     /// into the caller's buffer).
     stage: Option<Stage>,
@@ -308,28 +322,46 @@ impl SubJob {
         !matches!(self.leave[si], Leave::At(k) if k <= index)
     }
 
-    /// The stream set of operation `index` (added on first use); None when
-    /// no server is left, which the drain protocol never lets happen.
-    fn gen_for(&mut self, index: u64) -> Option<usize> {
+    /// The stream set of operation `index` of `bytes` (added on first use);
+    /// None when no server is left, which the drain protocol never lets happen.
+    /// Called for every operation: it works in `scratch`, so that once the
+    /// sets in use exist it allocates nothing.
+    fn gen_for(&mut self, index: u64, bytes: usize) -> Option<usize> {
         let n = self.leave.len();
-        let member: Vec<bool> = (0..n).map(|si| self.member(si, index)).collect();
+        let mut sc = std::mem::take(&mut self.scratch);
+        sc.member.clear();
+        sc.member.extend((0..n).map(|si| self.member(si, index)));
         // A server lost and taken back has new streams (the old ones carry
         // the operations before the loss), so sets are told apart by their
         // streams, not by their servers.
-        let set: Vec<usize> = (0..self.streams.len())
-            .filter(|&st| {
-                let s = &self.streams[st];
-                member[s.server] && s.born <= index && index < s.died
-            })
-            .collect();
-        if let Some(g) = self.gens.iter().position(|g| g.set == set) {
-            return Some(g);
+        sc.set.clear();
+        for (st, s) in self.streams.iter().enumerate() {
+            if sc.member[s.server] && s.born <= index && index < s.died {
+                sc.set.push(st);
+            }
         }
-        if set.is_empty() {
-            return None;
+        if self.latency_max > 0 {
+            // Per server: the lcores of the operation's class, or all of its
+            // lcores where it has none of that class.
+            let small = bytes <= self.latency_max;
+            sc.has.clear();
+            sc.has.resize(n, false);
+            for &st in &sc.set {
+                sc.has[self.streams[st].server] |= self.streams[st].latency == small;
+            }
+            let (has, streams) = (&sc.has, &self.streams);
+            sc.set.retain(|&st| !has[streams[st].server] || streams[st].latency == small);
         }
-        self.gens.push(Gen { set });
-        Some(self.gens.len() - 1)
+        let found = match self.gens.iter().position(|g| g.set == sc.set) {
+            Some(g) => Some(g),
+            None if sc.set.is_empty() => None,
+            None => {
+                self.gens.push(Gen { set: sc.set.clone(), rotate: 0 });
+                Some(self.gens.len() - 1)
+            }
+        };
+        self.scratch = sc;
+        found
     }
 }
 
@@ -526,6 +558,7 @@ impl Client {
             controls.push(s);
         }
         let mut streams = Vec::new();
+        let mut latency_max = 0usize;
         let mut leave = vec![Leave::Serving; controls.len()];
         let mut refused_draining = None;
         let mut controls: Vec<Option<TcpStream>> = controls.into_iter().map(Some).collect();
@@ -534,8 +567,8 @@ impl Client {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
             let answer = self.answer(server, s, &hello, join_started, true)?;
-            let (tag, names, piece_elems) = match answer {
-                Ok(a) => a,
+            let g = match answer {
+                Ok(g) => g,
                 // Every rank of the sub-job gets this same answer from a
                 // draining server, so all of them leave it out alike.
                 Err(r) if r.code() == Some(RejectCode::Draining) => {
@@ -549,12 +582,18 @@ impl Client {
             };
             // A server may grant smaller pieces than asked (its slab budget):
             // cut to the smallest grant. Every rank gets the same answers.
-            if piece_elems != 0 {
-                chunk_elems = chunk_elems.min(piece_elems as usize);
+            if g.piece_elems != 0 {
+                chunk_elems = chunk_elems.min(g.piece_elems as usize);
             }
-            for n in names {
-                let addr = self.ep.insert_peer(&n).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                streams.push(Stream::new(addr, si, tag));
+            // The smallest threshold of the servers that split operations by
+            // size: every rank gets the same answers, so classes every op alike.
+            if let Some((_, max)) = g.latency {
+                latency_max = if latency_max == 0 { max } else { latency_max.min(max) };
+            }
+            let latency_lcores = g.latency.map_or(0, |(l, _)| l);
+            for (k, n) in g.names.iter().enumerate() {
+                let addr = self.ep.insert_peer(n).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                streams.push(Stream { latency: k < latency_lcores, ..Stream::new(addr, si, g.tag) });
             }
             let _ = s.set_nonblocking(true);
         }
@@ -585,7 +624,7 @@ impl Client {
         };
         let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
         let pacing = (0..self.cfg.servers.len()).map(|_| Pacing { in_flight: 0, waiting: VecDeque::with_capacity(per_server) }).collect();
-        let gens = vec![Gen { set: (0..streams.len()).collect() }];
+        let gens = Vec::new();
         self.subs.push(SubJob {
             dtype,
             op,
@@ -595,11 +634,11 @@ impl Client {
             controls,
             leave,
             gens,
-            rotate_gen: 0,
+            latency_max,
+            scratch: GenScratch::default(),
             started: 0,
             retiring: false,
             pacing,
-            rotate: 0,
             stage,
             fo: Fo::default(),
         });
@@ -619,7 +658,7 @@ impl Client {
         hello: &Hello,
         join_started: Instant,
         rejoin_broken: bool,
-    ) -> Result<Result<(u16, Vec<EndpointName>, u32), Box<Reject>>, ClientError> {
+    ) -> Result<Result<Granted, Box<Reject>>, ClientError> {
         let _ = s.set_read_timeout(Some(self.cfg.join_timeout + Duration::from_secs(5)));
         let mut tries = 0u32;
         loop {
@@ -749,21 +788,17 @@ impl Client {
     fn plan(&mut self, oi: usize) -> Result<(), ClientError> {
         let (sub, index, bytes) = (self.ops[oi].sub, self.ops[oi].index, self.ops[oi].bytes);
         let s = &mut self.subs[sub];
-        let Some(gen) = s.gen_for(index) else {
+        let Some(gen) = s.gen_for(index, bytes) else {
             return Err(ClientError::Refused { server: "every server".into(), reject: "no server left for this job".into() });
         };
-        let set = &s.gens[gen].set;
-        let n = set.len();
         let elem = s.dtype.size();
+        let g = &mut s.gens[gen];
+        let n = g.set.len();
         let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * elem, n, elem, self.cfg.min_piece);
         let chunks = bytes.div_ceil(chunk_bytes);
-        if s.rotate_gen != gen {
-            // A new stream set starts its rotation afresh, on every rank alike.
-            s.rotate = 0;
-            s.rotate_gen = gen;
-        }
-        let first = s.rotate % n;
-        s.rotate = (first + chunks) % n;
+        let first = g.rotate % n;
+        g.rotate = (first + chunks) % n;
+        let set = &s.gens[gen].set;
         let op = &mut self.ops[oi];
         op.next.clear();
         op.next.resize(s.streams.len(), usize::MAX);
@@ -1429,8 +1464,20 @@ enum Answer {
     Io(String),
 }
 
-/// An Accept's job tag, lcore names and granted piece (elements; 0: as asked), or why not.
-fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>, u32), Answer> {
+/// What a server's Accept grants a job.
+pub(crate) struct Granted {
+    pub tag: u16,
+    /// The job's lcores' endpoint names (the job's shards, in order).
+    pub names: Vec<EndpointName>,
+    /// Elements per piece (0: as asked).
+    pub piece_elems: u32,
+    /// The first `.0` names take only operations of at most `.1` bytes
+    /// (`Accept::latency_split`).
+    pub latency: Option<(usize, usize)>,
+}
+
+/// An Accept's grant, or why not.
+fn read_answer(s: &mut TcpStream) -> Result<Granted, Answer> {
     let io = |e: std::io::Error| Answer::Io(e.to_string());
     let mut hdr = [0u8; 8];
     s.read_exact(&mut hdr).map_err(io)?;
@@ -1459,7 +1506,7 @@ fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>, u32), Answe
                 let n = rec.name().map_err(|e| Answer::Io(e.to_string()))?;
                 names.push(EndpointName::from_bytes(n).ok_or_else(|| Answer::Io("bad name".into()))?);
             }
-            Ok((a.job_tag, names, a.piece_elems))
+            Ok(Granted { tag: a.job_tag, names, piece_elems: a.piece_elems, latency: a.latency_split() })
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
     }
@@ -1468,7 +1515,6 @@ fn read_answer(s: &mut TcpStream) -> Result<(u16, Vec<EndpointName>, u32), Answe
 #[cfg(test)]
 mod tests {
     use super::{op_chunk_bytes, MIN_SPREAD_PIECE};
-
     #[test]
     fn small_operations_spread_over_every_stream() {
         const M: usize = MIN_SPREAD_PIECE;

@@ -365,7 +365,14 @@ pub struct Accept {
     pub header: Header,
     /// The server's 16-bit tag for this job (the high bits of every [`Tag`]).
     pub job_tag: u16,
-    pub _pad0: u16,
+    /// The first `latency_lcores` name records are the server's latency
+    /// lcores: operations of at most `2^latency_max_log2` bytes go to them
+    /// only, larger ones only to the other records, so that a small
+    /// all-reduce never queues behind a bulk job's pieces. 0: every lcore
+    /// takes every operation (what a server from before these fields sends;
+    /// a client that ignores them is still served right, only slower).
+    pub latency_lcores: u8,
+    pub latency_max_log2: u8,
     /// Number of lcore name records that follow (the shards this job uses).
     pub lcores: u32,
     /// Lcores the server has in all.
@@ -378,6 +385,21 @@ pub struct Accept {
     pub piece_elems: u32,
 }
 const_assert_eq!(core::mem::size_of::<Accept>(), 24);
+
+impl Accept {
+    /// Largest latency threshold a server may announce (1 GiB).
+    pub const MAX_LATENCY_LOG2: u8 = 30;
+
+    /// How many of the name records are latency lcores, and the largest
+    /// operation (bytes) that goes to them; None when the server splits
+    /// nothing (no latency lcores, none left for bulk operations, or a
+    /// threshold out of range).
+    pub fn latency_split(&self) -> Option<(usize, usize)> {
+        let l = self.latency_lcores as u32;
+        let ok = l > 0 && l < self.lcores && (10..=Self::MAX_LATENCY_LOG2).contains(&self.latency_max_log2);
+        ok.then(|| (l as usize, 1usize << self.latency_max_log2))
+    }
+}
 
 /// One lcore's fabric endpoint name.
 #[repr(C)]

@@ -546,6 +546,20 @@ fn large_outputs_stream_and_stay_exact() {
     }
 }
 
+/// `reduce_raw` of `views` into a copy of the first input (the server
+/// reduces into the first rank's own piece), compared with `expected`.
+fn check_in_place(k: &Kernels, case: &Case, views: &[&[u8]], len: usize, expected: &[u8], what: &str) {
+    let mut first = Placed::new(views[0].len(), case.inputs[0].start % 64);
+    first.get_mut().copy_from_slice(views[0]);
+    let out = first.get_mut().as_mut_ptr();
+    let mut addrs: Vec<*const u8> = views.iter().map(|v| v.as_ptr()).collect();
+    addrs[0] = out;
+    // SAFETY: every address is valid for `len` elements for the call, and
+    // `out` is exactly `addrs[0]`, which `reduce_raw` allows.
+    unsafe { k.reduce_raw(case.dtype, case.op, out, &addrs, len) }.unwrap();
+    case.compare(k.isa(), what, first.get(), expected, views);
+}
+
 /// `reduce_raw` into the first input's own buffer gives what `reduce` gives.
 #[test]
 fn reduce_raw_in_place_matches() {
@@ -567,17 +581,45 @@ fn reduce_raw_in_place_matches() {
                     reference(dtype, op, &views, &mut expected);
                     let case = Case { dtype, op, inputs: &inputs, test };
                     for k in &kernels {
-                        let mut first = Placed::new(bytes, inputs[0].start % 64);
-                        first.get_mut().copy_from_slice(views[0]);
-                        let out = first.get_mut().as_mut_ptr();
-                        let mut addrs: Vec<*const u8> = views.iter().map(|v| v.as_ptr()).collect();
-                        addrs[0] = out;
-                        // SAFETY: every address is valid for `len` elements for
-                        // the call, and `out` is exactly `addrs[0]`, which
-                        // `reduce_raw` allows.
-                        unsafe { k.reduce_raw(dtype, op, out, &addrs, len) }.unwrap();
-                        case.compare(k.isa(), "in place", first.get(), &expected, &views);
+                        check_in_place(k, &case, &views, len, &expected, "in place");
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Many inputs over several output tiles (`Kernels::run` takes the inputs
+/// a group at a time per tile past a few): still the rank-order result of
+/// the reference, byte for byte, out of place and in place, for every type
+/// and op, including input counts that leave a short last group and
+/// lengths that leave a short last tile (the tile is 16 KiB of output).
+#[test]
+fn many_inputs_over_several_tiles_match_the_reference() {
+    let test = "many_inputs";
+    let mut rng = rng(test);
+    let kernels = kernel_sets();
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            let tile = (16 << 10) / dtype.size();
+            for (n, len) in [(9, 2 * tile + 3), (17, tile), (100, tile + 1), (MAX_INPUTS, tile + 77)] {
+                // The widest count for a float and an integer sum (it is the
+                // slow one to check, and runs under qemu too).
+                if n == MAX_INPUTS && (op != ReduceOp::Sum || !matches!(dtype, DataType::Float32 | DataType::Int8)) {
+                    continue;
+                }
+                let bytes = len * dtype.size();
+                let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
+                let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
+                let mut expected = vec![0u8; bytes];
+                reference(dtype, op, &views, &mut expected);
+                let case = Case { dtype, op, inputs: &inputs, test };
+                for k in &kernels {
+                    let mut out = Placed::new(bytes, rng.below(8));
+                    k.reduce(dtype, op, out.get_mut(), &views).unwrap();
+                    case.compare(k.isa(), &format!("{n} inputs"), out.get(), &expected, &views);
+                    assert!(out.guards_intact(), "{test}: {} wrote outside its output", k.isa());
+                    check_in_place(k, &case, &views, len, &expected, &format!("{n} inputs in place"));
                 }
             }
         }

@@ -258,9 +258,21 @@ const THREAD_SLEEP_MS: u32 = 20;
 /// send) and 16 per connection a rank thread holds about 5 MB (measured:
 /// 337 MB for 64, all-reduces of 64 KiB; with 4 KiB buffers 12 MB each, same
 /// speed). Only local memory: the eager limit, which peers must agree on,
-/// is left alone.
+/// is left alone. From libfabric 1.18 on, rxm's buffer size *is* its eager
+/// limit (rank threads at 1 KiB against a server at 16 KiB hung at the first
+/// all-reduce, 1.22 here), so there only the queue sizes are lowered
+/// ([`thread_rxm_env`]).
 const THREAD_RXM_ENV: &[(&str, &str)] =
     &[("FI_OFI_RXM_BUFFER_SIZE", "1024"), ("FI_OFI_RXM_MSG_RX_SIZE", "16"), ("FI_OFI_RXM_MSG_TX_SIZE", "16")];
+
+/// [`THREAD_RXM_ENV`] as this process's libfabric takes it.
+fn thread_rxm_env() -> &'static [(&'static str, &'static str)] {
+    if tally_engine::fabric::library_version() >= (1, 18) {
+        &THREAD_RXM_ENV[1..]
+    } else {
+        THREAD_RXM_ENV
+    }
+}
 
 /// Descriptors a rank needs at most: its endpoint (tcp;ofi_rxm: a listening
 /// socket, an epoll set, wait fds, a connection per server lcore), its
@@ -426,7 +438,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
             c.args(["--sleep-ms", &ms.to_string()]);
         }
         if per > 1 && p.provider.starts_with("tcp") {
-            for (var, value) in THREAD_RXM_ENV {
+            for (var, value) in thread_rxm_env() {
                 if std::env::var_os(var).is_none() {
                     c.env(var, value);
                 }
@@ -587,8 +599,10 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     match errors.len() {
         0 => Ok(()),
         n => {
-            // The first error is usually the cause, the rest its echo (the job failed for every rank).
-            Err(format!("{n} of {} ranks failed; first: {}", last - first, errors[0]))
+            // One rank's error is the cause, the others mostly its echo (the
+            // server failed the job for every rank): show one that is not an echo.
+            let cause = errors.iter().find(|e| !e.contains("job failed")).unwrap_or(&errors[0]);
+            Err(format!("{n} of {} ranks failed; {}: {cause}", last - first, if n > 1 { "cause" } else { "error" }))
         }
     }
 }

@@ -58,6 +58,13 @@ pub struct ServerArgs {
     /// Most connections in their handshake at once from one address (default 256).
     #[arg(long, value_name = "N")]
     pub max_handshakes_per_source: Option<u32>,
+    /// Lcores (the first N of --lcores) kept for small operations, so that a
+    /// latency-critical all-reduce never waits behind a bulk job's pieces (default 0).
+    #[arg(long, value_name = "N")]
+    pub latency_lcores: Option<u32>,
+    /// Largest operation the latency lcores take, a power of two (default 64K).
+    #[arg(long, value_name = "SIZE")]
+    pub latency_max: Option<String>,
     /// TOML configuration file; flags given here override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -87,6 +94,8 @@ impl ServerArgs {
             max_handshakes: self.max_handshakes,
             max_handshakes_per_source: self.max_handshakes_per_source,
             drain_timeout_s: self.drain_timeout,
+            latency_lcores: self.latency_lcores,
+            latency_max: self.latency_max.clone(),
             ..Default::default()
         };
         file.overlay(flags).resolve().map_err(|e| e.to_string())
@@ -115,6 +124,14 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
             cfg.max_jobs,
             cfg.max_ranks
         );
+        if cfg.latency_lcores > 0 {
+            println!(
+                "latency lcores: the first {} take operations of at most {}, the other {} the larger ones",
+                cfg.latency_lcores,
+                tally_engine::units::format_size(cfg.latency_max),
+                cfg.lcores.len() - cfg.latency_lcores as usize
+            );
+        }
         return Ok(());
     }
     // SAFETY: the handler only adds to a lock-free atomic, which is async-signal-safe.
@@ -127,6 +144,14 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
     // On its own line after the ready line (whose format tests and scripts parse).
     if let Some(m) = server.metrics_addr() {
         println!("metrics on {m}");
+    }
+    if cfg.latency_lcores > 0 {
+        log::info!(
+            "latency lcores: the first {} take operations of at most {}; the other {} take the larger ones",
+            cfg.latency_lcores,
+            tally_engine::units::format_size(cfg.latency_max),
+            cfg.lcores.len() - cfg.latency_lcores as usize
+        );
     }
     let mut draining = false;
     loop {

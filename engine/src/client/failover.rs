@@ -792,12 +792,13 @@ impl Client {
                 let server = self.cfg.servers[si].clone();
                 // A survivor that breaks off now is dying too: fail, do not wait.
                 match self.answer(&server, &mut c, &hello, started, false)? {
-                    Ok((_, _, granted)) if granted != 0 && (granted as usize) < chunk_elems => {
+                    Ok(g) if g.piece_elems != 0 && (g.piece_elems as usize) < chunk_elems => {
+                        let granted = g.piece_elems;
                         log::warn!("server {server} grants the redo job pieces of {granted} elements, fewer than the job's {chunk_elems}: not used for it");
                     }
-                    Ok((tag, names, _)) => {
-                        let addr = self.ep.insert_peer(&names[0]).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                        streams.push(Stream::new(addr, si, tag));
+                    Ok(g) => {
+                        let addr = self.ep.insert_peer(&g.names[0]).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                        streams.push(Stream::new(addr, si, g.tag));
                         let _ = c.set_nonblocking(true);
                         controls.push(c);
                     }
@@ -1171,6 +1172,7 @@ impl Client {
                     return Ok(false);
                 }
                 let mut added = Vec::new();
+                let latency_lcores = a.latency_split().map_or(0, |(l, _)| l);
                 for k in 0..a.lcores as usize {
                     let off = hdr.len() + k * core::mem::size_of::<wire::NameRecord>();
                     let rec: wire::NameRecord = wire::read(&msg[off..]).map_err(|e| ClientError::Fabric(e.to_string()))?;
@@ -1179,7 +1181,7 @@ impl Client {
                         crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?;
                     let addr = self.ep.insert_peer(&name).map_err(|e| ClientError::Fabric(e.to_string()))?;
                     // It carries nothing until the switch names its first operation.
-                    added.push(Stream { born: u64::MAX, ..Stream::new(addr, si, a.job_tag) });
+                    added.push(Stream { born: u64::MAX, latency: k < latency_lcores, ..Stream::new(addr, si, a.job_tag) });
                 }
                 let s = &mut self.subs[sub];
                 let n = added.len();

@@ -152,6 +152,10 @@ struct Quarantine {
 pub struct ControlPlane {
     limits: Limits,
     join_timeout: Duration,
+    /// The first `latency_lcores` lcores take only operations of at most
+    /// 2^latency_max_log2 bytes (told to clients in the Accept).
+    latency_lcores: u8,
+    latency_max_log2: u8,
     names: Vec<EndpointName>,
     lcores: Vec<Sender<Command>>,
     /// Every control connection (the epoll loop).
@@ -266,6 +270,8 @@ impl ControlPlane {
         Ok(ControlPlane {
             limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n as u32 },
             join_timeout: Duration::from_secs(cfg.join_timeout_s.max(1)),
+            latency_lcores: cfg.latency_lcores.min(255) as u8,
+            latency_max_log2: cfg.latency_max.max(1).trailing_zeros() as u8,
             names,
             lcores,
             net,
@@ -558,7 +564,10 @@ impl ControlPlane {
         let acc = Accept {
             header: Header::new(Kind::Accept),
             job_tag: tag,
-            _pad0: 0,
+            // A job on no more lcores than the latency ones has no bulk
+            // lcore: every one of its lcores takes every operation.
+            latency_lcores: if a.spec.shards > self.latency_lcores as u32 { self.latency_lcores } else { 0 },
+            latency_max_log2: self.latency_max_log2,
             lcores: a.spec.shards,
             server_lcores: names.len() as u32,
             piece_elems: a.spec.chunk_elems,

@@ -62,6 +62,13 @@ pub struct ServerFile {
     pub metrics: Option<String>,
     /// NIC (libfabric domain name) per lcore, for multi-rail hosts. Empty: the provider's first.
     pub nics: Option<Vec<String>>,
+    /// Lcores (the first of `lcores`) that take only small operations, so that
+    /// a latency-critical all-reduce never waits behind a bulk job's pieces
+    /// (default 0: every lcore takes everything). Needs at least one lcore left.
+    pub latency_lcores: Option<u32>,
+    /// The largest operation the latency lcores take (a power of two, 1K to 1G;
+    /// default 64K). Larger ones go to the other lcores.
+    pub latency_max: Option<String>,
 }
 
 /// The settings a server runs with, validated.
@@ -88,6 +95,9 @@ pub struct ServerConfig {
     pub drain_timeout_s: u64,
     pub metrics: Option<String>,
     pub nics: Vec<String>,
+    pub latency_lcores: u32,
+    /// Bytes, a power of two.
+    pub latency_max: u64,
 }
 
 #[derive(Debug)]
@@ -148,7 +158,9 @@ impl ServerFile {
             idle_timeout_s,
             drain_timeout_s,
             metrics,
-            nics
+            nics,
+            latency_lcores,
+            latency_max
         )
     }
 
@@ -193,6 +205,17 @@ impl ServerFile {
                 message: format!("{} NICs for {} lcores: give one per lcore", nics.len(), lcores.len()),
             });
         }
+        let latency_lcores = self.latency_lcores.unwrap_or(0);
+        if latency_lcores > 0 && (latency_lcores as usize >= lcores.len() || latency_lcores > 255) {
+            return Err(ConfigError::Invalid {
+                key: "latency_lcores",
+                message: format!("{latency_lcores} of {} lcores: leave at least one for bulk operations (and at most 255)", lcores.len()),
+            });
+        }
+        let latency_max = size("latency_max", self.latency_max, 64 << 10)?;
+        if !latency_max.is_power_of_two() || !(1 << 10..=1 << crate::wire::Accept::MAX_LATENCY_LOG2).contains(&latency_max) {
+            return Err(ConfigError::Invalid { key: "latency_max", message: format!("must be a power of two from 1K to 1G, got {latency_max}") });
+        }
         if let Some(m) = &self.metrics {
             if m.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {
                 return Err(ConfigError::Invalid { key: "metrics", message: format!("expected ADDR:PORT, got {m:?}") });
@@ -234,6 +257,8 @@ impl ServerFile {
             },
             metrics: self.metrics,
             nics,
+            latency_lcores,
+            latency_max,
         })
     }
 }
@@ -275,6 +300,9 @@ mod tests {
             ("listen = \"nowhere\"", "listen"),
             ("lcores = \"3-1\"", "lcores"),
             ("lcores = \"0-1\"\nnics = [\"a\"]", "nics"),
+            ("lcores = \"0-1\"\nlatency_lcores = 2", "latency_lcores"),
+            ("latency_max = \"48K\"", "latency_max"),
+            ("latency_max = \"512\"", "latency_max"),
         ] {
             let e = ServerFile::parse(text).unwrap().resolve().unwrap_err().to_string();
             assert!(e.starts_with(key), "{text}: {e}");

@@ -24,14 +24,34 @@
 //! every tally process alike, and not per command. A variable the user set
 //! is left alone; set it to the same value everywhere.
 //!
+//! From libfabric 1.18 on, rxm has no `FI_OFI_RXM_EAGER_LIMIT`: its bounce
+//! buffer size is the eager limit, so there tally sets
+//! `FI_OFI_RXM_BUFFER_SIZE` to the same 32 KiB instead (with 1.22's default
+//! of 16 KiB, 8 ranks with 32 KiB pieces ran at half the speed of 1.17 on the
+//! device: every piece a rendezvous). The cost is memory: rxm 1.22 keeps two
+//! pools of 1024 such buffers per endpoint (about 85 MB per rank thread,
+//! against 52 at 16 KiB).
+//!
 //! libfabric reads its parameters when it first initializes, in the
 //! process's first `fi_getinfo`. [`apply`] runs once, before any tally code
 //! calls into libfabric (every `fi_getinfo` of the engine goes through it),
 //! so no thread of ours reads the environment in C while it is written.
 use std::sync::OnceLock;
 
-/// (variable, value) pairs.
+/// (variable, value) pairs, libfabric 1.17.
 pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "32768")];
+
+/// The same for libfabric 1.18 and later.
+pub const PROVIDER_DEFAULTS_1_18: &[(&str, &str)] = &[("FI_OFI_RXM_BUFFER_SIZE", "32768")];
+
+/// The defaults for the libfabric this process loaded.
+pub fn provider_defaults() -> &'static [(&'static str, &'static str)] {
+    if super::library_version() >= (1, 18) {
+        PROVIDER_DEFAULTS_1_18
+    } else {
+        PROVIDER_DEFAULTS
+    }
+}
 
 static APPLIED: OnceLock<Vec<String>> = OnceLock::new();
 
@@ -40,7 +60,7 @@ static APPLIED: OnceLock<Vec<String>> = OnceLock::new();
 pub fn apply() -> &'static [String] {
     APPLIED.get_or_init(|| {
         let mut set = Vec::new();
-        for (var, value) in PROVIDER_DEFAULTS {
+        for (var, value) in provider_defaults() {
             if std::env::var_os(var).is_none() {
                 std::env::set_var(var, value);
                 set.push(format!("{var}={value}"));
