@@ -30,7 +30,14 @@
 //! of 16 KiB, 8 ranks with 32 KiB pieces ran at half the speed of 1.17 on the
 //! device: every piece a rendezvous). The cost is memory: rxm 1.22 keeps two
 //! pools of 1024 such buffers per endpoint (about 85 MB per rank thread,
-//! against 52 at 16 KiB).
+//! against 52 at 16 KiB). 1.18+ also sends messages between the eager limit
+//! and `FI_OFI_RXM_SAR_LIMIT` (8 buffers' worth by default) by segmentation
+//! through those bounce buffers, a user-space copy on each side: 1024 ranks
+//! with 128 KiB pieces on 4 lcores (device, 1.22) spent 15.6% of the lcores'
+//! time in libc's copy and ran at 0.57-0.61 GB/s per lcore, against 0.93-0.96
+//! with the limit at the eager limit (which turns segmentation off: larger
+//! messages go by rendezvous, as on 1.17, whose profile shows no such copy).
+//! So tally sets it to the eager limit too.
 //!
 //! libfabric reads its parameters when it first initializes, in the
 //! process's first `fi_getinfo`. [`apply`] runs once, before any tally code
@@ -42,7 +49,7 @@ use std::sync::OnceLock;
 pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "32768")];
 
 /// The same for libfabric 1.18 and later.
-pub const PROVIDER_DEFAULTS_1_18: &[(&str, &str)] = &[("FI_OFI_RXM_BUFFER_SIZE", "32768")];
+pub const PROVIDER_DEFAULTS_1_18: &[(&str, &str)] = &[("FI_OFI_RXM_BUFFER_SIZE", "32768"), ("FI_OFI_RXM_SAR_LIMIT", "32768")];
 
 /// The defaults for the libfabric this process loaded.
 pub fn provider_defaults() -> &'static [(&'static str, &'static str)] {
