@@ -228,7 +228,19 @@ struct Stream {
 
 impl Stream {
     fn new(addr: PeerAddr, server: usize, job_tag: u16) -> Stream {
-        Stream { lost: false, latency: false, born: 0, died: u64::MAX, addr, server, job_tag, next_seq: 0, head_seq: 0, next_slot: 0, head_slot: 0 }
+        Stream {
+            lost: false,
+            latency: false,
+            born: 0,
+            died: u64::MAX,
+            addr,
+            server,
+            job_tag,
+            next_seq: 0,
+            head_seq: 0,
+            next_slot: 0,
+            head_slot: 0,
+        }
     }
 }
 

@@ -86,13 +86,16 @@ fn small_operations_use_only_the_latency_lcore(provider: &str) {
     // A job on one lcore only (shards 1 <= latency lcores) has no bulk
     // lcore: its one lcore takes everything.
     let (b0, b1) = (l0, l1);
-    run((0..2)
-        .map(|r| {
-            let mut c = client(provider, &s.addr, 72, r, 2);
-            c.shards = 1;
-            c
-        })
-        .collect(), &MIXED);
+    run(
+        (0..2)
+            .map(|r| {
+                let mut c = client(provider, &s.addr, 72, r, 2);
+                c.shards = 1;
+                c
+            })
+            .collect(),
+        &MIXED,
+    );
     assert_eq!(bytes_in(&s, 0) - b0, class_bytes(&SMALL, 2) + class_bytes(&LARGE, 2));
     assert_eq!(bytes_in(&s, 1), b1);
     s.stop();

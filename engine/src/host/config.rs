@@ -214,7 +214,10 @@ impl ServerFile {
         }
         let latency_max = size("latency_max", self.latency_max, 64 << 10)?;
         if !latency_max.is_power_of_two() || !(1 << 10..=1 << crate::wire::Accept::MAX_LATENCY_LOG2).contains(&latency_max) {
-            return Err(ConfigError::Invalid { key: "latency_max", message: format!("must be a power of two from 1K to 1G, got {latency_max}") });
+            return Err(ConfigError::Invalid {
+                key: "latency_max",
+                message: format!("must be a power of two from 1K to 1G, got {latency_max}"),
+            });
         }
         if let Some(m) = &self.metrics {
             if m.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {
