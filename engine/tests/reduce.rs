@@ -465,11 +465,7 @@ fn matrix(dtype: DataType) {
                 if n == 64 && len > 513 {
                     continue;
                 }
-                let bytes = len * dtype.size();
-                let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
-                let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
-                let mut expected = vec![0u8; bytes];
-                reference(dtype, op, &views, &mut expected);
+                let (inputs, expected) = random_case(&mut rng, dtype, op, n, len);
                 Case { dtype, op, inputs: &inputs, test: &test }.check(&kernels, &expected, &mut rng);
             }
         }
@@ -528,22 +524,39 @@ fn large_outputs_stream_and_stay_exact() {
     for dtype in [DataType::Float32, DataType::Bfloat16, DataType::Float16, DataType::Float64] {
         for op in [ReduceOp::Sum, ReduceOp::Avg] {
             let len = STREAM_MIN_BYTES / dtype.size() + 2 * 64 + 13;
-            let bytes = len * dtype.size();
-            let inputs = random_inputs(&mut rng, dtype, op, 3, bytes);
-            let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
-            let mut expected = vec![0u8; bytes];
-            reference(dtype, op, &views, &mut expected);
+            let (inputs, expected) = random_case(&mut rng, dtype, op, 3, len);
+            let views = views_of(&inputs);
             let case = Case { dtype, op, inputs: &inputs, test };
             for k in &kernels {
                 for offset in [0, dtype.size(), 1] {
-                    let mut out = Placed::new(bytes, offset);
-                    k.reduce(dtype, op, out.get_mut(), &views).unwrap();
-                    case.compare(k.isa(), &format!("out offset {offset}"), out.get(), &expected, &views);
-                    assert!(out.guards_intact(), "{test}: {} wrote outside its output", k.isa());
+                    check_out_of_place(k, &case, &views, &expected, offset, &format!("out offset {offset}"));
                 }
             }
         }
     }
+}
+
+/// `n` random inputs of `len` elements for (dtype, op), and what the
+/// reference makes of them.
+fn random_case(rng: &mut Rng, dtype: DataType, op: ReduceOp, n: usize, len: usize) -> (Vec<Placed>, Vec<u8>) {
+    let bytes = len * dtype.size();
+    let inputs = random_inputs(rng, dtype, op, n, bytes);
+    let mut expected = vec![0u8; bytes];
+    reference(dtype, op, &views_of(&inputs), &mut expected);
+    (inputs, expected)
+}
+
+fn views_of(inputs: &[Placed]) -> Vec<&[u8]> {
+    inputs.iter().map(Placed::get).collect()
+}
+
+/// `reduce` of `views` into an output `offset` bytes past an alignment,
+/// compared with `expected`, its guard bytes untouched.
+fn check_out_of_place(k: &Kernels, case: &Case, views: &[&[u8]], expected: &[u8], offset: usize, what: &str) {
+    let mut out = Placed::new(expected.len(), offset);
+    k.reduce(case.dtype, case.op, out.get_mut(), views).unwrap();
+    case.compare(k.isa(), what, out.get(), expected, views);
+    assert!(out.guards_intact(), "{}: {} wrote outside its output", case.test, k.isa());
 }
 
 /// `reduce_raw` of `views` into a copy of the first input (the server
@@ -574,11 +587,8 @@ fn reduce_raw_in_place_matches() {
                     if len > 1029 && (op != ReduceOp::Sum || n != 2) {
                         continue;
                     }
-                    let bytes = len * dtype.size();
-                    let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
-                    let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
-                    let mut expected = vec![0u8; bytes];
-                    reference(dtype, op, &views, &mut expected);
+                    let (inputs, expected) = random_case(&mut rng, dtype, op, n, len);
+                    let views = views_of(&inputs);
                     let case = Case { dtype, op, inputs: &inputs, test };
                     for k in &kernels {
                         check_in_place(k, &case, &views, len, &expected, "in place");
@@ -608,17 +618,11 @@ fn many_inputs_over_several_tiles_match_the_reference() {
                 if n == MAX_INPUTS && (op != ReduceOp::Sum || !matches!(dtype, DataType::Float32 | DataType::Int8)) {
                     continue;
                 }
-                let bytes = len * dtype.size();
-                let inputs = random_inputs(&mut rng, dtype, op, n, bytes);
-                let views: Vec<&[u8]> = inputs.iter().map(Placed::get).collect();
-                let mut expected = vec![0u8; bytes];
-                reference(dtype, op, &views, &mut expected);
+                let (inputs, expected) = random_case(&mut rng, dtype, op, n, len);
+                let views = views_of(&inputs);
                 let case = Case { dtype, op, inputs: &inputs, test };
                 for k in &kernels {
-                    let mut out = Placed::new(bytes, rng.below(8));
-                    k.reduce(dtype, op, out.get_mut(), &views).unwrap();
-                    case.compare(k.isa(), &format!("{n} inputs"), out.get(), &expected, &views);
-                    assert!(out.guards_intact(), "{test}: {} wrote outside its output", k.isa());
+                    check_out_of_place(k, &case, &views, &expected, rng.below(8), &format!("{n} inputs"));
                     check_in_place(k, &case, &views, len, &expected, &format!("{n} inputs in place"));
                 }
             }
