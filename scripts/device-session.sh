@@ -20,11 +20,13 @@
 #            several core pairs, a 1-rank agg loop (one hop through a server
 #            against one ping-pong), and perf profiles (perf carried in
 #            devlib/perf.tar.xz) of the 2-rank 4 KiB agg loop and of the
-#            emulated cluster at its highest rate.
+#            emulated cluster at its highest rate. Knobs: PF_CLUSTER (1; 0
+#            leaves out the cluster's profile), PF_LINES (25 symbols a core).
 #   latency  shm, busy, pinned: the ping-pong round trip, then back-to-back
 #            4 KiB agg vs ring with 2, 4 and 8 ranks (mean, p50, p99), and
 #            1 MiB / 64 MiB so that a change for small sizes shows whether
-#            it cost the large ones.
+#            it cost the large ones. Knobs: LAT_RANKS ("2 4 8"), LAT_LARGE
+#            (1; 0 leaves out 1 MiB / 64 MiB).
 #   tail     4 KiB loop alone, then beside a job streaming 64 MiB all-reduces
 #            through the same server (p50, p99 of the small job).
 #   cluster  emulated cluster (tally bench cluster): 4 + 4 and 8 + 8 hosts,
@@ -51,7 +53,9 @@
 #            on LD_LIBRARY_PATH, one pass each, e.g. "devlib/lib
 #            devlib/libfabric-1.22": libfabric builds side by side; default
 #            the inherited path only; ",VAR=value" after a folder sets
-#            variables for that pass), RS_PERF (1: perf profile of the
+#            variables for that pass; RPS=1 there steers loopback's receive
+#            processing to the ranks' cores, STAGE=N gives the server
+#            --stage-buffers N), RS_PERF (1: perf profile of the
 #            lcores in each run, from devlib/perf.tar.xz).
 #   fostage  what failover's staging copy costs: 8 ranks (cores 8-15)
 #            against 3 servers (tcp, busy, lcores 0-1, 2-3, 4-5), 4 KiB,
@@ -88,20 +92,23 @@ if has latency; then
     # core and rank 0's (1000 varied by 20% from run to run on the device VM).
     timeout 120 "$TALLY" bench p2p --provider shm --sizes 4K --iters 20000 --cores 2,8 --json 2>/dev/null >"$OUT/p2p.json"
     say "round trip for the ratios below (4 KiB, cores 2,8, median of 20000): $(python3 -c 'import json,sys; print("%.2f us" % (2 * json.load(open(sys.argv[1]))["results"][0]["latency_us"]))' "$OUT/p2p.json")"
-    for n in 2 4 8; do
+    for n in ${LAT_RANKS:-2 4 8}; do
         lc=2; [ "$n" -ge 8 ] && lc=2-3
         say ""
         say "## $n ranks (pinned to cores 8-15), server lcores $lc, busy, shm: back-to-back"
         timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
             --sizes 4K --iters 10000 --warmup 500 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-small.json" || say "FAILED (see lat.err)"
-        timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
-            --sizes 1M,64M --iters 20 --warmup 3 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-large.json" || say "FAILED (see lat.err)"
+        rm -f "$OUT/lat$n-large.json"
+        [ "${LAT_LARGE:-1}" = 1 ] && { timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+            --sizes 1M,64M --iters 20 --warmup 3 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-large.json" || say "FAILED (see lat.err)"; }
         python3 - "$OUT/p2p.json" "$OUT/lat$n-small.json" "$OUT/lat$n-large.json" <<'PY' | tee -a "$S"
-import json, sys
+import json, os, sys
 p = json.load(open(sys.argv[1]))
 rtt = 2 * p["results"][0]["latency_us"]
 rows = {}
 for f in sys.argv[2:]:
+    if not os.path.exists(f):
+        continue
     try:
         rows.update({(r["mode"], r["bytes"]): r for r in json.load(open(f))["results"]})
     except Exception as e:
@@ -209,8 +216,9 @@ if has profile; then
         grep -E "^ +agg" "$OUT/perf-lat.txt" | tee -a "$S"
         for c in 2 8; do
             say "core $c:"
-            $PERF report -i "$OUT/perf-lat.data" --cpu $c --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -25 | tee -a "$S"
+            $PERF report -i "$OUT/perf-lat.data" --cpu $c --no-children --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -${PF_LINES:-25} | tee -a "$S"
         done
+        [ "${PF_CLUSTER:-1}" = 1 ] && {
         say ""
         say "## perf: emulated cluster 4 + 4 hosts, 16 Gbit/s, 64 MiB agg; whole machine, 6 s"
         timeout -k 5 200 "$TALLY" bench cluster --hosts 4 --rates 16 --sizes 64M --iters 200 --mode agg --timeout 150 --json \
@@ -224,6 +232,7 @@ if has profile; then
         $PERF report -i "$OUT/perf-cluster.data" --no-children --sort comm,dso --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -25 | tee -a "$S"
         say "by symbol:"
         $PERF report -i "$OUT/perf-cluster.data" --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -50 | tee -a "$S"
+        }
         rm -f "$OUT"/perf-*.data
     fi
 fi
@@ -378,6 +387,15 @@ if has rankscale; then
             lib="${entry%%,*}"; extra=""; [ "$entry" != "$lib" ] && extra="${entry#*,}"
             if [ "$lib" = - ]; then export LD_LIBRARY_PATH="$LD0"; else export LD_LIBRARY_PATH="$(realpath "$lib")${LD0:+:$LD0}"; fi
             for kv in ${extra//,/ }; do export "${kv?}"; done
+            # RPS=1 among a pass's variables: loopback's receive processing
+            # (the TCP input path, waking the reader) runs on the ranks'
+            # cores, as a NIC's would run off the sender's, instead of inside
+            # the sender's send; left alone, lcores pay for the ranks' side.
+            rps=/sys/class/net/lo/queues/rx-0/rps_cpus
+            if [ "${RPS:-0}" = 1 ] && [ -w "$rps" ]; then
+                rps0=$(cat "$rps"); m=0; for c in $(seq "${RCORES%-*}" "${RCORES#*-}"); do m=$(( m | 1 << c )); done
+                printf '%x' "$m" >"$rps"
+            fi
             libv=$("$TALLY" doctor 2>/dev/null | awk '$1 == "libfabric" {sub(";", "", $3); print "libfabric-" $3; exit}'); libv="${libv:-libfabric-?}${extra:+,$extra}"
             for nw in $RS_RANKS; do
                 # RANKS:WINDOW gives that rank count its own window.
@@ -386,7 +404,7 @@ if has rankscale; then
                 chunk=256K; [ "$case" = piece ] && chunk=$RS_PIECE
                 tag="$round-$case-$libv-$n-w$w"
                 TALLY_LOG=info "$TALLY" server --listen 127.0.0.1:$port --lcores "$RS_LCORES" --provider tcp --poll adaptive \
-                    --slab-size "$RS_SLAB" --metrics 127.0.0.1:$((port + 100)) >"$OUT/rs-server$tag.out" 2>"$OUT/rs-server$tag.log" &
+                    ${STAGE:+--stage-buffers "$STAGE"} --slab-size "$RS_SLAB" --metrics 127.0.0.1:$((port + 100)) >"$OUT/rs-server$tag.out" 2>"$OUT/rs-server$tag.log" &
                 spid=$!
                 for _ in $(seq 100); do grep -q ready "$OUT/rs-server$tag.out" 2>/dev/null && break; sleep 0.1; done
                 # Every 0.1 s: the lcore threads' CPU time and the bytes they
@@ -463,6 +481,8 @@ except Exception:
     r = None
 m = next((re.search(r"(\d+) elements per piece", l) for l in open(log) if "starting (tag" in l), None)
 piece = f"{int(m.group(1)) * 4 // 1024}K" if m else "?"
+if m and any("ranks at a time" in l for l in open(log) if "starting (tag" in l):
+    piece += ",staged"
 if r is None:
     print(f"{rnd:>5} {case:>6} {rk:>8} {'-':>9} {piece:>9} {'-':>10} {'-':>9} {'-':>8} {lc:>7} {rc_cpu:>7} {'-':>6} {rc:>6} {libv}")
     sys.exit()
@@ -474,6 +494,7 @@ size = f"{r['bytes'] // 1024}K" if r["bytes"] < 1 << 20 else f"{r['bytes'] >> 20
 print(f"{rnd:>5} {case:>6} {rk:>8} {size:>9} {piece:>9} {r['time_us'] / 1e3:>10.1f} {gbps:>9.3f} {gbps / base:>8.2f} {lc:>7} {rc_cpu:>7} {r['wrong']:>6} {rc:>6} {libv}")
 PY
             done
+            [ -n "${rps0:-}" ] && { echo "$rps0" >"$rps"; rps0=""; }
             for kv in ${extra//,/ }; do unset "${kv%%=*}"; done
           done
         done

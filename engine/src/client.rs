@@ -197,6 +197,13 @@ const IDLE_CHECK_EVERY: u32 = 64;
 /// Polls with completions between two checks of the control connections:
 /// a rank that never sees an empty poll still hears of a drain.
 const BUSY_CHECK_EVERY: u32 = 1024;
+/// The least time between two checks of the control connections (a
+/// `recv` peek each, a system call). Counting empty polls alone is not
+/// enough: a busy rank waiting ~5 us for a 4 KiB result makes about 64
+/// empty polls, so it paid that system call on most operations, and
+/// whenever the result landed during it the operation took that much
+/// longer. A server's drain or end is heard within this (plus a sleep).
+const CONTROL_CHECK_INTERVAL: Duration = Duration::from_millis(2);
 
 /// One (server, lcore) stream of a sub-job.
 struct Stream {
@@ -454,6 +461,10 @@ pub struct Client {
     idle_polls: u32,
     /// Polls with completions (paces the control checks of a busy rank).
     busy_polls: u32,
+    /// When the control connections were last checked.
+    controls_checked: Instant,
+    /// The completion batch, kept so that an empty poll writes nothing.
+    batch: [Completion; 32],
     /// What failover did so far.
     stats: failover::FailoverStats,
     /// An operation failed or was aborted: this rank did not finish
@@ -511,6 +522,8 @@ impl Client {
             stats: failover::FailoverStats::default(),
             idle_polls: 0,
             busy_polls: 0,
+            controls_checked: Instant::now(),
+            batch: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
             cfg,
         })
     }
@@ -1092,8 +1105,7 @@ impl Client {
     }
 
     fn poll(&mut self) -> Result<(), ClientError> {
-        let mut batch = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32];
-        let n = match self.ep.poll(&mut batch) {
+        let n = match self.ep.poll(&mut self.batch) {
             Ok(n) => n,
             Err(PollError::Completion(e)) => return self.on_error_completion(e),
             Err(PollError::Fabric(e)) => return Err(ClientError::Fabric(e.to_string())),
@@ -1104,7 +1116,7 @@ impl Client {
             // polling rank a third of its time. Every IDLE_CHECK_EVERY-th
             // empty poll is soon enough to hear that a server ended the job.
             self.idle_polls = self.idle_polls.wrapping_add(1);
-            if self.idle_polls % IDLE_CHECK_EVERY == 0 {
+            if self.idle_polls % IDLE_CHECK_EVERY == 0 && self.controls_due() {
                 return self.check_controls();
             }
             return Ok(());
@@ -1113,7 +1125,8 @@ impl Client {
         self.busy_polls = self.busy_polls.wrapping_add(1);
         self.last_progress = Instant::now();
         let window = self.cfg.window as usize;
-        for c in &batch[..n] {
+        for i in 0..n {
+            let c = self.batch[i];
             let (sub, local) = ((c.context / self.per_sub) as usize, c.context % self.per_sub);
             if local >= self.redo_base() {
                 self.on_redo_completion(sub, local - self.redo_base(), c.is_recv)?;
@@ -1170,10 +1183,21 @@ impl Client {
                 }
             }
         }
-        if self.busy_polls.is_multiple_of(BUSY_CHECK_EVERY) {
+        if self.busy_polls.is_multiple_of(BUSY_CHECK_EVERY) && self.controls_due() {
             return self.check_controls();
         }
         Ok(())
+    }
+
+    /// Whether [`CONTROL_CHECK_INTERVAL`] passed since the last check of
+    /// the control connections (a clock read, no system call).
+    fn controls_due(&mut self) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.controls_checked) < CONTROL_CHECK_INTERVAL {
+            return false;
+        }
+        self.controls_checked = now;
+        true
     }
 
     /// A server that ended the job, or drains, says so on the control connection.

@@ -65,6 +65,11 @@ pub struct ServerArgs {
     /// Largest operation the latency lcores take, a power of two (default 64K).
     #[arg(long, value_name = "SIZE")]
     pub latency_max: Option<String>,
+    /// Receive buffers per slot for a job whose ranks' pieces would not all
+    /// fit its slab budget: it keeps its piece and is received this many
+    /// ranks at a time (default 64; 0: such a job gets smaller pieces).
+    #[arg(long, value_name = "N")]
+    pub stage_buffers: Option<u32>,
     /// TOML configuration file; flags given here override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -96,6 +101,7 @@ impl ServerArgs {
             drain_timeout_s: self.drain_timeout,
             latency_lcores: self.latency_lcores,
             latency_max: self.latency_max.clone(),
+            stage_buffers: self.stage_buffers,
             ..Default::default()
         };
         file.overlay(flags).resolve().map_err(|e| e.to_string())

@@ -19,6 +19,14 @@
 //! limit at the client's default chunk and window: 64 MiB) as asked from the
 //! default 256 MiB slab. 1024 ranks at window 4 get 16 KiB pieces there.
 //!
+//! A job that may be staged (`stage_buffers` in the config; 32- and 64-bit
+//! types; not over shm) is not cut to smaller pieces: it gets a staged region
+//! of window x (stage + 1) pieces instead, `stage` receive buffers per slot
+//! and the slot's accumulator, and the shard receives the ranks' pieces
+//! `stage` at a time and folds them in rank order (`shard.rs`, "Staged
+//! receives"). 1024 ranks x window 2 x 256 KiB staged 64 at a time take
+//! 32.5 MiB instead of 512.
+//!
 //! Results do not depend on the piece: each element of a result is the
 //! rank-order sum of that element, however the all-reduce was cut, and every
 //! rank cuts alike (a server gives every rank of a job the same answer, and
@@ -45,7 +53,11 @@ pub struct Grant {
     pub chunk_elems: u32,
     /// Distance between pieces: the piece rounded up to a cache line.
     pub stride: usize,
-    /// The region: window x nranks x stride.
+    /// Receive buffers per slot when staged (0: one per rank; see
+    /// [`fit`] and the shard's staged receives).
+    pub stage: u32,
+    /// The region: window x nranks x stride, or staged window x (stage + 1)
+    /// x stride.
     pub len: usize,
 }
 
@@ -94,20 +106,41 @@ pub fn budget(total: usize, largest_free: usize, align: usize) -> usize {
     (total / JOB_SHARE).min(largest_free) / align * align
 }
 
+/// Whether a job of `spec` may be staged with `stage` receive buffers per
+/// slot: the fold adds one piece at a time into an accumulator of the
+/// piece's own type, which is exact in rank order for 32- and 64-bit types
+/// only (16-bit floats would round at every step; they keep a piece per rank).
+pub fn can_stage(spec: &JobSpec, stage: u32) -> bool {
+    stage > 0 && stage < spec.nranks && spec.dtype.size() >= 4
+}
+
 /// The piece and region of `spec` on lcores that each give a job at most
 /// `budget` bytes (`lcore`: the one that gives least, named in a refusal).
-pub fn fit(spec: &JobSpec, budget: usize, lcore: usize) -> Result<Grant, NoFit> {
+///
+/// A job whose piece per rank fits gets it. One that does not, and that may
+/// be staged (`stage` receive buffers per slot, [`can_stage`]), keeps the
+/// piece it asked for in a staged region of window x (stage + 1) pieces, if
+/// that fits: many ranks then cost receive turns, not smaller pieces (whose
+/// per-message costs are what slowed a thousand ranks). Otherwise the piece
+/// shrinks until window x nranks pieces fit.
+pub fn fit(spec: &JobSpec, budget: usize, lcore: usize, stage: u32) -> Result<Grant, NoFit> {
     let slots = spec.window as usize * spec.nranks as usize;
     let asked = spec.piece_bytes();
     let stride = asked.next_multiple_of(PIECE_ALIGN);
     if slots * stride <= budget {
-        return Ok(Grant { chunk_elems: spec.chunk_elems, stride, len: slots * stride });
+        return Ok(Grant { chunk_elems: spec.chunk_elems, stride, stage: 0, len: slots * stride });
+    }
+    if can_stage(spec, stage) {
+        let len = spec.window as usize * (stage as usize + 1) * stride;
+        if len <= budget {
+            return Ok(Grant { chunk_elems: spec.chunk_elems, stride, stage, len });
+        }
     }
     // A multiple of 64 below the asked stride: smaller than the piece asked,
     // and whole elements of any type.
     let piece = budget / slots / PIECE_ALIGN * PIECE_ALIGN;
     if piece >= MIN_PIECE {
-        return Ok(Grant { chunk_elems: (piece / spec.dtype.size()) as u32, stride: piece, len: slots * piece });
+        return Ok(Grant { chunk_elems: (piece / spec.dtype.size()) as u32, stride: piece, stage: 0, len: slots * piece });
     }
     let least = stride.min(MIN_PIECE);
     Err(NoFit {
@@ -122,7 +155,7 @@ pub fn fit(spec: &JobSpec, budget: usize, lcore: usize) -> Result<Grant, NoFit> 
 }
 
 /// [`fit`] against the tightest of the job's lcores (`allocs[..shards]`).
-pub fn grant(spec: &JobSpec, allocs: &[RangeAlloc], align: usize) -> Result<Grant, NoFit> {
+pub fn grant(spec: &JobSpec, allocs: &[RangeAlloc], align: usize, stage: u32) -> Result<Grant, NoFit> {
     let (lcore, least) = allocs
         .iter()
         .take(spec.shards as usize)
@@ -130,7 +163,7 @@ pub fn grant(spec: &JobSpec, allocs: &[RangeAlloc], align: usize) -> Result<Gran
         .enumerate()
         .min_by_key(|&(_, b)| b)
         .unwrap_or((0, 0));
-    fit(spec, least, lcore)
+    fit(spec, least, lcore, stage)
 }
 
 #[cfg(test)]
@@ -148,23 +181,23 @@ mod tests {
     fn a_job_that_fits_gets_what_it_asked() {
         // The old default limit: 64 ranks x window 4 x 256 KiB from a 256 MiB slab.
         let s = spec(64, 4, 256 << 10, DataType::Float32);
-        let g = fit(&s, budget(256 * MIB, 256 * MIB, 4096), 0).unwrap();
-        assert_eq!(g, Grant { chunk_elems: 64 << 10, stride: 256 << 10, len: 64 * MIB });
+        let g = fit(&s, budget(256 * MIB, 256 * MIB, 4096), 0, 0).unwrap();
+        assert_eq!(g, Grant { chunk_elems: 64 << 10, stride: 256 << 10, stage: 0, len: 64 * MIB });
         // A piece that is not whole cache lines keeps its elements, padded.
         let s = JobSpec { chunk_elems: 1000, ..s };
-        assert_eq!(fit(&s, 64 * MIB, 0).unwrap(), Grant { chunk_elems: 1000, stride: 4032, len: 256 * 4032 });
+        assert_eq!(fit(&s, 64 * MIB, 0, 0).unwrap(), Grant { chunk_elems: 1000, stride: 4032, stage: 0, len: 256 * 4032 });
     }
 
     #[test]
     fn many_ranks_get_smaller_pieces_that_fit() {
         // 1024 ranks x window 4 x 256 KiB = 1 GiB; a quarter of 256 MiB is 64 MiB: 16 KiB pieces.
         let s = spec(1024, 4, 256 << 10, DataType::Float32);
-        let g = fit(&s, budget(256 * MIB, 256 * MIB, 4096), 0).unwrap();
-        assert_eq!(g, Grant { chunk_elems: 4096, stride: 16 << 10, len: 64 * MIB });
+        let g = fit(&s, budget(256 * MIB, 256 * MIB, 4096), 0, 0).unwrap();
+        assert_eq!(g, Grant { chunk_elems: 4096, stride: 16 << 10, stage: 0, len: 64 * MIB });
         // Odd budgets: whole cache lines, whole elements, within the budget, below the ask.
         for (n, w, b, t) in [(1000u32, 3u32, 50 * MIB + 12345, DataType::Float64), (777, 5, 99 * MIB, DataType::Bfloat16)] {
             let s = spec(n, w, 1 << 20, t);
-            let g = fit(&s, b, 0).unwrap();
+            let g = fit(&s, b, 0, 0).unwrap();
             let piece = g.chunk_elems as usize * t.size();
             assert!(piece % 64 == 0 && piece >= MIN_PIECE && piece < s.piece_bytes(), "{g:?}");
             assert!(g.len <= b && g.stride == piece && g.len == n as usize * w as usize * piece, "{g:?}");
@@ -174,10 +207,30 @@ mod tests {
     }
 
     #[test]
+    fn many_ranks_keep_their_piece_when_staged() {
+        // 1024 ranks x window 2 x 256 KiB = 512 MiB, over a 64 MiB budget:
+        // staged with 64 buffers a slot, 2 x 65 x 256 KiB = 32.5 MiB.
+        let s = spec(1024, 2, 256 << 10, DataType::Float32);
+        let b = budget(256 * MIB, 256 * MIB, 4096);
+        assert_eq!(fit(&s, b, 0, 64).unwrap(), Grant { chunk_elems: 64 << 10, stride: 256 << 10, stage: 64, len: 2 * 65 * (256 << 10) });
+        // Without staging, the piece shrinks as before.
+        assert_eq!(fit(&s, b, 0, 0).unwrap().stage, 0);
+        // A job whose pieces fit is never staged.
+        assert_eq!(fit(&spec(8, 2, 256 << 10, DataType::Float32), b, 0, 64).unwrap().stage, 0);
+        // 16-bit types are not staged (the fold would round at every step),
+        // nor are jobs with no more ranks than buffers.
+        assert_eq!(fit(&spec(1024, 2, 256 << 10, DataType::Bfloat16), b, 0, 64).unwrap().stage, 0);
+        assert!(!can_stage(&spec(64, 2, 4096, DataType::Float64), 64) && can_stage(&spec(65, 2, 4096, DataType::Int32), 64));
+        // A staged region that does not fit either: the piece shrinks.
+        let g = fit(&s, 16 * MIB, 0, 64).unwrap();
+        assert_eq!((g.stage, g.stride), (0, 8 << 10));
+    }
+
+    #[test]
     fn a_job_that_cannot_fit_says_what_would() {
         // 1024 ranks x window 16 x 4 KiB = 64 MiB against 16 MiB.
         let s = spec(1024, 16, 256 << 10, DataType::Float32);
-        let e = fit(&s, 16 * MIB, 3).unwrap_err();
+        let e = fit(&s, 16 * MIB, 3, 0).unwrap_err();
         assert_eq!((e.piece, e.fits_ranks, e.fits_window, e.lcore), (MIN_PIECE, 256, 4, 3));
         let text = e.to_string();
         assert_eq!(
@@ -188,10 +241,10 @@ mod tests {
         assert!(text.len() < 215);
         // Asking for pieces below the floor: the floor is the ask.
         let s = spec(8, 16, 1024, DataType::Float32);
-        let e = fit(&s, 64 << 10, 0).unwrap_err();
+        let e = fit(&s, 64 << 10, 0, 0).unwrap_err();
         assert_eq!((e.piece, e.fits_ranks, e.fits_window), (1024, 4, 8));
         // Nothing fits at all.
-        let e = fit(&spec(4, 4, 4096, DataType::Float32), 0, 0).unwrap_err();
+        let e = fit(&spec(4, 4, 4096, DataType::Float32), 0, 0, 0).unwrap_err();
         assert!(e.to_string().ends_with("not even 1 rank fits at window 4"), "{e}");
     }
 
@@ -201,11 +254,11 @@ mod tests {
         a[1].alloc(60 * MIB).unwrap();
         let s = JobSpec { shards: 2, ..spec(64, 4, 64 << 10, DataType::Float32) };
         // lcore 0: a quarter, 16 MiB; lcore 1: 4 MiB free.
-        assert_eq!(grant(&s, &a, 4096).unwrap().stride, 16 << 10);
+        assert_eq!(grant(&s, &a, 4096, 0).unwrap().stride, 16 << 10);
         let s = JobSpec { nranks: 1024, ..s };
-        assert_eq!(grant(&s, &a, 4096).unwrap_err().lcore, 1);
+        assert_eq!(grant(&s, &a, 4096, 0).unwrap_err().lcore, 1);
         // A job on lcore 0 only does not see lcore 1.
         let s = JobSpec { shards: 1, nranks: 64, ..s };
-        assert_eq!(grant(&s, &a, 4096).unwrap().stride, 64 << 10);
+        assert_eq!(grant(&s, &a, 4096, 0).unwrap().stride, 64 << 10);
     }
 }

@@ -156,6 +156,8 @@ pub struct ControlPlane {
     /// 2^latency_max_log2 bytes (told to clients in the Accept).
     latency_lcores: u8,
     latency_max_log2: u8,
+    /// Receive buffers per slot for jobs staged to fit (0: never staged).
+    stage_buffers: u32,
     names: Vec<EndpointName>,
     lcores: Vec<Sender<Command>>,
     /// Every control connection (the epoll loop).
@@ -259,6 +261,7 @@ pub fn rules(cfg: &ServerConfig) -> Result<Rules, String> {
 impl ControlPlane {
     pub fn new(
         cfg: &ServerConfig,
+        provider: &str,
         names: Vec<EndpointName>,
         lcores: Vec<Sender<Command>>,
         net: Connections,
@@ -271,6 +274,11 @@ impl ControlPlane {
             limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n as u32 },
             join_timeout: Duration::from_secs(cfg.join_timeout_s.max(1)),
             latency_lcores: cfg.latency_lcores.min(255) as u8,
+            // Staged receives leave later ranks' pieces waiting unmatched at
+            // the provider; shm 1.17 matches such messages with a stale tag
+            // mask (ARCHITECTURE.md, "Provider facts"), and shm reaches 256
+            // peers at most anyway, so it always gets a piece per rank.
+            stage_buffers: if provider.starts_with("shm") { 0 } else { cfg.stage_buffers },
             latency_max_log2: cfg.latency_max.max(1).trailing_zeros() as u8,
             names,
             lcores,
@@ -472,7 +480,7 @@ impl ControlPlane {
         }
         // The piece may be smaller than asked, so that the region fits (budget.rs).
         let asked = spec.chunk_elems;
-        let grant = match budget::grant(&spec, &self.allocs, REGION_ALIGN) {
+        let grant = match budget::grant(&spec, &self.allocs, REGION_ALIGN, self.stage_buffers) {
             Ok(g) => g,
             Err(e) => {
                 log::warn!("job {:#x} refused: {e}", spec.job_id);
@@ -509,7 +517,7 @@ impl ControlPlane {
         self.generation[index] = (self.generation[index] + 1) & 0xf;
         let tag = ((self.generation[index] as u16) << 12) | index as u16;
         for (l, (off, _)) in regions.iter().enumerate() {
-            let on = JobOnShard { index: index as u16, tag, spec, base: *off, stride, client_names: names.clone() };
+            let on = JobOnShard { index: index as u16, tag, spec, base: *off, stride, stage: grant.stage, client_names: names.clone() };
             let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
         }
         log::info!(
@@ -519,7 +527,11 @@ impl ControlPlane {
             spec.dtype,
             spec.op,
             spec.chunk_elems,
-            if asked == spec.chunk_elems { String::new() } else { format!(" (asked {asked}: the region fits the job's slab budget)") },
+            match (asked == spec.chunk_elems, grant.stage) {
+                (true, 0) => String::new(),
+                (true, b) => format!(" (received {b} ranks at a time: a piece per rank would not fit the job's slab budget)"),
+                (false, _) => format!(" (asked {asked}: the region fits the job's slab budget)"),
+            },
             spec.window,
             spec.shards
         );

@@ -19,6 +19,23 @@
 //! and events back to it go through channels checked only when idle or
 //! every few thousand turns, and only job start and end use them.
 //!
+//! # Staged receives
+//!
+//! A job with many ranks may not fit a piece per rank per slot in its slab
+//! budget (1024 ranks x window 2 x 256 KiB is 512 MiB). Rather than cut its
+//! pieces smaller (each message then carries fewer bytes for the same fixed
+//! costs), the control plane may stage it (`JobOnShard::stage` = B): a slot
+//! holds B receive buffers and an accumulator. Ranks 0..B are posted; when
+//! rank `next`'s piece is in, it and the ranks after it that are also in are
+//! folded into the accumulator in rank order (a kernel call of up to 8
+//! inputs, the accumulator first), and each folded rank's buffer takes a
+//! receive for rank + B. The fold is the same left fold in rank order that
+//! the one-pass reduce does, so the result is bit-identical (`avg` divides
+//! once, after the last rank; 16-bit types are never staged: their
+//! accumulator would round at every step). The pieces of ranks not yet
+//! posted wait at the provider (a rendezvous header, or an unexpected
+//! message) until their buffer frees.
+//!
 //! A straggler does not stall a job forever: when a slot's first piece has
 //! waited [`ShardWorker`]'s `op_timeout` for the others, the job fails
 //! naming the ranks that did not send. The check runs on the lcore's
@@ -34,7 +51,7 @@ use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, Pol
 use crate::dataplane::lcore::{bump, Counters, Worker};
 use crate::dataplane::metrics::MetricsTable;
 use crate::dataplane::slab::Slab;
-use crate::reduce::{Kernels, MAX_INPUTS};
+use crate::reduce::{Kernels, ReduceOp, MAX_INPUTS};
 use crate::wire::{JobSpec, Tag};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
@@ -125,6 +142,8 @@ pub struct JobOnShard {
     pub base: usize,
     /// Distance between pieces (piece size rounded up to a cache line).
     pub stride: usize,
+    /// Receive buffers per slot (0: one per rank; see "Staged receives").
+    pub stage: u32,
     /// Fabric names of the ranks' endpoints, in rank order.
     pub client_names: Vec<crate::dataplane::fabric::EndpointName>,
 }
@@ -137,6 +156,8 @@ struct Slot {
     /// Length of the pieces of this round (all ranks must agree).
     len: u32,
     sends_left: u32,
+    /// Staged: the next rank to fold into the accumulator.
+    next: u32,
     /// When the round's first piece arrived (for the latency histogram).
     first: Option<Instant>,
     /// When the round's results were posted, while some are not taken yet.
@@ -144,11 +165,41 @@ struct Slot {
 }
 
 impl Job {
+    /// Where (slot, rank)'s piece is received: its own piece, or (staged)
+    /// buffer `rank mod stage` after the slot's accumulator.
     fn piece_ptr(&self, slot: usize, rank: usize) -> *mut u8 {
-        let off = (slot * self.on.spec.nranks as usize + rank) * self.on.stride;
-        // SAFETY: the control plane gave the job window*nranks*stride bytes
-        // at `region` (checked against the slab's length in add_job).
+        let stage = self.on.stage as usize;
+        let off = if stage == 0 {
+            (slot * self.on.spec.nranks as usize + rank) * self.on.stride
+        } else {
+            (slot * (stage + 1) + 1 + rank % stage) * self.on.stride
+        };
+        // SAFETY: the control plane gave the job window x nranks (staged:
+        // window x (stage + 1)) strides at `region`, checked against the
+        // slab's length in add_job; `rank < nranks` and `slot < window`.
         unsafe { self.region.add(off) }
+    }
+
+    /// Where a slot's result is: piece 0, or (staged) the accumulator.
+    fn result_ptr(&self, slot: usize) -> *mut u8 {
+        let stage = self.on.stage as usize;
+        if stage == 0 {
+            return self.piece_ptr(slot, 0);
+        }
+        // SAFETY: as in piece_ptr; the accumulator is the slot's first stride.
+        unsafe { self.region.add(slot * (stage + 1) * self.on.stride) }
+    }
+
+    /// Ranks whose receives a slot posts at the start of a round.
+    fn first_posted(&self) -> u32 {
+        match self.on.stage {
+            0 => self.on.spec.nranks,
+            b => b.min(self.on.spec.nranks),
+        }
+    }
+
+    fn has_arrived(&self, slot: usize, rank: usize) -> bool {
+        self.arrived_bits[slot * self.words_per_slot + rank / 64] & (1 << (rank % 64)) != 0
     }
 }
 
@@ -275,7 +326,7 @@ impl ShardWorker {
         let (slot, rank) = ((piece / n) as usize, (piece % n) as usize);
         let s = job.slots[slot];
         if is_send && s.len as usize <= self.ep.inject_size() {
-            let buf = job.piece_ptr(slot, 0);
+            let buf = job.result_ptr(slot);
             let tag = Tag::new(job.on.tag, slot as u16, s.seq);
             // SAFETY: piece 0 holds the reduced result; inject copies it
             // before returning.
@@ -293,9 +344,9 @@ impl ShardWorker {
             };
         }
         let r = if is_send {
-            let buf = job.piece_ptr(slot, 0);
+            let buf = job.result_ptr(slot);
             let tag = Tag::new(job.on.tag, slot as u16, s.seq);
-            // SAFETY: piece 0 of the slot holds the reduced result and is not
+            // SAFETY: the slot's result (piece 0, or the accumulator) is not
             // written again until every send of this round completed (the
             // receives are reposted only then).
             unsafe { self.ep.send(buf, s.len as usize, Some(self.mh), job.peers[rank], tag.0, context) }
@@ -320,9 +371,9 @@ impl ShardWorker {
     }
 
     fn post_slot_receives(&mut self, ji: usize, slot: usize) -> Result<(), String> {
-        let n = self.jobs[ji].as_ref().map_or(0, |j| j.on.spec.nranks);
+        let (n, first) = self.jobs[ji].as_ref().map_or((0, 0), |j| (j.on.spec.nranks, j.first_posted()));
         let base = ji as u32 * self.per_job;
-        for rank in 0..n {
+        for rank in 0..first {
             self.post(base + ((slot as u32 * n + rank) << 1))?;
         }
         Ok(())
@@ -342,6 +393,7 @@ impl ShardWorker {
             s.sending_since = None;
             s.seq = s.seq.wrapping_add(job.on.spec.window);
             s.arrived = 0;
+            s.next = 0;
             let w = job.words_per_slot;
             job.arrived_bits[slot * w..(slot + 1) * w].fill(0);
             if let Err(e) = self.post_slot_receives(ji, slot) {
@@ -397,22 +449,36 @@ impl ShardWorker {
             s.first = Some(Instant::now());
         }
         s.arrived += 1;
-        if s.arrived < n {
-            return;
-        }
-        // Every piece is here: reduce in rank order into piece 0, send it back.
         let (dtype, op, elems) = (job.on.spec.dtype, job.on.spec.op, c.len / dsize);
-        let mut inputs = [core::ptr::null::<u8>(); MAX_INPUTS];
-        for (r, p) in inputs.iter_mut().enumerate().take(n as usize) {
-            *p = job.piece_ptr(slot, r);
-        }
-        let out = inputs[0] as *mut u8;
-        let t0 = Instant::now();
-        // SAFETY: every input is a completed receive of `elems` elements in
-        // this job's region; out == inputs[0] exactly, which reduce_raw allows.
-        if let Err(e) = unsafe { self.kernels.reduce_raw(dtype, op, out, &inputs[..n as usize], elems) } {
-            self.fail(ji, format!("reduce failed: {e}"));
-            return;
+        let t0;
+        if job.on.stage > 0 {
+            t0 = Instant::now();
+            if let Err(e) = self.fold(ji, slot, elems) {
+                self.fail(ji, e);
+                return;
+            }
+            let job = self.jobs[ji].as_ref().unwrap();
+            if job.slots[slot].next < n {
+                bump(&self.metrics.job(self.lcore, ji).reduce_ns, t0.elapsed().as_nanos() as u64);
+                return;
+            }
+        } else {
+            if s.arrived < n {
+                return;
+            }
+            // Every piece is here: reduce in rank order into piece 0, send it back.
+            let mut inputs = [core::ptr::null::<u8>(); MAX_INPUTS];
+            for (r, p) in inputs.iter_mut().enumerate().take(n as usize) {
+                *p = job.piece_ptr(slot, r);
+            }
+            let out = inputs[0] as *mut u8;
+            t0 = Instant::now();
+            // SAFETY: every input is a completed receive of `elems` elements in
+            // this job's region; out == inputs[0] exactly, which reduce_raw allows.
+            if let Err(e) = unsafe { self.kernels.reduce_raw(dtype, op, out, &inputs[..n as usize], elems) } {
+                self.fail(ji, format!("reduce failed: {e}"));
+                return;
+            }
         }
         let now = Instant::now();
         let block = self.metrics.job(self.lcore, ji);
@@ -431,6 +497,66 @@ impl ShardWorker {
             if let Err(e) = self.post(base + ((slot as u32 * n + rank) << 1 | 1)) {
                 self.fail(ji, format!("sending results: {e}"));
                 return;
+            }
+        }
+    }
+
+    /// Staged: folds the run of arrived ranks from the slot's `next` into
+    /// its accumulator, in rank order, reposting each folded rank's buffer
+    /// for rank + stage; after the last rank an average is divided once.
+    fn fold(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), String> {
+        const GROUP: usize = 8;
+        let job = self.jobs[ji].as_ref().unwrap();
+        let (n, stage) = (job.on.spec.nranks as usize, job.on.stage as usize);
+        let (dtype, op) = (job.on.spec.dtype, job.on.spec.op);
+        let fold_op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+        let acc = job.result_ptr(slot);
+        let base = ji as u32 * self.per_job;
+        loop {
+            let job = self.jobs[ji].as_ref().unwrap();
+            let next = job.slots[slot].next as usize;
+            let mut inputs = [core::ptr::null::<u8>(); GROUP];
+            let mut m = 0;
+            if next > 0 {
+                inputs[0] = acc;
+                m = 1;
+            }
+            let mut r = next;
+            while m < GROUP && r < n && job.has_arrived(slot, r) {
+                inputs[m] = job.piece_ptr(slot, r);
+                m += 1;
+                r += 1;
+            }
+            if r == next {
+                return Ok(());
+            }
+            // SAFETY: every input is a completed receive of `elems` elements
+            // (or the accumulator, holding ranks 0..next folded); the
+            // accumulator is its own stride of the region, so `acc` overlaps
+            // no piece and equals inputs[0] exactly when it is an input.
+            unsafe {
+                if m == 1 {
+                    core::ptr::copy_nonoverlapping(inputs[0], acc, elems * dtype.size());
+                } else {
+                    self.kernels.reduce_raw(dtype, fold_op, acc, &inputs[..m], elems).map_err(|e| format!("reduce failed: {e}"))?;
+                }
+            }
+            self.jobs[ji].as_mut().unwrap().slots[slot].next = r as u32;
+            // The folded ranks' buffers are free: each takes the receive of
+            // the rank `stage` further on.
+            for folded in next..r {
+                if folded + stage < n {
+                    self.post(base + (((slot * n + folded + stage) as u32) << 1)).map_err(|e| format!("posting receives: {e}"))?;
+                }
+            }
+            if r == n {
+                if op == ReduceOp::Avg {
+                    // SAFETY: the accumulator holds `elems` elements of the
+                    // slot's round, and nothing else refers to it now.
+                    let buf = unsafe { core::slice::from_raw_parts_mut(acc, elems * dtype.size()) };
+                    self.kernels.finish_avg(dtype, buf, n).map_err(|e| format!("reduce failed: {e}"))?;
+                }
+                return Ok(());
             }
         }
     }
@@ -603,7 +729,13 @@ impl ShardWorker {
             let bits = &job.arrived_bits[slot * w..(slot + 1) * w];
             // Waiting: ranks whose bit is clear sent nothing. Taking: ranks
             // whose bit is still set have not taken their result.
-            let who: Vec<usize> = (0..n).filter(|r| (bits[r / 64] & (1 << (r % 64)) != 0) == sending).collect();
+            // Staged, a waiting slot has only ranks next..next + stage
+            // posted: later ranks' pieces may be waiting at the provider.
+            let ranks = match job.on.stage as usize {
+                b if b > 0 && !sending => s.next as usize..(s.next as usize + b).min(n),
+                _ => 0..n,
+            };
+            let who: Vec<usize> = ranks.filter(|r| (bits[r / 64] & (1 << (r % 64)) != 0) == sending).collect();
             let shown: Vec<String> = who.iter().take(8).map(|r| r.to_string()).collect();
             let more = if who.len() > 8 { format!(" and {} more", who.len() - 8) } else { String::new() };
             let ranks = format!("rank{} {}{more}", if who.len() == 1 { "" } else { "s" }, shown.join(", "));
@@ -654,7 +786,8 @@ impl ShardWorker {
         }
         let slots = (0..on.spec.window).map(|i| Slot { seq: i, ..Default::default() }).collect();
         let window = on.spec.window as usize;
-        let len = window * on.spec.nranks as usize * on.stride;
+        let per_slot = if on.stage == 0 { on.spec.nranks as usize } else { on.stage as usize + 1 };
+        let len = window * per_slot * on.stride;
         if on.base + len > self.slab.len() || on.stride < on.spec.piece_bytes() || ji >= self.jobs.len() {
             let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: "job region outside the slab".into() });
             let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });

@@ -69,7 +69,14 @@ pub struct ServerFile {
     /// The largest operation the latency lcores take (a power of two, 1K to 1G;
     /// default 64K). Larger ones go to the other lcores.
     pub latency_max: Option<String>,
+    /// Receive buffers per slot for a job whose ranks' pieces do not all fit
+    /// its slab budget (default 64; 0: such jobs get smaller pieces instead).
+    /// See ARCHITECTURE.md, "Many ranks".
+    pub stage_buffers: Option<u32>,
 }
+
+/// Receive buffers per slot of a staged job (`stage_buffers`).
+pub const DEFAULT_STAGE_BUFFERS: u32 = 64;
 
 /// The settings a server runs with, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,6 +105,7 @@ pub struct ServerConfig {
     pub latency_lcores: u32,
     /// Bytes, a power of two.
     pub latency_max: u64,
+    pub stage_buffers: u32,
 }
 
 #[derive(Debug)]
@@ -160,7 +168,8 @@ impl ServerFile {
             metrics,
             nics,
             latency_lcores,
-            latency_max
+            latency_max,
+            stage_buffers
         )
     }
 
@@ -262,6 +271,12 @@ impl ServerFile {
             nics,
             latency_lcores,
             latency_max,
+            stage_buffers: match self.stage_buffers.unwrap_or(DEFAULT_STAGE_BUFFERS) {
+                v if v > crate::wire::MAX_RANKS => {
+                    return Err(ConfigError::Invalid { key: "stage_buffers", message: format!("at most {}", crate::wire::MAX_RANKS) })
+                }
+                v => v,
+            },
         })
     }
 }

@@ -168,9 +168,10 @@ impl Server {
         };
         let (drain_requested, drained) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         drop(ev_tx); // the lcores hold theirs
-        let plane = control::ControlPlane::new(cfg, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)?
-            .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
-            .with_drain(drain_requested.clone(), drained.clone());
+        let plane =
+            control::ControlPlane::new(cfg, &provider, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)?
+                .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
+                .with_drain(drain_requested.clone(), drained.clone());
         let stop2 = stop.clone();
         let control =
             std::thread::Builder::new().name("tally-control".into()).spawn(move || plane.run(ev_rx, stop2)).map_err(|e| e.to_string())?;
