@@ -874,7 +874,7 @@ impl Client {
         let done = !self.ops.iter().any(|o| o.id == req.0);
         // The clock is read only on the empty polls that also check the
         // control connections (see `poll`), not on every call.
-        if !done && self.idle_polls % IDLE_CHECK_EVERY == 0 && self.last_progress.elapsed() > self.cfg.timeout {
+        if !done && self.idle_polls.is_multiple_of(IDLE_CHECK_EVERY) && self.last_progress.elapsed() > self.cfg.timeout {
             return Err(ClientError::Timeout(format!("all-reduce made no progress for {:?}", self.cfg.timeout)));
         }
         Ok(done)
@@ -882,7 +882,7 @@ impl Client {
 
     /// Blocking all-reduce from `send` into `recv` (same length, whole elements).
     pub fn allreduce(&mut self, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), ClientError> {
-        if send.len() != recv.len() || send.len() % dtype.size() != 0 {
+        if send.len() != recv.len() || !send.len().is_multiple_of(dtype.size()) {
             return Err(ClientError::BadArgument(format!("buffers of {} and {} bytes for {dtype}", send.len(), recv.len())));
         }
         // SAFETY: both slices outlive this call, which returns only once the
@@ -894,7 +894,7 @@ impl Client {
 
     /// Blocking in-place all-reduce.
     pub fn allreduce_in_place(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), ClientError> {
-        if buf.len() % dtype.size() != 0 {
+        if !buf.len().is_multiple_of(dtype.size()) {
             return Err(ClientError::BadArgument(format!("{} bytes is not whole {dtype} elements", buf.len())));
         }
         let p = buf.as_mut_ptr();
@@ -1116,7 +1116,7 @@ impl Client {
             // polling rank a third of its time. Every IDLE_CHECK_EVERY-th
             // empty poll is soon enough to hear that a server ended the job.
             self.idle_polls = self.idle_polls.wrapping_add(1);
-            if self.idle_polls % IDLE_CHECK_EVERY == 0 && self.controls_due() {
+            if self.idle_polls.is_multiple_of(IDLE_CHECK_EVERY) && self.controls_due() {
                 return self.check_controls();
             }
             return Ok(());

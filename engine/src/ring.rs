@@ -453,7 +453,7 @@ impl Ring {
         if let Some(why) = &self.broken {
             return Err(RingError::Broken(why.clone()));
         }
-        if bytes % dtype.size() != 0 {
+        if !bytes.is_multiple_of(dtype.size()) {
             return Err(RingError::Buffers(format!(
                 "{bytes} bytes is not a whole number of {dtype} elements ({} bytes each)",
                 dtype.size()
@@ -734,7 +734,7 @@ impl Pass<'_> {
                     self.ep.wait(WAIT_MS).map_err(|e| RingError::Transport(format!("waiting: {e}")))?;
                 }
             }
-            if (self.poll_busy && idle_polls % 1024 != 0) || last_progress.elapsed() < self.progress_timeout {
+            if (self.poll_busy && !idle_polls.is_multiple_of(1024)) || last_progress.elapsed() < self.progress_timeout {
                 continue;
             }
             return Err(self.stalled());

@@ -746,7 +746,7 @@ fn value(op: ReduceOp, rank: u32, i: usize) -> i64 {
     match op {
         // Products stay within ±2^6: at most one 2 per element across ranks.
         ReduceOp::Prod => {
-            let sign = if (i + rank as usize) % 5 == 0 { -1 } else { 1 };
+            let sign = if (i + rank as usize).is_multiple_of(5) { -1 } else { 1 };
             if (i % 7) as u32 == rank % 7 && rank < 7 {
                 2 * sign
             } else {

@@ -261,7 +261,6 @@ pub fn rules(cfg: &ServerConfig) -> Result<Rules, String> {
 impl ControlPlane {
     pub fn new(
         cfg: &ServerConfig,
-        provider: &str,
         names: Vec<EndpointName>,
         lcores: Vec<Sender<Command>>,
         net: Connections,
@@ -274,11 +273,8 @@ impl ControlPlane {
             limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n as u32 },
             join_timeout: Duration::from_secs(cfg.join_timeout_s.max(1)),
             latency_lcores: cfg.latency_lcores.min(255) as u8,
-            // Staged receives leave later ranks' pieces waiting unmatched at
-            // the provider; shm 1.17 matches such messages with a stale tag
-            // mask (ARCHITECTURE.md, "Provider facts"), and shm reaches 256
-            // peers at most anyway, so it always gets a piece per rank.
-            stage_buffers: if provider.starts_with("shm") { 0 } else { cfg.stage_buffers },
+            // The server sets it to 0 over shm (server::Server::start).
+            stage_buffers: cfg.stage_buffers,
             latency_max_log2: cfg.latency_max.max(1).trailing_zeros() as u8,
             names,
             lcores,

@@ -430,7 +430,7 @@ impl ShardWorker {
             Some("a chunk carried another job's or slot's tag")
         } else if tag.seq() != s.seq {
             Some("a chunk arrived with an unexpected sequence number")
-        } else if c.len % dsize != 0 {
+        } else if !c.len.is_multiple_of(dsize) {
             Some("a chunk's length is not a whole number of elements")
         } else if s.arrived > 0 && c.len as u32 != s.len {
             Some("ranks sent chunks of different lengths")
@@ -875,7 +875,7 @@ impl ShardWorker {
 impl Worker for ShardWorker {
     fn poll_once(&mut self, stats: &Counters) -> usize {
         self.turns = self.turns.wrapping_add(1);
-        if self.turns % 4096 == 0 {
+        if self.turns.is_multiple_of(4096) {
             self.housekeeping();
         }
         if !self.retry.is_empty() {
@@ -891,7 +891,7 @@ impl Worker for ShardWorker {
                 // the channel check and clock read cost it 9% of its turns
                 // (perf, device) and a small all-reduce that much latency.
                 self.idle = self.idle.wrapping_add(1);
-                if self.idle % IDLE_CHECK_EVERY == 0 {
+                if self.idle.is_multiple_of(IDLE_CHECK_EVERY) {
                     self.check_commands();
                     self.housekeeping();
                 }

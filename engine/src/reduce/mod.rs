@@ -684,7 +684,7 @@ impl Kernels {
 
 /// The number of elements in `len` bytes, if that is a whole number.
 fn elements(dtype: DataType, len: usize) -> Result<usize, ReduceError> {
-    if len % dtype.size() != 0 {
+    if !len.is_multiple_of(dtype.size()) {
         return Err(ReduceError::PartialElement);
     }
     Ok(len / dtype.size())

@@ -150,7 +150,7 @@ pub(crate) unsafe fn reduce<L: Lanes, O: OpKind, const U: usize>(out: *mut u8, i
     // given element ranges inside `0..elems` only.
     unsafe {
         let divisor = L::divisor(divisor);
-        let stream = L::STREAM_ALIGN != 0 && elems.saturating_mul(L::SIZE) >= STREAM_MIN_BYTES && (out as usize) % L::SIZE == 0;
+        let stream = L::STREAM_ALIGN != 0 && elems.saturating_mul(L::SIZE) >= STREAM_MIN_BYTES && (out as usize).is_multiple_of(L::SIZE);
         let mut done = 0;
         if stream {
             let misaligned = (out as usize) % L::STREAM_ALIGN;

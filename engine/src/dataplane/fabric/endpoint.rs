@@ -651,7 +651,7 @@ impl Endpoint {
         let base = self.contexts.as_ptr() as usize;
         let off = (op_context as usize).wrapping_sub(base);
         let i = off / size_of::<OpContext>();
-        if off % size_of::<OpContext>() != 0 || i >= self.contexts.len() {
+        if !off.is_multiple_of(size_of::<OpContext>()) || i >= self.contexts.len() {
             return None;
         }
         let ctx = &mut self.contexts[i];
