@@ -130,6 +130,12 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
             cfg.max_jobs,
             cfg.max_ranks
         );
+        match cfg.stage_buffers {
+            0 => println!("staged receives: off (a job whose pieces do not fit its slab share gets smaller pieces)"),
+            b => println!(
+                "staged receives: a job whose pieces do not fit its slab share is received {b} ranks a slot at a time (not over shm)"
+            ),
+        }
         if cfg.latency_lcores > 0 {
             println!(
                 "latency lcores: the first {} take operations of at most {}, the other {} the larger ones",

@@ -321,6 +321,7 @@ mod tests {
             ("lcores = \"0-1\"\nlatency_lcores = 2", "latency_lcores"),
             ("latency_max = \"48K\"", "latency_max"),
             ("latency_max = \"512\"", "latency_max"),
+            ("stage_buffers = 5000", "stage_buffers"),
         ] {
             let e = ServerFile::parse(text).unwrap().resolve().unwrap_err().to_string();
             assert!(e.starts_with(key), "{text}: {e}");
