@@ -46,11 +46,7 @@ fn a_thousand_ranks_asking_for_large_pieces_get_pieces_that_fit() {
     let rows =
         bench(&srv.addr, &["--ranks", "1024", "--sizes", "4K,64K", "--chunk", "1M", "--window", "2", "--iters", "3", "--warmup", "1"]);
     assert_eq!(rows.len(), 2);
-    assert!(
-        srv.log_contains("1024 ranks, f32 sum, 2048 elements per piece (asked 262144"),
-        "the piece was not adapted: {:?}",
-        srv.log.lock().unwrap().iter().filter(|l| l.contains("starting")).collect::<Vec<_>>()
-    );
+    assert_started(&srv, "1024 ranks, f32 sum, 2048 elements per piece (asked 262144");
     assert!(srv.stop().success());
 }
 
@@ -158,21 +154,30 @@ fn staged_job(addr: &str, id: u64, n: u32, dtype: DataType, op: ReduceOp, count:
     }
 }
 
+/// A tcp server on lcores 0-1 with `slab` per lcore and `stage` buffers a slot.
+fn staging_server(slab: &str, stage: &str) -> ServerProcess {
+    ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", slab, "--stage-buffers", stage])
+}
+
+/// Asserts that the server started a job with this line, showing the job lines it did log.
+fn assert_started(srv: &ServerProcess, line: &str) {
+    assert!(
+        srv.log_contains(line),
+        "no job line {line:?}: {:?}",
+        srv.log.lock().unwrap().iter().filter(|l| l.contains("starting")).collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn a_staged_job_keeps_its_piece_and_folds_in_rank_order() {
     // 48 ranks x window 2 x 32 KiB = 3 MiB per lcore, over the 1 MiB a job
     // may take of a 4 MiB slab: staged 8 ranks at a time, 2 x 9 x 32 KiB.
-    let srv =
-        ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "4M", "--stage-buffers", "8"]);
+    let srv = staging_server("4M", "8");
     // 40,000 elements: 5 pieces, the last one short, over both lcores.
     staged_job(&srv.addr, 0x57a1, 48, DataType::Float32, ReduceOp::Sum, 40_000, 3);
-    assert!(
-        srv.log_contains("48 ranks, f32 sum, 8192 elements per piece (received 8 ranks at a time"),
-        "the job was not staged: {:?}",
-        srv.log.lock().unwrap().iter().filter(|l| l.contains("starting")).collect::<Vec<_>>()
-    );
+    assert_started(&srv, "48 ranks, f32 sum, 8192 elements per piece (received 8 ranks at a time");
     staged_job(&srv.addr, 0x57a2, 48, DataType::Float64, ReduceOp::Avg, 12_345, 2);
-    assert!(srv.log_contains("48 ranks, f64 avg, 4096 elements per piece (received 8 ranks at a time"));
+    assert_started(&srv, "48 ranks, f64 avg, 4096 elements per piece (received 8 ranks at a time");
     // The load generator's own check, for the other operations and an integer type.
     for (dtype, op) in [("i32", "max"), ("f32", "prod"), ("u64", "min")] {
         bench(
@@ -200,14 +205,9 @@ fn a_staged_job_keeps_its_piece_and_folds_in_rank_order() {
         );
     }
     // With staging off, the same job gets smaller pieces instead.
-    let plain =
-        ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "4M", "--stage-buffers", "0"]);
+    let plain = staging_server("4M", "0");
     staged_job(&plain.addr, 0x57a3, 48, DataType::Float32, ReduceOp::Sum, 40_000, 1);
-    assert!(
-        plain.log_contains("48 ranks, f32 sum, 2720 elements per piece (asked 8192"),
-        "{:?}",
-        plain.log.lock().unwrap().iter().filter(|l| l.contains("starting")).collect::<Vec<_>>()
-    );
+    assert_started(&plain, "48 ranks, f32 sum, 2720 elements per piece (asked 8192");
     assert!(srv.stop().success() && plain.stop().success());
 }
 
@@ -215,8 +215,7 @@ fn a_staged_job_keeps_its_piece_and_folds_in_rank_order() {
 fn a_rank_that_vanishes_from_a_staged_job_fails_that_job_only() {
     // 12 ranks x window 2 x 16 KiB = 384 KiB per lcore, over the 256 KiB a
     // job may take of a 1 MiB slab: staged, 2 ranks a slot at a time.
-    let srv =
-        ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "1M", "--stage-buffers", "2"]);
+    let srv = staging_server("1M", "2");
     let other = common::sum_job("tcp", &srv.addr, 0x5b0, 2, 20_000, 20);
     let n = 12u32;
     let hs: Vec<_> = (0..n)
@@ -263,6 +262,6 @@ fn a_rank_that_vanishes_from_a_staged_job_fails_that_job_only() {
     // The job running meanwhile was not touched, and a new staged job is exact.
     common::join_all(other);
     common::join_all(common::sum_job("tcp", &srv.addr, 0x5b2, 12, 40_000, 3));
-    assert!(srv.log_contains("12 ranks, f32 sum, 4096 elements per piece (received 2 ranks at a time"));
+    assert_started(&srv, "12 ranks, f32 sum, 4096 elements per piece (received 2 ranks at a time");
     assert!(srv.stop().success());
 }
