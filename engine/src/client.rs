@@ -197,13 +197,6 @@ const IDLE_CHECK_EVERY: u32 = 64;
 /// Polls with completions between two checks of the control connections:
 /// a rank that never sees an empty poll still hears of a drain.
 const BUSY_CHECK_EVERY: u32 = 1024;
-/// The least time between two checks of the control connections (a
-/// `recv` peek each, a system call). Counting empty polls alone is not
-/// enough: a busy rank waiting ~5 us for a 4 KiB result makes about 64
-/// empty polls, so it paid that system call on most operations, and
-/// whenever the result landed during it the operation took that much
-/// longer. A server's drain or end is heard within this (plus a sleep).
-const CONTROL_CHECK_INTERVAL: Duration = Duration::from_millis(2);
 
 /// One (server, lcore) stream of a sub-job.
 struct Stream {
@@ -461,8 +454,6 @@ pub struct Client {
     idle_polls: u32,
     /// Polls with completions (paces the control checks of a busy rank).
     busy_polls: u32,
-    /// When the control connections were last checked.
-    controls_checked: Instant,
     /// The completion batch, kept so that an empty poll writes nothing.
     batch: [Completion; 32],
     /// What failover did so far.
@@ -522,7 +513,6 @@ impl Client {
             stats: failover::FailoverStats::default(),
             idle_polls: 0,
             busy_polls: 0,
-            controls_checked: Instant::now(),
             batch: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
             cfg,
         })
@@ -1116,7 +1106,7 @@ impl Client {
             // polling rank a third of its time. Every IDLE_CHECK_EVERY-th
             // empty poll is soon enough to hear that a server ended the job.
             self.idle_polls = self.idle_polls.wrapping_add(1);
-            if self.idle_polls.is_multiple_of(IDLE_CHECK_EVERY) && self.controls_due() {
+            if self.idle_polls.is_multiple_of(IDLE_CHECK_EVERY) {
                 return self.check_controls();
             }
             return Ok(());
@@ -1183,21 +1173,10 @@ impl Client {
                 }
             }
         }
-        if self.busy_polls.is_multiple_of(BUSY_CHECK_EVERY) && self.controls_due() {
+        if self.busy_polls.is_multiple_of(BUSY_CHECK_EVERY) {
             return self.check_controls();
         }
         Ok(())
-    }
-
-    /// Whether [`CONTROL_CHECK_INTERVAL`] passed since the last check of
-    /// the control connections (a clock read, no system call).
-    fn controls_due(&mut self) -> bool {
-        let now = Instant::now();
-        if now.duration_since(self.controls_checked) < CONTROL_CHECK_INTERVAL {
-            return false;
-        }
-        self.controls_checked = now;
-        true
     }
 
     /// A server that ended the job, or drains, says so on the control connection.
