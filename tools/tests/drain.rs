@@ -8,8 +8,8 @@
 //!   with status 0 within its drain timeout while the loop still has many
 //!   operations to go (carried by the other two), over shm and tcp; also
 //!   with two sub-jobs (sum and max alternating: two server jobs drained at
-//!   once), with the ranks idle (between all-reduces) when it starts, and
-//!   with two lcores per server;
+//!   once), with the ranks idle (between all-reduces) when it starts, with
+//!   two lcores per server, and under a staged job of 12 ranks (tcp);
 //! - a second SIGTERM stops a draining server at once;
 //! - a server with no job exits at once on SIGTERM;
 //! - a job that tries to join a draining server is refused with a reject
@@ -27,16 +27,21 @@ use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
 
 fn drain_one_of_three(provider: &str, shape: Shape) {
+    drain_one_of_three_with(provider, shape, 3, &[]);
+}
+
+/// As [`drain_one_of_three`], with `n` ranks and `extra` server flags.
+fn drain_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) {
     const ROUNDS: usize = 400;
     const KILL_AT: usize = 80;
     const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
     let lcores: &[&str] = if shape.two_lcores { &["--lcores", "0-1"] } else { &[] };
-    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, &[&["--drain-timeout", "15"], lcores].concat())).collect();
+    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, &[&["--drain-timeout", "15"], lcores, extra].concat())).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
     let shape = Shape { pause: shape.pause.map(|(_, d)| (KILL_AT, d)), ..shape };
-    let ranks = loop_job_with(provider, &addrs, 0xd1, 3, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job_with(provider, &addrs, 0xd1, n, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, KILL_AT, &ranks);
     if shape.pause.is_some() {
         // Rank 0 finished round KILL_AT and sleeps: let the others reach it too.
@@ -61,7 +66,7 @@ fn drain_one_of_three(provider: &str, shape: Shape) {
     assert!(st.success(), "the draining server exited with {st}:\n{log}");
     assert!(at - killed < DRAIN_TIMEOUT, "exit after {:?}, beyond the drain timeout", at - killed);
     let (jobs, ids): (usize, &[&str]) = if shape.mixed { (2, &["0xd1", "0x"]) } else { (1, &["0xd1"]) };
-    assert!(servers[1].log_contains(&format!("draining: {jobs} running jobs ({} ranks)", 3 * jobs)), "{log}");
+    assert!(servers[1].log_contains(&format!("draining: {jobs} running jobs ({} ranks)", n as usize * jobs)), "{log}");
     for id in ids {
         assert!(servers[1].log_contains(&format!("job {id}")), "{log}");
     }
@@ -73,6 +78,11 @@ fn drain_one_of_three(provider: &str, shape: Shape) {
     // The server left while the loop had most of its rounds to go: the
     // other two servers carried those (and every element was right).
     assert!(exit_round + 100 < ROUNDS, "the server exited at round {exit_round} of {ROUNDS}: too late to show the others carried on");
+    if extra.contains(&"--stage-buffers") {
+        for s in &servers {
+            assert!(s.log_contains("elements per piece (received"), "not staged: {:?}", s.log.lock().unwrap());
+        }
+    }
     for s in [&servers[0], &servers[2]] {
         assert!(s.wait_log("job 0xd1: every rank finished", Duration::from_secs(5)), "the job ended cleanly on the others");
         assert!(!s.log_contains("failed"), "{:?}", s.log.lock().unwrap());
@@ -91,6 +101,13 @@ fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_shm()
 #[test]
 fn sigterm_one_of_three_servers_mid_loop_moves_its_shards_without_an_error_tcp() {
     drain_one_of_three("tcp", Shape::default());
+}
+
+#[test]
+fn sigterm_one_of_three_servers_under_a_staged_job_tcp() {
+    // 12 ranks x window 2 x 64 KiB = 1.5 MiB per lcore, over the 512 KiB a
+    // job may take of a 2 MiB slab: staged, 2 ranks a slot at a time.
+    drain_one_of_three_with("tcp", Shape::default(), 12, &["--slab-size", "2M", "--stage-buffers", "2"]);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //!
 //! - three servers, three ranks looping over 4 KiB - 1 MiB all-reduces:
 //!   SIGKILL one mid-run (tcp; with two sub-jobs; with two lcores per
-//!   server); the time from the kill to rank 0's next completed
+//!   server; 12 ranks under a staged job); the time from the kill to rank 0's next completed
 //!   all-reduce is printed (the target: 2 s over tcp);
 //! - two of three servers killed one after the other: the job ends up on
 //!   the last one, still right;
@@ -44,14 +44,19 @@ fn next_round_after(progress: &AtomicUsize, round: usize, since: Instant) -> Opt
 }
 
 fn kill_one_of_three(provider: &str, shape: Shape) {
+    kill_one_of_three_with(provider, shape, 3, &[]);
+}
+
+/// As [`kill_one_of_three`], with `n` ranks and `extra` server flags.
+fn kill_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) {
     const ROUNDS: usize = 300;
     const KILL_AT: usize = 60;
     let lcores: &[&str] = if shape.two_lcores { &["--lcores", "0-1"] } else { &[] };
-    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, lcores)).collect();
+    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, &[lcores, extra].concat())).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let ranks = loop_job_with(provider, &addrs, 0xf1, 3, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job_with(provider, &addrs, 0xf1, n, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, KILL_AT, &ranks);
     let killed_round = progress.load(Ordering::Relaxed);
     let killed = Instant::now();
@@ -77,12 +82,27 @@ fn kill_one_of_three(provider: &str, shape: Shape) {
     assert!(progress.load(Ordering::Relaxed) == ROUNDS);
     for s in [&servers[0], &servers[2]] {
         assert!(s.wait_log("job 0xf1: every rank finished", Duration::from_secs(5)), "{logs}");
+        if extra.contains(&"--stage-buffers") {
+            // The job and the survivors' redo job, both staged.
+            let staged = s.log.lock().unwrap().iter().filter(|l| l.contains("elements per piece (received")).count();
+            assert_eq!(staged, 2, "{logs}");
+        }
     }
 }
 
 #[test]
 fn sigkill_one_of_three_servers_mid_loop_every_operation_completes_right_tcp() {
     kill_one_of_three("tcp", Shape::default());
+}
+
+#[test]
+fn sigkill_one_of_three_servers_under_a_staged_job_tcp() {
+    // 12 ranks x window 2 x 64 KiB = 1.5 MiB per lcore, over the 1 MiB a
+    // job may take of a 4 MiB slab: staged, 2 ranks a slot at a time. The
+    // survivors' redo job (window 4: 3 MiB a piece per rank) is staged too,
+    // 768 KiB: a redo job must keep the job's piece, and without staging it
+    // would get smaller pieces and be refused by the ranks.
+    kill_one_of_three_with("tcp", Shape::default(), 12, &["--slab-size", "4M", "--stage-buffers", "2"]);
 }
 
 #[test]
@@ -180,7 +200,11 @@ fn restarted_server_is_taken_back(job: u64, storm: bool) {
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), Shape::default());
+    // At least 6 s of loop (1500 rounds, 4 ms apart): on an idle fast host
+    // the loop once ended within the 2 s the storm holds the restarted
+    // server busy, before any rank could rejoin it.
+    let shape = Shape { pace: Some(Duration::from_millis(4)), ..Shape::default() };
+    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, 40, &ranks);
     sigkill(&mut servers[1]);
     let killed_round = progress.load(Ordering::Relaxed);

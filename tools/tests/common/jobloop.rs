@@ -16,7 +16,10 @@ pub fn server(provider: &str, extra: &[&str]) -> ServerProcess {
 
 /// As [`server`], listening on `listen`.
 pub fn server_on(listen: &str, provider: &str, extra: &[&str]) -> ServerProcess {
-    let mut args = vec!["--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
+    let mut args = vec!["--provider", provider, "--poll", "adaptive"];
+    if !extra.contains(&"--slab-size") {
+        args.extend(["--slab-size", "16M"]);
+    }
     if !extra.contains(&"--lcores") {
         args.extend(["--lcores", "0"]);
     }
@@ -63,6 +66,9 @@ pub struct Shape {
     pub pause: Option<(usize, Duration)>,
     /// Two lcores per server instead of one (six streams, four after the drain).
     pub two_lcores: bool,
+    /// Every rank sleeps this long after every round: a floor under the
+    /// loop's length, for tests that need it to outlast something timed.
+    pub pace: Option<Duration>,
     /// Fault injection: rank `.0` drops the results server `.1` sends for
     /// operations from index `.2` on (see `ClientConfig::fault_drop_results`).
     pub drop_results: Option<(u32, usize, u64)>,
@@ -132,6 +138,9 @@ pub fn loop_job_with(
                         if round + 1 == at {
                             std::thread::sleep(pause);
                         }
+                    }
+                    if let Some(pace) = shape.pace {
+                        std::thread::sleep(pace);
                     }
                 }
                 Ok(c.failover_stats())
