@@ -107,9 +107,11 @@ pub fn budget(total: usize, largest_free: usize, align: usize) -> usize {
 }
 
 /// Whether a job of `spec` may be staged with `stage` receive buffers per
-/// slot: the fold adds one piece at a time into an accumulator of the
-/// piece's own type, which is exact in rank order for 32- and 64-bit types
-/// only (16-bit floats would round at every step; they keep a piece per rank).
+/// slot. The fold keeps its running result in an accumulator of the pieces'
+/// own type; for 32- and 64-bit types that gives exactly what the one-pass
+/// reduce gives, but the one-pass reduce of 16-bit floats sums in f32 and
+/// rounds once, which a 16-bit accumulator cannot (and 8-bit types are left
+/// out with them): those keep a piece per rank.
 pub fn can_stage(spec: &JobSpec, stage: u32) -> bool {
     stage > 0 && stage < spec.nranks && spec.dtype.size() >= 4
 }

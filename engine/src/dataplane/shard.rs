@@ -46,7 +46,8 @@
 //! counter block per lcore in the server's [`MetricsTable`] (rounds, bytes,
 //! reduce time, round-latency histogram), written only by this lcore. The
 //! clock is read twice per slot round (first piece in, results posted) and
-//! twice around the kernel: `Instant::now` is a vDSO read, no system call.
+//! twice around the kernel (staged: around the fold, for every piece in):
+//! `Instant::now` is a vDSO read, no system call.
 use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
 use crate::dataplane::lcore::{bump, Counters, Worker};
 use crate::dataplane::metrics::MetricsTable;

@@ -168,10 +168,11 @@ impl Server {
         };
         let (drain_requested, drained) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         drop(ev_tx); // the lcores hold theirs
-                     // Staged receives leave later ranks' pieces waiting unmatched at the
-                     // provider; shm 1.17 matches such messages with a stale tag mask
-                     // (ARCHITECTURE.md, "Provider facts"), and shm reaches 256 peers at
-                     // most anyway, so over shm every job gets a piece per rank.
+
+        // Staged receives leave later ranks' pieces waiting unmatched at the
+        // provider; shm 1.17 matches such messages with a stale tag mask
+        // (ARCHITECTURE.md, "Provider facts"), and shm reaches 256 peers at
+        // most anyway, so over shm every job gets a piece per rank.
         let plane_cfg = ServerConfig { stage_buffers: if provider.starts_with("shm") { 0 } else { cfg.stage_buffers }, ..cfg.clone() };
         let plane = control::ControlPlane::new(&plane_cfg, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)?
             .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
