@@ -49,7 +49,7 @@
 #            shrink it on a small host): RS_LCORES (0-3), RS_RANKS ("8 1024",
 #            the first is the baseline; RANKS:WINDOW sets one count's window), RS_TOTAL (512M), RS_PIECE (32K),
 #            RS_WINDOW (2), RS_ITERS (10), RS_REPEAT (2), RS_SLAB (256M),
-#            RS_CASES ("chunk piece"), RS_LIBS (library folders put first
+#            RS_CASES ("chunk piece"), RS_DTYPE (f32; bf16 etc.), RS_LIBS (library folders put first
 #            on LD_LIBRARY_PATH, one pass each, e.g. "devlib/lib
 #            devlib/libfabric-1.22": libfabric builds side by side; default
 #            the inherited path only; ",VAR=value" after a folder sets
@@ -441,7 +441,7 @@ while os.path.exists(f"/proc/{pid}"):
 PY
                 sampler=$!
                 timeout -k 5 500 taskset -c "$RCORES" "$TALLY" bench allreduce --servers 127.0.0.1:$port --provider tcp --ranks "$n" \
-                    --mode agg --sizes "$size" --chunk "$chunk" --window "$w" --iters "$RS_ITERS" --warmup 2 --json \
+                    --mode agg --dtype "${RS_DTYPE:-f32}" --sizes "$size" --chunk "$chunk" --window "$w" --iters "$RS_ITERS" --warmup 2 --json \
                     >"$OUT/rs$tag.json" 2>"$OUT/rs$tag.err" &
                 bpid=$!
                 if [ -n "${RS_PERF:-}" ] && [ -f "$DEVLIB/perf.tar.xz" ]; then

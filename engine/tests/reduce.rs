@@ -683,6 +683,63 @@ fn accumulate_matches_reduce_and_finish_avg_divides() {
     }
 }
 
+/// The staged form (`fold` a few inputs at a time, then `finish_fold`)
+/// gives the one pass's bytes for every type, op and instruction set,
+/// whatever the grouping: 16-bit floats keep `f32` partials and round once,
+/// so this holds for them too, where `accumulate` rounds at every step.
+#[test]
+fn staged_folds_match_the_one_pass_whatever_the_grouping() {
+    let test = "staged_fold";
+    let mut rng = rng(test);
+    let kernels = kernel_sets();
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            for (n, len) in [(1, 33), (2, 1), (3, 130), (9, 1029), (20, 257), (70, 64)] {
+                let (inputs, expected) = random_case(&mut rng, dtype, op, n, len);
+                let views = views_of(&inputs);
+                let case = Case { dtype, op, inputs: &inputs, test };
+                for k in &kernels {
+                    // The accumulator starts at an odd offset: no kernel may
+                    // need alignment.
+                    let mut acc = Placed::new(len * dtype.accumulator_size(), rng.below(8));
+                    let out = acc.get_mut().as_mut_ptr();
+                    let mut folded = 0;
+                    while folded < n {
+                        // Groups of 1 to 12 ranks, as they happen to arrive.
+                        let take = (1 + rng.below(12)).min(n - folded);
+                        let addrs: Vec<*const u8> = views[folded..folded + take].iter().map(|v| v.as_ptr()).collect();
+                        // SAFETY: the accumulator holds `len` accumulator
+                        // elements and overlaps no input, which hold `len`.
+                        unsafe { k.fold(dtype, op, out, folded > 0, &addrs, len) }.unwrap();
+                        folded += take;
+                    }
+                    // SAFETY: as above.
+                    unsafe { k.finish_fold(dtype, op, out, len, n) }.unwrap();
+                    let got = &acc.get()[..len * dtype.size()];
+                    case.compare(k.isa(), &format!("staged fold of {n}"), got, &expected, &views);
+                    assert!(acc.guards_intact(), "{test}: {} wrote outside its accumulator", k.isa());
+                }
+            }
+        }
+    }
+    // Where the grouping shows for 16-bit floats: 1 + 2^-8 + 2^-8 in bf16
+    // is 1 + 2^-7 in one pass, 1 if each step rounded.
+    let one = half::bf16::from_f32(1.0).to_bits().to_ne_bytes();
+    let tiny = half::bf16::from_f32(1.0 / 256.0).to_bits().to_ne_bytes();
+    for k in &kernels {
+        let mut acc = [0u8; 4];
+        // SAFETY: one element each; the accumulator has room for an f32.
+        unsafe {
+            k.fold(DataType::Bfloat16, ReduceOp::Sum, acc.as_mut_ptr(), false, &[one.as_ptr()], 1).unwrap();
+            k.fold(DataType::Bfloat16, ReduceOp::Sum, acc.as_mut_ptr(), true, &[tiny.as_ptr()], 1).unwrap();
+            k.fold(DataType::Bfloat16, ReduceOp::Sum, acc.as_mut_ptr(), true, &[tiny.as_ptr()], 1).unwrap();
+            k.finish_fold(DataType::Bfloat16, ReduceOp::Sum, acc.as_mut_ptr(), 1, 3).unwrap();
+        }
+        let got = u16::from_ne_bytes([acc[0], acc[1]]);
+        assert_eq!(half::bf16::from_bits(got).to_f32(), 1.0 + 1.0 / 128.0, "{}", k.isa());
+    }
+}
+
 /// Hand-picked cases, so the rules in the module documentation are pinned
 /// down by name and not only by the random matrix.
 #[test]

@@ -6,6 +6,12 @@
 //! ratio of the two rates, so 1.0 means the kernel streams memory as fast as
 //! the C library's copy does (see `measuring.md`). Buffers come from a slab,
 //! as the server's do (hugepages when there are any).
+//!
+//! `--staged G` times the kernels' staged form instead, as a staged job's
+//! lcore runs it: the n inputs folded G at a time into an accumulator
+//! (`Kernels::fold`; f32 partials for 16-bit floats), then
+//! `Kernels::finish_fold`. GB/s still counts (n+1)·B per call, so the two
+//! forms compare directly.
 use clap::Args;
 use serde::Serialize;
 use std::hint::black_box;
@@ -40,6 +46,10 @@ pub struct ReduceArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Time the staged form: inputs folded this many at a time into an
+    /// accumulator, then finished (0: the one-pass reduce).
+    #[arg(long, default_value_t = 0)]
+    pub staged: usize,
 }
 
 fn parse_dtype(s: &str) -> Result<DataType, String> {
@@ -94,6 +104,8 @@ struct ResultJson {
     inputs: usize,
     bytes: usize,
     isa: &'static str,
+    /// Inputs per fold of the staged form; 0 for the one pass.
+    staged: usize,
     #[serde(rename = "GBps")]
     gbps: f64,
     roofline: f64,
@@ -115,6 +127,9 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
     if let Some(&n) = args.inputs.iter().find(|&&n| n == 0 || n > MAX_INPUTS) {
         return Err(format!("--inputs: {n} is not between 1 and {MAX_INPUTS}"));
     }
+    if args.staged > MAX_INPUTS {
+        return Err(format!("--staged: {} is more than {MAX_INPUTS} inputs a fold", args.staged));
+    }
     let isas = if args.isa.is_empty() { available_isas() } else { args.isa.clone() };
     let kernels: Vec<Kernels> =
         isas.iter().map(|&isa| Kernels::for_isa(isa).map_err(|e| format!("--isa: {e}"))).collect::<Result<_, _>>()?;
@@ -134,6 +149,9 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
             args.warmup,
             format_size(SAMPLE_BYTES as u64)
         );
+        if args.staged > 0 {
+            println!("# staged form: inputs folded {} at a time into an accumulator, then finished", args.staged);
+        }
         println!(
             "# GB/s = (n+1)*B/t, decimal; roofline = ((n+1)*B/t) / (2*B/t_memcpy), t_memcpy the median memcpy of B bytes \
              on the same buffers, timed alternately with the case's own samples"
@@ -149,6 +167,8 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
         let slot = slab.slot_size();
         let mut slots: Vec<&mut [u8]> = slab.as_mut_slice().chunks_exact_mut(slot).map(|s| &mut s[..size]).collect();
         let (out, inputs) = slots.split_first_mut().unwrap();
+        // The staged form's accumulator: f32 partials for 16-bit floats.
+        let mut acc = vec![0u8; if args.staged > 0 { 2 * size } else { 0 }];
         if !args.json {
             println!("# {} per input ({backing})", format_size(size as u64));
             println!(
@@ -166,12 +186,15 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
             for &op in &args.op {
                 for &n in &args.inputs {
                     let views: Vec<&[u8]> = inputs[..n].iter().map(|s| &s[..bytes]).collect();
+                    let addrs: Vec<*const u8> = views.iter().map(|v| v.as_ptr()).collect();
                     let moved = (n + 1) * bytes;
                     for k in &kernels {
                         let out = &mut out[..bytes];
                         let source = &*inputs[0];
                         let [reduce, copy] = time_paired(reps, args.warmup, [repeats(moved), repeats(2 * bytes)], |which| {
-                            if which == 0 {
+                            if which == 0 && args.staged > 0 {
+                                staged(k, dtype, op, &mut acc, black_box(&addrs), bytes / dtype.size(), args.staged);
+                            } else if which == 0 {
                                 k.reduce(dtype, op, out, black_box(&views)).expect("checked arguments");
                             } else {
                                 out.copy_from_slice(black_box(&source[..bytes]));
@@ -224,6 +247,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
                 inputs: r.inputs,
                 bytes: r.bytes,
                 isa: r.isa.name(),
+                staged: args.staged,
                 gbps: r.gbps,
                 roofline: r.roofline,
             })
@@ -235,6 +259,21 @@ pub fn run(args: &ReduceArgs) -> Result<(), String> {
 }
 
 /// Calls per timed sample for a call that moves `bytes`.
+/// The staged form over `inputs`, `group` at a time, into `acc`.
+fn staged(k: &Kernels, dtype: DataType, op: ReduceOp, acc: &mut [u8], inputs: &[*const u8], elems: usize, group: usize) {
+    assert!(acc.len() >= elems * dtype.accumulator_size());
+    let p = acc.as_mut_ptr();
+    for (g, ins) in inputs.chunks(group).enumerate() {
+        // SAFETY: every input is a live slab slot of `elems` elements; the
+        // accumulator is a separate buffer with room for `elems` of its
+        // elements (asserted above).
+        unsafe { k.fold(dtype, op, p, g > 0, ins, elems) }.expect("checked arguments");
+    }
+    // SAFETY: as above.
+    unsafe { k.finish_fold(dtype, op, p, elems, inputs.len()) }.expect("checked arguments");
+    black_box(acc);
+}
+
 fn repeats(bytes: usize) -> usize {
     SAMPLE_BYTES.div_ceil(bytes.max(1))
 }

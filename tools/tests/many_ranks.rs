@@ -109,8 +109,8 @@ fn mixed(rank: u32, i: usize, round: u32) -> f64 {
 }
 
 /// A staged job: `n` rank threads, `rounds` all-reduces of `count` elements
-/// of `dtype` (f32 sum or f64 avg), each result compared bit for bit with
-/// the fold of the ranks' inputs in rank order.
+/// of `dtype` (f32 sum, f64 avg, or a 16-bit float sum or avg), each result
+/// compared bit for bit with the fold of the ranks' inputs in rank order.
 fn staged_job(addr: &str, id: u64, n: u32, dtype: DataType, op: ReduceOp, count: usize, rounds: u32) {
     let hs: Vec<_> = (0..n)
         .map(|rank| {
@@ -125,6 +125,28 @@ fn staged_job(addr: &str, id: u64, n: u32, dtype: DataType, op: ReduceOp, count:
                             let send: Vec<f32> = (0..count).map(|i| mixed(rank, i, round) as f32).collect();
                             let want: Vec<f32> = (0..count)
                                 .map(|i| (1..n).fold(mixed(0, i, round) as f32, |acc, r| acc + mixed(r, i, round) as f32))
+                                .collect();
+                            (bytemuck::cast_slice(&send).to_vec(), bytemuck::cast_slice(&want).to_vec())
+                        }
+                        DataType::Bfloat16 | DataType::Float16 => {
+                            // The one pass: widened, combined in f32 in rank
+                            // order, rounded once (a fold that rounded at
+                            // every step would differ in most elements).
+                            let bits = |v: f32| match dtype {
+                                DataType::Float16 => half::f16::from_f32(v).to_bits(),
+                                _ => half::bf16::from_f32(v).to_bits(),
+                            };
+                            let widen = |b: u16| match dtype {
+                                DataType::Float16 => half::f16::from_bits(b).to_f32(),
+                                _ => half::bf16::from_bits(b).to_f32(),
+                            };
+                            let input = |r: u32, i: usize| bits((mixed(r, i, round) * 1e-5) as f32);
+                            let send: Vec<u16> = (0..count).map(|i| input(rank, i)).collect();
+                            let want: Vec<u16> = (0..count)
+                                .map(|i| {
+                                    let sum = (1..n).fold(widen(input(0, i)), |acc, r| acc + widen(input(r, i)));
+                                    bits(if op == ReduceOp::Avg { sum / n as f32 } else { sum })
+                                })
                                 .collect();
                             (bytemuck::cast_slice(&send).to_vec(), bytemuck::cast_slice(&want).to_vec())
                         }
@@ -178,8 +200,14 @@ fn a_staged_job_keeps_its_piece_and_folds_in_rank_order() {
     assert_started(&srv, "48 ranks, f32 sum, 8192 elements per piece (received 8 ranks at a time");
     staged_job(&srv.addr, 0x57a2, 48, DataType::Float64, ReduceOp::Avg, 12_345, 2);
     assert_started(&srv, "48 ranks, f64 avg, 4096 elements per piece (received 8 ranks at a time");
-    // The load generator's own check, for the other operations and an integer type.
-    for (dtype, op) in [("i32", "max"), ("f32", "prod"), ("u64", "min")] {
+    // 16-bit floats fold f32 partials (their accumulator takes two strides)
+    // and round once, as the one pass does.
+    staged_job(&srv.addr, 0x57a4, 48, DataType::Bfloat16, ReduceOp::Sum, 40_001, 2);
+    assert_started(&srv, "48 ranks, bf16 sum, 16384 elements per piece (received 8 ranks at a time");
+    staged_job(&srv.addr, 0x57a5, 48, DataType::Float16, ReduceOp::Avg, 20_000, 2);
+    assert_started(&srv, "48 ranks, f16 avg, 16384 elements per piece (received 8 ranks at a time");
+    // The load generator's own check, for the other operations and integer types.
+    for (dtype, op) in [("i32", "max"), ("f32", "prod"), ("u64", "min"), ("i8", "sum"), ("bf16", "max")] {
         bench(
             &srv.addr,
             &[

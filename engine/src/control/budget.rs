@@ -19,10 +19,11 @@
 //! limit at the client's default chunk and window: 64 MiB) as asked from the
 //! default 256 MiB slab. 1024 ranks at window 4 get 16 KiB pieces there.
 //!
-//! A job that may be staged (`stage_buffers` in the config; 32- and 64-bit
-//! types; not over shm) is not cut to smaller pieces: it gets a staged region
-//! of window x (stage + 1) pieces instead, `stage` receive buffers per slot
-//! and the slot's accumulator, and the shard receives the ranks' pieces
+//! A job that may be staged (`stage_buffers` in the config; not over shm) is
+//! not cut to smaller pieces: it gets a staged region of window x (stage + 1)
+//! pieces instead (stage + 2 for 16-bit floats, whose accumulator holds f32
+//! partials), `stage` receive buffers per slot and the slot's accumulator,
+//! and the shard receives the ranks' pieces
 //! `stage` at a time and folds them in rank order (`shard.rs`, "Staged
 //! receives"). 1024 ranks x window 2 x 256 KiB staged 64 at a time take
 //! 32.5 MiB instead of 512.
@@ -32,6 +33,7 @@
 //! rank cuts alike (a server gives every rank of a job the same answer, and
 //! each rank takes the smallest piece over its servers).
 use super::alloc::RangeAlloc;
+use crate::dataplane::shard::slot_strides;
 use crate::host::units::format_size;
 use crate::wire::JobSpec;
 use core::fmt;
@@ -56,8 +58,8 @@ pub struct Grant {
     /// Receive buffers per slot when staged (0: one per rank; see
     /// [`fit`] and the shard's staged receives).
     pub stage: u32,
-    /// The region: window x nranks x stride, or staged window x (stage + 1)
-    /// x stride.
+    /// The region: window x nranks x stride, or staged window x (stage +
+    /// the accumulator's strides) x stride ([`slot_strides`]).
     pub len: usize,
 }
 
@@ -107,13 +109,11 @@ pub fn budget(total: usize, largest_free: usize, align: usize) -> usize {
 }
 
 /// Whether a job of `spec` may be staged with `stage` receive buffers per
-/// slot. The fold keeps its running result in an accumulator of the pieces'
-/// own type; for 32- and 64-bit types that gives exactly what the one-pass
-/// reduce gives, but the one-pass reduce of 16-bit floats sums in f32 and
-/// rounds once, which a 16-bit accumulator cannot (and 8-bit types are left
-/// out with them): those keep a piece per rank.
+/// slot: only when that is fewer buffers than ranks. Every type may: the
+/// fold ([`crate::reduce::Kernels::fold`]) gives the one pass's bytes, 16-bit
+/// floats by keeping `f32` partials (two strides: [`slot_strides`]).
 pub fn can_stage(spec: &JobSpec, stage: u32) -> bool {
-    stage > 0 && stage < spec.nranks && spec.dtype.size() >= 4
+    stage > 0 && stage < spec.nranks
 }
 
 /// The piece and region of `spec` on lcores that each give a job at most
@@ -121,7 +121,7 @@ pub fn can_stage(spec: &JobSpec, stage: u32) -> bool {
 ///
 /// A job whose piece per rank fits gets it. One that does not, and that may
 /// be staged (`stage` receive buffers per slot, [`can_stage`]), keeps the
-/// piece it asked for in a staged region of window x (stage + 1) pieces, if
+/// piece it asked for in a staged region of window x [`slot_strides`] pieces, if
 /// that fits: many ranks then cost receive turns, not smaller pieces (whose
 /// per-message costs are what slowed a thousand ranks). Otherwise the piece
 /// shrinks until window x nranks pieces fit.
@@ -133,7 +133,7 @@ pub fn fit(spec: &JobSpec, budget: usize, lcore: usize, stage: u32) -> Result<Gr
         return Ok(Grant { chunk_elems: spec.chunk_elems, stride, stage: 0, len: slots * stride });
     }
     if can_stage(spec, stage) {
-        let len = spec.window as usize * (stage as usize + 1) * stride;
+        let len = spec.window as usize * slot_strides(spec.dtype, spec.nranks, stage) * stride;
         if len <= budget {
             return Ok(Grant { chunk_elems: spec.chunk_elems, stride, stage, len });
         }
@@ -219,9 +219,12 @@ mod tests {
         assert_eq!(fit(&s, b, 0, 0).unwrap().stage, 0);
         // A job whose pieces fit is never staged.
         assert_eq!(fit(&spec(8, 2, 256 << 10, DataType::Float32), b, 0, 64).unwrap().stage, 0);
-        // 16-bit types are not staged (the fold would round at every step),
-        // nor are jobs with no more ranks than buffers.
-        assert_eq!(fit(&spec(1024, 2, 256 << 10, DataType::Bfloat16), b, 0, 64).unwrap().stage, 0);
+        // 16-bit floats are staged with an f32 accumulator: two strides.
+        let g = fit(&spec(1024, 2, 256 << 10, DataType::Bfloat16), b, 0, 64).unwrap();
+        assert_eq!((g.stage, g.stride, g.len), (64, 256 << 10, 2 * 66 * (256 << 10)));
+        let g = fit(&spec(1024, 2, 256 << 10, DataType::Int8), b, 0, 64).unwrap();
+        assert_eq!((g.stage, g.len), (64, 2 * 65 * (256 << 10)));
+        // Jobs with no more ranks than buffers are not staged.
         assert!(!can_stage(&spec(64, 2, 4096, DataType::Float64), 64) && can_stage(&spec(65, 2, 4096, DataType::Int32), 64));
         // A staged region that does not fit either: the piece shrinks.
         let g = fit(&s, 16 * MIB, 0, 64).unwrap();

@@ -25,14 +25,15 @@
 //! budget (1024 ranks x window 2 x 256 KiB is 512 MiB). Rather than cut its
 //! pieces smaller (each message then carries fewer bytes for the same fixed
 //! costs), the control plane may stage it (`JobOnShard::stage` = B): a slot
-//! holds B receive buffers and an accumulator. Ranks 0..B are posted; when
+//! holds an accumulator and B receive buffers. Ranks 0..B are posted; when
 //! rank `next`'s piece is in, it and the ranks after it that are also in are
-//! folded into the accumulator in rank order (a kernel call of up to 8
-//! inputs, the accumulator first), and each folded rank's buffer takes a
-//! receive for rank + B. The fold is the same left fold in rank order that
-//! the one-pass reduce does, so the result is bit-identical (`avg` divides
-//! once, after the last rank; 16-bit types are never staged: their
-//! accumulator would round at every step). The pieces of ranks not yet
+//! folded into the accumulator in rank order (the kernels' staged form,
+//! `Kernels::fold`), and each folded rank's buffer takes a receive for
+//! rank + B. The fold is the same left fold in rank order that the one-pass
+//! reduce does, so the result is bit-identical: `avg` divides once, after
+//! the last rank, and 16-bit floats accumulate `f32` partials (their
+//! accumulator takes two strides) rounded once, into the accumulator's first
+//! half, which is what goes back to the ranks. The pieces of ranks not yet
 //! posted wait at the provider (a rendezvous header, or an unexpected
 //! message) until their buffer frees.
 //!
@@ -52,7 +53,7 @@ use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, Pol
 use crate::dataplane::lcore::{bump, Counters, Worker};
 use crate::dataplane::metrics::MetricsTable;
 use crate::dataplane::slab::Slab;
-use crate::reduce::{Kernels, ReduceOp, MAX_INPUTS};
+use crate::reduce::{DataType, Kernels, MAX_INPUTS};
 use crate::wire::{JobSpec, Tag};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
@@ -149,6 +150,20 @@ pub struct JobOnShard {
     pub client_names: Vec<crate::dataplane::fabric::EndpointName>,
 }
 
+/// Strides a slot of a job takes in its region: a piece per rank, or
+/// (staged, `stage` > 0) the accumulator, two strides for 16-bit floats
+/// (their `f32` partials), and `stage` receive buffers.
+pub fn slot_strides(dtype: DataType, nranks: u32, stage: u32) -> usize {
+    match stage {
+        0 => nranks as usize,
+        b => dtype.accumulator_size() / dtype.size() + b as usize,
+    }
+}
+
+fn per_slot(on: &JobOnShard) -> usize {
+    slot_strides(on.spec.dtype, on.spec.nranks, on.stage)
+}
+
 #[derive(Clone, Copy, Default)]
 struct Slot {
     /// The sequence number the slot's current round must carry.
@@ -173,12 +188,19 @@ impl Job {
         let off = if stage == 0 {
             (slot * self.on.spec.nranks as usize + rank) * self.on.stride
         } else {
-            (slot * (stage + 1) + 1 + rank % stage) * self.on.stride
+            let acc = self.per_slot() - stage;
+            (slot * self.per_slot() + acc + rank % stage) * self.on.stride
         };
-        // SAFETY: the control plane gave the job window x nranks (staged:
-        // window x (stage + 1)) strides at `region`, checked against the
-        // slab's length in add_job; `rank < nranks` and `slot < window`.
+        // SAFETY: the control plane gave the job window x per_slot strides
+        // at `region`, checked against the slab's length in add_job;
+        // `rank < nranks` and `slot < window`.
         unsafe { self.region.add(off) }
+    }
+
+    /// Strides per slot: a piece per rank, or (staged) the accumulator's
+    /// and the receive buffers'.
+    fn per_slot(&self) -> usize {
+        per_slot(&self.on)
     }
 
     /// Where a slot's result is: piece 0, or (staged) the accumulator.
@@ -187,8 +209,8 @@ impl Job {
         if stage == 0 {
             return self.piece_ptr(slot, 0);
         }
-        // SAFETY: as in piece_ptr; the accumulator is the slot's first stride.
-        unsafe { self.region.add(slot * (stage + 1) * self.on.stride) }
+        // SAFETY: as in piece_ptr; the accumulator is the slot's first strides.
+        unsafe { self.region.add(slot * self.per_slot() * self.on.stride) }
     }
 
     /// Ranks whose receives a slot posts at the start of a round.
@@ -504,44 +526,35 @@ impl ShardWorker {
 
     /// Staged: folds the run of arrived ranks from the slot's `next` into
     /// its accumulator, in rank order, reposting each folded rank's buffer
-    /// for rank + stage; after the last rank an average is divided once.
+    /// for rank + stage; after the last rank the fold is finished (an
+    /// average divided, 16-bit partials rounded) into the accumulator.
     fn fold(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), String> {
+        /// Ranks per kernel call: a bound for the stack array, not for the
+        /// result (every grouping gives the same bytes).
         const GROUP: usize = 8;
         let job = self.jobs[ji].as_ref().unwrap();
         let (n, stage) = (job.on.spec.nranks as usize, job.on.stage as usize);
         let (dtype, op) = (job.on.spec.dtype, job.on.spec.op);
-        let fold_op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
         let acc = job.result_ptr(slot);
         let base = ji as u32 * self.per_job;
         loop {
             let job = self.jobs[ji].as_ref().unwrap();
             let next = job.slots[slot].next as usize;
             let mut inputs = [core::ptr::null::<u8>(); GROUP];
-            let mut m = 0;
-            if next > 0 {
-                inputs[0] = acc;
-                m = 1;
-            }
             let mut r = next;
-            while m < GROUP && r < n && job.has_arrived(slot, r) {
-                inputs[m] = job.piece_ptr(slot, r);
-                m += 1;
+            while r - next < GROUP && r < n && job.has_arrived(slot, r) {
+                inputs[r - next] = job.piece_ptr(slot, r);
                 r += 1;
             }
             if r == next {
                 return Ok(());
             }
-            // SAFETY: every input is a completed receive of `elems` elements
-            // (or the accumulator, holding ranks 0..next folded); the
-            // accumulator is its own stride of the region, so `acc` overlaps
-            // no piece and equals inputs[0] exactly when it is an input.
-            unsafe {
-                if m == 1 {
-                    core::ptr::copy_nonoverlapping(inputs[0], acc, elems * dtype.size());
-                } else {
-                    self.kernels.reduce_raw(dtype, fold_op, acc, &inputs[..m], elems).map_err(|e| format!("reduce failed: {e}"))?;
-                }
-            }
+            // SAFETY: every input is a completed receive of `elems` elements;
+            // the accumulator (ranks 0..next folded) has its own strides of
+            // the region, room for `elems` accumulator elements, and overlaps
+            // no piece.
+            unsafe { self.kernels.fold(dtype, op, acc, next > 0, &inputs[..r - next], elems) }
+                .map_err(|e| format!("reduce failed: {e}"))?;
             self.jobs[ji].as_mut().unwrap().slots[slot].next = r as u32;
             // The folded ranks' buffers are free: each takes the receive of
             // the rank `stage` further on.
@@ -551,12 +564,8 @@ impl ShardWorker {
                 }
             }
             if r == n {
-                if op == ReduceOp::Avg {
-                    // SAFETY: the accumulator holds `elems` elements of the
-                    // slot's round, and nothing else refers to it now.
-                    let buf = unsafe { core::slice::from_raw_parts_mut(acc, elems * dtype.size()) };
-                    self.kernels.finish_avg(dtype, buf, n).map_err(|e| format!("reduce failed: {e}"))?;
-                }
+                // SAFETY: as above; nothing else refers to the accumulator now.
+                unsafe { self.kernels.finish_fold(dtype, op, acc, elems, n) }.map_err(|e| format!("reduce failed: {e}"))?;
                 return Ok(());
             }
         }
@@ -787,8 +796,7 @@ impl ShardWorker {
         }
         let slots = (0..on.spec.window).map(|i| Slot { seq: i, ..Default::default() }).collect();
         let window = on.spec.window as usize;
-        let per_slot = if on.stage == 0 { on.spec.nranks as usize } else { on.stage as usize + 1 };
-        let len = window * per_slot * on.stride;
+        let len = window * per_slot(&on) * on.stride;
         if on.base + len > self.slab.len() || on.stride < on.spec.piece_bytes() || ji >= self.jobs.len() {
             let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: "job region outside the slab".into() });
             let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });

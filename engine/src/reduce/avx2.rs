@@ -21,6 +21,8 @@ pub(crate) static TABLE: Table = kernel_table!(
     f64: float_kernel<F64x4>, bf16: float_kernel<Bf16x16>
 );
 
+simd::wide_kernels!("avx2,f16c", "AVX2 and F16C", f16: F16x16, bf16: Bf16x16);
+
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
@@ -419,3 +421,6 @@ impl Lanes for Bf16x16 {
     }
     pair_arith!();
 }
+
+simd::wide_pair!(F16x16, scalar::F16, _mm256_loadu_ps, _mm256_storeu_ps, 32);
+simd::wide_pair!(Bf16x16, scalar::Bf16, _mm256_loadu_ps, _mm256_storeu_ps, 32);

@@ -39,6 +39,8 @@ pub(crate) static TABLE_BF16: Table = kernel_table!(
     f64: float_kernel<F64x8>, bf16: bf16_kernel<Bf16x32<true>>
 );
 
+simd::wide_kernels!("avx512f,avx512bw,avx512vl,avx2,f16c", "AVX-512 F, BW and VL", f16: F16x32, bf16: Bf16x32<false>);
+
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
@@ -577,3 +579,6 @@ impl<const NATIVE: bool> Lanes for Bf16x32<NATIVE> {
     }
     pair_arith!();
 }
+
+simd::wide_pair!(F16x32, scalar::F16, _mm512_loadu_ps, _mm512_storeu_ps, 64);
+simd::wide_pair!(Bf16x32<false>, scalar::Bf16, _mm512_loadu_ps, _mm512_storeu_ps, 64);

@@ -49,7 +49,17 @@
 //! 64-bit types `accumulate` from the first input on, followed by
 //! `finish_avg`, gives exactly what `reduce` gives. For 16-bit floats the
 //! accumulator is the 16-bit buffer itself, so every step rounds: use the
-//! one-pass form when all inputs are at hand (the server does).
+//! one-pass form when all inputs are at hand, or the staged form.
+//!
+//! # The staged form
+//!
+//! A server that cannot hold every rank's piece at once folds them in as
+//! they come, a few at a time ([`Kernels::fold`], then
+//! [`Kernels::finish_fold`] after the last). The accumulator holds
+//! [`DataType::accumulator_size`] bytes per element: the element type
+//! itself, except `f32` partials for 16-bit floats, rounded once at the end.
+//! Either way every element sees the one pass's operations in the same
+//! order, so the result is the one pass's, byte for byte.
 //!
 //! # Choosing an instruction set
 //!
@@ -166,6 +176,16 @@ impl DataType {
             DataType::Float16 | DataType::Bfloat16 => 2,
             DataType::Int32 | DataType::Uint32 | DataType::Float32 => 4,
             DataType::Int64 | DataType::Uint64 | DataType::Float64 => 8,
+        }
+    }
+
+    /// Bytes per element of a staged accumulator ([`Kernels::fold`]):
+    /// 4 for the 16-bit floats, which the one pass combines in `f32`; the
+    /// element size for every other type.
+    pub const fn accumulator_size(self) -> usize {
+        match self {
+            DataType::Float16 | DataType::Bfloat16 => 4,
+            t => t.size(),
         }
     }
 
@@ -417,6 +437,37 @@ pub(crate) type Kernel = unsafe fn(out: *mut u8, inputs: &[*const u8], elems: us
 /// Kernels indexed by `[DataType as usize][ReduceOp as usize]`.
 pub(crate) type Table = [[Kernel; 5]; 10];
 
+/// A widening fold of 16-bit floats into `f32` partials (`scalar::fold_wide`).
+pub(crate) type FoldWide = unsafe fn(acc: *mut u8, resume: bool, inputs: &[*const u8], elems: usize);
+/// Rounds `f32` partials to 16 bits (`scalar::narrow_wide`).
+pub(crate) type NarrowWide = unsafe fn(out: *mut u8, acc: *const u8, elems: usize, divisor: u32);
+
+/// The staged form's kernels for 16-bit floats, indexed by
+/// `[0 for f16, 1 for bf16][ReduceOp as usize]`.
+pub(crate) struct WideTable {
+    pub(crate) fold: [[FoldWide; 5]; 2],
+    pub(crate) narrow: [[NarrowWide; 5]; 2],
+}
+
+/// Builds a [`WideTable`] from a fold and a narrowing kernel, each generic
+/// over a type for the 16-bit storage (a scalar element or a SIMD register
+/// of them) and the [`OpKind`].
+macro_rules! wide_table {
+    ($fold:ident, $narrow:ident, f16: $f16:ty, bf16: $bf16:ty) => {{
+        use $crate::reduce::{Avg, Max, Min, Prod, Sum};
+        macro_rules! row {
+            ($k:ident, $t:ty, $ty:ty) => {
+                [$k::<$t, Sum> as $ty, $k::<$t, Prod>, $k::<$t, Max>, $k::<$t, Min>, $k::<$t, Avg>]
+            };
+        }
+        $crate::reduce::WideTable {
+            fold: [row!($fold, $f16, $crate::reduce::FoldWide), row!($fold, $bf16, $crate::reduce::FoldWide)],
+            narrow: [row!($narrow, $f16, $crate::reduce::NarrowWide), row!($narrow, $bf16, $crate::reduce::NarrowWide)],
+        }
+    }};
+}
+pub(crate) use wide_table;
+
 /// The operations as types, so each kernel is compiled for exactly one and
 /// the choice costs nothing inside the loop.
 pub(crate) trait OpKind {
@@ -480,6 +531,7 @@ pub(crate) use kernel_table;
 pub struct Kernels {
     isa: Isa,
     table: &'static Table,
+    wide: &'static WideTable,
 }
 
 impl fmt::Debug for Kernels {
@@ -520,25 +572,25 @@ impl Kernels {
         if !isa.is_available() {
             return Err(IsaError::Unavailable(isa));
         }
-        let table: &'static Table = match isa {
-            Isa::Scalar => &scalar::TABLE,
+        let (table, wide): (&'static Table, &'static WideTable) = match isa {
+            Isa::Scalar => (&scalar::TABLE, &scalar::WIDE),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => &avx2::TABLE,
+            Isa::Avx2 => (&avx2::TABLE, &avx2::WIDE),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => &avx512::TABLE,
+            Isa::Avx512 => (&avx512::TABLE, &avx512::WIDE),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 => &avx512::TABLE_BF16,
+            Isa::Avx512Bf16 => (&avx512::TABLE_BF16, &avx512::WIDE),
             #[cfg(target_arch = "aarch64")]
-            Isa::Neon => &neon::TABLE,
+            Isa::Neon => (&neon::TABLE, &neon::WIDE),
             #[allow(unreachable_patterns)]
             _ => return Err(IsaError::Unavailable(isa)),
         };
-        Ok(Kernels { isa, table })
+        Ok(Kernels { isa, table, wide })
     }
 
     /// The portable kernels; they run anywhere.
     pub fn scalar() -> Kernels {
-        Kernels { isa: Isa::Scalar, table: &scalar::TABLE }
+        Kernels { isa: Isa::Scalar, table: &scalar::TABLE, wide: &scalar::WIDE }
     }
 
     /// Which instruction set these kernels use.
@@ -679,6 +731,84 @@ impl Kernels {
         // SAFETY: one input, exactly `out`, `elems` elements long.
         unsafe { self.kernel(dtype, ReduceOp::Avg)(out, &addrs, elems, divisor) };
         Ok(())
+    }
+}
+
+impl Kernels {
+    /// The staged form: folds `inputs` (the next ranks, in rank order) into
+    /// the accumulator `acc`, [`DataType::accumulator_size`] bytes per
+    /// element. With `resume` false the accumulator starts from
+    /// `inputs[0]`; otherwise it holds the ranks folded so far. After the
+    /// last rank, [`Kernels::finish_fold`] leaves the result at `acc`.
+    ///
+    /// # Safety
+    /// `acc` is valid for reading and writing `elems` accumulator elements
+    /// and overlaps no input; every input is valid for reading `elems`
+    /// elements for the whole call.
+    pub unsafe fn fold(
+        &self,
+        dtype: DataType,
+        op: ReduceOp,
+        acc: *mut u8,
+        resume: bool,
+        inputs: &[*const u8],
+        elems: usize,
+    ) -> Result<(), ReduceError> {
+        check_count(inputs.len())?;
+        if let Some(half) = half_index(dtype) {
+            // SAFETY: the caller's contract is the kernel's; the table suits this CPU.
+            unsafe { self.wide.fold[half][op as usize](acc, resume, inputs, elems) };
+            return Ok(());
+        }
+        let op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+        let kernel = self.kernel(dtype, op);
+        let mut addrs = [acc as *const u8; TILE_GROUP];
+        let mut rest = inputs;
+        if !resume {
+            // (One input is a copy that also makes a NaN canonical.)
+            let take = TILE_GROUP.min(inputs.len());
+            // SAFETY: as for the kernel; `acc` overlaps none of the inputs.
+            unsafe { kernel(acc, &inputs[..take], elems, 0) };
+            rest = &inputs[take..];
+        }
+        // Then groups with the accumulator first, which kernels allow
+        // (`out` exactly `inputs[0]`).
+        while !rest.is_empty() {
+            let take = (TILE_GROUP - 1).min(rest.len());
+            addrs[1..=take].copy_from_slice(&rest[..take]);
+            // SAFETY: as above.
+            unsafe { kernel(acc, &addrs[..=take], elems, 0) };
+            rest = &rest[take..];
+        }
+        Ok(())
+    }
+
+    /// Ends a staged fold over `n` ranks: an average is divided, 16-bit
+    /// partials are rounded, in place. The result is then the first
+    /// `elems * dtype.size()` bytes at `acc`, what [`Kernels::reduce`] of
+    /// the same inputs gives.
+    ///
+    /// # Safety
+    /// `acc` is valid for reading and writing `elems` accumulator elements.
+    pub unsafe fn finish_fold(&self, dtype: DataType, op: ReduceOp, acc: *mut u8, elems: usize, n: usize) -> Result<(), ReduceError> {
+        let divisor = u32::try_from(n).ok().filter(|&d| d > 0).ok_or(ReduceError::BadCount)?;
+        if let Some(half) = half_index(dtype) {
+            // SAFETY: narrowing in place is what the kernel allows (out == acc).
+            unsafe { self.wide.narrow[half][op as usize](acc, acc, elems, divisor) };
+        } else if op == ReduceOp::Avg {
+            // SAFETY: one input, exactly `out`, `elems` elements long.
+            unsafe { self.kernel(dtype, ReduceOp::Avg)(acc, &[acc as *const u8], elems, divisor) };
+        }
+        Ok(())
+    }
+}
+
+/// The row of a [`WideTable`] for a 16-bit float type.
+fn half_index(dtype: DataType) -> Option<usize> {
+    match dtype {
+        DataType::Float16 => Some(0),
+        DataType::Bfloat16 => Some(1),
+        _ => None,
     }
 }
 

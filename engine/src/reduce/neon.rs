@@ -40,6 +40,8 @@ pub(crate) static TABLE: Table = kernel_table!(
     f64: float_kernel<F64x2>, bf16: float_kernel<Bf16x8>
 );
 
+simd::wide_kernels!("neon", "NEON", f16: F16x8, bf16: Bf16x8);
+
 /// # Safety
 /// As for [`super::Kernel`]: the CPU has NEON.
 #[target_feature(enable = "neon")]
@@ -333,3 +335,6 @@ impl Lanes for Bf16x8 {
     }
     pair_arith!();
 }
+
+simd::wide_pair!(F16x8, scalar::F16, vld1q_f32, vst1q_f32, 16);
+simd::wide_pair!(Bf16x8, scalar::Bf16, vld1q_f32, vst1q_f32, 16);

@@ -9,7 +9,7 @@
 
 use core::ptr;
 
-use super::{canonical_nan, kernel_table, OpKind, ReduceOp, Table};
+use super::{canonical_nan, kernel_table, wide_table, OpKind, ReduceOp, Table, WideTable};
 
 /// How an element is stored in a buffer, and the type it is combined in.
 pub(crate) trait Element: Copy {
@@ -52,6 +52,22 @@ pub(crate) static TABLE: Table = kernel_table!(
     int: kernel,
     f16: kernel<F16>, f32: kernel<f32>, f64: kernel<f64>, bf16: kernel<Bf16>
 );
+
+pub(crate) static WIDE: WideTable = wide_table!(wide_fold, wide_narrow, f16: F16, bf16: Bf16);
+
+/// # Safety
+/// As for [`fold_wide`].
+unsafe fn wide_fold<E: Element<Acc = f32>, O: OpKind>(acc: *mut u8, resume: bool, inputs: &[*const u8], elems: usize) {
+    // SAFETY: the caller upholds `fold_wide`'s contract.
+    unsafe { fold_wide::<E, O>(acc, resume, inputs, 0, elems) }
+}
+
+/// # Safety
+/// As for [`narrow_wide`].
+unsafe fn wide_narrow<E: Element<Acc = f32>, O: OpKind>(out: *mut u8, acc: *const u8, elems: usize, divisor: u32) {
+    // SAFETY: the caller upholds `narrow_wide`'s contract.
+    unsafe { narrow_wide::<E, O>(out, acc, 0, elems, divisor) }
+}
 
 /// A kernel of the portable table.
 ///
@@ -107,6 +123,89 @@ pub(crate) unsafe fn reduce<E: Element, O: OpKind>(out: *mut u8, inputs: &[*cons
             }
             E::store(out.add(at), acc.finish::<O>(divisor));
         }
+    }
+}
+
+/// The widening fold of 16-bit floats, for inputs that arrive a few at a
+/// time (staged receives), over elements `from..elems`: `acc` holds `f32`
+/// partials, element `i` at byte `4i`. With `resume` false they start from
+/// `inputs[0]` widened; otherwise from what `acc` holds. Each further input
+/// is combined in, in order, exactly as [`reduce`] combines it, and the
+/// partials are stored unrounded, so a fold over groups followed by
+/// [`narrow_wide`] gives the one pass's bytes. (The SIMD kernels keep their
+/// whole registers' partials in their own order and leave the tail here.)
+///
+/// # Safety
+/// `acc` is valid for reading and writing `elems` `f32`s and overlaps no
+/// input; every input is valid for reading `elems` elements; `inputs` is not
+/// empty unless `resume` is set.
+#[inline(always)]
+pub(crate) unsafe fn fold_wide<E: Element<Acc = f32>, O: OpKind>(
+    acc: *mut u8,
+    resume: bool,
+    inputs: &[*const u8],
+    from: usize,
+    elems: usize,
+) {
+    let rest = if resume { inputs } else { &inputs[1..] };
+    wide_blocks(from, elems, |start, partial| {
+        // SAFETY (for the block): elements `start .. start + partial.len()`
+        // are below `elems`, so they lie in every input and in `acc`.
+        unsafe {
+            for (j, p) in partial.iter_mut().enumerate() {
+                let i = start + j;
+                *p = if resume { ptr::read_unaligned(acc.add(i * 4).cast::<f32>()) } else { E::load(inputs[0].add(i * E::SIZE)) };
+            }
+            for &input in rest {
+                for (j, p) in partial.iter_mut().enumerate() {
+                    *p = p.combine::<O>(E::load(input.add((start + j) * E::SIZE)));
+                }
+            }
+            for (j, p) in partial.iter().enumerate() {
+                ptr::write_unaligned(acc.add((start + j) * 4).cast::<f32>(), *p);
+            }
+        }
+    });
+}
+
+/// Rounds the `f32` partials of a widening fold, elements `from..elems`, to
+/// the 16-bit type, with what the one pass does last (avg's division, the
+/// canonical NaN). `out` may be `acc` itself: element `i` is written to
+/// bytes `2i..2i + 2` only after elements up to `i` were read, and no later
+/// element lies below.
+///
+/// # Safety
+/// `acc` is valid for reading `elems` `f32`s and `out` for writing `elems`
+/// 16-bit elements; they overlap only if `out == acc`.
+#[inline(always)]
+pub(crate) unsafe fn narrow_wide<E: Element<Acc = f32>, O: OpKind>(out: *mut u8, acc: *const u8, from: usize, elems: usize, divisor: u32) {
+    wide_blocks(from, elems, |start, partial| {
+        // SAFETY (for the block): elements `start .. start + partial.len()`
+        // are below `elems`; the whole block is read before any of it is
+        // written, and it is written below every later block (2i < 4i).
+        unsafe {
+            for (j, p) in partial.iter_mut().enumerate() {
+                *p = ptr::read_unaligned(acc.add((start + j) * 4).cast::<f32>());
+            }
+            for (j, p) in partial.iter().enumerate() {
+                E::store(out.add((start + j) * E::SIZE), p.finish::<O>(divisor));
+            }
+        }
+    });
+}
+
+/// Calls `f(start, partials)` for blocks of up to 64 elements covering
+/// `from..elems`, with a block's worth of scratch `f32`s (which the
+/// compiler keeps in vector registers).
+#[inline(always)]
+fn wide_blocks(from: usize, elems: usize, mut f: impl FnMut(usize, &mut [f32])) {
+    const BLOCK: usize = 64;
+    let mut partial = [0f32; BLOCK];
+    let mut start = from;
+    while start < elems {
+        let len = BLOCK.min(elems - start);
+        f(start, &mut partial[..len]);
+        start += len;
     }
 }
 

@@ -12,6 +12,7 @@
 
 use core::ptr;
 
+use super::scalar::{self, Element};
 use super::{OpKind, ReduceOp, STREAM_MIN_BYTES};
 
 /// A SIMD register's worth of elements of one storage type, widened to the
@@ -232,3 +233,184 @@ unsafe fn partial<L: Lanes, O: OpKind>(buffers: Buffers<'_>, start: usize, count
     }
     start + count
 }
+
+/// A [`Lanes`] of 16-bit floats whose widened `f32`s can wait in memory
+/// between folds (the staged form): `LANES` of them, `4 * LANES` bytes, in
+/// whatever order the registers hold them. Only `load_wide` reads what
+/// `store_wide` wrote, always at the same register boundaries (multiples of
+/// `LANES` elements), so the order never shows.
+pub(crate) trait WideLanes: Lanes {
+    /// The scalar element, for what is left after whole registers.
+    type Scalar: Element<Acc = f32>;
+
+    /// Loads `LANES` partials that `store_wide` wrote.
+    ///
+    /// # Safety
+    /// `p` is readable for `4 * LANES` bytes; the CPU has the instruction set.
+    unsafe fn load_wide(p: *const u8) -> Self;
+
+    /// Stores `LANES` partials, unrounded.
+    ///
+    /// # Safety
+    /// `p` is writable for `4 * LANES` bytes; the CPU has the instruction set.
+    unsafe fn store_wide(self, p: *mut u8);
+}
+
+/// The staged form's fold (see `scalar::fold_wide`), whole registers here,
+/// `U` at a time then one at a time, the rest in scalar code.
+///
+/// # Safety
+/// As for `scalar::fold_wide` from element 0; `L`'s instruction set is
+/// enabled in the caller.
+#[inline(always)]
+pub(crate) unsafe fn fold_wide<L: WideLanes, O: OpKind, const U: usize>(acc: *mut u8, resume: bool, inputs: &[*const u8], elems: usize) {
+    // SAFETY: the caller makes every buffer valid for `elems` elements (the
+    // accumulator for `elems` f32s); each step covers elements below `elems`.
+    unsafe {
+        let done = fold_blocks::<L, O, U>(acc, resume, inputs, 0, elems);
+        let done = fold_blocks::<L, O, 1>(acc, resume, inputs, done, elems);
+        scalar::fold_wide::<L::Scalar, O>(acc, resume, inputs, done, elems);
+    }
+}
+
+/// # Safety
+/// As for [`fold_wide`], with `done <= elems`.
+#[inline(always)]
+unsafe fn fold_blocks<L: WideLanes, O: OpKind, const U: usize>(
+    acc: *mut u8,
+    resume: bool,
+    inputs: &[*const u8],
+    mut done: usize,
+    elems: usize,
+) -> usize {
+    let rest = if resume { inputs } else { &inputs[1..] };
+    let (step, wide) = (L::LANES * L::SIZE, L::LANES * 4);
+    while elems - done >= U * L::LANES {
+        let (base, wbase) = (done * L::SIZE, done * 4);
+        // SAFETY: elements `done .. done + U * LANES` lie below `elems`, in
+        // every input and in the accumulator.
+        unsafe {
+            let mut a: [L; U] = core::array::from_fn(|u| {
+                if resume {
+                    L::load_wide(acc.add(wbase + u * wide))
+                } else {
+                    L::load(inputs[0].add(base + u * step))
+                }
+            });
+            for &input in rest {
+                for u in 0..U {
+                    a[u] = combine::<L, O>(a[u], L::load(input.add(base + u * step)));
+                }
+            }
+            for u in 0..U {
+                a[u].store_wide(acc.add(wbase + u * wide));
+            }
+        }
+        done += U * L::LANES;
+    }
+    done
+}
+
+/// The staged form's last step (see `scalar::narrow_wide`), in place or not.
+///
+/// # Safety
+/// As for `scalar::narrow_wide` from element 0; `L`'s instruction set is
+/// enabled in the caller.
+#[inline(always)]
+pub(crate) unsafe fn narrow_wide<L: WideLanes, O: OpKind, const U: usize>(out: *mut u8, acc: *const u8, elems: usize, divisor: u32) {
+    // SAFETY: as for `fold_wide`. A block is read whole before it is
+    // written, and written below every later block's partials (2i < 4i),
+    // so `out` may be `acc`.
+    unsafe {
+        let d = L::divisor(divisor);
+        let (step, wide) = (L::LANES * L::SIZE, L::LANES * 4);
+        let mut done = 0;
+        while elems - done >= U * L::LANES {
+            let a: [L; U] = core::array::from_fn(|u| L::load_wide(acc.add(done * 4 + u * wide)));
+            for u in 0..U {
+                finish::<L, O>(a[u], d).store(out.add(done * L::SIZE + u * step));
+            }
+            done += U * L::LANES;
+        }
+        while elems - done >= L::LANES {
+            finish::<L, O>(L::load_wide(acc.add(done * 4)), d).store(out.add(done * L::SIZE));
+            done += L::LANES;
+        }
+        scalar::narrow_wide::<L::Scalar, O>(out, acc, done, elems, divisor);
+    }
+}
+
+/// Implements [`WideLanes`] for a 16-bit type held as a register `Pair`
+/// `{ a, b }`: the partials are `a`, then `b` (`$half` bytes further),
+/// loaded and stored by the instruction set's unaligned `f32` intrinsics.
+/// Expanded inside each instruction set's module, whose kernels are the
+/// only callers (so the intrinsics are available).
+macro_rules! wide_pair {
+    ($t:ty, $scalar:ty, $load:ident, $store:ident, $half:expr) => {
+        impl $crate::reduce::simd::WideLanes for $t {
+            type Scalar = $scalar;
+
+            #[inline(always)]
+            unsafe fn load_wide(p: *const u8) -> Self {
+                // SAFETY: the caller makes 2 x `$half` bytes readable and has
+                // the instruction set.
+                unsafe { Self(Pair { a: $load(p.cast()), b: $load(p.add($half).cast()) }) }
+            }
+            #[inline(always)]
+            unsafe fn store_wide(self, p: *mut u8) {
+                // SAFETY: the caller makes 2 x `$half` bytes writable and has
+                // the instruction set.
+                unsafe {
+                    $store(p.cast(), self.0.a);
+                    $store(p.add($half).cast(), self.0.b);
+                }
+            }
+        }
+    };
+}
+pub(crate) use wide_pair;
+
+/// An instruction set's staged-form kernels and their table (`WIDE`):
+/// [`fold_wide`] and [`narrow_wide`] over its 16-bit `Lanes` types,
+/// compiled with its features.
+macro_rules! wide_kernels {
+    ($features:literal, $cpu:literal, f16: $f16:ty, bf16: $bf16:ty) => {
+pub(crate) static WIDE: $crate::reduce::WideTable = $crate::reduce::wide_table!(wide_fold, wide_narrow, f16: $f16, bf16: $bf16);
+
+        /// The staged form's widening fold.
+        ///
+        /// # Safety
+        /// As for `scalar::fold_wide` from element 0; the CPU has the
+        /// features named below.
+        #[doc = $cpu]
+        #[target_feature(enable = $features)]
+        unsafe fn wide_fold<L: $crate::reduce::simd::WideLanes, O: $crate::reduce::OpKind>(
+            acc: *mut u8,
+            resume: bool,
+            inputs: &[*const u8],
+            elems: usize,
+        ) {
+            // SAFETY: the caller upholds the kernel contract and has the
+            // instruction set the `Lanes` types need.
+            unsafe { $crate::reduce::simd::fold_wide::<L, O, 4>(acc, resume, inputs, elems) }
+        }
+
+        /// The staged form's rounding to 16 bits.
+        ///
+        /// # Safety
+        /// As for `scalar::narrow_wide` from element 0; the CPU has the
+        /// features named below.
+        #[doc = $cpu]
+        #[target_feature(enable = $features)]
+        unsafe fn wide_narrow<L: $crate::reduce::simd::WideLanes, O: $crate::reduce::OpKind>(
+            out: *mut u8,
+            acc: *const u8,
+            elems: usize,
+            divisor: u32,
+        ) {
+            // SAFETY: as for `wide_fold`.
+            unsafe { $crate::reduce::simd::narrow_wide::<L, O, 4>(out, acc, elems, divisor) }
+        }
+    };
+}
+pub(crate) use wide_kernels;
