@@ -480,7 +480,8 @@ try:
 except Exception:
     r = None
 m = next((re.search(r"(\d+) elements per piece", l) for l in open(log) if "starting (tag" in l), None)
-piece = f"{int(m.group(1)) * 4 // 1024}K" if m else "?"
+esize = {"f16": 2, "bf16": 2, "f64": 8, "i64": 8, "u64": 8, "i8": 1, "u8": 1}.get(os.environ.get("RS_DTYPE", "f32"), 4)
+piece = f"{int(m.group(1)) * esize // 1024}K" if m else "?"
 if m and any("ranks at a time" in l for l in open(log) if "starting (tag" in l):
     piece += ",staged"
 if r is None:

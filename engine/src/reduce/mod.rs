@@ -653,8 +653,10 @@ impl Kernels {
     /// its running result (in L1) as the first input of the next group.
     /// Every element still sees the same operations in the same rank order,
     /// so the result is bit-identical to one pass; an average divides only
-    /// in the last group. Half types combine in f32 within a pass, and
-    /// storing between groups would round them: they keep the one pass.
+    /// in the last group. Half types combine in f32, which storing between
+    /// groups would round: their running result is a tile of f32 partials
+    /// on the stack instead (the staged form's kernels, [`Kernels::fold`]),
+    /// rounded once into the output.
     ///
     /// # Safety
     /// As for [`Kernels::reduce_raw`], with `inputs` non-empty and at most
@@ -662,9 +664,14 @@ impl Kernels {
     unsafe fn run(&self, dtype: DataType, op: ReduceOp, out: *mut u8, inputs: &[*const u8], elems: usize) {
         let n = inputs.len();
         let last = self.kernel(dtype, op);
-        if n <= TILE_GROUP || matches!(dtype, DataType::Float16 | DataType::Bfloat16) {
+        if n <= TILE_GROUP {
             // SAFETY: the caller's contract is the kernel's.
             unsafe { last(out, inputs, elems, n as u32) };
+            return;
+        }
+        if let Some(half) = half_index(dtype) {
+            // SAFETY: the caller's contract, with more than one group.
+            unsafe { self.run_wide(half, op, out, inputs, elems) };
             return;
         }
         let partial = self.kernel(dtype, if op == ReduceOp::Avg { ReduceOp::Sum } else { op });
@@ -698,6 +705,42 @@ impl Kernels {
                     let kernel = if next == n { last } else { partial };
                     kernel(o, &addrs[..m], len, n as u32);
                 }
+            }
+            start += len;
+        }
+    }
+
+    /// [`Kernels::run`] for 16-bit floats (`half`: their [`WideTable`] row):
+    /// per tile, the inputs a group at a time into `f32` partials on the
+    /// stack, then rounded once into the output.
+    ///
+    /// # Safety
+    /// As for [`Kernels::run`].
+    unsafe fn run_wide(&self, half: usize, op: ReduceOp, out: *mut u8, inputs: &[*const u8], elems: usize) {
+        const TILE: usize = TILE_BYTES / 4;
+        let (fold, narrow) = (self.wide.fold[half][op as usize], self.wide.narrow[half][op as usize]);
+        let mut partials = [0f32; TILE];
+        let acc = partials.as_mut_ptr().cast::<u8>();
+        let mut addrs = [core::ptr::null::<u8>(); TILE_GROUP];
+        let mut start = 0;
+        while start < elems {
+            let len = TILE.min(elems - start);
+            let off = start * 2;
+            let mut next = 0;
+            // SAFETY (for the tile): elements `start .. start + len` lie in
+            // every buffer, and `len` partials fit the stack tile, which
+            // overlaps no buffer. The output's tile is written only after
+            // every input's was read, so it may be that of inputs[0].
+            unsafe {
+                while next < inputs.len() {
+                    let take = TILE_GROUP.min(inputs.len() - next);
+                    for (a, input) in addrs.iter_mut().zip(&inputs[next..next + take]) {
+                        *a = input.add(off);
+                    }
+                    fold(acc, next > 0, &addrs[..take], len);
+                    next += take;
+                }
+                narrow(out.add(off), acc, len, inputs.len() as u32);
             }
             start += len;
         }
