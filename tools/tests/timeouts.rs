@@ -4,7 +4,9 @@
 //!   server's op timeout, then every rank gets an error naming the straggler;
 //! - an idle job: a job that moves no bytes for the idle timeout is ended
 //!   and its slots freed; its ranks hear why on their next call;
-//! - after either, a new job on the same server succeeds.
+//! - a rank that finishes early: it says Bye while the others start another
+//!   all-reduce; they fail at once (not at the op timeout), naming it;
+//! - after any of these, a new job on the same server succeeds.
 //!
 //! The bounds asserted are loose (the box may be busy) but finite: a hang or
 //! a missing error fails the test.
@@ -69,6 +71,57 @@ fn a_straggler_fails_its_job_after_the_op_timeout_naming_the_rank() {
     // The job's slots are free again: a new job runs to the end, verified.
     assert!(srv.wait_log(&format!("job {job:#x} ended"), Duration::from_secs(10)), "the failed job was not freed");
     join_all(sum_job(PROVIDER, &addr, 0x5742_0002, 2, 50_000, 3));
+}
+
+#[test]
+fn a_rank_that_finishes_early_fails_the_next_all_reduce_at_once_naming_it() {
+    // A 30 s op timeout: the error must come from the Bye, long before.
+    let srv = server(&["--op-timeout", "30"]);
+    let addr = srv.addr.clone();
+    let other = sum_job(PROVIDER, &addr, 0x5742_0010, 2, 50_000, 30);
+    let (n, job) = (3u32, 0x5742_0011);
+    let hs: Vec<_> = (0..n)
+        .map(|rank| {
+            let cfg = client(PROVIDER, &addr, job, rank, n);
+            std::thread::spawn(move || -> Result<Option<(String, Duration)>, String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                let send = vec![1.0f32; 300_000];
+                let mut out = vec![0f32; send.len()];
+                let mut ar = |c: &mut Client| {
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                };
+                // Rank 2 runs 3 all-reduces, the others 4: a common bug (a
+                // loop bound that differs between ranks).
+                for i in 0..3 {
+                    ar(&mut c).map_err(|e| format!("rank {rank}, all-reduce {i}: {e}"))?;
+                }
+                if rank == 2 {
+                    drop(c); // a clean finish: it says Bye
+                    return Ok(None);
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                let t = Instant::now();
+                match ar(&mut c) {
+                    Ok(()) => Err(format!("rank {rank}: an all-reduce without rank 2 completed")),
+                    Err(e) => Ok(Some((e.to_string(), t.elapsed()))),
+                }
+            })
+        })
+        .collect();
+    for (rank, h) in hs.into_iter().enumerate() {
+        match h.join().expect("rank thread").unwrap() {
+            None => assert_eq!(rank, 2),
+            Some((e, took)) => {
+                assert!(e.contains("rank 2 finished"), "rank {rank}: {e}");
+                assert!(took < Duration::from_secs(5), "rank {rank}: error after {took:?}");
+            }
+        }
+    }
+    assert!(srv.wait_log("rank 2 finished (said Bye)", Duration::from_secs(5)), "the server did not log why");
+    // The job beside it was not touched; a new job runs.
+    join_all(other);
+    join_all(sum_job(PROVIDER, &addr, 0x5742_0012, 3, 50_000, 3));
+    assert!(srv.stop().success());
 }
 
 #[test]

@@ -711,6 +711,15 @@ impl ControlPlane {
             }
             return;
         }
+        // The others must not start another all-reduce: the lcores fail the
+        // job at once if they do, rather than at the op timeout. (Every round
+        // this rank took part in was complete before it could say Bye.)
+        if a.phase == Phase::Running {
+            let rank = a.conns.iter().find(|c| c.id == conn).map(|c| c.rank);
+            for (l, rank) in (0..a.spec.shards as usize).zip(std::iter::repeat(rank).flatten()) {
+                let _ = self.lcores[l].send(Command::RankFinished { index: i as u16, rank });
+            }
+        }
         // A rank that finished counts as answered: it cuts no more operations.
         self.decide_switch(i);
     }

@@ -73,6 +73,12 @@ pub enum Command {
         index: u16,
         rank: u32,
     },
+    /// A rank of the job said Bye (it finished) while others have not: a
+    /// round of the job that starts from now on can never complete.
+    RankFinished {
+        index: u16,
+        rank: u32,
+    },
 }
 
 /// How an lcore sends [`Event`]s: a channel, and a wake-up for the control
@@ -148,6 +154,11 @@ pub struct JobOnShard {
     pub stage: u32,
     /// Fabric names of the ranks' endpoints, in rank order.
     pub client_names: Vec<crate::dataplane::fabric::EndpointName>,
+}
+
+/// Why a job fails when a round starts after one of its ranks finished.
+fn finished_message(rank: u32) -> String {
+    format!("rank {rank} finished (said Bye) but other ranks started another all-reduce: every rank must issue the same ones")
 }
 
 /// Strides a slot of a job takes in its region: a piece per rank, or
@@ -252,6 +263,8 @@ struct Job {
     words_per_slot: usize,
     /// Ranks whose control connection their side closed without finishing.
     gone: Vec<bool>,
+    /// The first rank that said Bye while others still run the job.
+    finished: Option<u32>,
     /// When a draining job gives up waiting for its operations.
     drain_deadline: Option<std::time::Instant>,
 }
@@ -466,6 +479,12 @@ impl ShardWorker {
             return;
         }
         job.arrived_bits[slot * job.words_per_slot + rank / 64] |= 1 << (rank % 64);
+        if job.slots[slot].arrived == 0 {
+            if let Some(done) = job.finished {
+                self.fail(ji, finished_message(done));
+                return;
+            }
+        }
         let s = &mut job.slots[slot];
         s.len = c.len as u32;
         if s.arrived == 0 {
@@ -820,6 +839,7 @@ impl ShardWorker {
             arrived_bits,
             words_per_slot,
             gone,
+            finished: None,
             drain_deadline: None,
         });
         for slot in 0..window {
@@ -846,6 +866,19 @@ impl ShardWorker {
                     if job.state == State::Abandoned && self.forget_sends_to_gone_ranks(ji) {
                         let tag = self.jobs[ji].take().map(|j| j.on.tag).unwrap_or(0);
                         let _ = self.events.send(Event::JobReleased { lcore: self.lcore, tag });
+                    }
+                }
+                Command::RankFinished { index, rank } => {
+                    let ji = index as usize;
+                    let Some(job) = self.jobs.get_mut(ji).and_then(Option::as_mut) else { continue };
+                    job.finished.get_or_insert(rank);
+                    // Every round the rank took part in was complete before
+                    // it could say Bye, so a round begun but not complete is
+                    // one it will never join. (Later ones fail at their
+                    // first piece.)
+                    let n = job.on.spec.nranks;
+                    if job.state == State::Running && job.slots.iter().any(|s| s.arrived > 0 && s.arrived < n) {
+                        self.fail(ji, finished_message(rank));
                     }
                 }
             }
