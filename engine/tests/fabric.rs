@@ -217,3 +217,66 @@ fn unknown_provider_is_a_clear_error() {
     assert_eq!(e.call, "fi_getinfo");
     assert!(e.to_string().contains("fi_getinfo"), "{e}");
 }
+
+/// This process's resident memory, from /proc.
+fn rss_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: usize =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches(" kB").parse().ok()).unwrap();
+    kb << 10
+}
+
+/// A server sizes each lcore's context table for the largest jobs it admits
+/// (max_jobs x max_window x max_ranks x 2): at the limit, 4M contexts, about
+/// 288 MiB. It must cost resident memory only for the contexts used, and
+/// contexts at both ends of the table must work.
+#[test]
+fn a_large_context_table_costs_memory_only_when_used() {
+    // The provider's own pools (tcp;ofi_rxm: tens of MiB an endpoint) are
+    // the baseline: an endpoint with 256 contexts, opened after a first one
+    // took the one-time costs.
+    let mut b = Endpoint::open(&config("tcp")).expect("open b");
+    let before = rss_bytes();
+    let small = Endpoint::open(&config("tcp")).expect("open a small one");
+    let baseline = rss_bytes().saturating_sub(before);
+    let before = rss_bytes();
+    let mut a = Endpoint::open(&EndpointConfig { contexts: 1 << 22, ..config("tcp") }).expect("open a");
+    let grew = rss_bytes().saturating_sub(before);
+    assert!(
+        grew < baseline + (32 << 20),
+        "opening an endpoint with 4M contexts made {} MiB resident, one with 256 {} MiB",
+        grew >> 20,
+        baseline >> 20
+    );
+    drop(small);
+    let b_at_a = a.insert_peer(&b.name().unwrap()).unwrap();
+    let a_at_b = b.insert_peer(&a.name().unwrap()).unwrap();
+    let mut src = vec![7u8; 4096];
+    let mut dst = vec![0u8; 4096];
+    for (k, ctx) in [0u32, (1 << 22) - 1, 123_457].into_iter().enumerate() {
+        src.fill(k as u8 + 1);
+        // SAFETY: both buffers outlive the loop below, which waits for both
+        // operations to complete.
+        unsafe { b.recv(dst.as_mut_ptr(), dst.len(), None, Some(a_at_b), 5, 0, 1).unwrap() };
+        let mut got = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 4];
+        let (mut sent, mut received) = (None, false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Until the connection is up, rxm answers EAGAIN: progress both ends.
+        // SAFETY: as above.
+        while let Err(e) = unsafe { a.send(src.as_ptr(), src.len(), None, b_at_a, 5, ctx) } {
+            assert!(matches!(e, PostError::Again) && Instant::now() < deadline, "context {ctx}: {e:?}");
+            a.poll(&mut got).unwrap();
+            received |= b.poll(&mut got).unwrap() > 0;
+        }
+        while sent.is_none() || !received {
+            assert!(Instant::now() < deadline, "context {ctx}: no completion");
+            let n = a.poll(&mut got).unwrap();
+            if n > 0 {
+                sent = Some(got[0].context);
+            }
+            received |= b.poll(&mut got).unwrap() > 0;
+        }
+        assert_eq!(sent, Some(ctx));
+        assert_eq!(dst, src);
+    }
+}

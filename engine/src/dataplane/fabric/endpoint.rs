@@ -138,14 +138,39 @@ pub struct MemoryHandle {
 // it is only dereferenced by the provider on the endpoint's owning thread.
 unsafe impl Send for MemoryHandle {}
 
+/// One operation's context. All zeroes is a valid free one (null provider
+/// scratch, not in flight): the table is allocated zeroed and its pages
+/// become resident only once operations use them ([`zeroed_contexts`]).
+/// The id is the index in the table.
 #[repr(C)]
 struct OpContext {
     /// Provider scratch space; must come first: libfabric gets a pointer to it.
     fi: sys::fi_context2,
-    id: u32,
     in_flight: bool,
     /// Whether the operation in flight (or last posted) is a send.
     is_send: bool,
+}
+
+/// A table of `n` free contexts, allocated zeroed. The table is sized for
+/// the largest jobs the server admits (max_jobs x max_window x max_ranks x 2
+/// per lcore: 36 MiB at the defaults), but zeroed memory of that size comes
+/// straight from the kernel as untouched pages, so a job costs resident
+/// memory only for the contexts it uses.
+fn zeroed_contexts(n: usize) -> Box<[OpContext]> {
+    if n == 0 {
+        return Box::new([]);
+    }
+    let layout = std::alloc::Layout::array::<OpContext>(n).expect("context table size");
+    // SAFETY: the layout is non-zero in size (n > 0); all zeroes is a valid
+    // OpContext (null pointers, false flags); the box owns the allocation,
+    // made with the global allocator and this very layout.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<OpContext>();
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Box::from_raw(ptr::slice_from_raw_parts_mut(p, n))
+    }
 }
 
 /// The refusal of a send once an abandoned one blocks the endpoint (shm).
@@ -210,8 +235,7 @@ impl Endpoint {
             // Before this process creates its first shm region (fi_enable).
             super::shm::sweep_before_first_endpoint();
         }
-        let contexts: Box<[OpContext]> =
-            (0..cfg.contexts).map(|id| OpContext { fi: sys::fi_context2::default(), id, in_flight: false, is_send: false }).collect();
+        let contexts = zeroed_contexts(cfg.contexts as usize);
         let mut me = Endpoint {
             info,
             fabric: ptr::null_mut(),
@@ -659,7 +683,7 @@ impl Endpoint {
             ctx.in_flight = false;
             self.in_flight -= 1;
         }
-        Some(ctx.id)
+        Some(i as u32)
     }
 
     fn read_error(&mut self) -> CompletionError {
@@ -814,7 +838,8 @@ impl Endpoint {
     /// Cancels every operation in flight and drains their completions (bounded).
     /// Used at stop so that no buffer is still owned by the provider.
     pub fn cancel_all(&mut self) {
-        for i in 0..self.contexts.len() {
+        // (Nothing in flight: no need to read the whole table in.)
+        for i in (0..self.contexts.len()).take_while(|_| self.in_flight > 0) {
             if self.contexts[i].in_flight {
                 let p: *mut c_void = (&mut self.contexts[i] as *mut OpContext).cast();
                 // SAFETY: ep is open; p is the context of an operation we posted.
