@@ -1547,7 +1547,7 @@ mod tests {
         assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4, 1024), 1024);
         for (bytes, max, streams, elem) in [(12345usize, 65536usize, 7usize, 2usize), (1 << 22, 4096, 64, 8), (0, 4096, 4, 4)] {
             let c = op_chunk_bytes(bytes, max, streams, elem, M);
-            assert!(c % elem == 0 && c <= max && c >= elem, "{bytes} {max} {streams} {elem}: {c}");
+            assert!(c.is_multiple_of(elem) && c <= max && c >= elem, "{bytes} {max} {streams} {elem}: {c}");
             assert!(bytes.div_ceil(c) <= streams.max(bytes.div_ceil(max)), "{bytes} {max} {streams}: {c}");
         }
     }

@@ -810,7 +810,9 @@ mod tests {
     #[test]
     fn every_bad_field_is_named() {
         let good = Hello::new(&spec(), 0, &[0; 32], b"x").unwrap();
-        let cases: &[(&str, fn(&mut Hello))] = &[
+        // The field a mutation breaks, and the mutation.
+        type Case = (&'static str, fn(&mut Hello));
+        let cases: &[Case] = &[
             ("magic", |h| h.header.magic = 1),
             ("version", |h| h.header.version = 9),
             ("kind", |h| h.header.kind = 2),

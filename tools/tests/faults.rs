@@ -221,7 +221,7 @@ fn remove_shm_regions(pid: u32) {
 }
 
 fn join_results(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) -> Result<(), String> {
-    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    hs.into_iter().try_for_each(|h| h.join().expect("rank thread"))
 }
 
 #[test]

@@ -201,7 +201,7 @@ mod tests {
             let s = spec(n, w, 1 << 20, t);
             let g = fit(&s, b, 0, 0).unwrap();
             let piece = g.chunk_elems as usize * t.size();
-            assert!(piece % 64 == 0 && piece >= MIN_PIECE && piece < s.piece_bytes(), "{g:?}");
+            assert!(piece.is_multiple_of(64) && piece >= MIN_PIECE && piece < s.piece_bytes(), "{g:?}");
             assert!(g.len <= b && g.stride == piece && g.len == n as usize * w as usize * piece, "{g:?}");
             // The next cache line more would not fit.
             assert!(n as usize * w as usize * (piece + 64) > b, "{g:?}");

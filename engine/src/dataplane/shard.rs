@@ -312,20 +312,27 @@ const IDLE_CHECK_EVERY: u32 = 32;
 /// Least time between two housekeeping passes (commands, drains, stragglers).
 const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// What an lcore's shard is built from (named, rather than eleven
+/// positional arguments of which several share a type).
+pub struct ShardSetup {
+    pub lcore: usize,
+    pub ep: Endpoint,
+    /// The lcore's slab, registered with `ep` as `mh`.
+    pub slab: Slab,
+    pub mh: MemoryHandle,
+    pub kernels: Kernels,
+    /// Job slots, and operation contexts per job slot.
+    pub max_jobs: usize,
+    pub per_job: u32,
+    pub commands: Receiver<Command>,
+    pub events: EventSender,
+    pub metrics: MetricsTable,
+    pub op_timeout: std::time::Duration,
+}
+
 impl ShardWorker {
-    pub fn new(
-        lcore: usize,
-        ep: Endpoint,
-        slab: Slab,
-        mh: MemoryHandle,
-        kernels: Kernels,
-        max_jobs: usize,
-        per_job: u32,
-        commands: Receiver<Command>,
-        events: EventSender,
-        metrics: MetricsTable,
-        op_timeout: std::time::Duration,
-    ) -> ShardWorker {
+    pub fn new(setup: ShardSetup) -> ShardWorker {
+        let ShardSetup { lcore, ep, slab, mh, kernels, max_jobs, per_job, commands, events, metrics, op_timeout } = setup;
         let capacity = ep.context_capacity() as usize;
         ShardWorker {
             lcore,

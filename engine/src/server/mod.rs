@@ -132,8 +132,8 @@ impl Server {
                 mode.name(),
                 kernels.isa()
             );
-            let w = shard::ShardWorker::new(
-                info.id,
+            let w = shard::ShardWorker::new(shard::ShardSetup {
+                lcore: info.id,
                 ep,
                 slab,
                 mh,
@@ -142,9 +142,9 @@ impl Server {
                 per_job,
                 commands,
                 events,
-                table_for_lcores.clone(),
+                metrics: table_for_lcores.clone(),
                 op_timeout,
-            );
+            });
             Ok((w, name))
         })
         .map_err(|e| e.to_string())?;

@@ -23,6 +23,9 @@ impl ServerProcess {
     }
 
     /// As `start`, listening on `listen` (a restarted server takes its old port).
+    // The child moves into the ServerProcess, whose Drop kills and waits for
+    // it; the lint does not follow it there.
+    #[allow(clippy::zombie_processes)]
     pub fn start_on(listen: &str, args: &[&str]) -> ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
             .arg("server")
@@ -51,6 +54,7 @@ impl ServerProcess {
             line.clear();
             if out.read_line(&mut line).unwrap_or(0) == 0 || Instant::now() > deadline {
                 let _ = child.kill();
+                let _ = child.wait();
                 panic!("tally server did not start: {:?}", log.lock().unwrap());
             }
             if let Some(rest) = line.strip_prefix("tally server ready on ") {

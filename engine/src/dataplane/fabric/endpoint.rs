@@ -628,6 +628,10 @@ impl Endpoint {
     /// progress). Returns how many were written. An error completion is
     /// returned as `Err(PollError::Completion)` after the completions read
     /// before it; the endpoint stays usable.
+    // The error carries the provider's message in place (`CompletionError`
+    // has a fixed text buffer): reporting a failed operation must not
+    // allocate inside the poll loop, so it stays large.
+    #[allow(clippy::result_large_err)]
     pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize, PollError> {
         const BATCH: usize = 16;
         // Not zeroed: a busy poller calls this millions of times a second,
