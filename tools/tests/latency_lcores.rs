@@ -3,7 +3,8 @@
 //! only larger ones, so that a small all-reduce never queues behind a bulk
 //! job's pieces. Real server processes over shm and tcp; every element of
 //! every all-reduce is checked, and the servers' per-lcore byte counters
-//! say where each operation went.
+//! say where each operation went. A latency lcore holds regions only for
+//! pieces of at most SIZE bytes (the slab gauges say so).
 mod common;
 use common::{client, scrape, sum, ServerProcess};
 use tally_engine::client::{Client, ClientConfig};
@@ -142,4 +143,81 @@ fn servers_with_and_without_latency_lcores_serve_one_job() {
     assert_eq!(a1b + b2 - b1, class_bytes(&LARGE, ranks));
     a.stop();
     b.stop();
+}
+
+/// A latency lcore gets only operations of at most `latency_max` bytes, so
+/// the job's region there holds pieces of that size, not the job's piece:
+/// here 16 KiB against 256 KiB, a sixteenth of the slab. The gauges go back
+/// to 0 when the job ends.
+#[test]
+fn a_latency_lcore_holds_regions_for_small_pieces_only() {
+    let s = ServerProcess::start(&[
+        "--lcores",
+        "0-1",
+        "--latency-lcores",
+        "1",
+        "--latency-max",
+        "16K",
+        "--provider",
+        "tcp",
+        "--poll",
+        "adaptive",
+        "--slab-size",
+        "64M",
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    let used = |lcore: usize| sum(&scrape(&s.metrics_addr()), "tally_lcore_slab_used_bytes", &format!("lcore=\"{lcore}\""));
+    assert_eq!(sum(&scrape(&s.metrics_addr()), "tally_lcore_slab_bytes", "lcore=\"1\""), (64 << 20) as f64);
+    let (ranks, window) = (2u32, 4usize);
+    let (joined_tx, joined_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Arc::new(std::sync::Mutex::new(go_rx));
+    let hs: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let mut cfg = client("tcp", &s.addr, 73, rank, ranks);
+            cfg.chunk_bytes = 256 << 10;
+            cfg.window = window as u32;
+            let (joined_tx, go_rx) = (joined_tx.clone(), go_rx.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                joined_tx.send(()).unwrap();
+                go_rx.lock().unwrap().recv().unwrap();
+                // Both classes still work, every element checked.
+                for count in [4096usize, 300_000] {
+                    let send: Vec<f32> = (0..count).map(|i| (i % 13 + rank as usize) as f32).collect();
+                    let mut out = vec![0f32; count];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| format!("rank {rank}, {count} elements: {e}"))?;
+                    if let Some(i) = (0..count).find(|&i| out[i] != (2 * (i % 13) + 1) as f32) {
+                        return Err(format!("rank {rank}, {count} elements: element {i} = {}", out[i]));
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for _ in 0..ranks {
+        joined_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a rank joined");
+    }
+    let (small, large) = (used(0), used(1));
+    eprintln!("slab used while the job runs: latency lcore {small}, bulk lcore {large}");
+    let pieces = (window * ranks as usize) as f64;
+    assert!(large >= pieces * (256 << 10) as f64, "bulk lcore region {large}");
+    assert!(small >= pieces * (16 << 10) as f64, "latency lcore region {small}");
+    assert!(small * 8.0 <= large, "the latency lcore's region ({small}) is not sized for 16 KiB pieces (bulk: {large})");
+    for _ in 0..ranks {
+        go_tx.send(()).unwrap();
+    }
+    for h in hs {
+        h.join().expect("rank thread").unwrap();
+    }
+    assert!(s.wait_log("job 0x49 ended", std::time::Duration::from_secs(10)), "the job did not end");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while used(0) + used(1) > 0.0 {
+        assert!(std::time::Instant::now() < deadline, "regions still held after the job ended: {} {}", used(0), used(1));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    s.stop();
 }

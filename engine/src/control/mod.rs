@@ -42,7 +42,7 @@ pub mod budget;
 
 use crate::dataplane::fabric::EndpointName;
 use crate::dataplane::metrics::{ControlCounters, MetricsTable};
-use crate::dataplane::shard::{Command, Event, JobOnShard};
+use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard};
 use crate::host::config::ServerConfig;
 use crate::server::REGION_ALIGN;
 use crate::wire::{self, Accept, Boundary, Drain, Header, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, TOKEN_BYTES};
@@ -485,9 +485,24 @@ impl ControlPlane {
             }
         };
         let spec = JobSpec { chunk_elems: grant.chunk_elems, ..spec };
-        let (stride, len) = (grant.stride, grant.len);
+        // Per lcore: the piece and region. A latency lcore (when the job
+        // has bulk lcores too, as the Accept will say) only ever gets
+        // operations of at most latency_max bytes, so its pieces, and its
+        // region, need be no larger.
+        let split = spec.shards > self.latency_lcores as u32;
+        let latency_elems = ((1usize << self.latency_max_log2) / spec.dtype.size()) as u32;
+        let shape = |l: usize| -> (JobSpec, usize, usize) {
+            if split && l < self.latency_lcores as usize && latency_elems < spec.chunk_elems {
+                let s = JobSpec { chunk_elems: latency_elems, ..spec };
+                let stride = s.piece_bytes().next_multiple_of(budget::PIECE_ALIGN);
+                (s, stride, spec.window as usize * slot_strides(spec.dtype, spec.nranks, grant.stage) * stride)
+            } else {
+                (spec, grant.stride, grant.len)
+            }
+        };
         let mut regions = Vec::new();
         for l in 0..spec.shards as usize {
+            let (_, stride, len) = shape(l);
             match self.allocs[l].alloc(len) {
                 Some(off) => regions.push((off, len)),
                 None => {
@@ -513,6 +528,7 @@ impl ControlPlane {
         self.generation[index] = (self.generation[index] + 1) & 0xf;
         let tag = ((self.generation[index] as u16) << 12) | index as u16;
         for (l, (off, _)) in regions.iter().enumerate() {
+            let (spec, stride, _) = shape(l);
             let on = JobOnShard { index: index as u16, tag, spec, base: *off, stride, stage: grant.stage, client_names: names.clone() };
             let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
         }
@@ -1065,6 +1081,11 @@ impl ControlPlane {
             },
         }));
         *self.published.lock().unwrap() = v;
+        for (l, a) in self.allocs.iter().enumerate() {
+            let g = self.metrics.gauges(l);
+            g.slab_used.store((a.total() - a.free_bytes()) as u64, Ordering::Relaxed);
+            g.slab_bytes.store(a.total() as u64, Ordering::Relaxed);
+        }
     }
 
     /// Stop: refuse the joining, end the running, wait (bounded) for the

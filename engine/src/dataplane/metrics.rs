@@ -96,6 +96,10 @@ pub fn bucket_le_seconds(i: usize) -> f64 {
 pub struct LcoreGauges {
     /// Operations in flight on the lcore's endpoint (its queue depth).
     pub in_flight: AtomicU64,
+    /// Bytes of the lcore's slab held by job regions, and its size (written
+    /// by the control plane, which carves the slabs).
+    pub slab_used: AtomicU64,
+    pub slab_bytes: AtomicU64,
 }
 
 /// Every counter block of a server, shared by the lcores (writers) and the
@@ -209,9 +213,16 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
             let _ = writeln!(o, "{name}{{lcore=\"{i}\"}} {}", get(s));
         }
     }
-    let _ = writeln!(o, "# HELP tally_lcore_in_flight Operations in flight on the lcore's endpoint.\n# TYPE tally_lcore_in_flight gauge");
-    for i in 0..table.lcores {
-        let _ = writeln!(o, "tally_lcore_in_flight{{lcore=\"{i}\"}} {}", table.gauges(i).in_flight.load(Ordering::Relaxed));
+    let gauges: [(&str, &str, fn(&LcoreGauges) -> &AtomicU64); 3] = [
+        ("tally_lcore_in_flight", "Operations in flight on the lcore's endpoint.", |g| &g.in_flight),
+        ("tally_lcore_slab_used_bytes", "Bytes of the lcore's slab held by job regions.", |g| &g.slab_used),
+        ("tally_lcore_slab_bytes", "Size of the lcore's slab (regions are carved from it).", |g| &g.slab_bytes),
+    ];
+    for (name, help, get) in gauges {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for i in 0..table.lcores {
+            let _ = writeln!(o, "{name}{{lcore=\"{i}\"}} {}", get(table.gauges(i)).load(Ordering::Relaxed));
+        }
     }
 
     let _ = writeln!(o, "# HELP tally_jobs Jobs the control plane knows, by state.\n# TYPE tally_jobs gauge");
