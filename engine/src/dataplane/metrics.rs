@@ -190,6 +190,8 @@ impl ControlCounters {
 
 /// An lcore series: name, type, help, and how to read it from a snapshot.
 type LcoreMetric = (&'static str, &'static str, &'static str, fn(&Snapshot) -> u64);
+/// An lcore gauge series: name, help, and which gauge of the block.
+type GaugeMetric = (&'static str, &'static str, fn(&LcoreGauges) -> &AtomicU64);
 /// A per-job counter series: name, help, and its value from a block.
 type JobMetric = (&'static str, &'static str, fn(&JobCounters) -> f64);
 
@@ -213,7 +215,7 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
             let _ = writeln!(o, "{name}{{lcore=\"{i}\"}} {}", get(s));
         }
     }
-    let gauges: [(&str, &str, fn(&LcoreGauges) -> &AtomicU64); 3] = [
+    let gauges: [GaugeMetric; 3] = [
         ("tally_lcore_in_flight", "Operations in flight on the lcore's endpoint.", |g| &g.in_flight),
         ("tally_lcore_slab_used_bytes", "Bytes of the lcore's slab held by job regions.", |g| &g.slab_used),
         ("tally_lcore_slab_bytes", "Size of the lcore's slab (regions are carved from it).", |g| &g.slab_bytes),
