@@ -61,21 +61,17 @@ fn class_bytes(sizes: &[usize], ranks: usize) -> f64 {
     (sizes.iter().sum::<usize>() * 4 * ranks * ROUNDS) as f64
 }
 
+/// A server on lcores 0-1 whose lcore 0 takes operations of at most 16 KiB,
+/// with metrics.
+fn latency_server(provider: &str, extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["--lcores", "0-1", "--latency-lcores", "1", "--latency-max", "16K", "--provider", provider];
+    args.extend_from_slice(&["--poll", "adaptive", "--metrics", "127.0.0.1:0"]);
+    args.extend_from_slice(extra);
+    ServerProcess::start(&args)
+}
+
 fn small_operations_use_only_the_latency_lcore(provider: &str) {
-    let s = ServerProcess::start(&[
-        "--lcores",
-        "0-1",
-        "--latency-lcores",
-        "1",
-        "--latency-max",
-        "16K",
-        "--provider",
-        provider,
-        "--poll",
-        "adaptive",
-        "--metrics",
-        "127.0.0.1:0",
-    ]);
+    let s = latency_server(provider, &[]);
     assert!(s.wait_log("latency lcores: the first 1 take operations of at most 16 KiB", std::time::Duration::from_secs(5)));
     let ranks = 3;
     run((0..ranks).map(|r| client(provider, &s.addr, 71, r as u32, ranks as u32)).collect(), &MIXED);
@@ -151,22 +147,7 @@ fn servers_with_and_without_latency_lcores_serve_one_job() {
 /// to 0 when the job ends.
 #[test]
 fn a_latency_lcore_holds_regions_for_small_pieces_only() {
-    let s = ServerProcess::start(&[
-        "--lcores",
-        "0-1",
-        "--latency-lcores",
-        "1",
-        "--latency-max",
-        "16K",
-        "--provider",
-        "tcp",
-        "--poll",
-        "adaptive",
-        "--slab-size",
-        "64M",
-        "--metrics",
-        "127.0.0.1:0",
-    ]);
+    let s = latency_server("tcp", &["--slab-size", "64M"]);
     let used = |lcore: usize| sum(&scrape(&s.metrics_addr()), "tally_lcore_slab_used_bytes", &format!("lcore=\"{lcore}\""));
     assert_eq!(sum(&scrape(&s.metrics_addr()), "tally_lcore_slab_bytes", "lcore=\"1\""), (64 << 20) as f64);
     let (ranks, window) = (2u32, 4usize);
@@ -200,6 +181,12 @@ fn a_latency_lcore_holds_regions_for_small_pieces_only() {
         .collect();
     for _ in 0..ranks {
         joined_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a rank joined");
+    }
+    // The control plane publishes the gauges on its next turn after the
+    // job started; the ranks may hear of the start first.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while used(1) == 0.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let (small, large) = (used(0), used(1));
     eprintln!("slab used while the job runs: latency lcore {small}, bulk lcore {large}");

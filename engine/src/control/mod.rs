@@ -269,6 +269,11 @@ impl ControlPlane {
         metrics: MetricsTable,
     ) -> Result<ControlPlane, String> {
         let n = cfg.lcores.len();
+        let allocs: Vec<RangeAlloc> = (0..n).map(|_| RangeAlloc::new(cfg.slab_size as usize, REGION_ALIGN)).collect();
+        // The slab gauges hold from the start (`publish` keeps them current).
+        for (l, a) in allocs.iter().enumerate() {
+            metrics.gauges(l).slab_bytes.store(a.total() as u64, Ordering::Relaxed);
+        }
         Ok(ControlPlane {
             limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n as u32 },
             join_timeout: Duration::from_secs(cfg.join_timeout_s.max(1)),
@@ -285,7 +290,7 @@ impl ControlPlane {
             active: (0..cfg.max_jobs).map(|_| None).collect(),
             generation: vec![0; cfg.max_jobs as usize],
             quarantined: (0..cfg.max_jobs).map(|_| None).collect(),
-            allocs: (0..n).map(|_| RangeAlloc::new(cfg.slab_size as usize, REGION_ALIGN)).collect(),
+            allocs,
             conn_job: HashMap::new(),
             published,
             metrics,
