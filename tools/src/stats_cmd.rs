@@ -42,6 +42,8 @@ pub struct LcoreRow {
     pub gb_per_s_out: f64,
     pub in_flight: f64,
     pub errors: f64,
+    /// Share of the lcore's slab held by job regions, in percent.
+    pub slab_used_pct: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -128,6 +130,10 @@ fn rows(a: &Sample, b: &Sample, dt: f64) -> Vec<LcoreRow> {
                 gb_per_s_out: d("bytes_out_total") / dt / 1e9,
                 in_flight: get(now, "in_flight"),
                 errors: get(now, "cq_errors_total"),
+                slab_used_pct: match get(now, "slab_bytes") {
+                    0.0 => 0.0,
+                    total => 100.0 * get(now, "slab_used_bytes") / total,
+                },
             }
         })
         .collect()
@@ -136,13 +142,13 @@ fn rows(a: &Sample, b: &Sample, dt: f64) -> Vec<LcoreRow> {
 fn table(addr: &str, s: &Snapshot) -> String {
     let mut o = format!("tally stats {addr}: {} jobs running, {:.2} s interval\n", s.jobs_running, s.interval_s);
     o += &format!(
-        "{:>5} {:>12} {:>7} {:>12} {:>9} {:>9} {:>9} {:>7}\n",
-        "lcore", "polls/s", "empty%", "compl/s", "GB/s in", "GB/s out", "inflight", "errors"
+        "{:>5} {:>12} {:>7} {:>12} {:>9} {:>9} {:>9} {:>7} {:>6}\n",
+        "lcore", "polls/s", "empty%", "compl/s", "GB/s in", "GB/s out", "inflight", "errors", "slab%"
     );
     for r in &s.lcores {
         o += &format!(
-            "{:>5} {:>12.0} {:>7.1} {:>12.0} {:>9.3} {:>9.3} {:>9.0} {:>7.0}\n",
-            r.lcore, r.polls_per_s, r.empty_pct, r.completions_per_s, r.gb_per_s_in, r.gb_per_s_out, r.in_flight, r.errors
+            "{:>5} {:>12.0} {:>7.1} {:>12.0} {:>9.3} {:>9.3} {:>9.0} {:>7.0} {:>6.1}\n",
+            r.lcore, r.polls_per_s, r.empty_pct, r.completions_per_s, r.gb_per_s_in, r.gb_per_s_out, r.in_flight, r.errors, r.slab_used_pct
         );
     }
     o
@@ -191,8 +197,10 @@ mod tests {
     #[test]
     fn rates_from_two_samples() {
         let a = sample("tally_lcore_polls_total{lcore=\"0\"} 100\ntally_lcore_empty_polls_total{lcore=\"0\"} 50\ntally_lcore_bytes_in_total{lcore=\"0\"} 0\n").0;
-        let b = sample("tally_lcore_polls_total{lcore=\"0\"} 300\ntally_lcore_empty_polls_total{lcore=\"0\"} 100\ntally_lcore_bytes_in_total{lcore=\"0\"} 2000000000\ntally_lcore_in_flight{lcore=\"0\"} 8\n").0;
+        let b = sample("tally_lcore_polls_total{lcore=\"0\"} 300\ntally_lcore_empty_polls_total{lcore=\"0\"} 100\ntally_lcore_bytes_in_total{lcore=\"0\"} 2000000000\ntally_lcore_in_flight{lcore=\"0\"} 8\ntally_lcore_slab_used_bytes{lcore=\"0\"} 1024\ntally_lcore_slab_bytes{lcore=\"0\"} 4096\n").0;
         let r = &rows(&a, &b, 2.0)[0];
-        assert_eq!((r.polls_per_s, r.empty_pct, r.gb_per_s_in, r.in_flight), (100.0, 25.0, 1.0, 8.0));
+        assert_eq!((r.polls_per_s, r.empty_pct, r.gb_per_s_in, r.in_flight, r.slab_used_pct), (100.0, 25.0, 1.0, 8.0, 25.0));
+        // A server without the slab gauges (older) reads as 0%, not NaN.
+        assert_eq!(rows(&a, &a, 2.0)[0].slab_used_pct, 0.0);
     }
 }
