@@ -775,9 +775,7 @@ impl Kernels {
         unsafe { self.kernel(dtype, ReduceOp::Avg)(out, &addrs, elems, divisor) };
         Ok(())
     }
-}
 
-impl Kernels {
     /// The staged form: folds `inputs` (the next ranks, in rank order) into
     /// the accumulator `acc`, [`DataType::accumulator_size`] bytes per
     /// element. With `resume` false the accumulator starts from
