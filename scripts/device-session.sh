@@ -60,6 +60,10 @@
 #   fostage  what failover's staging copy costs: 8 ranks (cores 8-15)
 #            against 3 servers (tcp, busy, lcores 0-1, 2-3, 4-5), 4 KiB,
 #            1 MiB and 64 MiB, with TALLY_FAILOVER=0 and =1, same run.
+#   relay    the two-rank relay against TALLY_RELAY=0, alternated: RL_ROUNDS
+#            (8) rounds of a 4 KiB ping-pong round trip (cores 2,8), then per
+#            setting 2 ranks 4 KiB (10,000 back-to-back) and 1 MiB (300), shm,
+#            busy, server lcore 2: mean, p50 (last rank), rank 0's own p50.
 #   demo     `tally demo` as a user runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -119,7 +123,7 @@ for (m, b), r in sorted(rows.items(), key=lambda x: (x[0][1], x[0][0])):
 a4, r4 = rows.get(("agg", 4096)), rows.get(("ring", 4096))
 if a4 and r4:
     tp = p["results"][0].get("p99_latency_us", 0) / p["results"][0]["latency_us"]
-    print(f"4 KiB: agg mean {a4['time_us']:.2f} us = {a4['time_us']/rtt:.2f} x shm round trip ({rtt:.2f} us), p50 {a4['p50_us']/rtt:.2f} x; agg/ring time {a4['time_us']/r4['time_us']:.2f}; agg p99/p50 {a4['p99_us']/a4['p50_us']:.2f} (ring {r4['p99_us']/r4['p50_us']:.2f}, the ping-pong's own {tp:.2f})")
+    print(f"4 KiB: agg mean {a4['time_us']:.2f} us = {a4['time_us']/rtt:.2f} x shm round trip ({rtt:.2f} us), p50 {a4['p50_us']/rtt:.2f} x (rank 0's own intervals {a4.get('rank0_p50_us', 0)/rtt:.2f} x); agg/ring time {a4['time_us']/r4['time_us']:.2f}; agg p99/p50 {a4['p99_us']/a4['p50_us']:.2f} (ring {r4['p99_us']/r4['p50_us']:.2f}, the ping-pong's own {tp:.2f})")
 PY
     done
 fi
@@ -540,6 +544,34 @@ for b in sorted({k[0] for k in rows}):
     ratio = (sum(r["p50_us"] for r in on) / len(on)) / (sum(r["p50_us"] for r in off) / len(off)) if on and off else float("nan")
     print(f"{b:>9} B: p50 us failover off {fmt(off)}, on {fmt(on)}; on/off {ratio:.2f}; wrong {wrong}")
 PY
+fi
+
+if has relay; then
+    say ""
+    say "## two-rank relay (TALLY_RELAY=1) against the servers reducing (=0), alternated; shm, busy, lcore 2, ranks on 8-15"
+    say "$(printf '%5s %6s %8s | %9s %9s %11s %9s | %9s %9s' round relay 'rtt us' '4K mean' '4K p50' 'rank0 p50' 'p50/rtt' '1M mean' '1M p50')"
+    for round in $(seq "${RL_ROUNDS:-8}"); do
+        rtt=$(timeout 60 "$TALLY" bench p2p --provider shm --sizes 4K --iters 20000 --cores 2,8 --json 2>/dev/null \
+            | python3 -c 'import json,sys; print("%.3f" % (2 * json.load(sys.stdin)["results"][0]["latency_us"]))')
+        for relay in 1 0; do
+            TALLY_RELAY=$relay timeout 60 "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
+                --sizes 4K --iters 10000 --warmup 500 --mode agg --json >"$OUT/relay-$round-$relay-small.json" 2>>"$OUT/relay.err"
+            TALLY_RELAY=$relay timeout 60 "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
+                --sizes 1M --iters 300 --warmup 20 --mode agg --json >"$OUT/relay-$round-$relay-large.json" 2>>"$OUT/relay.err"
+            python3 - "$OUT/relay-$round-$relay-small.json" "$OUT/relay-$round-$relay-large.json" "$round" "$relay" "$rtt" <<'PY' | tee -a "$S"
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))["results"][0]
+    l = json.load(open(sys.argv[2]))["results"][0]
+    bad = s["wrong"] + l["wrong"]
+    rtt = float(sys.argv[5])
+    print(f"{sys.argv[3]:>5} {sys.argv[4]:>6} {rtt:>8.2f} | {s['time_us']:>9.2f} {s['p50_us']:>9.2f} {s['rank0_p50_us']:>11.2f} {s['p50_us'] / rtt:>9.2f} | "
+          f"{l['time_us']:>9.1f} {l['p50_us']:>9.1f}" + (f"  WRONG {bad}" if bad else ""))
+except Exception as e:
+    print(f"{sys.argv[3]:>5} {sys.argv[4]:>6} failed: {e}")
+PY
+        done
+    done
 fi
 
 if has demo; then

@@ -31,6 +31,7 @@ const SPEC: JobSpec = JobSpec {
     chunk_elems: 256 << 10,
     window: 4,
     shards: 2,
+    relay: false,
 };
 /// What the server accepts (its defaults' order of magnitude).
 const LIMITS: Limits = Limits { max_ranks: 1024, max_window: 64, max_chunk_bytes: 4 << 20, lcores: 4 };

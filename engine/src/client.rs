@@ -54,7 +54,7 @@
 use crate::dataplane::fabric::{
     select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
 };
-use crate::reduce::{DataType, ReduceOp};
+use crate::reduce::{DataType, Kernels, ReduceOp};
 use crate::wire::{self, Accept, Boundary, Drain, Hello, JobSpec, Kind, NameRecord, Reject, RejectCode, SwitchAt, Tag, TOKEN_BYTES};
 use std::collections::VecDeque;
 use std::fmt;
@@ -121,6 +121,13 @@ pub struct ClientConfig {
     /// `.0` (its index in `servers`) of operations from index `.1` on are
     /// dropped as they arrive, as if lost in flight. None in real use.
     pub fault_drop_results: Option<(usize, u64)>,
+    /// A two-rank job asks the servers to relay its pieces of at most
+    /// [`wire::RELAY_MAX`] bytes (each rank gets the other's piece and
+    /// reduces the two itself: one hop through the server for the last
+    /// piece in, instead of a reduce and two sends in a row). Must be the
+    /// same on both ranks. Default on; TALLY_RELAY=0 turns it off (needed
+    /// to join servers older than the relay, which refuse the flag).
+    pub relay: bool,
 }
 
 impl ClientConfig {
@@ -146,6 +153,7 @@ impl ClientConfig {
             min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
             fault_drop_results: None,
+            relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -252,6 +260,10 @@ struct Flight {
     seq: u32,
     send_done: bool,
     recv_done: bool,
+    /// Relayed (see [`ClientConfig::relay`]): the other rank's piece lands
+    /// in the sub-job's relay slot, `got` bytes of it.
+    relayed: bool,
+    got: u32,
 }
 
 /// Where a sub-job stands with one of its servers.
@@ -314,6 +326,10 @@ struct SubJob {
     /// Where results land first when the sub-job can fail over (None: straight
     /// into the caller's buffer).
     stage: Option<Stage>,
+    /// A relay job's receive buffers (see [`ClientConfig::relay`]): the
+    /// other rank's small pieces land here and are reduced with this
+    /// rank's into the result's place (None: not a relay job).
+    relay: Option<Stage>,
     /// Failover state: lost servers, the recovery round in progress.
     fo: Fo,
 }
@@ -458,6 +474,8 @@ pub struct Client {
     batch: [Completion; 32],
     /// What failover did so far.
     stats: failover::FailoverStats,
+    /// Reduces a relay job's pieces (the best kernels this CPU has).
+    kernels: Kernels,
     /// An operation failed or was aborted: this rank did not finish
     /// cleanly, so it must not say Bye (the servers then fail the job for
     /// the other ranks at once instead of counting this one as done).
@@ -511,6 +529,7 @@ impl Client {
             last_progress: Instant::now(),
             failed: false,
             stats: failover::FailoverStats::default(),
+            kernels: Kernels::best(),
             idle_polls: 0,
             busy_polls: 0,
             batch: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
@@ -553,6 +572,7 @@ impl Client {
             chunk_elems: chunk_elems as u32,
             window: self.cfg.window,
             shards: self.cfg.shards,
+            relay: self.cfg.relay && self.cfg.nranks == 2,
         };
         let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes())
             .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
@@ -637,6 +657,10 @@ impl Client {
             true => Some(Stage::new(streams.len(), self.cfg.window as usize, chunk_elems * dtype.size(), &mut self.ep)?),
             false => None,
         };
+        let relay = match spec.relay {
+            true => Some(Stage::new(streams.len(), self.cfg.window as usize, wire::RELAY_MAX, &mut self.ep)?),
+            false => None,
+        };
         let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
         let pacing = (0..self.cfg.servers.len()).map(|_| Pacing { in_flight: 0, waiting: VecDeque::with_capacity(per_server) }).collect();
         let gens = Vec::new();
@@ -655,6 +679,7 @@ impl Client {
             retiring: false,
             pacing,
             stage,
+            relay,
             fo: Fo::default(),
         });
         Ok(self.subs.len() - 1)
@@ -985,11 +1010,21 @@ impl Client {
                     let slot = s.next_slot as usize;
                     s.next_slot = (s.next_slot + 1) % window;
                     let fi = st * window as usize + slot;
-                    self.subs[sub].flights[fi] = Flight { op: self.ops[oi].id, chunk, seq, send_done: false, recv_done: false };
+                    let op = &self.ops[oi];
+                    let relayed =
+                        self.subs[sub].relay.is_some() && op.chunk_bytes.min(op.bytes - chunk * op.chunk_bytes) <= wire::RELAY_MAX;
+                    self.subs[sub].flights[fi] = Flight { op: op.id, chunk, seq, relayed, ..Flight::default() };
                     self.ops[oi].next[st] += nstreams;
                     self.ops[oi].posted += 1;
                     let base = sub as u32 * self.per_sub + (fi as u32) * 2;
-                    self.post(base)?; // receive first: the result may come back fast
+                    // Receive first: the result may come back fast. A relayed
+                    // chunk's receive is posted once its send is (`post`):
+                    // the other rank's piece may come back before this
+                    // rank's went out, and must not complete the flight
+                    // while its send waits on the retry list.
+                    if !relayed {
+                        self.post(base)?;
+                    }
                     self.issue_send(base + 1)?;
                 }
             }
@@ -1062,6 +1097,9 @@ impl Client {
             return match unsafe { self.ep.inject(op.send.add(off), len, addr, tag) } {
                 Ok(()) => {
                     self.subs[sub].flights[fi].send_done = true;
+                    if f.relayed {
+                        return self.post(ctx - 1);
+                    }
                     Ok(())
                 }
                 Err(PostError::Again) => {
@@ -1075,6 +1113,11 @@ impl Client {
             // SAFETY: [send+off, +len) is inside the caller's buffer, valid
             // until the request completes (contract of `start`).
             unsafe { self.ep.send(op.send.add(off), len, op.mh_send, stream.addr, tag, ctx) }
+        } else if let Some(relay) = s.relay.as_ref().filter(|_| f.relayed) {
+            // SAFETY: the relay slot of (stream, seq) holds RELAY_MAX bytes
+            // and is the target of this receive only (slots cycle over twice
+            // the window); it lives as long as the sub-job.
+            unsafe { self.ep.recv(relay.slot(st, seq), len, relay.mh(st), Some(stream.addr), tag, 0, ctx) }
         } else if let Some(stage) = &s.stage {
             // SAFETY: the staging slot of (stream, seq) holds a whole piece
             // and is the target of this receive only (slots cycle over twice
@@ -1085,6 +1128,7 @@ impl Client {
             unsafe { self.ep.recv(op.recv.add(off), len, op.mh_recv, Some(stream.addr), tag, 0, ctx) }
         };
         match r {
+            Ok(()) if is_send && f.relayed => self.post(ctx - 1),
             Ok(()) => Ok(()),
             Err(PostError::Again) => {
                 self.retry.push(ctx);
@@ -1139,13 +1183,21 @@ impl Client {
                 let server = self.subs[sub].streams[fi / window].server;
                 self.release_send_credit(sub, server)?;
             }
-            let s = &mut self.subs[sub];
-            let f = &mut s.flights[fi];
+            let f = &mut self.subs[sub].flights[fi];
             if c.is_recv {
                 f.recv_done = true;
+                f.got = c.len as u32;
             } else {
                 f.send_done = true;
             }
+            if f.send_done && f.recv_done && f.relayed {
+                // Only now: reducing in place overwrites this rank's piece,
+                // which a send not yet completed may still be reading.
+                let flight = *f;
+                self.reduce_relayed(sub, fi / window, flight)?;
+            }
+            let s = &mut self.subs[sub];
+            let f = &mut s.flights[fi];
             if f.send_done && f.recv_done {
                 let op_id = f.op;
                 let (chunk, seq) = (f.chunk, f.seq);
@@ -1177,6 +1229,41 @@ impl Client {
             return self.check_controls();
         }
         Ok(())
+    }
+
+    /// A relayed flight (of stream `st`) has the other rank's piece and sent its own:
+    /// reduces the two, in rank order, into where the result goes (the
+    /// staging slot, or the caller's buffer).
+    fn reduce_relayed(&mut self, sub: usize, st: usize, f: Flight) -> Result<(), ClientError> {
+        let s = &self.subs[sub];
+        let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
+        let Some(relay) = s.relay.as_ref() else { return Ok(()) };
+        let off = f.chunk * op.chunk_bytes;
+        let len = op.chunk_bytes.min(op.bytes - off);
+        let got = f.got as usize;
+        if got != len {
+            return Err(ClientError::Fabric(format!("a relayed piece of {got} bytes where the chunk has {len}")));
+        }
+        let peer = relay.slot(st, f.seq);
+        // SAFETY: off + len <= bytes, inside the caller's buffers (contract of `start`).
+        let (own, out) = unsafe { (op.send.add(off), s.stage.as_ref().map_or(op.recv.add(off), |g| g.slot(st, f.seq))) };
+        let elems = len / s.dtype.size();
+        // SAFETY: peer holds the whole piece (its receive completed), own and
+        // out `len` bytes each; out overlaps no input except inputs[0]
+        // exactly: rank 1 reducing in place reduces into the peer's slot and
+        // copies from there, since out would be its second input.
+        let r = unsafe {
+            if self.cfg.rank == 0 {
+                self.kernels.reduce_raw(s.dtype, s.op, out, &[own, peer], elems)
+            } else if std::ptr::eq(own, out) {
+                let r = self.kernels.reduce_raw(s.dtype, s.op, peer, &[peer, own], elems);
+                std::ptr::copy_nonoverlapping(peer, out, len);
+                r
+            } else {
+                self.kernels.reduce_raw(s.dtype, s.op, out, &[peer, own], elems)
+            }
+        };
+        r.map_err(|e| ClientError::Fabric(format!("reducing a relayed piece: {e}")))
     }
 
     /// A server that ended the job, or drains, says so on the control connection.

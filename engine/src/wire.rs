@@ -31,6 +31,14 @@
 //! (`Rejoin`), and the [`SwitchAt`] it sends names the operation from which
 //! the job uses it again.
 //!
+//! Relay (two-rank jobs, small pieces): ranks that set [`Hello::RELAY`] in a
+//! two-rank job get, for every piece of at most [`RELAY_MAX`] bytes, the
+//! *other* rank's piece back instead of the sum, sent on as soon as it
+//! arrives, and reduce the two themselves in rank order (the same kernels,
+//! so the same bits). The last piece in then costs one hop through the
+//! server instead of a reduce and two sends in a row. Every rank of the job
+//! must agree (the flag is part of the job's spec).
+//!
 //! Every message is a fixed-size `#[repr(C)]` plain-old-data struct whose
 //! size is pinned by a compile-time assertion, and starts with the same
 //! [`Header`]. Integers are little-endian (every supported target is).
@@ -58,6 +66,10 @@ pub const TOKEN_BYTES: usize = 32;
 pub const MAX_RANKS: u32 = 1024;
 /// The largest window: slots are 16 bits in the tag.
 pub const MAX_WINDOW: u32 = 1 << 15;
+/// Pieces of a relay job (see the module doc) of at most this many bytes
+/// are relayed: shm's inject size, at or below which a piece costs the
+/// server one copy to send on.
+pub const RELAY_MAX: usize = 4096;
 
 #[repr(u16)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -343,6 +355,7 @@ pub struct Hello {
     pub op: u8,
     /// [`Hello::REJOIN`]: the rank runs this job already, on other servers,
     /// and takes this (restarted) server back at an operation boundary.
+    /// [`Hello::RELAY`]: (two-rank jobs) relay small pieces, see the module doc.
     pub flags: u8,
     pub _pad0: u8,
     /// Elements per shard of a chunk: the size of one server slot piece.
@@ -589,12 +602,20 @@ pub struct JobSpec {
     pub window: u32,
     /// Lcores used (resolved: never 0).
     pub shards: u32,
+    /// Two ranks that reduce pieces of at most [`RELAY_MAX`] bytes
+    /// themselves: the server relays each to the other rank.
+    pub relay: bool,
 }
 
 impl JobSpec {
     /// Bytes of one shard piece.
     pub fn piece_bytes(&self) -> usize {
         self.chunk_elems as usize * self.dtype.size()
+    }
+
+    /// Whether a piece of `len` bytes of this job is relayed (see the module doc).
+    pub fn relays(&self, len: usize) -> bool {
+        self.relay && len <= RELAY_MAX
     }
 }
 
@@ -636,6 +657,9 @@ impl Hello {
         h.chunk_elems = spec.chunk_elems;
         h.window = spec.window;
         h.shards = spec.shards;
+        if spec.relay {
+            h.flags |= Hello::RELAY;
+        }
         h.name_len = name.len() as u16;
         h.name[..name.len()].copy_from_slice(name);
         Some(h)
@@ -643,6 +667,9 @@ impl Hello {
 
     /// The rank runs the job already and takes this server back (see `flags`).
     pub const REJOIN: u8 = 1;
+    /// The job's ranks take small pieces relayed, and reduce them themselves
+    /// (two-rank jobs only; see the module doc).
+    pub const RELAY: u8 = 2;
 
     pub fn rejoin(&self) -> bool {
         self.flags & Hello::REJOIN != 0
@@ -686,14 +713,27 @@ impl Hello {
         if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
             return bad("name_len", "endpoint name empty or too long");
         }
-        if self.flags & !Hello::REJOIN != 0 {
+        if self.flags & !(Hello::REJOIN | Hello::RELAY) != 0 {
             return bad("flags", "unknown flag bits");
+        }
+        let relay = self.flags & Hello::RELAY != 0;
+        if relay && self.nranks != 2 {
+            return bad("flags", "relay is for two-rank jobs only");
         }
         if self._pad0 != 0 || self._pad1 != [0; 6] {
             return bad("padding", "reserved bytes must be zero");
         }
         let shards = if self.shards == 0 { limits.lcores } else { self.shards };
-        Ok(JobSpec { job_id: self.job_id, nranks: self.nranks, dtype, op, chunk_elems: self.chunk_elems, window: self.window, shards })
+        Ok(JobSpec {
+            job_id: self.job_id,
+            nranks: self.nranks,
+            dtype,
+            op,
+            chunk_elems: self.chunk_elems,
+            window: self.window,
+            shards,
+            relay,
+        })
     }
 
     pub fn name(&self) -> &[u8] {
@@ -794,7 +834,7 @@ mod tests {
     use super::*;
 
     fn spec() -> JobSpec {
-        JobSpec { job_id: 7, nranks: 4, dtype: DataType::Float32, op: ReduceOp::Sum, chunk_elems: 1024, window: 4, shards: 2 }
+        JobSpec { job_id: 7, nranks: 4, dtype: DataType::Float32, op: ReduceOp::Sum, chunk_elems: 1024, window: 4, shards: 2, relay: false }
     }
     const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };
 
@@ -829,13 +869,24 @@ mod tests {
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
             ("padding", |h| h._pad1[3] = 1),
-            ("flags", |h| h.flags = 2),
+            ("flags", |h| h.flags = 4),
+            // Relay with four ranks.
+            ("flags", |h| h.flags = Hello::RELAY),
         ];
         for (field, mutate) in cases {
             let mut h = good;
             mutate(&mut h);
             assert_eq!(h.check(&LIMITS).unwrap_err().field, *field);
         }
+    }
+
+    #[test]
+    fn a_two_rank_relay_job_round_trips() {
+        let s = JobSpec { nranks: 2, relay: true, ..spec() };
+        let h = Hello::new(&s, 1, &[0; 32], b"x").unwrap();
+        assert_eq!(h.flags, Hello::RELAY);
+        assert_eq!(h.check(&LIMITS).unwrap(), s);
+        assert!(s.relays(RELAY_MAX) && !s.relays(RELAY_MAX + 1) && !spec().relays(64));
     }
 
     #[test]

@@ -109,6 +109,7 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         chunk_elems: 1 + rng.below(((1 << 20) / dtype.size()) as u64) as u32,
         window: 1 + rng.below(16) as u32,
         shards: rng.below(5) as u32,
+        relay: nranks == 2 && rng.below(2) == 1,
     };
     let name = rng.some_bytes(1, NAME_BYTES as u64);
     let h = Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");

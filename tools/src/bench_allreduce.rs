@@ -13,9 +13,11 @@
 //! process). Ranks meet through a TCP bootstrap (one connection per rank to
 //! rank 0). For each mode and size, after `warmup` all-reduces and one
 //! barrier, every rank runs `iters` all-reduces back to back, as nccl-tests
-//! and users time them; rank 0 timestamps each completion and reports the
+//! and users time them; every rank timestamps each completion, and rank 0 reports the
 //! loop's mean (wall time / iterations: the `time_us` of nccl-tests) and the
-//! p50, p99 and max of the per-operation times. `--sync` instead starts every
+//! p50, p99 and max of the per-operation times, an operation ending when the
+//! last rank has its result (every rank's timestamps are gathered: one host,
+//! one clock; rank 0's own intervals above [`GATHER_STAMPS`] of them). `--sync` instead starts every
 //! all-reduce after a barrier and reports the median (it adds the barrier's
 //! release skew to small sizes). Every rank then checks every element of its last result against the
 //! reference it computes itself (inputs are small integers, so every
@@ -160,6 +162,19 @@ pub struct Row {
     pub p99_us: f64,
     #[serde(default)]
     pub max_us: f64,
+    /// Whose timestamps p50, p99 and max come from: "every rank" (an
+    /// operation is complete when the last rank has its result: the time of
+    /// operation k is the last completion of k minus the last of k - 1, the
+    /// ranks sharing one clock), or "rank 0" (its own intervals only: runs of
+    /// more than [`GATHER_STAMPS`] timestamps in all, and `--sync`).
+    #[serde(default)]
+    pub per_op: String,
+    /// Rank 0's own intervals' median, whatever `per_op` says. With two
+    /// ranks taking turns to finish first (as relayed all-reduces do), one
+    /// rank's intervals alternate short and long around the mean, and their
+    /// median says little.
+    #[serde(default)]
+    pub rank0_p50_us: f64,
     #[serde(rename = "algbw_GBps")]
     pub algbw_gbps: f64,
     #[serde(rename = "busbw_GBps")]
@@ -373,7 +388,8 @@ pub fn method_line(iters: usize, warmup: usize, sync: bool) -> String {
     } else {
         format!(
             "time: {iters} back-to-back all-reduces after {warmup} warm-up and one barrier: time = loop time / {iters}, \
-             p50/p99/max of per-operation times; algbw = size/time; busbw = algbw x 2(n-1)/n; every element checked"
+             p50/p99/max of per-operation times (an operation ends when the last rank has its result); algbw = size/time; \
+             busbw = algbw x 2(n-1)/n; every element checked"
         )
     }
 }
@@ -517,6 +533,36 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         return Err(format!("rank 0 reported {} of {expected} results", rows.len()));
     }
     Ok(Outcome { provider: p.provider, rows, lcore_stats })
+}
+
+/// Most completion timestamps (ranks x iterations) gathered to time
+/// operations by their last rank: 8 MiB of them.
+pub const GATHER_STAMPS: usize = 1 << 20;
+
+/// This host's monotonic clock in nanoseconds: the same clock in every
+/// process of the host (Instant's, which cannot be compared across processes).
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Per-operation times (seconds) of a back-to-back loop from every rank's
+/// timestamps (`parts[r]`: the loop's start, then each completion, as
+/// little-endian u64 nanoseconds): operation k took the last rank's
+/// completion of k minus the last rank's of k - 1 (of the start for k = 0).
+fn last_rank_times(parts: &[Vec<u8>], iters: usize) -> Result<Vec<f64>, String> {
+    let mut last = vec![0u64; iters + 1];
+    for (r, part) in parts.iter().enumerate() {
+        if part.len() != 8 * (iters + 1) {
+            return Err(format!("rank {r} sent {} bytes of timestamps, not {}", part.len(), 8 * (iters + 1)));
+        }
+        for (l, b) in last.iter_mut().zip(part.chunks_exact(8)) {
+            *l = (*l).max(u64::from_le_bytes(b.try_into().expect("8 bytes")));
+        }
+    }
+    Ok(last.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64 / 1e9).collect())
 }
 
 /// Order statistics of per-operation times (seconds), nearest-rank.
@@ -684,6 +730,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             }
             let iters = args.iters.max(1);
             let mut times = Vec::with_capacity(iters);
+            let mut stamps: Vec<u8> = Vec::with_capacity(8 * (iters + 1));
             let mean;
             if args.sync {
                 for _ in 0..iters {
@@ -699,15 +746,26 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 boot.barrier().map_err(|e| e.to_string())?;
                 let t0 = Instant::now();
                 let mut prev = t0;
+                stamps.extend_from_slice(&mono_ns().to_le_bytes());
                 for _ in 0..iters {
                     one(&mut recv[..bytes])?;
                     let now = Instant::now();
+                    stamps.extend_from_slice(&mono_ns().to_le_bytes());
                     times.push((now - prev).as_secs_f64());
                     prev = now;
                 }
                 mean = (prev - t0).as_secs_f64() / iters as f64;
             }
-            let stats = OpTimes::of(&mut times);
+            let rank0 = OpTimes::of(&mut times);
+            // Every rank takes the same branch (same arguments).
+            let gathered = !args.sync && n as usize * (iters + 1) <= GATHER_STAMPS;
+            let stats = match gathered {
+                true => {
+                    let parts = boot.allgather(&stamps).map_err(|e| e.to_string())?;
+                    OpTimes::of(&mut last_rank_times(&parts, iters)?)
+                }
+                false => OpTimes { ..rank0 },
+            };
             let t = if args.sync { stats.p50 } else { mean };
             let wrong = check(p.dtype, p.op, n, &recv[..bytes]);
             let total_wrong = boot.reduce_sum_u64(wrong).map_err(|e| e.to_string())?;
@@ -726,6 +784,8 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                     p50_us: stats.p50 * 1e6,
                     p99_us: stats.p99 * 1e6,
                     max_us: stats.max * 1e6,
+                    per_op: if gathered { "every rank" } else { "rank 0" }.into(),
+                    rank0_p50_us: rank0.p50 * 1e6,
                     algbw_gbps: algbw,
                     busbw_gbps: algbw * 2.0 * (n as f64 - 1.0) / n as f64,
                     wrong: total_wrong,
@@ -834,6 +894,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_operation_ends_with_its_last_rank() {
+        let stamps = |v: &[u64]| v.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>();
+        // Two ranks taking turns to finish first: each one's own intervals
+        // alternate 2 and 8 us, the operations themselves take 5 each.
+        let a = stamps(&[0, 2_000, 10_000, 12_000, 20_000]);
+        let b = stamps(&[1_000, 5_000, 7_000, 15_000, 17_000]);
+        let t = last_rank_times(&[a.clone(), b], 4).unwrap();
+        assert_eq!(t, [4e-6, 5e-6, 5e-6, 5e-6]);
+        assert!(last_rank_times(&[a, vec![0; 8]], 4).unwrap_err().contains("rank 1"));
     }
 
     #[test]

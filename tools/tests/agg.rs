@@ -57,12 +57,30 @@ struct Job {
     window: u32,
     /// (dtype, op, count) all-reduces, run in order by every rank.
     ops: Vec<(DataType, ReduceOp, usize)>,
+    /// Each rank's `relay` setting (two-rank jobs: see `ClientConfig::relay`).
+    relay: [bool; 2],
+    /// Reduce in place (the result overwrites the input).
+    in_place: bool,
+}
+
+impl Job {
+    fn new(job_id: u64, nranks: u32, chunk_bytes: usize, window: u32, ops: Vec<(DataType, ReduceOp, usize)>) -> Job {
+        Job { job_id, nranks, chunk_bytes, window, ops, relay: [true; 2], in_place: false }
+    }
 }
 
 /// Runs a job's ranks as threads against `addr`; checks every element.
 fn run_job(addr: &str, provider: &str, job: &Job, seed: u64) {
-    let inputs: Vec<Vec<Vec<u8>>> = job
-        .ops
+    let results = run_ranks(addr, provider, job, seed);
+    let errors: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(errors.is_empty(), "{provider}: {errors:?}");
+    let results: Vec<Vec<Vec<u8>>> = results.into_iter().map(Result::unwrap).collect();
+    check(provider, job, seed, &results);
+}
+
+/// Every rank's input of each of `job`'s all-reduces.
+fn inputs(job: &Job, seed: u64) -> Vec<Vec<Vec<u8>>> {
+    job.ops
         .iter()
         .enumerate()
         .map(|(k, &(dt, _, count))| {
@@ -74,8 +92,14 @@ fn run_job(addr: &str, provider: &str, job: &Job, seed: u64) {
                 })
                 .collect()
         })
-        .collect();
-    let inputs = Arc::new(inputs);
+        .collect()
+}
+
+/// Runs a job's ranks as threads against `addr`: each rank's results, or
+/// its first error.
+fn run_ranks(addr: &str, provider: &str, job: &Job, seed: u64) -> Vec<Result<Vec<Vec<u8>>, String>> {
+    let inputs = Arc::new(inputs(job, seed));
+    let in_place = job.in_place;
     let handles: Vec<_> = (0..job.nranks)
         .map(|rank| {
             let mut cfg = ClientConfig::new(vec![addr.to_string()], job.job_id, rank, job.nranks);
@@ -84,22 +108,34 @@ fn run_job(addr: &str, provider: &str, job: &Job, seed: u64) {
             cfg.window = job.window;
             cfg.timeout = Duration::from_secs(30);
             cfg.spin_polls = 64;
+            cfg.relay = job.relay[rank as usize % 2];
             let (inputs, ops) = (inputs.clone(), job.ops.clone());
-            std::thread::spawn(move || -> Vec<Vec<u8>> {
-                let mut c = Client::connect(cfg).expect("client");
+            std::thread::spawn(move || -> Result<Vec<Vec<u8>>, String> {
+                let mut c = Client::connect(cfg).map_err(|e| format!("rank {rank}: {e}"))?;
                 ops.iter()
                     .enumerate()
                     .map(|(k, &(dt, op, _))| {
                         let send = &inputs[k][rank as usize];
-                        let mut out = vec![0xA5u8; send.len()];
-                        c.allreduce(send, &mut out, dt, op).unwrap_or_else(|e| panic!("rank {rank} op {k} ({dt} {op}): {e}"));
-                        out
+                        let r = if in_place {
+                            let mut buf = send.clone();
+                            c.allreduce_in_place(&mut buf, dt, op).map(|()| buf)
+                        } else {
+                            let mut out = vec![0xA5u8; send.len()];
+                            c.allreduce(send, &mut out, dt, op).map(|()| out)
+                        };
+                        r.map_err(|e| format!("rank {rank} op {k} ({dt} {op}): {e}"))
                     })
                     .collect()
             })
         })
         .collect();
-    let results: Vec<Vec<Vec<u8>>> = handles.into_iter().map(|h| h.join().expect("rank thread")).collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+/// Compares every element of every rank's results with the scalar kernel
+/// applied to the inputs in rank order.
+fn check(provider: &str, job: &Job, seed: u64, results: &[Vec<Vec<u8>>]) {
+    let inputs = inputs(job, seed);
     let scalar = Kernels::scalar();
     for (k, &(dt, op, count)) in job.ops.iter().enumerate() {
         let ins: Vec<&[u8]> = inputs[k].iter().map(|v| v.as_slice()).collect();
@@ -108,7 +144,12 @@ fn run_job(addr: &str, provider: &str, job: &Job, seed: u64) {
         for (rank, res) in results.iter().enumerate() {
             if res[k] != want {
                 let i = res[k].iter().zip(&want).position(|(a, b)| a != b).unwrap() / dt.size();
-                panic!("{provider}: rank {rank} op {k} ({dt} {op}, {count} elements): element {i} differs");
+                panic!(
+                    "{provider}: rank {rank} op {k} ({dt} {op}, {count} elements, in place {}): element {i} differs: {:?} against {:?}",
+                    job.in_place,
+                    &res[k][i * dt.size()..][..dt.size()],
+                    &want[i * dt.size()..][..dt.size()]
+                );
             }
         }
     }
@@ -127,7 +168,7 @@ fn every_type_and_op(provider: &str) {
             // Sizes that are not multiples of anything, crossing chunk boundaries.
             .map(|(j, op)| (*dt, *op, [1, 7, 1000, 12_345, 65_537][(i + j) % 5]))
             .collect();
-        run_job(&addr, provider, &Job { job_id: 1 + i as u64, nranks: 3, chunk_bytes: 4000, window: 3, ops }, s);
+        run_job(&addr, provider, &Job::new(1 + i as u64, 3, 4000, 3, ops), s);
     }
     assert!(srv.stop().success());
 }
@@ -154,7 +195,80 @@ fn shm_rank_counts_2_to_8_large_and_odd_sizes() {
             (DataType::Float32, ReduceOp::Sum, (3 << 20) / 4 + 3),
             (DataType::Bfloat16, ReduceOp::Avg, 99_999),
         ];
-        run_job(&addr, "shm", &Job { job_id: 100 + i as u64, nranks: n, chunk_bytes: 64 << 10, window: 4, ops }, s);
+        run_job(&addr, "shm", &Job::new(100 + i as u64, n, 64 << 10, 4, ops), s);
     }
+    assert!(srv.stop().success());
+}
+
+/// Two-rank jobs relay pieces of at most 4 KiB (each rank gets the other's
+/// and reduces the two itself): every type and op, in place and not, pieces
+/// at the limit, just above it and far above it in one job, over shm with
+/// the server's sends by inject and by send (TALLY_INJECT=0), and over tcp.
+fn relay_jobs(provider: &str, env: &[(&str, &str)]) {
+    let srv = ServerProcess::start_with(
+        "127.0.0.1:0",
+        &["--lcores", "0-1", "--provider", provider, "--poll", "adaptive", "--slab-size", "64M"],
+        env,
+    );
+    let addr = srv.addr.clone();
+    let s = seed();
+    let mut id = 500;
+    for in_place in [false, true] {
+        for (i, dt) in DataType::ALL.iter().enumerate() {
+            // 4 KiB pieces: 1024 f32 is one piece at the limit, 12,345 f32
+            // several; 8-bit types' 4096 elements fill it exactly.
+            let ops =
+                ReduceOp::ALL.iter().enumerate().map(|(j, op)| (*dt, *op, [1, 7, 1000, 4096 / dt.size(), 12_345][(i + j) % 5])).collect();
+            id += 1;
+            run_job(&addr, provider, &Job { in_place, ..Job::new(id, 2, 4096, 3, ops) }, s);
+        }
+        // 64 KiB pieces: small all-reduces are relayed (one piece per lcore
+        // of at most 4 KiB), 4100-byte ones and large ones reduced by the server.
+        let ops = vec![
+            (DataType::Float32, ReduceOp::Sum, 1024),
+            (DataType::Float32, ReduceOp::Sum, 2048),
+            (DataType::Float32, ReduceOp::Sum, 4100),
+            (DataType::Float32, ReduceOp::Sum, 300_001),
+            (DataType::Bfloat16, ReduceOp::Avg, 2048),
+            (DataType::Bfloat16, ReduceOp::Avg, 99_999),
+        ];
+        id += 1;
+        run_job(&addr, provider, &Job { in_place, ..Job::new(id, 2, 64 << 10, 4, ops) }, s);
+    }
+    assert!(srv.log_contains("relay (pieces of at most 4096 bytes"), "the server never relayed");
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn shm_two_rank_jobs_relay_small_pieces() {
+    relay_jobs("shm", &[]);
+}
+
+#[test]
+fn shm_two_rank_jobs_relay_small_pieces_without_inject() {
+    relay_jobs("shm", &[("TALLY_INJECT", "0")]);
+}
+
+#[test]
+fn tcp_two_rank_jobs_relay_small_pieces() {
+    relay_jobs("tcp", &[]);
+}
+
+/// Ranks that disagree on relaying are refused, both of them, naming the
+/// flag; with relaying off on both, the job runs as before and is exact.
+#[test]
+fn ranks_that_disagree_on_relay_are_refused() {
+    let srv =
+        ServerProcess::start(&["--lcores", "0-1", "--provider", "shm", "--poll", "adaptive", "--slab-size", "64M", "--join-timeout", "3"]);
+    let addr = srv.addr.clone();
+    let s = seed();
+    let ops = vec![(DataType::Float32, ReduceOp::Sum, 1000)];
+    let job = Job { relay: [true, false], ..Job::new(900, 2, 4096, 2, ops.clone()) };
+    // The later of the two is refused at once, naming the flag; the first
+    // waits for the other rank until the server's join timeout.
+    let errors: Vec<String> = run_ranks(&addr, "shm", &job, s).into_iter().map(|r| r.expect_err("a rank of a mixed job ran")).collect();
+    assert!(errors.iter().any(|e| e.contains("flags") && e.contains("differs")), "{errors:?}");
+    run_job(&addr, "shm", &Job { relay: [false, false], ..Job::new(901, 2, 4096, 2, ops) }, s);
+    assert!(!srv.log_contains("relay (pieces"), "a job without the flag was relayed");
     assert!(srv.stop().success());
 }

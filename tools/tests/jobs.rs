@@ -32,7 +32,16 @@ fn raw_handshake(addr: &str, bytes: &[u8]) -> Reject {
 #[test]
 fn malformed_handshakes_are_refused_and_the_server_carries_on() {
     let srv = server(&[]);
-    let spec = JobSpec { job_id: 9, nranks: 2, dtype: DataType::Float32, op: ReduceOp::Sum, chunk_elems: 1024, window: 2, shards: 0 };
+    let spec = JobSpec {
+        job_id: 9,
+        nranks: 2,
+        dtype: DataType::Float32,
+        op: ReduceOp::Sum,
+        chunk_elems: 1024,
+        window: 2,
+        shards: 0,
+        relay: false,
+    };
     let good = Hello::new(&spec, 0, &[0; 32], b"name").unwrap();
     let r = raw_handshake(&srv.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!((r.code(), r.field()), (Some(RejectCode::BadField), "magic"), "{r}");

@@ -600,7 +600,12 @@ impl Client {
                 let len = op.chunk_bytes.min(op.bytes - off);
                 let index = op.index;
                 if f.recv_done {
-                    // The result is here; only the send's completion was missing.
+                    // The result is here; only the send's completion was
+                    // missing (relayed: the other rank's piece is, and this
+                    // rank's own is intact until reduced).
+                    if f.relayed {
+                        self.reduce_relayed(sub, st, f)?;
+                    }
                     let s = &mut self.subs[sub];
                     super::failover::land(s, &self.ops[pos], st, f.seq, f.chunk);
                     self.ops[pos].done += 1;
@@ -771,6 +776,8 @@ impl Client {
                 chunk_elems: chunk_elems as u32,
                 window: REDO_WINDOW,
                 shards: 1,
+                // Redo chunks are whole results, whatever their size.
+                relay: false,
             };
             let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes())
                 .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
@@ -1046,9 +1053,10 @@ impl Client {
                 chunk_elems: self.subs[sub].chunk_elems as u32,
                 window: self.cfg.window,
                 shards: self.cfg.shards,
+                relay: self.subs[sub].relay.is_some(),
             };
             let Some(mut hello) = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes()) else { continue };
-            hello.flags = Hello::REJOIN;
+            hello.flags |= Hello::REJOIN;
             let _ = conn.set_nodelay(true);
             super::keepalive(&conn);
             if conn.write_all(bytemuck::bytes_of(&hello)).is_ok() && conn.set_nonblocking(true).is_ok() {
@@ -1189,6 +1197,9 @@ impl Client {
                 s.flights.resize(s.streams.len() * window, Flight::default());
                 if let Some(stage) = s.stage.as_mut() {
                     stage.add(n, &mut self.ep)?;
+                }
+                if let Some(relay) = s.relay.as_mut() {
+                    relay.add(n, &mut self.ep)?;
                 }
                 s.fo.rejoins[i].phase = RejoinPhase::Question;
                 Ok(true)

@@ -113,7 +113,9 @@ pub fn budget(total: usize, largest_free: usize, align: usize) -> usize {
 /// fold ([`crate::reduce::Kernels::fold`]) gives the one pass's bytes, 16-bit
 /// floats by keeping `f32` partials (two strides: [`slot_strides`]).
 pub fn can_stage(spec: &JobSpec, stage: u32) -> bool {
-    stage > 0 && stage < spec.nranks
+    // A relay job's pieces are sent on from their own receive buffers,
+    // which staging shares between ranks (and two ranks gain nothing).
+    stage > 0 && stage < spec.nranks && !spec.relay
 }
 
 /// The piece and region of `spec` on lcores that each give a job at most
@@ -174,7 +176,7 @@ mod tests {
     use crate::reduce::{DataType, ReduceOp};
 
     fn spec(nranks: u32, window: u32, piece: usize, dtype: DataType) -> JobSpec {
-        JobSpec { job_id: 1, nranks, dtype, op: ReduceOp::Sum, chunk_elems: (piece / dtype.size()) as u32, window, shards: 1 }
+        JobSpec { job_id: 1, nranks, dtype, op: ReduceOp::Sum, chunk_elems: (piece / dtype.size()) as u32, window, shards: 1, relay: false }
     }
 
     const MIB: usize = 1 << 20;

@@ -538,7 +538,7 @@ impl ControlPlane {
             let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
         }
         log::info!(
-            "job {:#x}: {} ranks, {} {}, {} elements per piece{}, window {}, {} shards: starting (tag {tag:#06x})",
+            "job {:#x}: {} ranks, {} {}, {} elements per piece{}, window {}, {} shards{}: starting (tag {tag:#06x})",
             spec.job_id,
             spec.nranks,
             spec.dtype,
@@ -550,7 +550,12 @@ impl ControlPlane {
                 (false, _) => format!(" (asked {asked}: the region fits the job's slab budget)"),
             },
             spec.window,
-            spec.shards
+            spec.shards,
+            if spec.relay {
+                format!(", relay (pieces of at most {} bytes go on to the other rank)", wire::RELAY_MAX)
+            } else {
+                String::new()
+            }
         );
         self.active[index] = Some(Active {
             job_id: spec.job_id,
@@ -1137,6 +1142,8 @@ fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
         "chunk_elems"
     } else if a.window != b.window {
         "window"
+    } else if a.relay != b.relay {
+        "flags"
     } else {
         "shards"
     }

@@ -185,6 +185,9 @@ struct Slot {
     sends_left: u32,
     /// Staged: the next rank to fold into the accumulator.
     next: u32,
+    /// Relay: the first piece of this round waits for the other rank to be
+    /// heard from (see `Job::heard`) and goes on with the second.
+    deferred: bool,
     /// When the round's first piece arrived (for the latency histogram).
     first: Option<Instant>,
     /// When the round's results were posted, while some are not taken yet.
@@ -222,6 +225,15 @@ impl Job {
         }
         // SAFETY: as in piece_ptr; the accumulator is the slot's first strides.
         unsafe { self.region.add(slot * self.per_slot() * self.on.stride) }
+    }
+
+    /// What a send of `slot`'s round to `rank` carries: the result, or in a
+    /// relay job (small pieces) the other rank's piece.
+    fn send_ptr(&self, slot: usize, rank: usize, len: u32) -> *mut u8 {
+        match self.on.spec.relays(len as usize) {
+            true => self.piece_ptr(slot, 1 - rank),
+            false => self.result_ptr(slot),
+        }
     }
 
     /// Ranks whose receives a slot posts at the start of a round.
@@ -265,6 +277,12 @@ struct Job {
     gone: Vec<bool>,
     /// The first rank that said Bye while others still run the job.
     finished: Option<u32>,
+    /// Relay jobs: the ranks (bit r) this lcore has had a piece from. A
+    /// piece goes on to a rank only once it has: before that the rank's
+    /// side of the connection may not be set up, and a provider that then
+    /// connects from both ends at once loses messages (seen with shm and
+    /// tcp;ofi_rxm 1.17: a rank's sends refused forever, or a result lost).
+    heard: u8,
     /// When a draining job gives up waiting for its operations.
     drain_deadline: Option<std::time::Instant>,
 }
@@ -369,10 +387,10 @@ impl ShardWorker {
         let (slot, rank) = ((piece / n) as usize, (piece % n) as usize);
         let s = job.slots[slot];
         if is_send && s.len as usize <= self.ep.inject_size() {
-            let buf = job.result_ptr(slot);
+            let buf = job.send_ptr(slot, rank, s.len);
             let tag = Tag::new(job.on.tag, slot as u16, s.seq);
-            // SAFETY: piece 0 holds the reduced result; inject copies it
-            // before returning.
+            // SAFETY: the buffer holds the reduced result (or the relayed
+            // piece, received whole); inject copies it before returning.
             return match unsafe { self.ep.inject(buf, s.len as usize, job.peers[rank], tag.0) } {
                 Ok(()) => {
                     self.injected_bytes += s.len as u64;
@@ -387,11 +405,11 @@ impl ShardWorker {
             };
         }
         let r = if is_send {
-            let buf = job.result_ptr(slot);
+            let buf = job.send_ptr(slot, rank, s.len);
             let tag = Tag::new(job.on.tag, slot as u16, s.seq);
-            // SAFETY: the slot's result (piece 0, or the accumulator) is not
-            // written again until every send of this round completed (the
-            // receives are reposted only then).
+            // SAFETY: the slot's result (piece 0, or the accumulator) or the
+            // relayed piece is not written again until every send of this
+            // round completed (the receives are reposted only then).
             unsafe { self.ep.send(buf, s.len as usize, Some(self.mh), job.peers[rank], tag.0, context) }
         } else {
             let buf = job.piece_ptr(slot, rank);
@@ -498,6 +516,37 @@ impl ShardWorker {
             s.first = Some(Instant::now());
         }
         s.arrived += 1;
+        if job.on.spec.relays(c.len) {
+            // Relay (two ranks, a small piece): it goes on to the other rank
+            // now, which reduces the two itself. The round ends when both
+            // pieces went on.
+            let base = ji as u32 * self.per_job;
+            let to = 1 - rank as u32;
+            job.heard |= 1 << rank;
+            let mut sends = [None, None];
+            if s.arrived == 1 {
+                s.sends_left = 2;
+                s.sending_since = s.first;
+                // Deferred to the other piece's arrival if `to` was never heard from.
+                s.deferred = job.heard & (1 << to) == 0;
+                if !s.deferred {
+                    sends[0] = Some(to);
+                }
+            } else {
+                if let Some(first) = s.first.take() {
+                    self.metrics.job(self.lcore, ji).record_round(first.elapsed().as_nanos() as u64);
+                }
+                sends = [Some(to), s.deferred.then_some(rank as u32)];
+                s.deferred = false;
+            }
+            for dest in sends.into_iter().flatten() {
+                if let Err(e) = self.post(base + ((slot as u32 * n + dest) << 1 | 1)) {
+                    self.fail(ji, format!("relaying a piece: {e}"));
+                    return;
+                }
+            }
+            return;
+        }
         let (dtype, op, elems) = (job.on.spec.dtype, job.on.spec.op, c.len / dsize);
         let t0;
         if job.on.stage > 0 {
@@ -851,6 +900,7 @@ impl ShardWorker {
             words_per_slot,
             gone,
             finished: None,
+            heard: 0,
             drain_deadline: None,
         });
         for slot in 0..window {

@@ -23,14 +23,20 @@ impl ServerProcess {
     }
 
     /// As `start`, listening on `listen` (a restarted server takes its old port).
+    pub fn start_on(listen: &str, args: &[&str]) -> ServerProcess {
+        Self::start_with(listen, args, &[])
+    }
+
+    /// As `start_on`, with `env` set for the server process only.
     // The child moves into the ServerProcess, whose Drop kills and waits for
     // it; the lint does not follow it there.
     #[allow(clippy::zombie_processes)]
-    pub fn start_on(listen: &str, args: &[&str]) -> ServerProcess {
+    pub fn start_with(listen: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
             .arg("server")
             .args(["--listen", listen])
             .args(args)
+            .envs(env.iter().copied())
             .env("TALLY_LOG", std::env::var("TALLY_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
