@@ -121,7 +121,7 @@ pub struct ClientConfig {
     /// `.0` (its index in `servers`) of operations from index `.1` on are
     /// dropped as they arrive, as if lost in flight. None in real use.
     pub fault_drop_results: Option<(usize, u64)>,
-    /// A two-rank job asks the servers to relay its pieces of at most
+    /// A two-rank job on one server asks it to relay its pieces of at most
     /// [`wire::RELAY_MAX`] bytes (each rank gets the other's piece and
     /// reduces the two itself: one hop through the server for the last
     /// piece in, instead of a reduce and two sends in a row). Must be the
@@ -572,7 +572,10 @@ impl Client {
             chunk_elems: chunk_elems as u32,
             window: self.cfg.window,
             shards: self.cfg.shards,
-            relay: self.cfg.relay && self.cfg.nranks == 2,
+            // One server only: the relay is not combined with failover
+            // (see ARCHITECTURE "Small all-reduces"). Every rank has the
+            // same server list, so every rank decides alike.
+            relay: self.cfg.relay && self.cfg.nranks == 2 && self.cfg.servers.len() == 1,
         };
         let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes())
             .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;

@@ -566,6 +566,7 @@ fn last_rank_times(parts: &[Vec<u8>], iters: usize) -> Result<Vec<f64>, String> 
 }
 
 /// Order statistics of per-operation times (seconds), nearest-rank.
+#[derive(Clone, Copy)]
 struct OpTimes {
     p50: f64,
     p99: f64,
@@ -764,7 +765,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                     let parts = boot.allgather(&stamps).map_err(|e| e.to_string())?;
                     OpTimes::of(&mut last_rank_times(&parts, iters)?)
                 }
-                false => OpTimes { ..rank0 },
+                false => rank0,
             };
             let t = if args.sync { stats.p50 } else { mean };
             let wrong = check(p.dtype, p.op, n, &recv[..bytes]);

@@ -82,7 +82,7 @@ fn kill_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) 
     assert!(progress.load(Ordering::Relaxed) == ROUNDS);
     for s in [&servers[0], &servers[2]] {
         assert!(s.wait_log("job 0xf1: every rank finished", Duration::from_secs(5)), "{logs}");
-        assert_eq!(s.log_contains(", relay (pieces"), n == 2, "{logs}");
+        assert!(!s.log_contains(", relay (pieces"), "{logs}");
         if extra.contains(&"--stage-buffers") {
             // The job and the survivors' redo job, both staged.
             let staged = s.log.lock().unwrap().iter().filter(|l| l.contains("elements per piece (received")).count();
@@ -107,10 +107,9 @@ fn sigkill_one_of_three_servers_under_a_staged_job_tcp() {
 }
 
 #[test]
-fn sigkill_one_of_three_servers_under_a_two_rank_relay_job_tcp() {
-    // Two ranks: the 4 and 12 KiB rounds go in 4 KiB pieces, relayed (each
-    // rank reduces the other's piece with its own, into the staging slot
-    // that the recovery reads); the larger ones are reduced by the servers.
+fn sigkill_one_of_three_servers_under_a_two_rank_job_tcp() {
+    // Two ranks: a job on several servers is not relayed (the relay is
+    // for one server; see ARCHITECTURE "Small all-reduces").
     kill_one_of_three_with("tcp", Shape::default(), 2, &[]);
 }
 

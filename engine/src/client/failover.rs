@@ -600,12 +600,8 @@ impl Client {
                 let len = op.chunk_bytes.min(op.bytes - off);
                 let index = op.index;
                 if f.recv_done {
-                    // The result is here; only the send's completion was
-                    // missing (relayed: the other rank's piece is, and this
-                    // rank's own is intact until reduced).
-                    if f.relayed {
-                        self.reduce_relayed(sub, st, f)?;
-                    }
+                    // The result is here; only the send's completion was missing.
+                    // (Never a relayed piece: relay jobs have one server.)
                     let s = &mut self.subs[sub];
                     super::failover::land(s, &self.ops[pos], st, f.seq, f.chunk);
                     self.ops[pos].done += 1;
@@ -1197,9 +1193,6 @@ impl Client {
                 s.flights.resize(s.streams.len() * window, Flight::default());
                 if let Some(stage) = s.stage.as_mut() {
                     stage.add(n, &mut self.ep)?;
-                }
-                if let Some(relay) = s.relay.as_mut() {
-                    relay.add(n, &mut self.ep)?;
                 }
                 s.fo.rejoins[i].phase = RejoinPhase::Question;
                 Ok(true)
