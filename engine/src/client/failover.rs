@@ -482,10 +482,14 @@ impl Client {
         msg.extend_from_slice(bytemuck::bytes_of(&wire::Lost::new(s.fo.dead, boundary, 8 * s.streams.len() as u32)));
         for (st, stream) in s.streams.iter().enumerate() {
             let mut mask = 0u32;
-            for i in 0..window {
+            let posted = stream.next_seq.wrapping_sub(stream.head_seq) as usize;
+            for i in 0..window.min(posted) {
                 let seq = stream.head_seq.wrapping_add(i as u32);
                 let f = &s.flights[st * window + (stream.head_slot as usize + i) % window];
-                if f.op != 0 && f.seq == seq && f.recv_done {
+                // Held: its result came in, or the flight completed already
+                // (its slot is cleared, but the head waits for an older one
+                // still in flight): its result is staged like any other.
+                if f.op == 0 || (f.seq == seq && f.recv_done) {
                     mask |= 1 << i;
                 }
             }
