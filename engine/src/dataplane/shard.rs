@@ -936,9 +936,14 @@ impl ShardWorker {
                     // Every round the rank took part in was complete before
                     // it could say Bye, so a round begun but not complete is
                     // one it will never join. (Later ones fail at their
-                    // first piece.)
+                    // first piece.) Not so in a relay job: a rank is done
+                    // once the other's piece came back and its own send
+                    // completed, which may be before this lcore took that
+                    // piece in; there a round begun is left to finish (or
+                    // to the op timeout).
                     let n = job.on.spec.nranks;
-                    if job.state == State::Running && job.slots.iter().any(|s| s.arrived > 0 && s.arrived < n) {
+                    let partial = job.slots.iter().any(|s| s.arrived > 0 && s.arrived < n);
+                    if job.state == State::Running && partial && !job.on.spec.relay {
                         self.fail(ji, finished_message(rank));
                     }
                 }
