@@ -64,6 +64,11 @@
 #            (8) rounds of a 4 KiB ping-pong round trip (cores 2,8), then per
 #            setting 2 ranks 4 KiB (10,000 back-to-back) and 1 MiB (300), shm,
 #            busy, server lcore 2: mean, p50 (last rank), rank 0's own p50.
+#   split    small all-reduces split by rank over lcores (TALLY_SPLIT=1)
+#            against whole on one lcore per operation (=0), alternated, beside
+#            the ring: SP_ROUNDS (4) rounds of SP_CASES ("4:2-3 8:2-3 8:2-5",
+#            ranks:server lcores), 4 KiB, SP_ITERS (10000) back-to-back, shm,
+#            busy: mean, p50, p99, agg/ring.
 #   demo     `tally demo` as a user runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -570,6 +575,34 @@ try:
 except Exception as e:
     print(f"{sys.argv[3]:>5} {sys.argv[4]:>6} failed: {e}")
 PY
+        done
+    done
+fi
+
+if has split; then
+    say ""
+    say "## split small all-reduces (TALLY_SPLIT=1) against whole ones on one lcore per operation (=0), alternated; shm, busy, ranks on 8-15"
+    say "## 4 KiB, ${SP_ITERS:-10000} back-to-back; the ring in the same round; ratio = agg mean / ring mean"
+    say "$(printf '%5s %6s %7s %6s | %9s %9s %9s %7s %6s' round ranks lcores split 'mean us' 'p50 us' 'p99 us' ratio wrong)"
+    for round in $(seq "${SP_ROUNDS:-4}"); do
+        for nl in ${SP_CASES:-4:2-3 8:2-3 8:2-5}; do
+            n=${nl%%:*}; lc=${nl#*:}
+            timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
+                --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode ring --json >"$OUT/split-$round-$n-ring.json" 2>>"$OUT/split.err"
+            for sp in 1 0; do
+                TALLY_SPLIT=$sp timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+                    --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode agg --json >"$OUT/split-$round-$n-$lc-$sp.json" 2>>"$OUT/split.err"
+                python3 - "$OUT/split-$round-$n-$lc-$sp.json" "$OUT/split-$round-$n-ring.json" "$round" "$n" "$lc" "$sp" <<'PY' | tee -a "$S"
+import json, sys
+try:
+    a = json.load(open(sys.argv[1]))["results"][0]
+    g = json.load(open(sys.argv[2]))["results"][0]
+    print(f"{sys.argv[3]:>5} {sys.argv[4]:>6} {sys.argv[5]:>7} {sys.argv[6]:>6} | {a['time_us']:>9.2f} {a['p50_us']:>9.2f} {a['p99_us']:>9.2f} "
+          f"{a['time_us'] / g['time_us']:>7.2f} {a['wrong']:>6}")
+except Exception as e:
+    print(f"{sys.argv[3]:>5} {sys.argv[4]:>6} {sys.argv[5]:>7} {sys.argv[6]:>6} failed: {e}")
+PY
+            done
         done
     done
 fi

@@ -32,6 +32,7 @@ const SPEC: JobSpec = JobSpec {
     window: 4,
     shards: 2,
     relay: false,
+    split: false,
 };
 /// What the server accepts (its defaults' order of magnitude).
 const LIMITS: Limits = Limits { max_ranks: 1024, max_window: 64, max_chunk_bytes: 4 << 20, lcores: 4 };

@@ -128,6 +128,14 @@ pub struct ClientConfig {
     /// same on both ranks. Default on; TALLY_RELAY=0 turns it off (needed
     /// to join servers older than the relay, which refuse the flag).
     pub relay: bool,
+    /// A job of 4 to 64 ranks on one server asks it to split its pieces of
+    /// at most [`wire::SPLIT_MAX`] bytes by rank over its lcores (see
+    /// `wire`'s module doc): each rank sends to its group's lcore, so no
+    /// lcore copies every rank's piece in and the result out to every rank.
+    /// Must be the same on every rank. Default on; TALLY_SPLIT=0 turns it
+    /// off (needed to join servers older than the split, which refuse the
+    /// flag).
+    pub split: bool,
 }
 
 impl ClientConfig {
@@ -154,6 +162,7 @@ impl ClientConfig {
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
             fault_drop_results: None,
             relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
+            split: std::env::var("TALLY_SPLIT").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -214,6 +223,10 @@ struct Stream {
     /// One of its server's latency lcores: it carries only the sub-job's
     /// small operations (`SubJob::latency_max`).
     latency: bool,
+    /// The split stream (`SubJob::split`): to this rank's group's lcore, in
+    /// slots `window..2 x window` of the job's tags (`slot_base`).
+    split: bool,
+    slot_base: u16,
     /// The operations it carries: from `born` (0, or the switch of the
     /// rejoin that added it) to before `died` (the switch of the recovery
     /// from losing it). All ranks agree on both.
@@ -239,6 +252,8 @@ impl Stream {
         Stream {
             lost: false,
             latency: false,
+            split: false,
+            slot_base: 0,
             born: 0,
             died: u64::MAX,
             addr,
@@ -330,6 +345,10 @@ struct SubJob {
     /// other rank's small pieces land here and are reduced with this
     /// rank's into the result's place (None: not a relay job).
     relay: Option<Stage>,
+    /// A split job (see [`ClientConfig::split`]): its split stream, which
+    /// carries every operation of at most `split_max` bytes (None: not split).
+    split: Option<usize>,
+    split_max: usize,
     /// Failover state: lost servers, the recovery round in progress.
     fo: Fo,
 }
@@ -363,12 +382,19 @@ impl SubJob {
         // the operations before the loss), so sets are told apart by their
         // streams, not by their servers.
         sc.set.clear();
-        for (st, s) in self.streams.iter().enumerate() {
-            if sc.member[s.server] && s.born <= index && index < s.died {
-                sc.set.push(st);
+        match self.split {
+            // A split job's small operations go to its split stream only
+            // (one server: no member changes to follow).
+            Some(st) if bytes <= self.split_max => sc.set.push(st),
+            _ => {
+                for (st, s) in self.streams.iter().enumerate() {
+                    if sc.member[s.server] && s.born <= index && index < s.died && !s.split {
+                        sc.set.push(st);
+                    }
+                }
             }
         }
-        if self.latency_max > 0 {
+        if self.latency_max > 0 && sc.set.iter().all(|&st| !self.streams[st].split) {
             // Per server: the lcores of the operation's class, or all of its
             // lcores where it has none of that class.
             let small = bytes <= self.latency_max;
@@ -576,6 +602,10 @@ impl Client {
             // (see ARCHITECTURE "Small all-reduces"). Every rank has the
             // same server list, so every rank decides alike.
             relay: self.cfg.relay && self.cfg.nranks == 2 && self.cfg.servers.len() == 1,
+            // The same for the split, which needs two ranks per lcore.
+            split: self.cfg.split
+                && self.cfg.servers.len() == 1
+                && (wire::SPLIT_MIN_RANKS..=wire::SPLIT_MAX_RANKS).contains(&self.cfg.nranks),
         };
         let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes())
             .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
@@ -597,6 +627,8 @@ impl Client {
         }
         let mut streams = Vec::new();
         let mut latency_max = 0usize;
+        // The lcores a split job's small operations may go to (one server).
+        let mut small_lcores = 0u32;
         let mut leave = vec![Leave::Serving; controls.len()];
         let mut refused_draining = None;
         let mut controls: Vec<Option<TcpStream>> = controls.into_iter().map(Some).collect();
@@ -629,6 +661,7 @@ impl Client {
                 latency_max = if latency_max == 0 { max } else { latency_max.min(max) };
             }
             let latency_lcores = g.latency.map_or(0, |(l, _)| l);
+            small_lcores = if latency_lcores > 0 { latency_lcores } else { g.names.len() } as u32;
             for (k, n) in g.names.iter().enumerate() {
                 let addr = self.ep.insert_peer(n).map_err(|e| ClientError::Fabric(e.to_string()))?;
                 streams.push(Stream { latency: k < latency_lcores, ..Stream::new(addr, si, g.tag) });
@@ -638,6 +671,17 @@ impl Client {
         if streams.is_empty() {
             return Err(refused_draining.unwrap_or_else(|| ClientError::Config("no server accepted the job".into())));
         }
+        // A split job: the stream to this rank's group's lcore, which the
+        // server (from the same Accept) serves in slots window..2 x window.
+        let groups = wire::split_lcores(self.cfg.nranks, small_lcores);
+        let (split, split_max) = if spec.split && groups >= 2 {
+            let p = wire::split_position(self.cfg.rank, self.cfg.nranks, groups) as usize;
+            let base = Stream::new(streams[p].addr, streams[p].server, streams[p].job_tag);
+            streams.push(Stream { split: true, slot_base: self.cfg.window as u16, ..base });
+            (Some(streams.len() - 1), wire::SPLIT_MAX.min(chunk_elems * dtype.size()))
+        } else {
+            (None, 0)
+        };
         if streams.len() as u32 * self.cfg.window * 2 + failover::REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 > self.per_sub {
             return Err(ClientError::Config(format!(
                 "{} streams x window {} exceeds this client's context table",
@@ -683,6 +727,8 @@ impl Client {
             pacing,
             stage,
             relay,
+            split,
+            split_max,
             fo: Fo::default(),
         });
         Ok(self.subs.len() - 1)
@@ -1090,7 +1136,7 @@ impl Client {
         let (chunk, seq) = (f.chunk, f.seq);
         let off = chunk * op.chunk_bytes;
         let len = op.chunk_bytes.min(op.bytes - off);
-        let tag = Tag::new(stream.job_tag, slot as u16, seq).0;
+        let tag = Tag::new(stream.job_tag, stream.slot_base + slot as u16, seq).0;
         if is_send && len <= self.ep.inject_size() && self.cfg.send_credits == 0 {
             // Small pieces go by inject: no send completion to wait for.
             // (Not with pacing, whose credits are returned by completions.)

@@ -39,6 +39,18 @@
 //! server instead of a reduce and two sends in a row. Every rank of the job
 //! must agree (the flag is part of the job's spec).
 //!
+//! Split (jobs of [`SPLIT_MIN_RANKS`] to [`SPLIT_MAX_RANKS`] ranks, small
+//! pieces): ranks that set [`Hello::SPLIT`] send each piece of at most
+//! [`SPLIT_MAX`] bytes not to one lcore for all ranks but to the lcore of
+//! their rank's group ([`split_lcores`], [`split_position`]): the ranks are
+//! cut into contiguous groups, one per lcore of those that take small
+//! operations. Those pieces use slots `window..2 x window` of the job's tag
+//! space (a stream of their own, whose sequence every rank advances alike).
+//! Each lcore takes in its group's pieces; the last lcore to complete its
+//! group reduces all of them in rank order (the same bits) and each lcore
+//! sends the result to its own group. One lcore's copies in and out of a
+//! small all-reduce are then its group's, not every rank's.
+//!
 //! Every message is a fixed-size `#[repr(C)]` plain-old-data struct whose
 //! size is pinned by a compile-time assertion, and starts with the same
 //! [`Header`]. Integers are little-endian (every supported target is).
@@ -70,6 +82,33 @@ pub const MAX_WINDOW: u32 = 1 << 15;
 /// are relayed: shm's inject size, at or below which a piece costs the
 /// server one copy to send on.
 pub const RELAY_MAX: usize = 4096;
+/// Pieces of a split job (see the module doc) of at most this many bytes are
+/// split by rank over lcores.
+pub const SPLIT_MAX: usize = 4096;
+/// Split jobs have at least this many ranks (two lcores of two ranks each)
+/// and at most [`SPLIT_MAX_RANKS`] (the combining lcore reads every rank's
+/// piece at once).
+pub const SPLIT_MIN_RANKS: u32 = 4;
+pub const SPLIT_MAX_RANKS: u32 = 64;
+
+/// How many lcores a split job's small pieces go to, of `lcores` that take
+/// its small operations: at least two ranks each. Below 2 the job is not
+/// split. The client and the server compute it from the same Accept.
+pub fn split_lcores(nranks: u32, lcores: u32) -> u32 {
+    lcores.min(nranks / 2)
+}
+
+/// Which of the `groups` lcores rank `rank`'s small pieces go to: ranks in
+/// contiguous blocks, so that lcore p serves [`split_ranks`]`(p, ..)`.
+pub fn split_position(rank: u32, nranks: u32, groups: u32) -> u32 {
+    (rank as u64 * groups as u64 / nranks as u64) as u32
+}
+
+/// The ranks lcore position `p` of `groups` serves in a split job.
+pub fn split_ranks(p: u32, nranks: u32, groups: u32) -> core::ops::Range<u32> {
+    let first = |p: u32| (p as u64 * nranks as u64).div_ceil(groups as u64) as u32;
+    first(p)..first(p + 1)
+}
 
 #[repr(u16)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -605,6 +644,8 @@ pub struct JobSpec {
     /// Two ranks that reduce pieces of at most [`RELAY_MAX`] bytes
     /// themselves: the server relays each to the other rank.
     pub relay: bool,
+    /// Small pieces are split by rank over the lcores (see the module doc).
+    pub split: bool,
 }
 
 impl JobSpec {
@@ -616,6 +657,11 @@ impl JobSpec {
     /// Whether a piece of `len` bytes of this job is relayed (see the module doc).
     pub fn relays(&self, len: usize) -> bool {
         self.relay && len <= RELAY_MAX
+    }
+
+    /// Whether a piece of `len` bytes of this job is split by rank (see the module doc).
+    pub fn splits(&self, len: usize) -> bool {
+        self.split && len <= SPLIT_MAX
     }
 }
 
@@ -660,6 +706,9 @@ impl Hello {
         if spec.relay {
             h.flags |= Hello::RELAY;
         }
+        if spec.split {
+            h.flags |= Hello::SPLIT;
+        }
         h.name_len = name.len() as u16;
         h.name[..name.len()].copy_from_slice(name);
         Some(h)
@@ -670,6 +719,9 @@ impl Hello {
     /// The job's ranks take small pieces relayed, and reduce them themselves
     /// (two-rank jobs only; see the module doc).
     pub const RELAY: u8 = 2;
+    /// The job's small pieces are split by rank over lcores
+    /// ([`SPLIT_MIN_RANKS`] to [`SPLIT_MAX_RANKS`] ranks; see the module doc).
+    pub const SPLIT: u8 = 4;
 
     pub fn rejoin(&self) -> bool {
         self.flags & Hello::REJOIN != 0
@@ -713,12 +765,16 @@ impl Hello {
         if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
             return bad("name_len", "endpoint name empty or too long");
         }
-        if self.flags & !(Hello::REJOIN | Hello::RELAY) != 0 {
+        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT) != 0 {
             return bad("flags", "unknown flag bits");
         }
         let relay = self.flags & Hello::RELAY != 0;
         if relay && self.nranks != 2 {
             return bad("flags", "relay is for two-rank jobs only");
+        }
+        let split = self.flags & Hello::SPLIT != 0;
+        if split && !(SPLIT_MIN_RANKS..=SPLIT_MAX_RANKS).contains(&self.nranks) {
+            return bad("flags", "split is for jobs of 4 to 64 ranks");
         }
         if self._pad0 != 0 || self._pad1 != [0; 6] {
             return bad("padding", "reserved bytes must be zero");
@@ -733,6 +789,7 @@ impl Hello {
             window: self.window,
             shards,
             relay,
+            split,
         })
     }
 
@@ -834,7 +891,17 @@ mod tests {
     use super::*;
 
     fn spec() -> JobSpec {
-        JobSpec { job_id: 7, nranks: 4, dtype: DataType::Float32, op: ReduceOp::Sum, chunk_elems: 1024, window: 4, shards: 2, relay: false }
+        JobSpec {
+            job_id: 7,
+            nranks: 4,
+            dtype: DataType::Float32,
+            op: ReduceOp::Sum,
+            chunk_elems: 1024,
+            window: 4,
+            shards: 2,
+            relay: false,
+            split: false,
+        }
     }
     const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };
 
@@ -869,7 +936,7 @@ mod tests {
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
             ("padding", |h| h._pad1[3] = 1),
-            ("flags", |h| h.flags = 4),
+            ("flags", |h| h.flags = 8),
             // Relay with four ranks.
             ("flags", |h| h.flags = Hello::RELAY),
         ];
@@ -880,13 +947,48 @@ mod tests {
         }
     }
 
+    /// A Hello of `s` carries exactly `flag` and reads back as `s`.
+    fn round_trips_with_flag(s: JobSpec, flag: u8) {
+        let h = Hello::new(&s, s.nranks - 1, &[0; 32], b"x").unwrap();
+        assert_eq!(h.flags, flag);
+        assert_eq!(h.check(&LIMITS).unwrap(), s);
+    }
+
     #[test]
     fn a_two_rank_relay_job_round_trips() {
         let s = JobSpec { nranks: 2, relay: true, ..spec() };
-        let h = Hello::new(&s, 1, &[0; 32], b"x").unwrap();
-        assert_eq!(h.flags, Hello::RELAY);
-        assert_eq!(h.check(&LIMITS).unwrap(), s);
+        round_trips_with_flag(s, Hello::RELAY);
         assert!(s.relays(RELAY_MAX) && !s.relays(RELAY_MAX + 1) && !spec().relays(64));
+    }
+
+    #[test]
+    fn a_split_job_round_trips_and_groups_ranks_in_blocks() {
+        let s = JobSpec { nranks: 5, split: true, ..spec() };
+        round_trips_with_flag(s, Hello::SPLIT);
+        assert!(s.splits(SPLIT_MAX) && !s.splits(SPLIT_MAX + 1) && !spec().splits(64));
+        for nranks in [3, 5, 8] {
+            let mut h = Hello::new(&JobSpec { nranks, ..s }, 0, &[0; 32], b"x").unwrap();
+            assert_eq!(h.check(&LIMITS).is_ok(), nranks >= SPLIT_MIN_RANKS, "{nranks}");
+            h.nranks = 65;
+            assert!(h.check(&Limits { max_ranks: 1024, ..LIMITS }).is_err());
+        }
+        // At least two ranks an lcore, at most the lcores there are.
+        assert_eq!((split_lcores(4, 4), split_lcores(5, 4), split_lcores(8, 2), split_lcores(64, 3), split_lcores(4, 1)), (2, 2, 2, 3, 1));
+        // Every rank in exactly one group, groups contiguous, and a rank's
+        // position names the group that holds it.
+        for nranks in SPLIT_MIN_RANKS..=SPLIT_MAX_RANKS {
+            for lcores in 2..=8 {
+                let g = split_lcores(nranks, lcores);
+                let mut next = 0;
+                for p in 0..g {
+                    let r = split_ranks(p, nranks, g);
+                    assert!(r.start == next && r.len() >= 2, "{nranks} ranks, {g} groups: {r:?}");
+                    next = r.end;
+                    assert!(r.clone().all(|rank| split_position(rank, nranks, g) == p));
+                }
+                assert_eq!(next, nranks);
+            }
+        }
     }
 
     #[test]

@@ -110,6 +110,7 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         window: 1 + rng.below(16) as u32,
         shards: rng.below(5) as u32,
         relay: nranks == 2 && rng.below(2) == 1,
+        split: (4..=64).contains(&nranks) && rng.below(2) == 1,
     };
     let name = rng.some_bytes(1, NAME_BYTES as u64);
     let h = Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");
@@ -151,9 +152,11 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(h.shards == spec.shards || (h.shards == 0 && spec.shards == limits.lcores), "{}", ctx());
     assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
-    assert_eq!((h._pad0, h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY)), (0, [0; 6], 0), "{}", ctx());
+    assert_eq!((h._pad0, h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT)), (0, [0; 6], 0), "{}", ctx());
     assert_eq!(spec.relay, h.flags & Hello::RELAY != 0, "{}", ctx());
     assert!(!spec.relay || spec.nranks == 2, "{}", ctx());
+    assert_eq!(spec.split, h.flags & Hello::SPLIT != 0, "{}", ctx());
+    assert!(!spec.split || (4..=64).contains(&spec.nranks), "{}", ctx());
     assert_eq!((spec.job_id, spec.nranks, spec.chunk_elems, spec.window), (h.job_id, h.nranks, h.chunk_elems, h.window));
     true
 }

@@ -73,6 +73,76 @@ fn a_straggler_fails_its_job_after_the_op_timeout_naming_the_rank() {
     join_all(sum_job(PROVIDER, &addr, 0x5742_0002, 2, 50_000, 3));
 }
 
+/// A split job (4 ranks over 2 lcores, small all-reduces split by rank):
+/// first rank 3 is silent, so lcore 1's group is incomplete and lcore 1
+/// names it; then ranks 2 and 3 both are, so lcore 1 sees nothing and
+/// lcore 0, whose group is complete, gives up waiting for the other group.
+/// Either way every sending rank gets an error within bounds, and a new
+/// split job afterwards is exact.
+#[test]
+fn a_straggler_of_a_split_job_fails_it_from_either_lcore() {
+    let srv = server(&["--op-timeout", "2"]);
+    let addr = srv.addr.clone();
+    for (k, silent) in [vec![3u32], vec![2, 3]].into_iter().enumerate() {
+        let job = 0x5742_0020 + k as u64;
+        let hs: Vec<_> = (0..4u32)
+            .map(|rank| {
+                let cfg = client(PROVIDER, &addr, job, rank, 4);
+                let quiet = silent.contains(&rank);
+                std::thread::spawn(move || -> Result<Option<(String, Duration)>, String> {
+                    let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                    c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                    if quiet {
+                        std::thread::sleep(Duration::from_secs(5));
+                        return Ok(None);
+                    }
+                    let mut buf = vec![0u8; 4096];
+                    let t = Instant::now();
+                    match c.allreduce_in_place(&mut buf, DataType::Float32, ReduceOp::Sum) {
+                        Ok(()) => Err(format!("rank {rank}: an all-reduce without the silent ranks completed")),
+                        Err(e) => Ok(Some((e.to_string(), t.elapsed()))),
+                    }
+                })
+            })
+            .collect();
+        for (rank, h) in hs.into_iter().enumerate() {
+            let Some((e, took)) = h.join().expect("rank thread").unwrap() else { continue };
+            eprintln!("silent {silent:?}: rank {rank} after {took:.2?}: {e}");
+            assert!(e.contains("straggler"), "rank {rank}: {e}");
+            assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(15), "rank {rank}: error after {took:?}");
+        }
+        let said = match k {
+            0 => "straggler: rank 3 sent nothing for slot".to_string(),
+            _ => "the other lcores' groups of ranks did not all send".to_string(),
+        };
+        assert!(srv.wait_log(&said, Duration::from_secs(5)), "the server did not log: {said}");
+        assert!(srv.wait_log(&format!("job {job:#x} ended"), Duration::from_secs(10)), "the failed job was not freed");
+    }
+    assert!(srv.log_contains("split (pieces of at most 4096 bytes by rank over 2 lcores)"));
+    let ok: Vec<_> = (0..4u32)
+        .map(|rank| {
+            let cfg = client(PROVIDER, &addr, 0x5742_0029, rank, 4);
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                for round in 0..50u32 {
+                    let mut buf: Vec<f32> = (0..1000).map(|i| (rank * 1000 + i + round) as f32).collect();
+                    c.allreduce_in_place(bytemuck::cast_slice_mut(&mut buf), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| e.to_string())?;
+                    for (i, v) in buf.iter().enumerate() {
+                        let want = (0..4).map(|r| (r * 1000 + i as u32 + round) as f32).sum::<f32>();
+                        if *v != want {
+                            return Err(format!("rank {rank} round {round}: element {i} is {v}, not {want}"));
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    join_all(ok);
+    assert!(srv.stop().success());
+}
+
 #[test]
 fn a_rank_that_finishes_early_fails_the_next_all_reduce_at_once_naming_it() {
     // A 30 s op timeout: the error must come from the Bye, long before.

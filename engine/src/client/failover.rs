@@ -481,18 +481,7 @@ impl Client {
         let mut msg = Vec::with_capacity(32 + 8 * s.streams.len());
         msg.extend_from_slice(bytemuck::bytes_of(&wire::Lost::new(s.fo.dead, boundary, 8 * s.streams.len() as u32)));
         for (st, stream) in s.streams.iter().enumerate() {
-            let mut mask = 0u32;
-            let posted = stream.next_seq.wrapping_sub(stream.head_seq) as usize;
-            for i in 0..window.min(posted) {
-                let seq = stream.head_seq.wrapping_add(i as u32);
-                let f = &s.flights[st * window + (stream.head_slot as usize + i) % window];
-                // Held: its result came in, or the flight completed already
-                // (its slot is cleared, but the head waits for an older one
-                // still in flight): its result is staged like any other.
-                if f.op == 0 || (f.seq == seq && f.recv_done) {
-                    mask |= 1 << i;
-                }
-            }
+            let mask = held_mask(stream, &s.flights[st * window..(st + 1) * window]);
             msg.extend_from_slice(&stream.head_seq.to_le_bytes());
             msg.extend_from_slice(&mask.to_le_bytes());
         }
@@ -778,6 +767,7 @@ impl Client {
                 shards: 1,
                 // Redo chunks are whole results, whatever their size.
                 relay: false,
+                split: false,
             };
             let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes())
                 .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
@@ -1054,6 +1044,7 @@ impl Client {
                 window: self.cfg.window,
                 shards: self.cfg.shards,
                 relay: self.subs[sub].relay.is_some(),
+                split: self.subs[sub].split.is_some(),
             };
             let Some(mut hello) = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes()) else { continue };
             hello.flags |= Hello::REJOIN;
@@ -1268,9 +1259,30 @@ impl Client {
     }
 }
 
+/// A stream's report mask: bit i is set when this rank holds the result of
+/// sequence `head_seq + i` (`flights` are the stream's window of slots).
+/// Held: its result came in, or the flight completed already: its slot is
+/// cleared while the head still waits for an older flight in flight (results
+/// can complete out of order, e.g. a relayed small piece beside a large one),
+/// and its result is staged like any other.
+fn held_mask(stream: &Stream, flights: &[Flight]) -> u32 {
+    let window = flights.len();
+    let posted = stream.next_seq.wrapping_sub(stream.head_seq) as usize;
+    let mut mask = 0u32;
+    for i in 0..window.min(posted) {
+        let seq = stream.head_seq.wrapping_add(i as u32);
+        let f = &flights[(stream.head_slot as usize + i) % window];
+        if f.op == 0 || (f.seq == seq && f.recv_done) {
+            mask |= 1 << i;
+        }
+    }
+    mask
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{identity, seq_ge};
+    use super::{held_mask, identity, seq_ge};
+    use crate::client::{Flight, Stream};
     use crate::reduce::DataType;
 
     #[test]
@@ -1283,6 +1295,32 @@ mod tests {
             assert_eq!((x + v).to_bits(), v.to_bits());
             assert_eq!((v + x).to_bits(), v.to_bits());
         }
+    }
+
+    /// Window 4, head at sequence 10 in slot 2; 10, 11 and 12 posted. 11
+    /// completed before 10 (its slot is cleared, the head still waits on
+    /// 10), 12's result came in but its send did not complete, 10 waits
+    /// for its result: this rank holds 11 and 12 (bits 1 and 2), not 10.
+    /// Before 9be490d the cleared slot of 11 was reported as not held.
+    #[test]
+    fn a_flight_completed_out_of_order_counts_as_held() {
+        let mut stream = Stream::new(0, 0, 1);
+        (stream.head_seq, stream.head_slot, stream.next_seq, stream.next_slot) = (10, 2, 13, 1);
+        let mut flights = [Flight::default(); 4];
+        flights[2] = Flight { op: 7, seq: 10, send_done: true, ..Flight::default() };
+        flights[0] = Flight { op: 8, seq: 12, recv_done: true, ..Flight::default() };
+        assert_eq!(held_mask(&stream, &flights), 0b110);
+        // A result still missing is not held; nothing past next_seq is.
+        flights[0].recv_done = false;
+        assert_eq!(held_mask(&stream, &flights), 0b010);
+        // A stale flight (an older sequence in the slot) is not this one.
+        flights[0] = Flight { op: 8, seq: 8, recv_done: true, ..Flight::default() };
+        assert_eq!(held_mask(&stream, &flights), 0b010);
+        // Sequences wrap at 2^32, not at a multiple of the window.
+        (stream.head_seq, stream.next_seq) = (u32::MAX, 2);
+        flights[2].seq = u32::MAX;
+        flights[0] = Flight { op: 8, seq: 1, recv_done: true, ..Flight::default() };
+        assert_eq!(held_mask(&stream, &flights), 0b110);
     }
 
     #[test]

@@ -176,7 +176,17 @@ mod tests {
     use crate::reduce::{DataType, ReduceOp};
 
     fn spec(nranks: u32, window: u32, piece: usize, dtype: DataType) -> JobSpec {
-        JobSpec { job_id: 1, nranks, dtype, op: ReduceOp::Sum, chunk_elems: (piece / dtype.size()) as u32, window, shards: 1, relay: false }
+        JobSpec {
+            job_id: 1,
+            nranks,
+            dtype,
+            op: ReduceOp::Sum,
+            chunk_elems: (piece / dtype.size()) as u32,
+            window,
+            shards: 1,
+            relay: false,
+            split: false,
+        }
     }
 
     const MIB: usize = 1 << 20;

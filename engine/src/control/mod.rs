@@ -42,7 +42,8 @@ pub mod budget;
 
 use crate::dataplane::fabric::EndpointName;
 use crate::dataplane::metrics::{ControlCounters, MetricsTable};
-use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard};
+use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard, SplitOn};
+use crate::dataplane::split::SplitShared;
 use crate::host::config::ServerConfig;
 use crate::server::REGION_ALIGN;
 use crate::wire::{self, Accept, Boundary, Drain, Header, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, TOKEN_BYTES};
@@ -505,11 +506,26 @@ impl ControlPlane {
                 (spec, grant.stride, grant.len)
             }
         };
+        // A split job (small pieces split by rank over the lcores that take
+        // small operations, see `dataplane::split`): its split slots follow
+        // its window's, and each split lcore's area follows its region.
+        let groups = wire::split_lcores(spec.nranks, self.small_lcores(spec.shards));
+        let split_shared = (spec.split && groups >= 2).then(|| Arc::new(SplitShared::new(spec.nranks, groups, spec.window)));
+        if split_shared.is_some() && 2 * spec.window * spec.nranks > self.limits.max_window * self.limits.max_ranks {
+            let msg = format!(
+                "a split job of {} ranks at window {} needs twice the operation contexts this server has per job (max_window x max_ranks); set TALLY_SPLIT=0 on the ranks",
+                spec.nranks, spec.window
+            );
+            log::warn!("job {:#x} refused: {msg}", spec.job_id);
+            self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &msg);
+            return;
+        }
+        let area = |l: usize| split_shared.as_ref().filter(|_| l < groups as usize).map_or(0, |sh| sh.area_len(l as u32));
         let mut regions = Vec::new();
         for l in 0..spec.shards as usize {
             let (_, stride, len) = shape(l);
-            match self.allocs[l].alloc(len) {
-                Some(off) => regions.push((off, len)),
+            match self.allocs[l].alloc(len + area(l)) {
+                Some(off) => regions.push((off, len + area(l))),
                 None => {
                     let (largest, total) = (self.allocs[l].largest_free(), self.allocs[l].total());
                     for (k, (off, len)) in regions.iter().enumerate() {
@@ -533,8 +549,14 @@ impl ControlPlane {
         self.generation[index] = (self.generation[index] + 1) & 0xf;
         let tag = ((self.generation[index] as u16) << 12) | index as u16;
         for (l, (off, _)) in regions.iter().enumerate() {
-            let (spec, stride, _) = shape(l);
-            let on = JobOnShard { index: index as u16, tag, spec, base: *off, stride, stage: grant.stage, client_names: names.clone() };
+            let (spec, stride, len) = shape(l);
+            let split = split_shared.as_ref().filter(|_| l < groups as usize).map(|sh| SplitOn {
+                shared: sh.clone(),
+                position: l as u32,
+                base: *off + len,
+            });
+            let on =
+                JobOnShard { index: index as u16, tag, spec, base: *off, stride, stage: grant.stage, client_names: names.clone(), split };
             let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
         }
         log::info!(
@@ -551,10 +573,10 @@ impl ControlPlane {
             },
             spec.window,
             spec.shards,
-            if spec.relay {
-                format!(", relay (pieces of at most {} bytes go on to the other rank)", wire::RELAY_MAX)
-            } else {
-                String::new()
+            match (spec.relay, &split_shared) {
+                (true, _) => format!(", relay (pieces of at most {} bytes go on to the other rank)", wire::RELAY_MAX),
+                (false, Some(_)) => format!(", split (pieces of at most {} bytes by rank over {groups} lcores)", wire::SPLIT_MAX),
+                (false, None) => String::new(),
             }
         );
         self.active[index] = Some(Active {
@@ -575,6 +597,18 @@ impl ControlPlane {
             rejoin: p.rejoin,
             first_join: p.first_join,
         });
+    }
+
+    /// How many lcores take a job's small operations, as the ranks read it
+    /// from the Accept: its latency lcores where it has them, else all.
+    fn small_lcores(&self, shards: u32) -> u32 {
+        let a = Accept {
+            latency_lcores: accept_latency_lcores(self.latency_lcores, shards),
+            latency_max_log2: self.latency_max_log2,
+            lcores: shards,
+            ..Accept::zeroed()
+        };
+        a.latency_split().map_or(shards, |(l, _)| l as u32)
     }
 
     fn find(&mut self, tag: u16) -> Option<(usize, &mut Active)> {
@@ -598,9 +632,7 @@ impl ControlPlane {
         let acc = Accept {
             header: Header::new(Kind::Accept),
             job_tag: tag,
-            // A job on no more lcores than the latency ones has no bulk
-            // lcore: every one of its lcores takes every operation.
-            latency_lcores: if a.spec.shards > self.latency_lcores as u32 { self.latency_lcores } else { 0 },
+            latency_lcores: accept_latency_lcores(self.latency_lcores, a.spec.shards),
             latency_max_log2: self.latency_max_log2,
             lcores: a.spec.shards,
             server_lcores: names.len() as u32,
@@ -1131,6 +1163,16 @@ fn refuse(net: &mut Connections, c: &Conn, code: RejectCode, field: &str, msg: &
     net.refuse(c.id, code, field, msg);
 }
 
+/// The latency lcores a job on `shards` lcores is told of: none when it has
+/// no bulk lcore (every one of its lcores then takes every operation).
+fn accept_latency_lcores(latency_lcores: u8, shards: u32) -> u8 {
+    if shards > latency_lcores as u32 {
+        latency_lcores
+    } else {
+        0
+    }
+}
+
 fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
     if a.nranks != b.nranks {
         "nranks"
@@ -1142,7 +1184,7 @@ fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
         "chunk_elems"
     } else if a.window != b.window {
         "window"
-    } else if a.relay != b.relay {
+    } else if a.relay != b.relay || a.split != b.split {
         "flags"
     } else {
         "shards"

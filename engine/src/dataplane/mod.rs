@@ -3,7 +3,8 @@
 //! hugepage buffers ([`slab`]) and the shards of every job it serves
 //! ([`shard`]); it busy-polls its completion queue and reduces with the
 //! kernels of [`crate::reduce`]. Its counters ([`metrics`]) are written by
-//! that lcore alone and read by anyone.
+//! that lcore alone and read by anyone. The lcores of a split job
+//! ([`split`]) share one small lock-free state per job, and nothing else.
 //!
 //! The control plane ([`crate::control`]) talks to an lcore only through the
 //! two channels of [`shard::Command`] and [`shard::Event`].
@@ -12,3 +13,4 @@ pub mod lcore;
 pub mod metrics;
 pub mod shard;
 pub mod slab;
+pub mod split;

@@ -37,6 +37,14 @@
 //! posted wait at the provider (a rendezvous header, or an unexpected
 //! message) until their buffer frees.
 //!
+//! # Split slots
+//!
+//! A split job (see [`crate::dataplane::split`]) has `window` more slots,
+//! `window..2 x window`, for its small all-reduces: each takes only this
+//! lcore's group of ranks, in a small area after the job's region; the last
+//! lcore whose group is in reduces every group's pieces, and each lcore
+//! sends the result to its own group.
+//!
 //! A straggler does not stall a job forever: when a slot's first piece has
 //! waited [`ShardWorker`]'s `op_timeout` for the others, the job fails
 //! naming the ranks that did not send. The check runs on the lcore's
@@ -53,8 +61,9 @@ use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, Pol
 use crate::dataplane::lcore::{bump, Counters, Worker};
 use crate::dataplane::metrics::MetricsTable;
 use crate::dataplane::slab::Slab;
+use crate::dataplane::split::SplitShared;
 use crate::reduce::{DataType, Kernels, MAX_INPUTS};
-use crate::wire::{JobSpec, Tag};
+use crate::wire::{JobSpec, Tag, SPLIT_MAX, SPLIT_MAX_RANKS};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -154,6 +163,27 @@ pub struct JobOnShard {
     pub stage: u32,
     /// Fabric names of the ranks' endpoints, in rank order.
     pub client_names: Vec<crate::dataplane::fabric::EndpointName>,
+    /// This lcore's part of a split job (see [`crate::dataplane::split`]);
+    /// None: the job is not split, or not over this lcore.
+    pub split: Option<SplitOn>,
+}
+
+/// An lcore's part of a split job: its position among the job's split
+/// lcores and where its split area starts in its slab.
+pub struct SplitOn {
+    pub shared: Arc<SplitShared>,
+    pub position: u32,
+    pub base: usize,
+}
+
+/// This lcore's side of a split job, as it runs.
+struct SplitPart {
+    shared: Arc<SplitShared>,
+    position: u32,
+    /// Its split area (published in `shared`).
+    area: *mut u8,
+    /// The ranks whose small pieces come to this lcore.
+    ranks: core::ops::Range<u32>,
 }
 
 /// Why a job fails when a round starts after one of its ranks finished.
@@ -188,6 +218,10 @@ struct Slot {
     /// Relay: the first piece of this round waits for the other rank to be
     /// heard from (see `Job::heard`) and goes on with the second.
     deferred: bool,
+    /// Split slot: this lcore's group is in, and it waits for the combiner.
+    combine_wait: bool,
+    /// Split slot: the position whose area holds this round's result.
+    from: u32,
     /// When the round's first piece arrived (for the latency histogram).
     first: Option<Instant>,
     /// When the round's results were posted, while some are not taken yet.
@@ -198,6 +232,13 @@ impl Job {
     /// Where (slot, rank)'s piece is received: its own piece, or (staged)
     /// buffer `rank mod stage` after the slot's accumulator.
     fn piece_ptr(&self, slot: usize, rank: usize) -> *mut u8 {
+        if let Some(sp) = self.split_of(slot) {
+            let off = sp.shared.offset(sp.position, slot - self.on.spec.window as usize, Some(rank as u32));
+            // SAFETY: the area is SplitShared::area_len bytes (the control
+            // plane allocated it after the region, checked in add_job), and
+            // `rank` is one of this lcore's group (only those are posted).
+            return unsafe { sp.area.add(off) };
+        }
         let stage = self.on.stage as usize;
         let off = if stage == 0 {
             (slot * self.on.spec.nranks as usize + rank) * self.on.stride
@@ -219,6 +260,13 @@ impl Job {
 
     /// Where a slot's result is: piece 0, or (staged) the accumulator.
     fn result_ptr(&self, slot: usize) -> *mut u8 {
+        if let Some(sp) = self.split_of(slot) {
+            let from = self.slots[slot].from;
+            let area = if from == sp.position { sp.area } else { sp.shared.area(from).unwrap_or(sp.area) };
+            // SAFETY: position `from`'s area is its area_len bytes long,
+            // and the result buffer is inside it.
+            return unsafe { area.add(sp.shared.offset(from, slot - self.on.spec.window as usize, None)) };
+        }
         let stage = self.on.stage as usize;
         if stage == 0 {
             return self.piece_ptr(slot, 0);
@@ -237,11 +285,38 @@ impl Job {
     }
 
     /// Ranks whose receives a slot posts at the start of a round.
-    fn first_posted(&self) -> u32 {
-        match self.on.stage {
-            0 => self.on.spec.nranks,
-            b => b.min(self.on.spec.nranks),
+    fn first_posted(&self, slot: usize) -> core::ops::Range<u32> {
+        if let Some(sp) = self.split_of(slot) {
+            return sp.ranks.clone();
         }
+        match self.on.stage {
+            0 => 0..self.on.spec.nranks,
+            b => 0..b.min(self.on.spec.nranks),
+        }
+    }
+
+    /// The split part, if `slot` is one of a split job's split slots
+    /// (`window..2 x window`).
+    fn split_of(&self, slot: usize) -> Option<&SplitPart> {
+        self.split.as_ref().filter(|_| slot >= self.on.spec.window as usize)
+    }
+
+    /// Pieces a slot's round waits for: every rank's, or its group's.
+    fn expected(&self, slot: usize) -> u32 {
+        self.split_of(slot).map_or(self.on.spec.nranks, |sp| sp.ranks.len() as u32)
+    }
+
+    /// Bytes a receive of `slot` is posted for.
+    fn recv_len(&self, slot: usize) -> usize {
+        match self.split_of(slot) {
+            Some(_) => SPLIT_MAX,
+            None => self.on.spec.piece_bytes(),
+        }
+    }
+
+    /// Context ids the job spans (every slot's receive and send per rank).
+    fn span(&self) -> u32 {
+        self.slots.len() as u32 * self.on.spec.nranks * 2
     }
 
     fn has_arrived(&self, slot: usize, rank: usize) -> bool {
@@ -277,6 +352,9 @@ struct Job {
     gone: Vec<bool>,
     /// The first rank that said Bye while others still run the job.
     finished: Option<u32>,
+    /// A split job's part on this lcore (its slots follow the job's
+    /// `window` in `slots`).
+    split: Option<SplitPart>,
     /// Relay jobs: the ranks (bit r) this lcore has had a piece from. A
     /// piece goes on to a rank only once it has: before that the rank's
     /// side of the connection may not be set up, and a provider that then
@@ -318,6 +396,9 @@ pub struct ShardWorker {
     /// count them), added to the lcore's counters once per turn.
     injected_bytes: u64,
     completions: [Completion; 32],
+    /// Split slots waiting for their combiner (`check_split_waits`); while
+    /// there are any the lcore does not sleep.
+    split_waits: u32,
     metrics: MetricsTable,
     /// How long a slot's first piece waits for the other ranks' pieces.
     op_timeout: std::time::Duration,
@@ -368,6 +449,7 @@ impl ShardWorker {
             idle: 0,
             injected_bytes: 0,
             completions: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
+            split_waits: 0,
             metrics,
             op_timeout,
             next_housekeeping: Instant::now(),
@@ -416,7 +498,7 @@ impl ShardWorker {
             let tag = Tag::new(job.on.tag, slot as u16, 0);
             // SAFETY: each (slot, rank) piece has exactly one receive in
             // flight, and nothing reads it until that receive completed.
-            unsafe { self.ep.recv(buf, job.on.spec.piece_bytes(), Some(self.mh), Some(job.peers[rank]), tag.0, Tag::SEQ_BITS, context) }
+            unsafe { self.ep.recv(buf, job.recv_len(slot), Some(self.mh), Some(job.peers[rank]), tag.0, Tag::SEQ_BITS, context) }
         };
         match r {
             Ok(()) => {
@@ -432,9 +514,9 @@ impl ShardWorker {
     }
 
     fn post_slot_receives(&mut self, ji: usize, slot: usize) -> Result<(), String> {
-        let (n, first) = self.jobs[ji].as_ref().map_or((0, 0), |j| (j.on.spec.nranks, j.first_posted()));
+        let (n, first) = self.jobs[ji].as_ref().map_or((0, 0..0), |j| (j.on.spec.nranks, j.first_posted(slot)));
         let base = ji as u32 * self.per_job;
-        for rank in 0..first {
+        for rank in first {
             self.post(base + ((slot as u32 * n + rank) << 1))?;
         }
         Ok(())
@@ -510,12 +592,34 @@ impl ShardWorker {
                 return;
             }
         }
+        let is_split = job.split_of(slot).is_some();
         let s = &mut job.slots[slot];
         s.len = c.len as u32;
         if s.arrived == 0 {
             s.first = Some(Instant::now());
         }
         s.arrived += 1;
+        if is_split {
+            // A split slot: this lcore's group only; the last group in
+            // combines (see `dataplane::split`).
+            if job.slots[slot].arrived < job.expected(slot) {
+                return;
+            }
+            let sp = job.split.as_ref().unwrap();
+            if !sp.shared.group_complete(slot - job.on.spec.window as usize) {
+                job.slots[slot].combine_wait = true;
+                self.split_waits += 1;
+                return;
+            }
+            let t0 = Instant::now();
+            if let Err(e) = self.combine(ji, slot, c.len / dsize) {
+                self.fail(ji, e);
+                return;
+            }
+            bump(&self.metrics.job(self.lcore, ji).reduce_ns, t0.elapsed().as_nanos() as u64);
+            self.send_results(ji, slot, Instant::now());
+            return;
+        }
         if job.on.spec.relays(c.len) {
             // Relay (two ranks, a small piece): it goes on to the other rank
             // now, which reduces the two itself. The round ends when both
@@ -579,24 +683,102 @@ impl ShardWorker {
             }
         }
         let now = Instant::now();
+        bump(&self.metrics.job(self.lcore, ji).reduce_ns, now.duration_since(t0).as_nanos() as u64);
+        self.send_results(ji, slot, now);
+    }
+
+    /// A slot's result is ready: send it to every rank (a split slot: to
+    /// this lcore's group).
+    fn send_results(&mut self, ji: usize, slot: usize, now: Instant) {
         let block = self.metrics.job(self.lcore, ji);
-        bump(&block.reduce_ns, now.duration_since(t0).as_nanos() as u64);
+        let job = self.jobs[ji].as_mut().unwrap();
         // The round's latency (first piece in to results going out) is known
         // now; recorded before the sends, which may (by inject) finish the
         // round and start the slot's next one.
-        let job = self.jobs[ji].as_mut().unwrap();
         if let Some(first) = job.slots[slot].first.take() {
             block.record_round(now.duration_since(first).as_nanos() as u64);
         }
-        job.slots[slot].sends_left = n;
+        let n = job.on.spec.nranks;
+        let to = job.split_of(slot).map_or(0..n, |sp| sp.ranks.clone());
+        job.slots[slot].sends_left = to.len() as u32;
         job.slots[slot].sending_since = Some(now);
         let base = ji as u32 * self.per_job;
-        for rank in 0..n {
+        for rank in to {
             if let Err(e) = self.post(base + ((slot as u32 * n + rank) << 1 | 1)) {
                 self.fail(ji, format!("sending results: {e}"));
                 return;
             }
         }
+    }
+
+    /// Split slot `slot`'s groups are all in and this lcore is the last:
+    /// reduces every rank's piece in rank order into its own area's result
+    /// buffer and publishes the round (see `dataplane::split`).
+    fn combine(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), String> {
+        let job = self.jobs[ji].as_mut().unwrap();
+        let sp = job.split.as_ref().unwrap();
+        let (n, j) = (job.on.spec.nranks as usize, slot - job.on.spec.window as usize);
+        let mut inputs = [core::ptr::null::<u8>(); SPLIT_MAX_RANKS as usize];
+        for p in 0..sp.shared.groups() {
+            let area = sp.shared.area(p).ok_or_else(|| format!("split lcore {p} of the job has no area"))?;
+            for rank in sp.shared.ranks(p) {
+                // SAFETY: the offset is inside position p's area, which is
+                // SplitShared::area_len bytes of p's slab (add_job checked).
+                inputs[rank as usize] = unsafe { area.add(sp.shared.offset(p, j, Some(rank))) };
+            }
+        }
+        // SAFETY: as above, for this lcore's result buffer of slot j.
+        let out = unsafe { sp.area.add(sp.shared.offset(sp.position, j, None)) };
+        // SAFETY: every input holds a completed receive of `elems` elements:
+        // this lcore's group's, and each other group's, whose lcore counted
+        // its group complete (release) before this lcore's count (acquire)
+        // and reposts nothing before the result is published below. `out`
+        // is a result buffer, which overlaps no piece.
+        unsafe { self.kernels.reduce_raw(job.on.spec.dtype, job.on.spec.op, out, &inputs[..n], elems) }
+            .map_err(|e| format!("reduce failed: {e}"))?;
+        sp.shared.publish_result(j, job.slots[slot].seq, sp.position);
+        let position = sp.position;
+        job.slots[slot].from = position;
+        Ok(())
+    }
+
+    /// Split slots waiting for their combiner: those whose result is
+    /// published now go out to this lcore's group. Returns how many did.
+    fn check_split_waits(&mut self) -> usize {
+        let (mut waits, mut released) = (0, 0);
+        for ji in 0..self.jobs.len() {
+            let Some(window) = self.jobs[ji].as_ref().filter(|j| j.split.is_some()).map(|j| j.on.spec.window as usize) else { continue };
+            for slot in window..2 * window {
+                let Some(job) = self.jobs[ji].as_mut().filter(|j| j.state == State::Running) else { break };
+                let s = job.slots[slot];
+                if !s.combine_wait {
+                    continue;
+                }
+                let sp = job.split.as_ref().unwrap();
+                let Some(from) = sp.shared.result_of(slot - window, s.seq) else {
+                    waits += 1;
+                    continue;
+                };
+                let position = sp.position;
+                job.slots[slot].combine_wait = false;
+                job.slots[slot].from = from;
+                if s.len as usize > self.ep.inject_size() && from != position {
+                    // A send reads its buffer until it completes, from
+                    // memory registered with this endpoint: send a copy.
+                    let src = job.result_ptr(slot);
+                    job.slots[slot].from = position;
+                    // SAFETY: both are result buffers of SPLIT_MAX >= len
+                    // bytes in different lcores' areas; the combiner's is
+                    // not rewritten before every rank has this round's
+                    // result (see `dataplane::split`).
+                    unsafe { core::ptr::copy_nonoverlapping(src, job.result_ptr(slot), s.len as usize) };
+                }
+                self.send_results(ji, slot, Instant::now());
+                released += 1;
+            }
+        }
+        self.split_waits = waits;
+        released
     }
 
     /// Staged: folds the run of arrived ranks from the slot's `next` into
@@ -669,7 +851,7 @@ impl ShardWorker {
         job.state = State::Draining;
         job.drain_deadline = Some(std::time::Instant::now() + DRAIN_TIMEOUT);
         let base = ji as u32 * self.per_job;
-        let span = job.on.spec.window * job.on.spec.nranks * 2;
+        let span = job.span();
         for ctx in base..base + span {
             self.ep.cancel(ctx);
         }
@@ -723,7 +905,7 @@ impl ShardWorker {
             return false;
         }
         let (base, n) = (ji as u32 * self.per_job, job.on.spec.nranks);
-        let span = job.on.spec.window * n * 2;
+        let span = job.span();
         let only_to_gone = (base..base + span).filter(|&c| self.ep.is_in_flight(c)).all(|c| {
             let local = c - base;
             local & 1 == 1 && job.gone[((local >> 1) % n) as usize]
@@ -759,7 +941,7 @@ impl ShardWorker {
             if job.state == State::Draining && job.drain_deadline.is_some_and(|d| now >= d) {
                 job.state = State::Abandoned;
                 let base = ji as u32 * self.per_job;
-                let span = job.on.spec.window * job.on.spec.nranks * 2;
+                let span = job.span();
                 let sends = self.ep.abandon(base..base + span);
                 log::warn!(
                     "lcore {}: job {:#x}: {} operation(s) not returned by the provider {:?} after the drain began ({sends} sends, {} receives)",
@@ -807,21 +989,39 @@ impl ShardWorker {
             let late = |since: Option<Instant>| since.is_some_and(|t| now.duration_since(t) > self.op_timeout);
             // A slot waiting for pieces (some ranks sent, others did not), or
             // for ranks to take their results (a rank or its link vanished).
-            let waiting = job.slots.iter().enumerate().find(|(_, s)| s.arrived > 0 && (s.arrived as usize) < n && late(s.first));
+            // (A split slot waits for its group, then for the other groups.)
+            let waiting = job
+                .slots
+                .iter()
+                .enumerate()
+                .find(|(i, s)| s.arrived > 0 && (s.arrived < job.expected(*i) || s.combine_wait) && late(s.first));
             let taking = job.slots.iter().enumerate().find(|(_, s)| s.sends_left > 0 && late(s.sending_since));
             let (slot, s, sending) = match (waiting, taking) {
                 (Some((i, s)), _) => (i, s, false),
                 (None, Some((i, s))) => (i, s, true),
                 (None, None) => continue,
             };
+            if s.combine_wait {
+                let mine = job.split_of(slot).map_or(0..0, |sp| sp.ranks.clone());
+                let msg = format!(
+                    "straggler: ranks {}-{} (this lcore's group) sent slot {slot} (seq {}), but the other lcores' groups of ranks did not all send within the op timeout of {:?}",
+                    mine.start,
+                    mine.end.saturating_sub(1),
+                    s.seq,
+                    self.op_timeout
+                );
+                self.fail(ji, msg);
+                continue;
+            }
             let w = job.words_per_slot;
             let bits = &job.arrived_bits[slot * w..(slot + 1) * w];
             // Waiting: ranks whose bit is clear sent nothing. Taking: ranks
             // whose bit is still set have not taken their result.
             // Staged, a waiting slot has only ranks next..next + stage
             // posted: later ranks' pieces may be waiting at the provider.
-            let ranks = match job.on.stage as usize {
-                b if b > 0 && !sending => s.next as usize..(s.next as usize + b).min(n),
+            let ranks = match (job.split_of(slot), job.on.stage as usize) {
+                (Some(sp), _) => sp.ranks.start as usize..sp.ranks.end as usize,
+                (None, b) if b > 0 && !sending => s.next as usize..(s.next as usize + b).min(n),
                 _ => 0..n,
             };
             let who: Vec<usize> = ranks.filter(|r| (bits[r / 64] & (1 << (r % 64)) != 0) == sending).collect();
@@ -835,8 +1035,12 @@ impl ShardWorker {
                 )
             } else {
                 format!(
-                    "straggler: {ranks} sent nothing for slot {slot} (seq {}) within the op timeout of {:?}, while {} of {n} ranks had",
-                    s.seq, self.op_timeout, s.arrived
+                    "straggler: {ranks} sent nothing for slot {slot} (seq {}) within the op timeout of {:?}, while {} of {} ranks{} had",
+                    s.seq,
+                    self.op_timeout,
+                    s.arrived,
+                    job.expected(slot),
+                    if job.split_of(slot).is_some() { " of this lcore's group" } else { "" }
                 )
             };
             self.fail(ji, msg);
@@ -873,10 +1077,18 @@ impl ShardWorker {
                 }
             }
         }
-        let slots = (0..on.spec.window).map(|i| Slot { seq: i, ..Default::default() }).collect();
+        // A split job's split slots follow its window of slots, with the
+        // same sequences (its split stream cycles through them alike).
+        let rounds = if on.split.is_some() { 2 } else { 1 };
+        let slots: Vec<Slot> = (0..rounds * on.spec.window).map(|i| Slot { seq: i % on.spec.window, ..Default::default() }).collect();
         let window = on.spec.window as usize;
         let len = window * per_slot(&on) * on.stride;
-        if on.base + len > self.slab.len() || on.stride < on.spec.piece_bytes() || ji >= self.jobs.len() {
+        let split_fits = on.split.as_ref().is_none_or(|sp| {
+            sp.base + sp.shared.area_len(sp.position) <= self.slab.len()
+                && on.spec.nranks <= SPLIT_MAX_RANKS
+                && slots.len() as u32 * on.spec.nranks * 2 <= self.per_job
+        });
+        if on.base + len > self.slab.len() || on.stride < on.spec.piece_bytes() || ji >= self.jobs.len() || !split_fits {
             let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: "job region outside the slab".into() });
             let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
             return;
@@ -887,8 +1099,15 @@ impl ShardWorker {
         // SAFETY: base + len <= slab length, checked just above.
         let region = unsafe { self.slab.as_ptr().add(on.base) };
         let words_per_slot = (on.spec.nranks as usize).div_ceil(64);
-        let arrived_bits = vec![0u64; window * words_per_slot];
+        let arrived_bits = vec![0u64; slots.len() * words_per_slot];
         let gone = vec![false; on.spec.nranks as usize];
+        let split = on.split.as_ref().map(|sp| {
+            // SAFETY: base + area_len <= slab length, checked above.
+            let area = unsafe { self.slab.as_ptr().add(sp.base) };
+            sp.shared.publish_area(sp.position, area);
+            SplitPart { shared: sp.shared.clone(), position: sp.position, area, ranks: sp.shared.ranks(sp.position) }
+        });
+        let nslots = slots.len();
         self.jobs[ji] = Some(Job {
             on,
             region,
@@ -900,10 +1119,11 @@ impl ShardWorker {
             words_per_slot,
             gone,
             finished: None,
+            split,
             heard: 0,
             drain_deadline: None,
         });
-        for slot in 0..window {
+        for slot in 0..nslots {
             if let Err(e) = self.post_slot_receives(ji, slot) {
                 self.fail(ji, format!("posting receives: {e}"));
                 return;
@@ -941,8 +1161,7 @@ impl ShardWorker {
                     // completed, which may be before this lcore took that
                     // piece in; there a round begun is left to finish (or
                     // to the op timeout).
-                    let n = job.on.spec.nranks;
-                    let partial = job.slots.iter().any(|s| s.arrived > 0 && s.arrived < n);
+                    let partial = job.slots.iter().enumerate().any(|(i, s)| s.arrived > 0 && s.arrived < job.expected(i));
                     if job.state == State::Running && partial && !job.on.spec.relay {
                         self.fail(ji, finished_message(rank));
                     }
@@ -989,6 +1208,7 @@ impl Worker for ShardWorker {
         if !self.retry.is_empty() {
             self.retry_posts();
         }
+        let released = if self.split_waits > 0 { self.check_split_waits() } else { 0 };
         // Queue depth gauge: one plain store on this lcore's own cache line.
         self.metrics.gauges(self.lcore).in_flight.store(self.ep.in_flight() as u64, Ordering::Relaxed);
         let mut batch = self.completions;
@@ -1003,7 +1223,7 @@ impl Worker for ShardWorker {
                     self.check_commands();
                     self.housekeeping();
                 }
-                0
+                released
             }
             Ok(n) => {
                 for c in &batch[..n] {
@@ -1013,7 +1233,7 @@ impl Worker for ShardWorker {
                     bump(&stats.bytes_out, self.injected_bytes);
                     self.injected_bytes = 0;
                 }
-                n
+                n + released
             }
             Err(PollError::Completion(e)) => {
                 // Canceled operations of a draining job are how jobs end, not errors.
@@ -1060,6 +1280,12 @@ impl Worker for ShardWorker {
     fn wait(&mut self, timeout_ms: i32) {
         self.check_commands();
         self.housekeeping();
+        if self.split_waits > 0 {
+            // Another lcore is about to publish a result this one sends on,
+            // which the provider's wait would not wake it for: only yield.
+            std::thread::yield_now();
+            return;
+        }
         let _ = self.ep.wait(timeout_ms);
     }
 
