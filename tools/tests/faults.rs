@@ -13,6 +13,9 @@
 //!   in order and one to the killed rank never completes), never by hanging
 //!   to their timeout; and the server may lose an lcore for good when the
 //!   rank died holding its shm region's spinlock (see `kill_a_rank_process`);
+//! - a rank process of a split job (small all-reduces split by rank over the
+//!   server's lcores) SIGKILLed: the other ranks fail within the bound, the
+//!   server names the rank, and a split job beside it and a new one are exact;
 //! - the server SIGKILLed in the middle of an all-reduce: every client gets an
 //!   error within a bound (the closed control connection, or the fabric);
 //! - a second server on a port in use, an unknown fabric provider, and a
@@ -57,16 +60,20 @@ fn rank_process(provider: &str, server: &str, boot: &str, job: u64, rank: u32, n
         .expect("spawn a rank process")
 }
 
-/// Runs `tally server ARGS` to its end (bounded) and returns (success, stderr).
-fn server_that_should_fail(args: &[&str]) -> (bool, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .arg("server")
+/// `tally ARGS` at log level `log`, its stderr piped, stdout discarded.
+fn spawn_tally(args: &[&str], log: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_tally"))
         .args(args)
-        .env("TALLY_LOG", "info")
+        .env("TALLY_LOG", log)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn tally server");
+        .expect("spawn tally")
+}
+
+/// Runs `tally server ARGS` to its end (bounded) and returns (success, stderr).
+fn server_that_should_fail(args: &[&str]) -> (bool, String) {
+    let mut child = spawn_tally(&[&["server"], args].concat(), "info");
     let t = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -280,6 +287,69 @@ fn kill_the_server(provider: &str) {
         eprintln!("FAULT server-SIGKILL ({provider}): rank {rank} error in round {round} {took:?} after the kill: {e}");
         assert!(took < ERROR_BOUND, "rank {rank}'s error came {took:?} after the kill: {e}");
     }
+}
+
+/// The pid of `launcher`'s rank process `rank` (`tally bench allreduce`
+/// starts one per rank, with `--rank K`).
+fn rank_child(launcher: u32, rank: u32) -> Option<u32> {
+    let want = format!("\0--rank\0{rank}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // ppid is the second field after the parenthesised command name.
+        let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        (ppid == launcher && String::from_utf8_lossy(&cmd).contains(&want)).then_some(pid)
+    })
+}
+
+/// A split job (4 ranks over tcp, 4 KiB back-to-back, each lcore serving two
+/// ranks and one of them combining) loses rank 3's process to SIGKILL: the
+/// other ranks fail within the bound, the server says which rank went, a
+/// split job running beside it carries on exact, and a new one is exact.
+#[test]
+fn a_rank_process_of_a_split_job_killed_fails_only_its_job_tcp() {
+    let srv = server("tcp", &[]);
+    let other = sum_job("tcp", &srv.addr, 0x60, 4, 1000, 4000);
+    let mut launcher = spawn_tally(
+        &["bench", "allreduce", "--servers", &srv.addr, "--ranks", "4", "--provider", "tcp", "--mode", "agg", "--sizes", "4K"]
+            .into_iter()
+            .chain(["--iters", "100000000", "--warmup", "0", "--timeout", "30"])
+            .collect::<Vec<_>>(),
+        "warn",
+    );
+    // Two split jobs running (the one beside and the load generator's).
+    let t = Instant::now();
+    while srv.log_count("split (pieces of at most 4096 bytes by rank over 2 lcores)") < 2 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the load generator's job never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = rank_child(launcher.id(), 3).expect("rank 3's process");
+    // SAFETY: signalling a process this test started (through the launcher).
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    let st = loop {
+        if let Some(st) = launcher.try_wait().unwrap() {
+            break st;
+        }
+        assert!(killed.elapsed() < ERROR_BOUND, "the other ranks were still running {ERROR_BOUND:?} after rank 3 was killed");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(launcher.stderr.as_mut().unwrap(), &mut err);
+    eprintln!("FAULT split-rank-SIGKILL (tcp): the load generator exited {st} {:?} after the kill", killed.elapsed());
+    assert!(!st.success(), "the load generator succeeded without rank 3: {err}");
+    assert!(srv.wait_log("rank 3 disconnected without finishing", ERROR_BOUND), "the server did not say which rank went");
+    let beside_running = other.iter().any(|h| !h.is_finished());
+    join_all(other);
+    eprintln!(
+        "FAULT split-rank-SIGKILL (tcp): the job beside it ran exact ({}finished {:?} after the kill)",
+        if beside_running { "" } else { "had " },
+        killed.elapsed()
+    );
+    join_all(sum_job("tcp", &srv.addr, 0x61, 4, 1000, 50));
+    assert!(srv.stop().success());
 }
 
 #[test]
