@@ -15,8 +15,9 @@
 //! - a job that tries to join a draining server is refused with a reject
 //!   naming the drain; a job with other servers runs on those instead;
 //! - a job with no other server stays on the draining server until it ends
-//!   (the server exits then), or, past the drain timeout, is ended with a
-//!   reject saying so.
+//!   (the server exits then; also a split job of four ranks, whose small
+//!   all-reduces are split by rank over two lcores), or, past the drain
+//!   timeout, is ended with a reject saying so.
 mod common;
 use common::jobloop::{loop_job, loop_job_with, results, server, sigterm, wait_exit, wait_for_round, Shape};
 use common::{client, ServerProcess};
@@ -194,6 +195,25 @@ fn a_job_without_another_server_stays_until_it_ends_and_new_jobs_are_refused() {
     assert!(lone.log_contains("job 0x51: a rank has no other server to move to; the job stays here"));
     assert!(lone.log_contains("drained: no job left"));
     assert!(other.stop().success());
+}
+
+/// A split job (4 ranks, its 4 KiB rounds split by rank over the lcores)
+/// with no other server stays on its draining server to its end, exact,
+/// and the server exits then.
+#[test]
+fn a_split_job_without_another_server_stays_until_it_ends() {
+    let mut lone = server("shm", &["--drain-timeout", "30", "--lcores", "0-1"]);
+    let addrs = vec![lone.addr.clone()];
+    let progress = Arc::new(AtomicUsize::new(0));
+    let ranks = loop_job("shm", &addrs, 0x55, 4, 120, progress.clone());
+    wait_for_round(&progress, 20, &ranks);
+    sigterm(&lone);
+    let res = results(ranks);
+    assert!(res.iter().all(Result::is_ok), "{res:?}\n{:?}", lone.log.lock().unwrap());
+    let (st, _) = wait_exit(&mut lone, Duration::from_secs(10)).expect("the server exits once its last job ended");
+    assert!(st.success(), "{st}");
+    assert!(lone.log_contains("split (pieces of at most 4096 bytes by rank over 2 lcores)"));
+    assert!(lone.log_contains("job 0x55: a rank has no other server to move to; the job stays here"));
 }
 
 /// Past the drain timeout a job still on the server is ended with a reject
