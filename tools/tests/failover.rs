@@ -264,7 +264,10 @@ fn every_server_killed_fails_each_rank_with_a_clear_error_and_no_hang() {
     assert!(t.elapsed() < Duration::from_secs(20), "the ranks took {:?} to give up", t.elapsed());
     for r in &res {
         let e = r.as_ref().expect_err("an all-reduce cannot complete with no server");
-        assert!(e.contains("no server left") || e.contains("recovery of job 0xf3"), "unclear error: {e}");
+        // Which words depend on whether the two losses were noticed at once
+        // or the second during the recovery from the first.
+        let clear = ["no server left", "recovery of job 0xf3", "a second loss during a recovery is not recovered"];
+        assert!(clear.iter().any(|c| e.contains(c)), "unclear error: {e}");
     }
 }
 

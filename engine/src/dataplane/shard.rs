@@ -1089,7 +1089,11 @@ impl ShardWorker {
                 && slots.len() as u32 * on.spec.nranks * 2 <= self.per_job
         });
         if on.base + len > self.slab.len() || on.stride < on.spec.piece_bytes() || ji >= self.jobs.len() || !split_fits {
-            let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: "job region outside the slab".into() });
+            let reason = match split_fits {
+                true => "job region outside the slab",
+                false => "split area outside the slab, or split slots beyond the job's operation contexts",
+            };
+            let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: reason.into() });
             let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
             return;
         }
