@@ -24,10 +24,14 @@ demo: deps build
 test: deps build test-rust test-aarch64
 	@echo "make test: all suites passed"
 
+# Tests build in the `ci` profile (Cargo.toml): release code without thin LTO,
+# whose link of every test binary was most of CI's compile time. The plugin is
+# a cdylib, which `cargo test` does not build: its tests load it from there.
 test-rust:
-	$(CARGO) test --release --workspace -- --test-threads=$(TEST_THREADS)
+	$(CARGO) build --profile ci -p tally-nccl-plugin
+	$(CARGO) test --profile ci --workspace -- --test-threads=$(TEST_THREADS)
 	@# Build the benchmarks (benches/) so they cannot rot; `make bench` runs them.
-	$(CARGO) bench --workspace --no-run
+	$(CARGO) build --profile ci --workspace --benches
 	$(CARGO) build -p tally-engine --no-default-features
 	@echo "no_std core (reduce, wire) builds without std: ok"
 

@@ -64,11 +64,16 @@
 #            (8) rounds of a 4 KiB ping-pong round trip (cores 2,8), then per
 #            setting 2 ranks 4 KiB (10,000 back-to-back) and 1 MiB (300), shm,
 #            busy, server lcore 2: mean, p50 (last rank), rank 0's own p50.
-#   split    small all-reduces split by rank over lcores (TALLY_SPLIT=1)
-#            against whole on one lcore per operation (=0), alternated, beside
+#   split    small all-reduces split by rank over lcores, alternated beside
 #            the ring: SP_ROUNDS (4) rounds of SP_CASES ("4:2-3 8:2-3 8:2-5",
 #            ranks:server lcores), 4 KiB, SP_ITERS (10000) back-to-back, shm,
-#            busy: mean, p50, p99, agg/ring.
+#            busy: mean, p50, p99, p99/p50, agg/ring. SP_MODES ("split
+#            whole"): split by rank (TALLY_SPLIT=1), whole on one lcore per
+#            operation (TALLY_SPLIT=0). SP_LIBS
+#            (library folders put first on LD_LIBRARY_PATH, one pass each
+#            inside every round; default the inherited path). A mode may end
+#            in @VAR=value,VAR=value: variables for its runs (e.g.
+#            split@TALLY_MIN_PIECE=2K).
 #   demo     `tally demo` as a user runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -581,26 +586,46 @@ fi
 
 if has split; then
     say ""
-    say "## split small all-reduces (TALLY_SPLIT=1) against whole ones on one lcore per operation (=0), alternated; shm, busy, ranks on 8-15"
-    say "## 4 KiB, ${SP_ITERS:-10000} back-to-back; the ring in the same round; ratio = agg mean / ring mean"
-    say "$(printf '%5s %6s %7s %6s | %9s %9s %9s %7s %6s' round ranks lcores split 'mean us' 'p50 us' 'p99 us' ratio wrong)"
+    say "## split small all-reduces, modes alternated (split: TALLY_SPLIT=1; whole: TALLY_SPLIT=0); shm, busy, ranks on 8-15"
+    say "## 4 KiB, ${SP_ITERS:-10000} back-to-back; the ring in the same round and library; ratio = agg mean / ring mean"
+    say "$(printf '%5s %6s %7s %-22s %-8s | %9s %9s %9s %7s %7s %6s' round ranks lcores lib mode 'mean us' 'p50 us' 'p99 us' p99/p50 ratio wrong)"
+    base_ld="${LD_LIBRARY_PATH:-}"
     for round in $(seq "${SP_ROUNDS:-4}"); do
-        for nl in ${SP_CASES:-4:2-3 8:2-3 8:2-5}; do
-            n=${nl%%:*}; lc=${nl#*:}
-            timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
-                --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode ring --json >"$OUT/split-$round-$n-ring.json" 2>>"$OUT/split.err"
-            for sp in 1 0; do
-                TALLY_SPLIT=$sp timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
-                    --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode agg --json >"$OUT/split-$round-$n-$lc-$sp.json" 2>>"$OUT/split.err"
-                python3 - "$OUT/split-$round-$n-$lc-$sp.json" "$OUT/split-$round-$n-ring.json" "$round" "$n" "$lc" "$sp" <<'PY' | tee -a "$S"
+        for lib in ${SP_LIBS:-inherited}; do
+            ld="$base_ld"; [ "$lib" != inherited ] && ld="$PWD/$lib:$base_ld"
+            for nl in ${SP_CASES:-4:2-3 8:2-3 8:2-5}; do
+                n=${nl%%:*}; lc=${nl#*:}; tag="$round-$(basename "$lib")-$n-$lc"
+                LD_LIBRARY_PATH="$ld" timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
+                    --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode ring --json >"$OUT/split-$tag-ring.json" 2>>"$OUT/split.err"
+                for mode in ${SP_MODES:-split whole}; do
+                    case ${mode%%@*} in
+                        split) env=(TALLY_SPLIT=1) ;;
+                        *) env=(TALLY_SPLIT=0) ;;
+                    esac
+                    # MODE@VAR=value,VAR=value: more variables for that run.
+                    [[ $mode == *@* ]] && IFS=, read -ra more <<<"${mode#*@}" && env+=("${more[@]}")
+                    env LD_LIBRARY_PATH="$ld" "${env[@]}" timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+                        --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode agg --json >"$OUT/split-$tag-$mode.json" 2>>"$OUT/split.err"
+                    python3 - "$OUT/split-$tag-$mode.json" "$OUT/split-$tag-ring.json" "$round" "$n" "$lc" "$(basename "$lib")" "$mode" <<'PY' | tee -a "$S"
 import json, sys
+head = f"{sys.argv[3]:>5} {sys.argv[4]:>6} {sys.argv[5]:>7} {sys.argv[6]:<22} {sys.argv[7]:<8}"
 try:
     a = json.load(open(sys.argv[1]))["results"][0]
     g = json.load(open(sys.argv[2]))["results"][0]
-    print(f"{sys.argv[3]:>5} {sys.argv[4]:>6} {sys.argv[5]:>7} {sys.argv[6]:>6} | {a['time_us']:>9.2f} {a['p50_us']:>9.2f} {a['p99_us']:>9.2f} "
+    print(f"{head} | {a['time_us']:>9.2f} {a['p50_us']:>9.2f} {a['p99_us']:>9.2f} {a['p99_us'] / a['p50_us']:>7.2f} "
           f"{a['time_us'] / g['time_us']:>7.2f} {a['wrong']:>6}")
 except Exception as e:
-    print(f"{sys.argv[3]:>5} {sys.argv[4]:>6} {sys.argv[5]:>7} {sys.argv[6]:>6} failed: {e}")
+    print(f"{head} failed: {e}")
+PY
+                done
+                python3 - "$OUT/split-$tag-ring.json" "$round" "$n" "$lc" "$(basename "$lib")" <<'PY' | tee -a "$S"
+import json, sys
+head = f"{sys.argv[2]:>5} {sys.argv[3]:>6} {sys.argv[4]:>7} {sys.argv[5]:<22} {'ring':<8}"
+try:
+    g = json.load(open(sys.argv[1]))["results"][0]
+    print(f"{head} | {g['time_us']:>9.2f} {g['p50_us']:>9.2f} {g['p99_us']:>9.2f} {g['p99_us'] / g['p50_us']:>7.2f} {1:>7.2f} {g['wrong']:>6}")
+except Exception as e:
+    print(f"{head} failed: {e}")
 PY
             done
         done

@@ -46,10 +46,16 @@
 //! cut into contiguous groups, one per lcore of those that take small
 //! operations. Those pieces use slots `window..2 x window` of the job's tag
 //! space (a stream of their own, whose sequence every rank advances alike).
-//! Each lcore takes in its group's pieces; the last lcore to complete its
-//! group reduces all of them in rank order (the same bits) and each lcore
-//! sends the result to its own group. One lcore's copies in and out of a
-//! small all-reduce are then its group's, not every rank's.
+//! Each lcore takes in its group's pieces and folds them, in rank order,
+//! into a partial; the last lcore to complete its group combines the
+//! partials in group order ([`split_folds_groups`]: `(r0 + r1) + (r2 + r3)`,
+//! the same bits on every rank whatever the arrival order, though not those
+//! of one rank-order fold), and each lcore sends the result to its own
+//! group. 16-bit floats (combined in `f32` and rounded once) and more than
+//! [`SPLIT_MAX_FOLDED_GROUPS`] groups keep one fold of every piece in rank
+//! order. One lcore's copies in and out of a small all-reduce are then its
+//! group's, not every rank's, and the combiner reads one partial per other
+//! lcore rather than every other rank's piece.
 //!
 //! Every message is a fixed-size `#[repr(C)]` plain-old-data struct whose
 //! size is pinned by a compile-time assertion, and starts with the same
@@ -90,6 +96,17 @@ pub const SPLIT_MAX: usize = 4096;
 /// piece at once).
 pub const SPLIT_MIN_RANKS: u32 = 4;
 pub const SPLIT_MAX_RANKS: u32 = 64;
+
+/// The most groups whose partials a split round combines (one kernel pass).
+pub const SPLIT_MAX_FOLDED_GROUPS: u32 = 8;
+
+/// Whether a split round of `groups` groups of `dtype` folds each group into
+/// a partial and combines the partials in group order (see the module doc);
+/// otherwise every piece is folded in rank order. Servers and tests agree
+/// through this.
+pub fn split_folds_groups(groups: u32, dtype: DataType) -> bool {
+    (2..=SPLIT_MAX_FOLDED_GROUPS).contains(&groups) && !dtype.is_half()
+}
 
 /// How many lcores a split job's small pieces go to, of `lcores` that take
 /// its small operations: at least two ranks each. Below 2 the job is not
@@ -959,6 +976,16 @@ mod tests {
         let s = JobSpec { nranks: 2, relay: true, ..spec() };
         round_trips_with_flag(s, Hello::RELAY);
         assert!(s.relays(RELAY_MAX) && !s.relays(RELAY_MAX + 1) && !spec().relays(64));
+    }
+
+    #[test]
+    fn split_rounds_fold_by_group_except_16_bit_floats_and_many_groups() {
+        for dtype in DataType::ALL {
+            assert!(!split_folds_groups(1, dtype) && !split_folds_groups(SPLIT_MAX_FOLDED_GROUPS + 1, dtype));
+            for groups in 2..=SPLIT_MAX_FOLDED_GROUPS {
+                assert_eq!(split_folds_groups(groups, dtype), !dtype.is_half(), "{dtype} {groups}");
+            }
+        }
     }
 
     #[test]

@@ -853,3 +853,57 @@ fn choosing_kernels_by_name() {
         Err(_) => assert_eq!(Kernels::detect().unwrap().isa(), Kernels::best().isa()),
     }
 }
+
+/// A split round's last step (`Kernels::reduce_partials`): the partials of
+/// groups of ranks, combined in group order; an average is the partials'
+/// sum divided by every group's ranks, as one fold of every rank's piece
+/// divides. Every kernel set gives the same bits; 16-bit floats and more
+/// than 8 partials are refused.
+#[test]
+fn partials_of_groups_combine_in_group_order() {
+    let ranks: Vec<Vec<f32>> = (0..6).map(|r| (0..300).map(|i| (r * 300 + i) as f32 * 0.37 - 100.0).collect()).collect();
+    let bytes = |v: &Vec<f32>| bytemuck::cast_slice::<f32, u8>(v).to_vec();
+    let groups = [0..2usize, 2..4, 4..6];
+    for op in ReduceOp::ALL {
+        let pop = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+        let partials: Vec<Vec<u8>> = groups
+            .iter()
+            .map(|g| {
+                let ins: Vec<Vec<u8>> = ranks[g.clone()].iter().map(bytes).collect();
+                let refs: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
+                let mut p = vec![0u8; 1200];
+                Kernels::scalar().reduce(DataType::Float32, pop, &mut p, &refs).unwrap();
+                p
+            })
+            .collect();
+        // What the partials should give, element by element, in group order.
+        let want: Vec<f32> = (0..300)
+            .map(|i| {
+                let p: Vec<f32> = partials.iter().map(|b| bytemuck::cast_slice::<u8, f32>(b)[i]).collect();
+                match op {
+                    ReduceOp::Sum => (p[0] + p[1]) + p[2],
+                    ReduceOp::Prod => (p[0] * p[1]) * p[2],
+                    ReduceOp::Max => p[0].max(p[1]).max(p[2]),
+                    ReduceOp::Min => p[0].min(p[1]).min(p[2]),
+                    ReduceOp::Avg => ((p[0] + p[1]) + p[2]) / 6.0,
+                }
+            })
+            .collect();
+        let ptrs: Vec<*const u8> = partials.iter().map(|p| p.as_ptr()).collect();
+        for k in kernel_sets() {
+            let mut out = vec![0f32; 300];
+            // SAFETY: three partials and the output of 300 f32 each; no overlap.
+            unsafe { k.reduce_partials(DataType::Float32, op, out.as_mut_ptr().cast(), &ptrs, 300, 6) }.unwrap();
+            assert_eq!(out, want, "{op} with {:?}", k.isa());
+        }
+    }
+    let k = Kernels::scalar();
+    let mut out = [0u8; 8];
+    let p = [out.as_ptr(); 9];
+    // SAFETY: refused before anything is read or written.
+    unsafe {
+        assert!(k.reduce_partials(DataType::Bfloat16, ReduceOp::Sum, out.as_mut_ptr(), &p[..2], 4, 4).is_err());
+        assert!(k.reduce_partials(DataType::Float32, ReduceOp::Sum, out.as_mut_ptr(), &p, 2, 18).is_err());
+        assert!(k.reduce_partials(DataType::Float32, ReduceOp::Avg, out.as_mut_ptr(), &p[..2], 2, 0).is_err());
+    }
+}

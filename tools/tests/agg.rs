@@ -2,13 +2,17 @@
 //! libfabric) on loopback and client ranks as threads of the test, over shm
 //! and tcp;ofi_rxm. Every element of every result is compared with the
 //! scalar kernel applied in rank order: the server promises bit-identical
-//! results.
+//! results. (A split job's small all-reduces are folded by group instead,
+//! the same on every rank: see `wire::split_folds_groups`; `check` knows.)
 mod common;
 use common::ServerProcess;
 use std::sync::Arc;
 use std::time::Duration;
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, Kernels, ReduceOp};
+
+/// Lcores of every server here (`--lcores 0-1`).
+const LCORES: u32 = 2;
 
 fn server(provider: &str) -> ServerProcess {
     ServerProcess::start(&["--lcores", "0-1", "--provider", provider, "--poll", "adaptive", "--slab-size", "64M"])
@@ -66,6 +70,17 @@ struct Job {
 }
 
 impl Job {
+    /// The groups of ranks whose partials a split all-reduce of `bytes` of
+    /// `dtype` combines (see `wire::split_folds_groups`), on a server of
+    /// [`LCORES`] lcores; None where the job folds every piece in rank order.
+    fn split_groups(&self, dtype: DataType, bytes: usize) -> Option<Vec<std::ops::Range<u32>>> {
+        use tally_engine::wire::{split_folds_groups, split_lcores, split_ranks, SPLIT_MAX};
+        let groups = split_lcores(self.nranks, LCORES);
+        let split = self.split == [true; 2] && (4..=64).contains(&self.nranks) && groups >= 2;
+        let small = bytes <= SPLIT_MAX.min(self.chunk_bytes / dtype.size() * dtype.size());
+        (split && small && split_folds_groups(groups, dtype)).then(|| (0..groups).map(|p| split_ranks(p, self.nranks, groups)).collect())
+    }
+
     fn new(job_id: u64, nranks: u32, chunk_bytes: usize, window: u32, ops: Vec<(DataType, ReduceOp, usize)>) -> Job {
         Job { job_id, nranks, chunk_bytes, window, ops, relay: [true; 2], split: [true; 2], in_place: false }
     }
@@ -136,14 +151,31 @@ fn run_ranks(addr: &str, provider: &str, job: &Job, seed: u64) -> Vec<Result<Vec
 }
 
 /// Compares every element of every rank's results with the scalar kernel
-/// applied to the inputs in rank order.
+/// applied to the inputs in rank order (a split job's small ones: each
+/// group's in rank order, then the partials in group order).
 fn check(provider: &str, job: &Job, seed: u64, results: &[Vec<Vec<u8>>]) {
     let inputs = inputs(job, seed);
     let scalar = Kernels::scalar();
     for (k, &(dt, op, count)) in job.ops.iter().enumerate() {
         let ins: Vec<&[u8]> = inputs[k].iter().map(|v| v.as_slice()).collect();
         let mut want = vec![0u8; count * dt.size()];
-        scalar.reduce(dt, op, &mut want, &ins).unwrap();
+        match job.split_groups(dt, count * dt.size()) {
+            None => scalar.reduce(dt, op, &mut want, &ins).unwrap(),
+            Some(groups) => {
+                let pop = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+                let partials: Vec<Vec<u8>> = groups
+                    .iter()
+                    .map(|g| {
+                        let mut p = vec![0u8; want.len()];
+                        scalar.reduce(dt, pop, &mut p, &ins[g.start as usize..g.end as usize]).unwrap();
+                        p
+                    })
+                    .collect();
+                let ptrs: Vec<*const u8> = partials.iter().map(|p| p.as_ptr()).collect();
+                // SAFETY: every partial and `want` hold `count` elements; `want` overlaps none.
+                unsafe { scalar.reduce_partials(dt, op, want.as_mut_ptr(), &ptrs, count, job.nranks as usize) }.unwrap();
+            }
+        }
         for (rank, res) in results.iter().enumerate() {
             if res[k] != want {
                 let i = res[k].iter().zip(&want).position(|(a, b)| a != b).unwrap() / dt.size();
@@ -308,8 +340,9 @@ fn ranks_that_disagree_on_relay_are_refused() {
 }
 
 /// Jobs of 4 to 7 ranks split their pieces of at most 4 KiB by rank over
-/// the lcores (each lcore takes its group's, the last group in reduces all
-/// of them in rank order). (More than two lcores, and latency lcores, need
+/// the lcores (each lcore takes its group's and folds them, the last group
+/// in combines the partials; 16-bit floats: it folds every piece in rank
+/// order). (More than two lcores, and latency lcores, need
 /// more cores than CI has: the device session's `split` part and the load
 /// generator, which checks every element too, cover them.)
 fn split_jobs(provider: &str, env: &[(&str, &str)]) {

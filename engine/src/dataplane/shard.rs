@@ -41,9 +41,9 @@
 //!
 //! A split job (see [`crate::dataplane::split`]) has `window` more slots,
 //! `window..2 x window`, for its small all-reduces: each takes only this
-//! lcore's group of ranks, in a small area after the job's region; the last
-//! lcore whose group is in reduces every group's pieces, and each lcore
-//! sends the result to its own group.
+//! lcore's group of ranks, in a small area after the job's region, and
+//! folds them into the group's partial; the last lcore whose group is in
+//! combines the partials, and each lcore sends the result to its own group.
 //!
 //! A straggler does not stall a job forever: when a slot's first piece has
 //! waited [`ShardWorker`]'s `op_timeout` for the others, the job fails
@@ -63,7 +63,7 @@ use crate::dataplane::metrics::MetricsTable;
 use crate::dataplane::slab::Slab;
 use crate::dataplane::split::SplitShared;
 use crate::reduce::{DataType, Kernels, MAX_INPUTS};
-use crate::wire::{JobSpec, Tag, SPLIT_MAX, SPLIT_MAX_RANKS};
+use crate::wire::{self, JobSpec, Tag, SPLIT_MAX, SPLIT_MAX_RANKS};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -606,12 +606,23 @@ impl ShardWorker {
                 return;
             }
             let sp = job.split.as_ref().unwrap();
+            let t0 = Instant::now();
+            if wire::split_folds_groups(sp.shared.groups(), job.on.spec.dtype) {
+                // The group's partial, before counting: the combiner reads
+                // it once the count says this group is in.
+                if let Err(e) = self.fold_group(ji, slot, c.len / dsize) {
+                    self.fail(ji, e);
+                    return;
+                }
+            }
+            let job = self.jobs[ji].as_mut().unwrap();
+            let sp = job.split.as_ref().unwrap();
             if !sp.shared.group_complete(slot - job.on.spec.window as usize) {
                 job.slots[slot].combine_wait = true;
                 self.split_waits += 1;
+                bump(&self.metrics.job(self.lcore, ji).reduce_ns, t0.elapsed().as_nanos() as u64);
                 return;
             }
-            let t0 = Instant::now();
             if let Err(e) = self.combine(ji, slot, c.len / dsize) {
                 self.fail(ji, e);
                 return;
@@ -711,14 +722,60 @@ impl ShardWorker {
         }
     }
 
+    /// Split slot `slot`'s group is in: folds its pieces in rank order (an
+    /// average: summed) into its first rank's piece, the group's partial
+    /// (see `dataplane::split`).
+    fn fold_group(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), String> {
+        let job = self.jobs[ji].as_ref().unwrap();
+        let sp = job.split.as_ref().unwrap();
+        let j = slot - job.on.spec.window as usize;
+        let mut inputs = [core::ptr::null::<u8>(); SPLIT_MAX_RANKS as usize];
+        let group = sp.ranks.clone();
+        for rank in group.clone() {
+            // SAFETY: the offset is inside this lcore's area (add_job checked).
+            inputs[(rank - group.start) as usize] = unsafe { sp.area.add(sp.shared.offset(sp.position, j, Some(rank))) };
+        }
+        let op = match job.on.spec.op {
+            crate::reduce::ReduceOp::Avg => crate::reduce::ReduceOp::Sum,
+            op => op,
+        };
+        // SAFETY: every input is a completed receive of `elems` elements of
+        // this lcore's group, and out is exactly inputs[0], which reduce_raw
+        // allows; no other lcore reads them before this group is counted.
+        unsafe { self.kernels.reduce_raw(job.on.spec.dtype, op, inputs[0] as *mut u8, &inputs[..group.len()], elems) }
+            .map_err(|e| format!("reduce failed: {e}"))
+    }
+
     /// Split slot `slot`'s groups are all in and this lcore is the last:
-    /// reduces every rank's piece in rank order into its own area's result
-    /// buffer and publishes the round (see `dataplane::split`).
+    /// combines the groups' partials in group order (or, see
+    /// `wire::split_folds_groups`, every rank's piece in rank order) into
+    /// its own area's result buffer and publishes the round (see
+    /// `dataplane::split`).
     fn combine(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), String> {
         let job = self.jobs[ji].as_mut().unwrap();
         let sp = job.split.as_ref().unwrap();
         let (n, j) = (job.on.spec.nranks as usize, slot - job.on.spec.window as usize);
         let mut inputs = [core::ptr::null::<u8>(); SPLIT_MAX_RANKS as usize];
+        if wire::split_folds_groups(sp.shared.groups(), job.on.spec.dtype) {
+            for p in 0..sp.shared.groups() {
+                let area = sp.shared.area(p).ok_or_else(|| format!("split lcore {p} of the job has no area"))?;
+                // SAFETY: position p's partial is its first rank's piece,
+                // inside its area of SplitShared::area_len bytes (add_job checked).
+                inputs[p as usize] = unsafe { area.add(sp.shared.offset(p, j, Some(sp.shared.ranks(p).start))) };
+            }
+            let g = sp.shared.groups() as usize;
+            // SAFETY: as below, for this lcore's result buffer of slot j.
+            let out = unsafe { sp.area.add(sp.shared.offset(sp.position, j, None)) };
+            // SAFETY: each partial holds `elems` elements, folded by its
+            // lcore before that lcore counted its group (release) and this
+            // lcore's count (acquire); nothing rewrites them before the
+            // result is published below. `out` overlaps no piece.
+            unsafe { self.kernels.reduce_partials(job.on.spec.dtype, job.on.spec.op, out, &inputs[..g], elems, n) }
+                .map_err(|e| format!("reduce failed: {e}"))?;
+            sp.shared.publish_result(j, job.slots[slot].seq, sp.position);
+            job.slots[slot].from = sp.position;
+            return Ok(());
+        }
         for p in 0..sp.shared.groups() {
             let area = sp.shared.area(p).ok_or_else(|| format!("split lcore {p} of the job has no area"))?;
             for rank in sp.shared.ranks(p) {

@@ -189,6 +189,12 @@ impl DataType {
         }
     }
 
+    /// Whether this is a 16-bit float, which the server combines in `f32`
+    /// and rounds once.
+    pub const fn is_half(self) -> bool {
+        matches!(self, DataType::Float16 | DataType::Bfloat16)
+    }
+
     /// Whether this is a floating-point type.
     pub const fn is_float(self) -> bool {
         matches!(self, DataType::Float16 | DataType::Float32 | DataType::Float64 | DataType::Bfloat16)
@@ -640,6 +646,34 @@ impl Kernels {
         // SAFETY: the caller vouches for the buffers and the aliasing; the
         // count is checked above and the table suits this CPU.
         unsafe { self.run(dtype, op, out, inputs, elems) };
+        Ok(())
+    }
+
+    /// The last step of a split round (see `dataplane::split`): `out =
+    /// op(partials[0], ..)` in group order, where each partial is one group
+    /// of ranks' pieces combined in rank order with `op` (an average's:
+    /// summed); an average is divided by `nranks`, all the groups' ranks.
+    /// Not for 16-bit floats, whose partials would be rounded twice.
+    ///
+    /// # Safety
+    /// As for [`Kernels::reduce_raw`].
+    pub unsafe fn reduce_partials(
+        &self,
+        dtype: DataType,
+        op: ReduceOp,
+        out: *mut u8,
+        partials: &[*const u8],
+        elems: usize,
+        nranks: usize,
+    ) -> Result<(), ReduceError> {
+        check_count(partials.len())?;
+        if partials.len() > TILE_GROUP || dtype.is_half() {
+            return Err(ReduceError::BadCount);
+        }
+        let divisor = u32::try_from(nranks).ok().filter(|&d| d > 0).ok_or(ReduceError::BadCount)?;
+        // SAFETY: the caller vouches for the buffers and the aliasing; one
+        // untiled pass of at most TILE_GROUP inputs, which the kernels take.
+        unsafe { self.kernel(dtype, op)(out, partials, elems, divisor) };
         Ok(())
     }
 
