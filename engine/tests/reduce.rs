@@ -80,7 +80,11 @@ fn kernel_sets() -> Vec<Kernels> {
     let isas = available_isas();
     PRINTED.get_or_init(|| {
         let names: Vec<&str> = isas.iter().map(|isa| isa.name()).collect();
-        let _ = writeln!(std::io::stderr(), "isas under test: {} (cpu: {})", names.join(", "), cpu_features());
+        // One write: the harness prints the other tests' results meanwhile,
+        // and a line cut in two left scripts/test-aarch64.sh reading
+        // "isas under test: ok" (a CI run).
+        let line = format!("isas under test: {} (cpu: {})\n", names.join(", "), cpu_features());
+        let _ = std::io::stderr().write_all(line.as_bytes());
     });
     isas.into_iter().map(|isa| Kernels::for_isa(isa).expect("listed as available")).collect()
 }
