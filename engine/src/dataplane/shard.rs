@@ -1044,14 +1044,18 @@ impl ShardWorker {
             }
             let n = job.on.spec.nranks as usize;
             let late = |since: Option<Instant>| since.is_some_and(|t| now.duration_since(t) > self.op_timeout);
+            // A split slot whose group is in waits for the other groups five
+            // housekeeping ticks longer: an lcore that has part of its group
+            // names the silent ranks exactly, and should go first (a CI run
+            // met the two lcores' checks in the other order).
+            let later = |since: Option<Instant>| since.is_some_and(|t| now.duration_since(t) > self.op_timeout + 5 * HOUSEKEEPING_EVERY);
             // A slot waiting for pieces (some ranks sent, others did not), or
             // for ranks to take their results (a rank or its link vanished).
             // (A split slot waits for its group, then for the other groups.)
-            let waiting = job
-                .slots
-                .iter()
-                .enumerate()
-                .find(|(i, s)| s.arrived > 0 && (s.arrived < job.expected(*i) || s.combine_wait) && late(s.first));
+            let waiting =
+                job.slots.iter().enumerate().find(|(i, s)| {
+                    s.arrived > 0 && ((s.arrived < job.expected(*i) && late(s.first)) || (s.combine_wait && later(s.first)))
+                });
             let taking = job.slots.iter().enumerate().find(|(_, s)| s.sends_left > 0 && late(s.sending_since));
             let (slot, s, sending) = match (waiting, taking) {
                 (Some((i, s)), _) => (i, s, false),
