@@ -755,47 +755,38 @@ impl ShardWorker {
         let job = self.jobs[ji].as_mut().unwrap();
         let sp = job.split.as_ref().unwrap();
         let (n, j) = (job.on.spec.nranks as usize, slot - job.on.spec.window as usize);
+        let (dtype, op) = (job.on.spec.dtype, job.on.spec.op);
+        let folded = wire::split_folds_groups(sp.shared.groups(), dtype);
+        // The inputs: each group's partial (its first rank's piece), or every rank's piece.
         let mut inputs = [core::ptr::null::<u8>(); SPLIT_MAX_RANKS as usize];
-        if wire::split_folds_groups(sp.shared.groups(), job.on.spec.dtype) {
-            for p in 0..sp.shared.groups() {
-                let area = sp.shared.area(p).ok_or_else(|| format!("split lcore {p} of the job has no area"))?;
-                // SAFETY: position p's partial is its first rank's piece,
-                // inside its area of SplitShared::area_len bytes (add_job checked).
-                inputs[p as usize] = unsafe { area.add(sp.shared.offset(p, j, Some(sp.shared.ranks(p).start))) };
-            }
-            let g = sp.shared.groups() as usize;
-            // SAFETY: as below, for this lcore's result buffer of slot j.
-            let out = unsafe { sp.area.add(sp.shared.offset(sp.position, j, None)) };
-            // SAFETY: each partial holds `elems` elements, folded by its
-            // lcore before that lcore counted its group (release) and this
-            // lcore's count (acquire); nothing rewrites them before the
-            // result is published below. `out` overlaps no piece.
-            unsafe { self.kernels.reduce_partials(job.on.spec.dtype, job.on.spec.op, out, &inputs[..g], elems, n) }
-                .map_err(|e| format!("reduce failed: {e}"))?;
-            sp.shared.publish_result(j, job.slots[slot].seq, sp.position);
-            job.slots[slot].from = sp.position;
-            return Ok(());
-        }
+        let mut count = 0;
         for p in 0..sp.shared.groups() {
             let area = sp.shared.area(p).ok_or_else(|| format!("split lcore {p} of the job has no area"))?;
-            for rank in sp.shared.ranks(p) {
+            let ranks = sp.shared.ranks(p);
+            for rank in if folded { ranks.start..ranks.start + 1 } else { ranks } {
                 // SAFETY: the offset is inside position p's area, which is
                 // SplitShared::area_len bytes of p's slab (add_job checked).
-                inputs[rank as usize] = unsafe { area.add(sp.shared.offset(p, j, Some(rank))) };
+                inputs[count] = unsafe { area.add(sp.shared.offset(p, j, Some(rank))) };
+                count += 1;
             }
         }
         // SAFETY: as above, for this lcore's result buffer of slot j.
         let out = unsafe { sp.area.add(sp.shared.offset(sp.position, j, None)) };
-        // SAFETY: every input holds a completed receive of `elems` elements:
-        // this lcore's group's, and each other group's, whose lcore counted
-        // its group complete (release) before this lcore's count (acquire)
-        // and reposts nothing before the result is published below. `out`
-        // is a result buffer, which overlaps no piece.
-        unsafe { self.kernels.reduce_raw(job.on.spec.dtype, job.on.spec.op, out, &inputs[..n], elems) }
-            .map_err(|e| format!("reduce failed: {e}"))?;
+        // SAFETY: every input holds `elems` elements: a completed receive, or
+        // a partial folded from them, this lcore's or another group's,
+        // whose lcore wrote it before counting its group complete (release)
+        // and this lcore's count (acquire), and reposts nothing before the
+        // result is published below. `out` is a result buffer, which
+        // overlaps no piece.
+        let r = unsafe {
+            match folded {
+                true => self.kernels.reduce_partials(dtype, op, out, &inputs[..count], elems, n),
+                false => self.kernels.reduce_raw(dtype, op, out, &inputs[..count], elems),
+            }
+        };
+        r.map_err(|e| format!("reduce failed: {e}"))?;
         sp.shared.publish_result(j, job.slots[slot].seq, sp.position);
-        let position = sp.position;
-        job.slots[slot].from = position;
+        job.slots[slot].from = sp.position;
         Ok(())
     }
 
