@@ -63,7 +63,9 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 pub mod failover;
+pub mod rails;
 use failover::{Fo, Stage};
+use rails::Rails;
 
 /// How to reach the servers and cut the work.
 #[derive(Debug, Clone)]
@@ -136,6 +138,15 @@ pub struct ClientConfig {
     /// off (needed to join servers older than the split, which refuse the
     /// flag).
     pub split: bool,
+    /// Endpoints the client moves bytes through, each driven by its own
+    /// thread, server `si` on rail `si mod rails` (see [`rails`]). 1: one
+    /// endpoint on the caller's thread, no thread of its own. 0: auto
+    /// ([`rails::auto_rails`]: one per server over tcp on hosts of 8 or
+    /// more cores). Default from TALLY_RAILS, else 0.
+    pub rails: usize,
+    /// Cores to pin the rail threads to, one each in order (empty: they
+    /// keep the affinity of the thread that connects). From TALLY_RAIL_CORES.
+    pub rail_cores: Vec<usize>,
 }
 
 impl ClientConfig {
@@ -163,6 +174,11 @@ impl ClientConfig {
             fault_drop_results: None,
             relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
             split: std::env::var("TALLY_SPLIT").map_or(true, |v| v != "0"),
+            rails: std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0),
+            rail_cores: std::env::var("TALLY_RAIL_CORES")
+                .ok()
+                .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
+                .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
         }
     }
 }
@@ -458,6 +474,17 @@ struct Op {
     mh_recv: Option<MemoryHandle>,
 }
 
+impl Op {
+    /// Whether a rail thread copies this operation's staged results into
+    /// its output as they arrive (`copy_to` of [`Rails::recv`]). Not in place:
+    /// there the output is the input, which must stay intact until the main
+    /// thread has seen the result (a recovery may send the input again for
+    /// a result the rank has not seen), so `failover::land` copies it then.
+    fn rail_copies(&self, rails: &Rails) -> bool {
+        rails.copies_results() && !std::ptr::eq(self.send, self.recv.cast_const())
+    }
+}
+
 /// The smallest piece an all-reduce is cut into when it is spread over
 /// streams: below this, a piece's fixed costs outweigh the parallelism.
 pub const MIN_SPREAD_PIECE: usize = 4096;
@@ -480,8 +507,8 @@ pub struct Request(u64);
 pub struct Client {
     cfg: ClientConfig,
     token: [u8; TOKEN_BYTES],
-    ep: Endpoint,
-    name: EndpointName,
+    /// The endpoints (one, or one per rail thread).
+    rails: Rails,
     subs: Vec<SubJob>,
     ops: VecDeque<Op>,
     /// Per-stream cursors of finished operations, reused by the next ones.
@@ -538,13 +565,35 @@ impl Client {
             contexts: per_sub * MAX_SUBJOBS as u32,
             wait_object: true,
         };
-        let ep = Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")))?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let want = match cfg.rails {
+            0 => rails::auto_rails(&provider, cfg.servers.len(), cores),
+            n => n.clamp(1, rails::MAX_RAILS).min(cfg.servers.len().max(1)),
+        };
+        let open = || Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")));
+        let first = open()?;
+        let rails = if want <= 1 || first.needs_local_mr() {
+            Rails::direct(first)
+        } else {
+            let mut eps = vec![first];
+            for _ in 1..want {
+                eps.push(open()?);
+            }
+            Rails::threaded(eps, cfg.spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize)
+        }
+        .map_err(|e| ClientError::Fabric(e.to_string()))?;
+        if rails.count() > 1 {
+            log::info!(
+                "rank {}: {} rails (an endpoint and a thread each), server i on rail i mod {}",
+                cfg.rank,
+                rails.count(),
+                rails.count()
+            );
+        }
         crate::dataplane::lcore::precise_naps();
-        let name = ep.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
         Ok(Client {
             token,
-            ep,
-            name,
+            rails,
             subs: Vec::new(),
             ops: VecDeque::with_capacity(MAX_OPS),
             spare_next: Vec::with_capacity(MAX_OPS),
@@ -564,7 +613,7 @@ impl Client {
     }
 
     pub fn provider(&self) -> &str {
-        self.ep.provider()
+        self.rails.provider()
     }
 
     /// Streams (server, lcore pairs) of the first joined sub-job.
@@ -607,12 +656,15 @@ impl Client {
                 && self.cfg.servers.len() == 1
                 && (wire::SPLIT_MIN_RANKS..=wire::SPLIT_MAX_RANKS).contains(&self.cfg.nranks),
         };
-        let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.name.as_bytes())
+        // Each server's Hello names the rail that carries its streams.
+        let hellos = (0..self.cfg.servers.len())
+            .map(|si| Hello::new(&spec, self.cfg.rank, &self.token, self.rails.name(self.rails.rail_of(si)).as_bytes()))
+            .collect::<Option<Vec<Hello>>>()
             .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
         let mut controls = Vec::new();
         // Send every Hello first, then wait for the answers: servers admit
         // the job only when all ranks are in, on all servers at once.
-        for server in &self.cfg.servers {
+        for (server, hello) in self.cfg.servers.iter().zip(&hellos) {
             let addr = server
                 .to_socket_addrs()
                 .map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?
@@ -622,7 +674,7 @@ impl Client {
                 connect_retry(&addr, self.cfg.join_timeout).map_err(|e| ClientError::Connect { server: server.clone(), error: e })?;
             let _ = s.set_nodelay(true);
             keepalive(&s);
-            s.write_all(bytemuck::bytes_of(&hello)).map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
+            s.write_all(bytemuck::bytes_of(hello)).map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
             controls.push(s);
         }
         let mut streams = Vec::new();
@@ -636,7 +688,7 @@ impl Client {
         for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
-            let answer = self.answer(server, s, &hello, join_started, true)?;
+            let answer = self.answer(server, s, &hellos[si], join_started, true)?;
             let g = match answer {
                 Ok(g) => g,
                 // Every rank of the sub-job gets this same answer from a
@@ -663,7 +715,7 @@ impl Client {
             let latency_lcores = g.latency.map_or(0, |(l, _)| l);
             small_lcores = if latency_lcores > 0 { latency_lcores } else { g.names.len() } as u32;
             for (k, n) in g.names.iter().enumerate() {
-                let addr = self.ep.insert_peer(n).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                let addr = self.rails.insert_peer(self.rails.rail_of(si), n).map_err(|e| ClientError::Fabric(e.to_string()))?;
                 streams.push(Stream { latency: k < latency_lcores, ..Stream::new(addr, si, g.tag) });
             }
             let _ = s.set_nonblocking(true);
@@ -696,16 +748,16 @@ impl Client {
             && self.cfg.servers.len() > 1
             && self.cfg.servers.len() <= 64
             && self.cfg.window <= 32
-            && !self.ep.in_order_sends();
+            && !self.rails.in_order_sends();
         if self.cfg.failover && self.cfg.servers.len() > 1 && !can_fail_over && self.subs.is_empty() {
-            log::info!("failover is off for this client: {} completes sends in order", self.ep.provider());
+            log::info!("failover is off for this client: {} completes sends in order", self.rails.provider());
         }
         let stage = match can_fail_over {
-            true => Some(Stage::new(streams.len(), self.cfg.window as usize, chunk_elems * dtype.size(), &mut self.ep)?),
+            true => Some(Stage::new(streams.len(), self.cfg.window as usize, chunk_elems * dtype.size(), &mut self.rails)?),
             false => None,
         };
         let relay = match spec.relay {
-            true => Some(Stage::new(streams.len(), self.cfg.window as usize, wire::RELAY_MAX, &mut self.ep)?),
+            true => Some(Stage::new(streams.len(), self.cfg.window as usize, wire::RELAY_MAX, &mut self.rails)?),
             false => None,
         };
         let per_server = streams.len().div_ceil(self.cfg.servers.len()) * self.cfg.window as usize;
@@ -812,7 +864,7 @@ impl Client {
         }
         let bytes = count.checked_mul(dtype.size()).ok_or_else(|| ClientError::BadArgument("count overflows".into()))?;
         let sub = self.join(dtype, op)?;
-        let (mh_send, mh_recv) = if self.ep.needs_local_mr() && bytes > 0 {
+        let (mh_send, mh_recv) = if self.rails.needs_local_mr() && bytes > 0 {
             (Some(self.registration(send as *mut u8, bytes)?), Some(self.registration(recv, bytes)?))
         } else {
             (None, None)
@@ -913,10 +965,10 @@ impl Client {
         // operation runs; the registration is dropped with the endpoint, and
         // a later buffer at the same address is re-registered only if it is
         // larger (cache entries cover the exact ranges registered).
-        let mh = unsafe { self.ep.register(p, len) }.map_err(|e| ClientError::Fabric(e.to_string()))?;
+        let mh = unsafe { self.rails.register(p, len) }.map_err(|e| ClientError::Fabric(e.to_string()))?;
         if self.registrations.len() >= 64 {
             let (_, _, old) = self.registrations.remove(0);
-            let _ = self.ep.deregister(old);
+            let _ = self.rails.deregister(old);
         }
         self.registrations.push((a, len, mh));
         Ok(mh)
@@ -984,7 +1036,7 @@ impl Client {
             if self.last_progress == before {
                 empty += 1;
                 if empty >= self.cfg.spin_polls {
-                    let _ = self.ep.wait(self.cfg.sleep_ms.min(i32::MAX as u32) as i32);
+                    let _ = self.rails.wait(self.cfg.sleep_ms.min(i32::MAX as u32) as i32);
                     empty = 0;
                 }
             } else {
@@ -997,7 +1049,7 @@ impl Client {
     /// rank no longer counts as finishing cleanly.
     pub fn abort(&mut self) {
         self.failed = true;
-        self.ep.cancel_all();
+        self.rails.cancel_all();
         self.ops.clear();
         self.retry.clear();
         for s in &mut self.subs {
@@ -1133,17 +1185,18 @@ impl Client {
         let f = s.flights[fi];
         let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
         let stream = &s.streams[st];
+        let rail = self.rails.rail_of(stream.server);
         let (chunk, seq) = (f.chunk, f.seq);
         let off = chunk * op.chunk_bytes;
         let len = op.chunk_bytes.min(op.bytes - off);
         let tag = Tag::new(stream.job_tag, stream.slot_base + slot as u16, seq).0;
-        if is_send && len <= self.ep.inject_size() && self.cfg.send_credits == 0 {
+        if is_send && len <= self.rails.inject_size() && self.cfg.send_credits == 0 {
             // Small pieces go by inject: no send completion to wait for.
             // (Not with pacing, whose credits are returned by completions.)
             let addr = stream.addr;
             // SAFETY: [send+off, +len) is inside the caller's buffer, valid
             // for this call (inject copies it).
-            return match unsafe { self.ep.inject(op.send.add(off), len, addr, tag) } {
+            return match unsafe { self.rails.inject(op.send.add(off), len, addr, tag) } {
                 Ok(()) => {
                     self.subs[sub].flights[fi].send_done = true;
                     if f.relayed {
@@ -1161,20 +1214,27 @@ impl Client {
         let r = if is_send {
             // SAFETY: [send+off, +len) is inside the caller's buffer, valid
             // until the request completes (contract of `start`).
-            unsafe { self.ep.send(op.send.add(off), len, op.mh_send, stream.addr, tag, ctx) }
+            unsafe { self.rails.send(rail, op.send.add(off), len, op.mh_send, stream.addr, tag, ctx) }
         } else if let Some(relay) = s.relay.as_ref().filter(|_| f.relayed) {
             // SAFETY: the relay slot of (stream, seq) holds RELAY_MAX bytes
             // and is the target of this receive only (slots cycle over twice
             // the window); it lives as long as the sub-job.
-            unsafe { self.ep.recv(relay.slot(st, seq), len, relay.mh(st), Some(stream.addr), tag, 0, ctx) }
-        } else if let Some(stage) = &s.stage {
+            unsafe { self.rails.recv(rail, relay.slot(st, seq), len, relay.mh(st), Some(stream.addr), (tag, 0), ctx, None) }
+        } else if let Some(stage) = s.stage.as_ref().filter(|_| op.rail_copies(&self.rails)) {
             // SAFETY: the staging slot of (stream, seq) holds a whole piece
             // and is the target of this receive only (slots cycle over twice
-            // the window, see `Stage`); it lives as long as the sub-job.
-            unsafe { self.ep.recv(stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), tag, 0, ctx) }
+            // the window, see `Stage`); it lives as long as the sub-job. The
+            // chunk's range of `recv` (where the rail copies the result) has
+            // one receive and stays the caller's until the request completes.
+            unsafe {
+                self.rails.recv(rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, Some(op.recv.add(off)))
+            }
+        } else if let Some(stage) = &s.stage {
+            // SAFETY: as above; `land` copies the result out.
+            unsafe { self.rails.recv(rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, None) }
         } else {
             // SAFETY: as above; each chunk's range of `recv` has one receive.
-            unsafe { self.ep.recv(op.recv.add(off), len, op.mh_recv, Some(stream.addr), tag, 0, ctx) }
+            unsafe { self.rails.recv(rail, op.recv.add(off), len, op.mh_recv, Some(stream.addr), (tag, 0), ctx, None) }
         };
         match r {
             Ok(()) if is_send && f.relayed => self.post(ctx - 1),
@@ -1188,7 +1248,7 @@ impl Client {
     }
 
     fn poll(&mut self) -> Result<(), ClientError> {
-        let n = match self.ep.poll(&mut self.batch) {
+        let n = match self.rails.poll(&mut self.batch) {
             Ok(n) => n,
             Err(PollError::Completion(e)) => return self.on_error_completion(e),
             Err(PollError::Fabric(e)) => return Err(ClientError::Fabric(e.to_string())),
@@ -1260,7 +1320,7 @@ impl Client {
                 if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
                     if s.stage.is_some() {
                         // One search for the operation serves both.
-                        failover::land(s, &self.ops[pos], st, seq, chunk);
+                        failover::land(s, &self.ops[pos], st, seq, chunk, self.ops[pos].rail_copies(&self.rails));
                     }
                     self.ops[pos].done += 1;
                     if self.ops[pos].done == self.ops[pos].chunks {
@@ -1524,7 +1584,7 @@ impl Drop for Client {
         // the other ranks hear of it at once. Canceling first means no
         // receive still targets a caller's buffer.
         let clean = self.ops.is_empty() && !self.failed;
-        self.ep.cancel_all();
+        self.rails.cancel_all();
         if clean {
             let bye = wire::Header::new(Kind::Bye);
             for s in &mut self.subs {

@@ -67,6 +67,9 @@ struct Job {
     split: [bool; 2],
     /// Reduce in place (the result overwrites the input).
     in_place: bool,
+    /// `ClientConfig::rails` (0: the default) and `failover`.
+    rails: usize,
+    failover: bool,
 }
 
 impl Job {
@@ -82,7 +85,7 @@ impl Job {
     }
 
     fn new(job_id: u64, nranks: u32, chunk_bytes: usize, window: u32, ops: Vec<(DataType, ReduceOp, usize)>) -> Job {
-        Job { job_id, nranks, chunk_bytes, window, ops, relay: [true; 2], split: [true; 2], in_place: false }
+        Job { job_id, nranks, chunk_bytes, window, ops, relay: [true; 2], split: [true; 2], in_place: false, rails: 0, failover: true }
     }
 }
 
@@ -112,14 +115,18 @@ fn inputs(job: &Job, seed: u64) -> Vec<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// Runs a job's ranks as threads against `addr`: each rank's results, or
-/// its first error.
+/// Runs a job's ranks as threads against `addr` (servers, comma-separated):
+/// each rank's results, or its first error.
 fn run_ranks(addr: &str, provider: &str, job: &Job, seed: u64) -> Vec<Result<Vec<Vec<u8>>, String>> {
     let inputs = Arc::new(inputs(job, seed));
     let in_place = job.in_place;
     let handles: Vec<_> = (0..job.nranks)
         .map(|rank| {
-            let mut cfg = ClientConfig::new(vec![addr.to_string()], job.job_id, rank, job.nranks);
+            let mut cfg = ClientConfig::new(addr.split(',').map(str::to_string).collect(), job.job_id, rank, job.nranks);
+            if job.rails > 0 {
+                cfg.rails = job.rails;
+            }
+            cfg.failover = job.failover;
             cfg.provider = Some(provider.to_string());
             cfg.chunk_bytes = job.chunk_bytes;
             cfg.window = job.window;
@@ -216,6 +223,31 @@ fn shm_every_type_and_op_3_ranks() {
 #[test]
 fn tcp_every_type_and_op_3_ranks() {
     every_type_and_op("tcp");
+}
+
+/// Ranks with rails (an endpoint and a thread per server, here on 2 cores
+/// where the default is none): three servers over two and three rails, in
+/// place and not, with failover's staging (results copied out by the rail
+/// threads) and without; eight types, odd sizes across chunk boundaries.
+#[test]
+fn tcp_ranks_with_rails_every_element_right() {
+    let srvs: Vec<_> = (0..3).map(|_| server("tcp")).collect();
+    let addrs = srvs.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
+    let s = seed();
+    for (id, (rails, in_place, failover)) in (700..).zip([(3, false, true), (2, true, true), (3, true, false), (2, false, false)]) {
+        // At most 8 (type, op) pairs: a client's sub-jobs.
+        let ops = DataType::ALL
+            .iter()
+            .take(8)
+            .enumerate()
+            .map(|(i, dt)| (*dt, ReduceOp::ALL[i % ReduceOp::ALL.len()], [1, 1000, 65_537, 300_001][i % 4]))
+            .collect();
+        let job = Job { rails, in_place, failover, ..Job::new(id, 3, 16 << 10, 2, ops) };
+        run_job(&addrs, "tcp", &job, s);
+    }
+    for srv in srvs {
+        assert!(srv.stop().success());
+    }
 }
 
 #[test]

@@ -123,6 +123,14 @@ fn sigkill_one_of_three_servers_with_two_lcores_each_tcp() {
     kill_one_of_three("tcp", Shape { two_lcores: true, ..Shape::default() });
 }
 
+#[test]
+fn sigkill_one_of_three_servers_under_ranks_with_rails_tcp() {
+    // Two rails over three servers: server 0 and 2 share rail 0, server 1
+    // (killed) has rail 1 to itself. Results are staged and copied out by
+    // the rail threads; the redo job's Hellos name each survivor's rail.
+    kill_one_of_three("tcp", Shape { two_lcores: true, rails: Some(2), ..Shape::default() });
+}
+
 /// A server dies after one rank got a result and completed its
 /// all-reduce, before another got it (here forced: rank 1 drops server 1's
 /// results from operation 30 on). Rank 0 gave its buffer back long ago, so
@@ -190,12 +198,19 @@ fn two_servers_killed_one_after_the_other_leave_the_job_on_the_last() {
 
 #[test]
 fn a_killed_server_restarted_on_its_port_is_taken_back_into_the_job() {
-    restarted_server_is_taken_back(0xf6, false);
+    restarted_server_is_taken_back(0xf6, false, None);
 }
 
 #[test]
 fn a_restarted_server_that_answers_busy_is_taken_back_once_it_has_room() {
-    restarted_server_is_taken_back(0xf7, true);
+    restarted_server_is_taken_back(0xf7, true, None);
+}
+
+#[test]
+fn a_restarted_server_is_taken_back_by_ranks_with_rails() {
+    // Three rails: the rejoin's Hello names the restarted server's rail,
+    // whose thread adds the new lcores' addresses.
+    restarted_server_is_taken_back(0xf8, false, Some(3));
 }
 
 /// Kills one of three servers mid-loop and restarts it on its port. With
@@ -203,7 +218,7 @@ fn a_restarted_server_that_answers_busy_is_taken_back_once_it_has_room() {
 /// silent connection from the ranks' address holds that place for its 2 s
 /// deadline (a reconnect storm in miniature): the ranks' rejoins are told
 /// busy, their watchers come back every 0.5 s, and they get in after it.
-fn restarted_server_is_taken_back(job: u64, storm: bool) {
+fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>) {
     const ROUNDS: usize = 1500;
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
@@ -211,7 +226,7 @@ fn restarted_server_is_taken_back(job: u64, storm: bool) {
     // At least 6 s of loop (1500 rounds, 4 ms apart): on an idle fast host
     // the loop once ended within the 2 s the storm holds the restarted
     // server busy, before any rank could rejoin it.
-    let shape = Shape { pace: Some(Duration::from_millis(4)), ..Shape::default() };
+    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, ..Shape::default() };
     let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, 40, &ranks);
     sigkill(&mut servers[1]);

@@ -72,6 +72,9 @@ pub struct Shape {
     /// Fault injection: rank `.0` drops the results server `.1` sends for
     /// operations from index `.2` on (see `ClientConfig::fault_drop_results`).
     pub drop_results: Option<(u32, usize, u64)>,
+    /// Rails per rank (`ClientConfig::rails`); None: the default (one on
+    /// this 2-core machine).
+    pub rails: Option<usize>,
 }
 
 pub fn loop_job(
@@ -100,6 +103,9 @@ pub fn loop_job_with(
     (0..n)
         .map(|rank| {
             let mut cfg = multi(provider, addrs, job, rank, n);
+            if let Some(r) = shape.rails {
+                cfg.rails = r;
+            }
             if let Some((r, si, from)) = shape.drop_results {
                 if r == rank {
                     cfg.fault_drop_results = Some((si, from));

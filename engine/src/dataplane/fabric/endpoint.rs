@@ -752,6 +752,28 @@ impl Endpoint {
         Ok(())
     }
 
+    /// [`Endpoint::wait`], also woken when `wake_fd` (an eventfd another
+    /// thread writes) becomes readable: a client's rail thread sleeps on its
+    /// CQ and on the descriptor its owner writes after queueing work for it.
+    pub fn wait_also(&mut self, wake_fd: i32, timeout_ms: i32) -> Result<(), FabricError> {
+        const NAP: std::time::Duration = std::time::Duration::from_micros(50);
+        let Some(fd) = self.wait_fd else {
+            std::thread::sleep(NAP.min(std::time::Duration::from_millis(timeout_ms.max(0) as u64)));
+            return Ok(());
+        };
+        let mut fids = [self.cq_fid()];
+        // SAFETY: fabric and CQ are open while self is; one fid in the array.
+        if unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 1) } != 0 {
+            return Ok(());
+        }
+        let mut pfds =
+            [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: wake_fd, events: libc::POLLIN, revents: 0 }];
+        // SAFETY: two valid pollfds: the CQ's descriptor, open while self is,
+        // and the caller's, which it keeps open while it calls this.
+        unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms) };
+        Ok(())
+    }
+
     fn cq_fid(&mut self) -> *mut sys::fid {
         // SAFETY: the CQ is open while self is; taking the address of its fid field.
         unsafe { &mut (*self.cq).fid as *mut sys::fid }

@@ -1,0 +1,761 @@
+//! Rails: the fabric endpoints a client moves its bytes through, and the
+//! threads that drive them.
+//!
+//! Over tcp every byte a worker sends or receives is copied by the kernel
+//! (and, for eager messages, once more by rxm), on the thread that drives the
+//! endpoint's progress. With one endpoint that is the caller's thread, and it
+//! tops out near 4-5 GB/s of traffic in and out together: a worker on a 16
+//! Gbit/s link needs 2 GB/s each way, at 32 Gbit/s 4. So a client of several
+//! servers can run *rails*: one endpoint per rail, each on its own thread,
+//! and server `si`'s streams on rail `si mod R`. Each server then learns the
+//! rank's address from the Hello it gets, which names that server's rail, so
+//! nothing on the wire changes.
+//!
+//! A rail thread owns its endpoint (`FI_THREAD_DOMAIN`: nothing else touches
+//! it) and runs one loop: take the operations the client queued ([`Cmd`]),
+//! post them (an `EAGAIN` keeps them, in order, for its next turn), read its
+//! completion queue and queue the completions back ([`Event`]). Both queues
+//! are bounded lock-free rings allocated at start; nothing on this path
+//! allocates, locks or logs. A rail with nothing to do spins `spin_polls`
+//! turns, then sleeps on its CQ's descriptor and on an eventfd the client
+//! writes only when it queued work for a sleeping rail; the client sleeps
+//! the same way on an eventfd the rails write when it sleeps.
+//!
+//! With one rail ([`Rails::direct`]) there is no thread: the caller's thread
+//! drives the one endpoint, exactly as a client without rails did. That is
+//! the default wherever a second thread cannot help (shm, one server, a
+//! host of few cores) and for providers that want buffers registered (EFA):
+//! a registration belongs to one domain, and every rail is its own domain.
+//!
+//! Control operations (adding a peer, canceling everything) go to the rail
+//! thread as commands too, and the client waits for their answer: they
+//! happen at joins, recoveries and stops, never per chunk.
+use crate::dataplane::fabric::{
+    Completion, CompletionError, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PollError, PostError,
+};
+use crossbeam_queue::ArrayQueue;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The most rails a client runs.
+pub const MAX_RAILS: usize = 8;
+
+/// Operations queued to one rail at most; a client finding the ring full
+/// sees `EAGAIN` and posts again later, as from a full provider queue.
+const RING: usize = 4096;
+
+/// How many rails a client of `servers` servers over `provider` runs when
+/// its configuration says 0 (auto): one per server, up to [`MAX_RAILS`],
+/// over tcp and on a host with at least 8 cores; else one (no thread).
+pub fn auto_rails(provider: &str, servers: usize, cores: usize) -> usize {
+    if provider.starts_with("tcp") && servers >= 2 && cores >= 8 {
+        servers.min(MAX_RAILS)
+    } else {
+        1
+    }
+}
+
+/// An operation queued to a rail thread.
+enum Cmd {
+    Send {
+        buf: *const u8,
+        len: usize,
+        dest: PeerAddr,
+        tag: u64,
+        ctx: u32,
+    },
+    Recv {
+        buf: *mut u8,
+        len: usize,
+        src: Option<PeerAddr>,
+        tag: u64,
+        ignore: u64,
+        ctx: u32,
+    },
+    /// A receive whose bytes the rail copies to `to` once it completes,
+    /// before it hands the completion back (failover's staged results:
+    /// the copy out of the staging slot runs on the rail's thread, spread
+    /// over the rails, instead of on the caller's).
+    RecvCopy {
+        buf: *mut u8,
+        len: usize,
+        src: Option<PeerAddr>,
+        tag: u64,
+        ctx: u32,
+        to: *mut u8,
+    },
+    /// Cancel one operation (or drop it, if still queued on the rail),
+    /// answer [`Reply::Done`]. A canceled [`Cmd::RecvCopy`] copies nothing
+    /// from then on, even if its receive still completes.
+    Cancel(u32),
+    /// Cancel everything, drain, answer [`Reply::Done`].
+    CancelAll,
+    /// Add a peer to the rail's address vector, answer [`Reply::Peer`]
+    /// (boxed: a name is large, and this is rare).
+    InsertPeer(Box<EndpointName>),
+}
+
+// SAFETY: the buffer pointers belong to the client's caller, who keeps them
+// valid until their operation completes (the contract of `Client::start`);
+// the rail thread only hands them to libfabric, as the caller's thread would.
+unsafe impl Send for Cmd {}
+
+/// What a rail thread hands back.
+enum Event {
+    Done(Completion),
+    /// An error completion (boxed: rare, and keeps the ring's slots small).
+    Failed(Box<CompletionError>),
+    /// Posting or polling failed outright.
+    Broken(FabricError),
+}
+
+enum Reply {
+    Peer(Result<PeerAddr, FabricError>),
+    Done,
+}
+
+/// A sleeper's flag and the eventfd that wakes it.
+struct Bell {
+    sleeping: AtomicBool,
+    fd: i32,
+}
+
+impl Bell {
+    fn new() -> std::io::Result<Bell> {
+        // SAFETY: plain eventfd creation; the descriptor is owned by the Bell.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Bell { sleeping: AtomicBool::new(false), fd })
+    }
+
+    /// Wakes the sleeper if it sleeps (a system call only then).
+    fn ring(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+            unsafe { libc::write(self.fd, (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+        unsafe { libc::read(self.fd, (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl Drop for Bell {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is ours and closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// What a rail thread and the client share.
+struct Shared {
+    cmds: ArrayQueue<Cmd>,
+    events: ArrayQueue<Event>,
+    replies: ArrayQueue<Reply>,
+    /// Rung by the client after queueing to a sleeping rail.
+    bell: Bell,
+    /// Rung by the rail after queueing events while the client sleeps.
+    owner: Arc<Bell>,
+    stop: AtomicBool,
+}
+
+struct Rail {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+enum Mode {
+    /// One endpoint, driven by the caller's thread.
+    Direct(Endpoint),
+    /// One endpoint per rail, each driven by its own thread.
+    Threaded { rails: Vec<Rail>, owner: Arc<Bell>, held: Option<Event>, next: usize },
+}
+
+/// The client's endpoints: one driven by the caller, or one per rail thread.
+pub struct Rails {
+    mode: Mode,
+    names: Vec<EndpointName>,
+    provider: String,
+    needs_local_mr: bool,
+    in_order_sends: bool,
+    inject_size: usize,
+}
+
+impl Rails {
+    /// One endpoint on the caller's thread.
+    pub fn direct(ep: Endpoint) -> Result<Rails, FabricError> {
+        let name = ep.name()?;
+        Ok(Rails {
+            names: vec![name],
+            provider: ep.provider().to_string(),
+            needs_local_mr: ep.needs_local_mr(),
+            in_order_sends: ep.in_order_sends(),
+            inject_size: ep.inject_size(),
+            mode: Mode::Direct(ep),
+        })
+    }
+
+    /// One thread per endpoint, each pinned to the matching core of `cores`
+    /// where given. Needs providers that want no local registrations.
+    pub fn threaded(eps: Vec<Endpoint>, spin_polls: u32, sleep_ms: u32, cores: &[usize], contexts: usize) -> Result<Rails, FabricError> {
+        let provider = eps.first().map_or_else(String::new, |e| e.provider().to_string());
+        let in_order_sends = eps.iter().any(|e| e.in_order_sends());
+        let owner = Arc::new(Bell::new().map_err(|_| FabricError { call: "eventfd", code: libc::EMFILE })?);
+        let mut names = Vec::with_capacity(eps.len());
+        let mut rails = Vec::with_capacity(eps.len());
+        for (i, ep) in eps.into_iter().enumerate() {
+            names.push(ep.name()?);
+            let shared = Arc::new(Shared {
+                cmds: ArrayQueue::new(RING),
+                events: ArrayQueue::new(RING),
+                replies: ArrayQueue::new(4),
+                bell: Bell::new().map_err(|_| FabricError { call: "eventfd", code: libc::EMFILE })?,
+                owner: owner.clone(),
+                stop: AtomicBool::new(false),
+            });
+            let sh = shared.clone();
+            let core = cores.get(i).copied();
+            let thread = std::thread::Builder::new()
+                .name(format!("tally-rail{i}"))
+                .spawn(move || {
+                    if let Some(c) = core {
+                        if let Err(e) = crate::host::cpuset::pin_current_thread(c) {
+                            log::warn!("rail {i}: cannot pin to core {c}: {e}");
+                        }
+                    }
+                    RailLoop::new(ep, sh, spin_polls, sleep_ms, contexts).run()
+                })
+                .map_err(|_| FabricError { call: "spawning a rail thread", code: libc::EAGAIN })?;
+            rails.push(Rail { shared, thread: Some(thread) });
+        }
+        Ok(Rails {
+            names,
+            provider,
+            needs_local_mr: false,
+            in_order_sends,
+            // Inject copies at the call; a queued send may be posted later.
+            inject_size: 0,
+            mode: Mode::Threaded { rails, owner, held: None, next: 0 },
+        })
+    }
+
+    /// Number of rails.
+    pub fn count(&self) -> usize {
+        self.names.len()
+    }
+
+    /// The rail that carries server `si`'s streams.
+    #[inline(always)]
+    pub fn rail_of(&self, si: usize) -> usize {
+        si % self.names.len()
+    }
+
+    /// The address of rail `r` (what the Hello to its servers names).
+    pub fn name(&self, r: usize) -> &EndpointName {
+        &self.names[r]
+    }
+
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    pub fn needs_local_mr(&self) -> bool {
+        self.needs_local_mr
+    }
+
+    pub fn in_order_sends(&self) -> bool {
+        self.in_order_sends
+    }
+
+    pub fn inject_size(&self) -> usize {
+        self.inject_size
+    }
+
+    /// Adds a peer to rail `r`'s address vector.
+    pub fn insert_peer(&mut self, r: usize, name: &EndpointName) -> Result<PeerAddr, FabricError> {
+        match &mut self.mode {
+            Mode::Direct(ep) => ep.insert_peer(name),
+            Mode::Threaded { rails, .. } => match ask(&rails[r].shared, Cmd::InsertPeer(Box::new(name.clone())))? {
+                Reply::Peer(r) => r,
+                Reply::Done => Err(FabricError { call: "rail: fi_av_insert", code: libc::EPROTO }),
+            },
+        }
+    }
+
+    /// Registers memory (direct mode only: rails are chosen only where the
+    /// provider wants no registration).
+    ///
+    /// # Safety
+    /// As [`Endpoint::register`].
+    pub unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<MemoryHandle, FabricError> {
+        match &mut self.mode {
+            // SAFETY: the caller's promise, passed on.
+            Mode::Direct(ep) => unsafe { ep.register(addr, len) },
+            Mode::Threaded { .. } => {
+                Err(FabricError { call: "fi_mr_reg (rails need a provider without local registration)", code: libc::ENOTSUP })
+            }
+        }
+    }
+
+    pub fn deregister(&mut self, mh: MemoryHandle) -> Result<(), FabricError> {
+        match &mut self.mode {
+            Mode::Direct(ep) => ep.deregister(mh),
+            Mode::Threaded { .. } => Ok(()),
+        }
+    }
+
+    /// Posts a tagged send on rail `r`.
+    ///
+    /// # Safety
+    /// As [`Endpoint::send`].
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn send(
+        &mut self,
+        r: usize,
+        buf: *const u8,
+        len: usize,
+        mh: Option<MemoryHandle>,
+        dest: PeerAddr,
+        tag: u64,
+        ctx: u32,
+    ) -> Result<(), PostError> {
+        match &mut self.mode {
+            // SAFETY: the caller's promise, passed on.
+            Mode::Direct(ep) => unsafe { ep.send(buf, len, mh, dest, tag, ctx) },
+            Mode::Threaded { rails, .. } => queue(&rails[r].shared, Cmd::Send { buf, len, dest, tag, ctx }),
+        }
+    }
+
+    /// Whether a [`Rails::recv`] with `copy_to` copies the result itself (rail
+    /// threads) or leaves the copy to the caller (one endpoint on the caller's thread).
+    pub fn copies_results(&self) -> bool {
+        matches!(self.mode, Mode::Threaded { .. })
+    }
+
+    /// Posts a tagged receive on rail `r`. With `copy_to`, a rail thread
+    /// copies the bytes received there once the receive completes, before it
+    /// hands the completion back (failover's staged results, see
+    /// [`Cmd::RecvCopy`]); with one endpoint on the caller's thread it is a
+    /// plain receive and the caller copies ([`Rails::copies_results`]).
+    ///
+    /// # Safety
+    /// As [`Endpoint::recv`]; and `copy_to` must hold `len` bytes, written
+    /// by no one else, until the completion is handed back.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn recv(
+        &mut self,
+        r: usize,
+        buf: *mut u8,
+        len: usize,
+        mh: Option<MemoryHandle>,
+        src: Option<PeerAddr>,
+        (tag, ignore): (u64, u64),
+        ctx: u32,
+        copy_to: Option<*mut u8>,
+    ) -> Result<(), PostError> {
+        match (&mut self.mode, copy_to) {
+            // SAFETY: the caller's promise, passed on.
+            (Mode::Direct(ep), _) => unsafe { ep.recv(buf, len, mh, src, tag, ignore, ctx) },
+            (Mode::Threaded { rails, .. }, None) => queue(&rails[r].shared, Cmd::Recv { buf, len, src, tag, ignore, ctx }),
+            (Mode::Threaded { rails, .. }, Some(to)) => queue(&rails[r].shared, Cmd::RecvCopy { buf, len, src, tag, ctx, to }),
+        }
+    }
+
+    /// Sends a small message by inject (direct mode only: [`Rails::inject_size`] is 0 otherwise).
+    ///
+    /// # Safety
+    /// As [`Endpoint::inject`].
+    #[inline]
+    pub unsafe fn inject(&mut self, buf: *const u8, len: usize, dest: PeerAddr, tag: u64) -> Result<(), PostError> {
+        match &mut self.mode {
+            // SAFETY: the caller's promise, passed on.
+            Mode::Direct(ep) => unsafe { ep.inject(buf, len, dest, tag) },
+            Mode::Threaded { .. } => Err(PostError::Fabric(FabricError { call: "fi_tinject (not on rails)", code: libc::ENOTSUP })),
+        }
+    }
+
+    /// Completions so far, from every rail.
+    // As Endpoint::poll, the error carries its text in place.
+    #[allow(clippy::result_large_err)]
+    #[inline]
+    pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize, PollError> {
+        let (rails, held, next) = match &mut self.mode {
+            Mode::Direct(ep) => return ep.poll(out),
+            Mode::Threaded { rails, held, next, .. } => (rails, held, next),
+        };
+        let mut n = 0;
+        if let Some(e) = held.take() {
+            match e {
+                Event::Done(c) => {
+                    out[0] = c;
+                    n = 1;
+                }
+                Event::Failed(e) => return Err(PollError::Completion(*e)),
+                Event::Broken(e) => return Err(PollError::Fabric(e)),
+            }
+        }
+        // Round robin over the rails, so that none is starved by a busy one.
+        let start = *next;
+        *next = (start + 1) % rails.len();
+        for k in 0..rails.len() {
+            let sh = &rails[(start + k) % rails.len()].shared;
+            while n < out.len() {
+                match sh.events.pop() {
+                    Some(Event::Done(c)) => {
+                        out[n] = c;
+                        n += 1;
+                    }
+                    Some(e) if n > 0 => {
+                        // Hand back what came first; the error is next.
+                        *held = Some(e);
+                        return Ok(n);
+                    }
+                    Some(Event::Failed(e)) => return Err(PollError::Completion(*e)),
+                    Some(Event::Broken(e)) => return Err(PollError::Fabric(e)),
+                    None => break,
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sleeps until a completion may be ready or `timeout_ms` passes.
+    pub fn wait(&mut self, timeout_ms: i32) -> Result<(), FabricError> {
+        match &mut self.mode {
+            Mode::Direct(ep) => ep.wait(timeout_ms),
+            Mode::Threaded { rails, owner, held, .. } => {
+                owner.sleeping.store(true, Ordering::SeqCst);
+                // Checked after the flag is up: a rail that queued before it
+                // saw the flag down, one that queues after it rings.
+                if held.is_none() && rails.iter().all(|r| r.shared.events.is_empty()) {
+                    let mut pfd = libc::pollfd { fd: owner.fd, events: libc::POLLIN, revents: 0 };
+                    // SAFETY: one valid pollfd on our eventfd.
+                    unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+                }
+                owner.sleeping.store(false, Ordering::SeqCst);
+                owner.drain();
+                Ok(())
+            }
+        }
+    }
+
+    /// Asks the provider to cancel one operation on rail `r`. On a rail
+    /// thread, returns once the rail took the request: from then on it
+    /// copies nothing for that operation (the caller may be about to hand
+    /// the operation's buffer back).
+    pub fn cancel(&mut self, r: usize, ctx: u32) {
+        match &mut self.mode {
+            Mode::Direct(ep) => ep.cancel(ctx),
+            Mode::Threaded { rails, .. } => {
+                if let Err(e) = ask(&rails[r].shared, Cmd::Cancel(ctx)) {
+                    log::warn!("rail {r}: {e}");
+                }
+            }
+        }
+    }
+
+    /// Cancels every operation on every rail and drains their completions
+    /// (bounded), so that no buffer is the provider's any more.
+    pub fn cancel_all(&mut self) {
+        match &mut self.mode {
+            Mode::Direct(ep) => ep.cancel_all(),
+            Mode::Threaded { rails, held, .. } => {
+                for r in rails.iter() {
+                    if let Err(e) = ask(&r.shared, Cmd::CancelAll) {
+                        log::warn!("rail: {e}");
+                    }
+                }
+                *held = None;
+                for r in rails.iter() {
+                    while r.shared.events.pop().is_some() {}
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Rails {
+    fn drop(&mut self) {
+        if let Mode::Threaded { rails, .. } = &mut self.mode {
+            for r in rails.iter() {
+                r.shared.stop.store(true, Ordering::SeqCst);
+                r.shared.bell.sleeping.store(true, Ordering::SeqCst);
+                r.shared.bell.ring();
+            }
+            for r in rails.iter_mut() {
+                if let Some(t) = r.thread.take() {
+                    let _ = t.join();
+                }
+            }
+        }
+    }
+}
+
+/// Queues a data operation; a full ring is `EAGAIN` (the client retries).
+#[inline]
+fn queue(sh: &Shared, c: Cmd) -> Result<(), PostError> {
+    match sh.cmds.push(c) {
+        Ok(()) => {
+            sh.bell.ring();
+            Ok(())
+        }
+        Err(_) => Err(PostError::Again),
+    }
+}
+
+/// Queues a command, waiting (bounded) for room.
+fn force(sh: &Shared, mut c: Cmd) -> Result<(), FabricError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match sh.cmds.push(c) {
+            Ok(()) => {
+                sh.bell.ring();
+                return Ok(());
+            }
+            Err(back) if Instant::now() < deadline => {
+                c = back;
+                std::thread::yield_now();
+            }
+            Err(_) => return Err(FabricError { call: "rail: command ring full for 5 s", code: libc::ETIMEDOUT }),
+        }
+    }
+}
+
+/// Queues a command and waits (bounded) for the rail's answer.
+fn ask(sh: &Shared, c: Cmd) -> Result<Reply, FabricError> {
+    force(sh, c)?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(r) = sh.replies.pop() {
+            return Ok(r);
+        }
+        if Instant::now() > deadline {
+            return Err(FabricError { call: "rail: no answer in 5 s", code: libc::ETIMEDOUT });
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// One rail thread's state.
+struct RailLoop {
+    ep: Endpoint,
+    sh: Arc<Shared>,
+    spin_polls: u32,
+    sleep_ms: u32,
+    /// Data operations taken from the ring and not posted yet (EAGAIN), in order.
+    waiting: VecDeque<Cmd>,
+    /// Events the full ring did not take yet, in order.
+    unsent: VecDeque<Event>,
+    batch: [Completion; 32],
+    /// Per context id: where a [`Cmd::RecvCopy`] in flight copies its bytes
+    /// from and to (null: a plain operation).
+    copies: Box<[(*mut u8, *mut u8)]>,
+}
+
+impl RailLoop {
+    fn new(ep: Endpoint, sh: Arc<Shared>, spin_polls: u32, sleep_ms: u32, contexts: usize) -> RailLoop {
+        RailLoop {
+            copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
+            ep,
+            sh,
+            spin_polls,
+            sleep_ms,
+            waiting: VecDeque::with_capacity(RING),
+            unsent: VecDeque::with_capacity(RING),
+            batch: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
+        }
+    }
+
+    /// Set-up is done by the client (the endpoint is open); this is the
+    /// steady state, then the tear-down.
+    fn run(mut self) {
+        let mut empty = 0u32;
+        while !self.sh.stop.load(Ordering::Relaxed) {
+            let worked = self.take_commands() | self.post_waiting() | self.reap();
+            if worked {
+                empty = 0;
+                continue;
+            }
+            empty = empty.saturating_add(1);
+            if empty >= self.spin_polls {
+                self.sleep();
+                empty = 0;
+            }
+        }
+        self.ep.cancel_all();
+    }
+
+    /// Runs control commands at once and moves data operations behind the waiting ones.
+    fn take_commands(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.sh.cmds.pop() {
+            any = true;
+            match c {
+                Cmd::Cancel(ctx) => {
+                    let before = self.waiting.len();
+                    self.waiting.retain(
+                        |w| !matches!(w, Cmd::Send { ctx: c, .. } | Cmd::Recv { ctx: c, .. } | Cmd::RecvCopy { ctx: c, .. } if *c == ctx),
+                    );
+                    if self.waiting.len() == before {
+                        self.ep.cancel(ctx);
+                    }
+                    if let Some(c) = self.copies.get_mut(ctx as usize) {
+                        *c = (std::ptr::null_mut(), std::ptr::null_mut());
+                    }
+                    let _ = self.sh.replies.push(Reply::Done);
+                }
+                Cmd::CancelAll => {
+                    self.waiting.clear();
+                    self.copies.iter_mut().for_each(|c| *c = (std::ptr::null_mut(), std::ptr::null_mut()));
+                    self.ep.cancel_all();
+                    self.unsent.clear();
+                    let _ = self.sh.replies.push(Reply::Done);
+                }
+                Cmd::InsertPeer(name) => {
+                    let _ = self.sh.replies.push(Reply::Peer(self.ep.insert_peer(&name)));
+                }
+                data => {
+                    self.waiting.push_back(data);
+                    // Post as they come: the provider starts moving bytes
+                    // while later commands are still being taken.
+                    if self.waiting.len() == 1 {
+                        self.post_waiting();
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    /// Posts waiting operations in order until the provider says EAGAIN.
+    fn post_waiting(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.waiting.front() {
+            // SAFETY: the pointers come from the client, whose caller keeps
+            // them valid until the operation's completion (Client::start).
+            let r = unsafe {
+                match *c {
+                    Cmd::Send { buf, len, dest, tag, ctx } => self.ep.send(buf, len, None, dest, tag, ctx),
+                    Cmd::Recv { buf, len, src, tag, ignore, ctx } => self.ep.recv(buf, len, None, src, tag, ignore, ctx),
+                    Cmd::RecvCopy { buf, len, src, tag, ctx, to } => match self.copies.get_mut(ctx as usize) {
+                        Some(c) => {
+                            let r = self.ep.recv(buf, len, None, src, tag, 0, ctx);
+                            if r.is_ok() {
+                                *c = (buf, to);
+                            }
+                            r
+                        }
+                        None => Err(PostError::BadContext(ctx)),
+                    },
+                    _ => Ok(()),
+                }
+            };
+            match r {
+                Ok(()) => {
+                    self.waiting.pop_front();
+                    any = true;
+                }
+                Err(PostError::Again) => break,
+                Err(e) => {
+                    self.waiting.pop_front();
+                    let fe = match e {
+                        PostError::Fabric(f) => f,
+                        _ => FabricError { call: "rail: posting an operation", code: libc::EINVAL },
+                    };
+                    self.push(Event::Broken(fe));
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    /// Reads the CQ and hands completions to the client.
+    fn reap(&mut self) -> bool {
+        let mut any = self.flush();
+        match self.ep.poll(&mut self.batch) {
+            Ok(0) => {}
+            Ok(n) => {
+                for i in 0..n {
+                    let c = self.batch[i];
+                    if c.is_recv {
+                        self.land(c.context, c.len);
+                    }
+                    self.push(Event::Done(c));
+                }
+                any = true;
+            }
+            Err(PollError::Completion(e)) => {
+                if let Some(c) = e.context.and_then(|ctx| self.copies.get_mut(ctx as usize)) {
+                    *c = (std::ptr::null_mut(), std::ptr::null_mut());
+                }
+                self.push(Event::Failed(Box::new(e)));
+                any = true;
+            }
+            Err(PollError::Fabric(e)) => {
+                self.push(Event::Broken(e));
+                any = true;
+            }
+        }
+        if any {
+            self.sh.owner.ring();
+        }
+        any
+    }
+
+    /// Copies a completed [`Cmd::RecvCopy`]'s bytes to where they go.
+    #[inline]
+    fn land(&mut self, ctx: u32, len: usize) {
+        let Some(c) = self.copies.get_mut(ctx as usize) else { return };
+        let (from, to) = std::mem::replace(c, (std::ptr::null_mut(), std::ptr::null_mut()));
+        if !from.is_null() {
+            // SAFETY: the receive into `from` completed with `len` bytes (at
+            // most what was posted); `to` holds as many and is written by no
+            // one else until this completion is handed back (Rails::recv's
+            // contract); the two are distinct buffers (a staging slot and
+            // the caller's).
+            unsafe { std::ptr::copy_nonoverlapping(from, to, len) };
+        }
+    }
+
+    fn push(&mut self, e: Event) {
+        if !self.unsent.is_empty() {
+            self.unsent.push_back(e);
+        } else if let Err(e) = self.sh.events.push(e) {
+            self.unsent.push_back(e);
+        }
+    }
+
+    fn flush(&mut self) -> bool {
+        let mut any = false;
+        while let Some(e) = self.unsent.pop_front() {
+            if let Err(e) = self.sh.events.push(e) {
+                self.unsent.push_front(e);
+                break;
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn sleep(&mut self) {
+        let bell = &self.sh.bell;
+        bell.sleeping.store(true, Ordering::SeqCst);
+        if self.sh.cmds.is_empty() && self.waiting.is_empty() && self.unsent.is_empty() && !self.sh.stop.load(Ordering::SeqCst) {
+            let _ = self.ep.wait_also(bell.fd, self.sleep_ms.min(i32::MAX as u32) as i32);
+        }
+        bell.sleeping.store(false, Ordering::SeqCst);
+        bell.drain();
+    }
+}

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Issue 30's measurements on a many-core host (the device kinds with 64
+# cores): builds nothing, needs the built binaries and devlib/
+# (scripts/device-pack.sh), writes a summary to $OUT/summary.txt.
+#
+#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute OUT=/tmp/out scripts/device-linerate.sh [parts]
+#
+# Parts (default: cluster p2p):
+#   cluster  tally bench cluster, 4 + 4 hosts, LR_RATES (16,32) Gbit/s,
+#            LR_SIZES (16M,64M), agg and ring in every run, LR_ROUNDS (2)
+#            rounds of LR_CONFIGS alternated ("rails1 rails rails-fo0"):
+#            rails1 = TALLY_RAILS=1 (one endpoint on the worker's thread, as
+#            before rails), rails = the default (auto), -fo0 adds
+#            TALLY_FAILOVER=0. A config may carry more variables after '@'
+#            and bench cluster arguments after '+', comma-separated (e.g.
+#            rails-c256@TALLY_WINDOW=8+--chunk=256K). LR_MODES (agg,ring).
+#   p2p      the transport ceiling: tally bench p2p --provider tcp --hubs 2
+#            --leaves 4 (16M), beside the kernel's own figure: the same
+#            streams as plain TCP sockets (python3) between two processes.
+#   perf     perf (devlib/perf.tar.xz) of the whole host during one 32
+#            Gbit/s agg run with the default rails: top symbols per thread kind.
+#   demo     `tally demo` as a user runs it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+TALLY="${TALLY:-$PWD/target/release/tally}"
+FINAL="${OUT:-./out}"
+PARTS="${*:-cluster p2p}"
+DEVLIB="${DEVLIB:-$PWD/devlib}"
+OUT="$(mktemp -d /tmp/tally-linerate.XXXXXX)"
+mkdir -p "$FINAL"
+S="$FINAL/summary.txt"
+trap 'tar -C "$OUT" -czf "$FINAL/details.tar.gz" . 2>/dev/null' EXIT
+: >"$S"
+say() { echo "$@" | tee -a "$S"; }
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+say "# tally line-rate session on $(hostname): $(nproc) cores, $(uname -r); parts: $PARTS"
+say "# $("$TALLY" --version); libfabric $(LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} "$TALLY" doctor 2>/dev/null | grep -io 'libfabric [0-9.]*' | head -1)"
+export TALLY_LOG=warn
+
+table() { # json config
+    python3 - "$1" "$2" <<'PY' | tee -a "$S"
+import json, sys
+v = json.load(open(sys.argv[1])); rows = v["rows"]
+for r in rows:
+    if r["mode"] == "ring":
+        continue
+    ring = [x for x in rows if x["mode"] == "ring" and x["bytes"] == r["bytes"] and x["link_gbit"] == r["link_gbit"]]
+    q = f"{r['algbw_GBps']/ring[0]['algbw_GBps']:.2f}" if ring else "-"
+    rf = f"{ring[0]['fraction']:.2f}" if ring else "-"
+    size = f"{r['bytes']>>20}Mi" if r['bytes'] >= 1 << 20 else f"{r['bytes']>>10}Ki"
+    extra = f"  p50 {r['p50_us']:.0f} us (ring {ring[0]['p50_us']:.0f})" if r['bytes'] < 1 << 20 and ring else ""
+    print(f"{sys.argv[2]:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{extra}")
+PY
+}
+
+if has cluster; then
+    say ""
+    say "## emulated cluster 4 + 4 hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
+    rounds="${LR_ROUNDS:-2}"
+    configs="${LR_CONFIGS:-rails1 rails rails-fo0}"
+    for round in $(seq 1 "$rounds"); do
+        for cfg in $configs; do
+            # name[@VAR=v,VAR=v][+--arg=v,--arg=v]
+            name="${cfg%%[@+]*}"
+            vars=()
+            extra=()
+            if [[ "$cfg" == *+* ]]; then IFS=',' read -ra extra <<<"${cfg#*+}"; fi
+            body="${cfg%%+*}"
+            if [[ "$body" == *@* ]]; then IFS=',' read -ra vars <<<"${body#*@}"; fi
+            case "$name" in
+                rails1*) vars+=(TALLY_RAILS=1) ;;
+            esac
+            [[ "$name" == *-fo0 ]] && vars+=(TALLY_FAILOVER=0)
+            j="$OUT/cluster-$round-$name.json"
+            vars+=(TALLY_LR_CONFIG="$cfg")
+            env "${vars[@]}" timeout -k 5 240 "$TALLY" bench cluster --hosts 4 --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
+                ${LR_ITERS:+--iters "$LR_ITERS"} --timeout 120 --mode "${LR_MODES:-agg,ring}" "${extra[@]}" --json --log "$OUT/cluster-$round-$name.log" >"$j" 2>>"$OUT/cluster.err" \
+                || { say "FAILED $cfg (round $round)"; continue; }
+            [ "$round" = 1 ] && [ "$cfg" = "${configs%% *}" ] && say "# placement: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["placement"])' "$j")"
+            table "$j" "$cfg r$round"
+        done
+    done
+fi
+
+if has p2p; then
+    say ""
+    say "## transport ceiling, tcp on loopback: 2 hubs x 4 leaves, 16 MiB, beside plain TCP sockets"
+    "$TALLY" bench p2p --provider tcp --hubs 2 --leaves 4 --sizes 16M 2>&1 | grep -v '^$' | tail -6 | tee -a "$S"
+    python3 - <<'PY' | tee -a "$S"
+# The kernel's own figure: 4 leaves x 2 hubs, each pair a TCP connection
+# streaming 1 MiB writes both ways, one thread per endpoint as tally's.
+import socket, threading, time, os
+N, CH, SECS = 8, 1 << 20, 3.0
+buf = bytearray(CH)
+done = [0] * (2 * N)
+def pump(s, i, stop):
+    mv = memoryview(buf)
+    while time.time() < stop:
+        s.sendall(mv)
+        done[i] += CH
+def drain(s, i, stop):
+    b = bytearray(CH)
+    while time.time() < stop + 0.5:
+        n = s.recv_into(b)
+        if not n:
+            break
+        done[i] += n
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(64)
+port = ls.getsockname()[1]
+pairs = []
+for _ in range(N):
+    a = socket.create_connection(("127.0.0.1", port)); b, _ = ls.accept(); pairs.append((a, b))
+stop = time.time() + SECS
+ts = []
+for k, (a, b) in enumerate(pairs):
+    for s, i, f in ((a, 2 * k, pump), (b, 2 * k + 1, drain)):
+        t = threading.Thread(target=f, args=(s, i, stop)); t.start(); ts.append(t)
+time.sleep(SECS + 0.2)
+for a, b in pairs:
+    a.close()
+for t in ts:
+    t.join(2)
+sent = sum(done[0::2]) / SECS / 1e9
+print(f"python TCP (GIL-bound, a floor for the kernel): {N} connections one way, {sent:.2f} GB/s in all, {sent/N:.2f} per connection")
+PY
+fi
+
+if has perf; then
+    say ""
+    say "## perf of the host during a 32 Gbit/s agg run (default rails), self time by thread kind"
+    P="$OUT/perf"
+    mkdir -p "$P" && tar -C "$P" -xJf "$DEVLIB/perf.tar.xz"
+    PERF() { LD_LIBRARY_PATH="$P/perf/lib:${LD_LIBRARY_PATH:-}" "$P/perf/perf" "$@"; }
+    "$TALLY" bench cluster --hosts 4 --rates 32 --sizes 64M --iters 400 --timeout 120 --mode agg --json >"$OUT/perf-run.json" 2>>"$OUT/cluster.err" &
+    run=$!
+    sleep "${LR_PERF_AFTER:-5}"
+    PERF record -a -g -F 499 -o "$OUT/perf.data" -- sleep 4 >/dev/null 2>&1
+    wait $run
+    table "$OUT/perf-run.json" "perf run"
+    PERF report -i "$OUT/perf.data" --stdio --no-children -g none --sort comm,symbol --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | head -45 | tee -a "$S"
+fi
+
+if has demo; then
+    say ""
+    say "## tally demo"
+    timeout -k 5 200 "$TALLY" demo 2>&1 | tee -a "$S"
+fi
