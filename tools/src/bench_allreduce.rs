@@ -23,6 +23,10 @@
 //! reference it computes itself (inputs are small integers, so every
 //! partial sum is exact in every type and the check is exact whatever the
 //! association order), and the wrong counts are summed over ranks.
+//! Rank 0 also reports its process's CPU time over the timed loop (`cpu_s`),
+//! and with `TALLY_BENCH_LOOP_LINES=1` announces each loop on stdout
+//! (`LOOP <mode> <bytes>`), so that `tally bench cluster` can sample the
+//! servers' CPU time over the same interval.
 use crate::collnet_driver;
 use crate::logfile;
 use crate::plot;
@@ -92,8 +96,14 @@ pub struct AllreduceArgs {
     #[arg(long, default_value = "prefer")]
     pub hugepages: String,
     /// Pin rank i to the i-th core of this list (wrapping); default: the scheduler places ranks.
+    /// A rank with rails (--rails) takes a block of cores: its own, then one per rail.
     #[arg(long)]
     pub rank_cores: Option<String>,
+    /// agg: endpoints per rank, each on its own thread, one per server up
+    /// to this many (0: auto, one per server over tcp on 8+ cores; 1: no
+    /// rail threads). TALLY_RAILS sets the default.
+    #[arg(long)]
+    pub rails: Option<usize>,
     /// Bytes per chunk piece (agg) and per ring chunk.
     #[arg(long, default_value = "256K")]
     pub chunk: String,
@@ -180,6 +190,13 @@ pub struct Row {
     #[serde(rename = "busbw_GBps")]
     pub busbw_gbps: f64,
     pub wrong: u64,
+    /// Rank 0's process CPU seconds (user + system, every thread: the
+    /// client's rail threads too) over the timed loop, from
+    /// getrusage(RUSAGE_SELF): what a worker spends on the all-reduces. With
+    /// ranks as threads (--ranks-per-process), every rank thread of rank 0's
+    /// process counts. 0 in rows of older versions.
+    #[serde(default)]
+    pub cpu_s: f64,
 }
 
 #[derive(Serialize)]
@@ -654,12 +671,32 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     }
 }
 
+/// The rails an agg rank runs: --rails, else TALLY_RAILS, else auto.
+fn rails_of(args: &AllreduceArgs, provider: &str) -> usize {
+    let want = args.rails.unwrap_or_else(|| ClientConfig::new(Vec::new(), 0, 0, 1).rails);
+    let servers = args.servers.len().max(1);
+    match want {
+        0 => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            tally_engine::client::rails::auto_rails(provider, servers, cores)
+        }
+        n => n.min(servers).clamp(1, tally_engine::client::rails::MAX_RAILS),
+    }
+}
+
 /// One rank: join, then for every mode and size time and check.
 fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     let p = plan(args)?;
+    let rails = rails_of(args, &p.provider);
+    let mut rail_cores = Vec::new();
     if let Some(rc) = &args.rank_cores {
         let cores = tally_engine::cpuset::CoreList::parse(rc).map_err(|e| format!("--rank-cores: {e}"))?;
-        let core = cores.as_slice()[rank as usize % cores.len()];
+        let cores = cores.as_slice();
+        // A block per rank: its own core, then its rails' (wrapping).
+        let block = if rails > 1 { 1 + rails } else { 1 };
+        let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
+        rail_cores = (1..block).map(at).collect();
+        let core = at(0);
         tally_engine::cpuset::pin_current_thread(core).map_err(|e| format!("rank {rank}: cannot pin to core {core}: {e}"))?;
     }
     let n = args.ranks;
@@ -675,12 +712,20 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     fill(p.dtype, p.op, rank, &mut send);
     let mut recv = vec![0u8; max_count * dsize];
     let busy = args.poll == "busy";
+    let loop_lines = rank == 0 && loop_lines_wanted();
     for mode in &args.mode {
         let mut agg = None;
         let mut ring = None;
         let mut plugin = None;
         if mode == "agg-plugin" {
             let lib = args.plugin.clone().unwrap_or_else(collnet_driver::default_library);
+            // The plugin's client reads its rails from the environment; this
+            // thread may be pinned to one core already, which auto would see.
+            // Set before the plugin's first client, as NCCL's user would.
+            std::env::set_var("TALLY_RAILS", rails.to_string());
+            if !rail_cores.is_empty() {
+                std::env::set_var("TALLY_RAIL_CORES", rail_cores.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
+            }
             let d = collnet_driver::CollNetDriver::open(
                 &lib,
                 &args.servers,
@@ -702,6 +747,8 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             cfg.fabric_addr = args.fabric_addr.clone();
             cfg.timeout = Duration::from_secs(args.timeout.max(1));
             cfg.send_credits = args.send_credits;
+            cfg.rails = rails;
+            cfg.rail_cores = rail_cores.clone();
             cfg.spin_polls = if busy { u32::MAX } else { tally_engine::lcore::adaptive_spin() };
             cfg.sleep_ms = args.sleep_ms.unwrap_or(if ranks_per_process(args) > 1 { THREAD_SLEEP_MS } else { cfg.sleep_ms });
             let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
@@ -733,7 +780,12 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             let mut times = Vec::with_capacity(iters);
             let mut stamps: Vec<u8> = Vec::with_capacity(8 * (iters + 1));
             let mean;
+            // The process's CPU time over the timed loop only (with --sync
+            // its barriers too), read after any LOOP line is out.
+            let cpu0;
             if args.sync {
+                announce_loop(loop_lines, mode, bytes);
+                cpu0 = process_cpu_s();
                 for _ in 0..iters {
                     boot.barrier().map_err(|e| e.to_string())?;
                     let t0 = Instant::now();
@@ -745,6 +797,8 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 // Back to back: the barrier only before the loop; each
                 // operation's time runs from the previous one's completion.
                 boot.barrier().map_err(|e| e.to_string())?;
+                announce_loop(loop_lines, mode, bytes);
+                cpu0 = process_cpu_s();
                 let t0 = Instant::now();
                 let mut prev = t0;
                 stamps.extend_from_slice(&mono_ns().to_le_bytes());
@@ -757,6 +811,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 }
                 mean = (prev - t0).as_secs_f64() / iters as f64;
             }
+            let cpu_s = process_cpu_s() - cpu0;
             let rank0 = OpTimes::of(&mut times);
             // Every rank takes the same branch (same arguments).
             let gathered = !args.sync && n as usize * (iters + 1) <= GATHER_STAMPS;
@@ -790,6 +845,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                     algbw_gbps: algbw,
                     busbw_gbps: algbw * 2.0 * (n as f64 - 1.0) / n as f64,
                     wrong: total_wrong,
+                    cpu_s,
                 };
                 println!("RESULT {}", serde_json::to_string(&row).unwrap());
             }
@@ -797,6 +853,39 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
         boot.barrier().map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// Set to 1 (`tally bench cluster` does, on worker 0) to have rank 0 print
+/// `LOOP <mode> <bytes>` just before each timed loop, so that the caller can
+/// sample other processes' CPU time over the same interval.
+pub const LOOP_LINES_ENV: &str = "TALLY_BENCH_LOOP_LINES";
+
+/// Whether [`LOOP_LINES_ENV`] asks for `LOOP` lines; read once per rank,
+/// so that the usual output is unchanged without it.
+fn loop_lines_wanted() -> bool {
+    std::env::var_os(LOOP_LINES_ENV).is_some_and(|v| v == "1")
+}
+
+/// Prints `LOOP <mode> <bytes>` (stdout is line-buffered: it leaves now)
+/// when `enabled`; called after the barrier, before the loop's clocks start.
+fn announce_loop(enabled: bool, mode: &str, bytes: usize) {
+    if enabled {
+        println!("LOOP {mode} {bytes}");
+    }
+}
+
+/// This process's CPU seconds so far, user + system, every thread (its
+/// client's rail threads included), by getrusage(RUSAGE_SELF); 0 if that
+/// fails (it cannot with these arguments). Read only outside timed loops.
+fn process_cpu_s() -> f64 {
+    // SAFETY: rusage is plain data; getrusage writes one into the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF and a valid pointer to an rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
 }
 
 /// Rank r's input element i: a small integer (|v| <= 2), so every partial

@@ -9,6 +9,12 @@
 //! agg/ring. This is where reduction servers win: each worker sends and
 //! receives its buffer once, where a ring moves 2(n-1)/n of it each way.
 //!
+//! Each row also gives the CPU time that the timed loop cost, per GB
+//! all-reduced, workers and servers apart (what sizes reduction servers in
+//! cores per 100 Gbit/s): worker 0 reports its own process's (`cpu_s`), and
+//! announces each loop (`LOOP <mode> <bytes>`) so that this process reads
+//! the servers' from /proc over the same interval.
+//!
 //! Everything it makes (namespaces, links, processes) is removed when it
 //! ends, and namespaces left by a run that was killed are swept at the next
 //! start. Every step is bounded in time.
@@ -26,7 +32,7 @@
 //! unpacked with `dpkg -x` (`--iproute DIR`, `TALLY_IPROUTE`): hosts without
 //! iproute2 (the GPU device image) run it that way, with the folder's
 //! libraries on LD_LIBRARY_PATH for `ip` and `tc` only.
-use crate::bench_allreduce::{format_row, Row};
+use crate::bench_allreduce::{format_row, Row, LOOP_LINES_ENV};
 use crate::logfile;
 use crate::plot;
 use crate::progress::Progress;
@@ -54,10 +60,11 @@ pub struct ClusterArgs {
     /// agg, agg-plugin (through the NCCL plugin's ncclCollNet), ring; comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "agg,ring")]
     pub mode: Vec<String>,
-    /// Timed back-to-back all-reduces per size.
-    #[arg(long, default_value_t = 5)]
+    /// Timed back-to-back all-reduces per size (measuring.md: 20 or more after warm-up).
+    #[arg(long, default_value_t = 20)]
     pub iters: usize,
-    #[arg(long, default_value_t = 1)]
+    /// Untimed all-reduces per size before the timed loop.
+    #[arg(long, default_value_t = 3)]
     pub warmup: usize,
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -122,8 +129,8 @@ impl ClusterArgs {
             rates: rate.into_iter().collect(),
             sizes: ["1M", "4M", "16M"].iter().map(|s| s.to_string()).collect(),
             mode: vec!["agg".into(), "ring".into()],
-            iters: 5,
-            warmup: 1,
+            iters: 20,
+            warmup: 3,
             dtype: "f32".into(),
             chunk: "auto".into(),
             window: 4,
@@ -151,8 +158,46 @@ pub struct ClusterRow {
     pub bound_gbps: f64,
     /// algbw / bound.
     pub fraction: f64,
+    /// Worker 0's process CPU seconds (user + system, every thread) over
+    /// the timed loop (the row's `cpu_s`); None where the worker reported none.
+    pub worker_cpu_s: Option<f64>,
+    /// Every server's CPU seconds together over the same loop (from its
+    /// `LOOP` line to its result, /proc/<pid>/stat); None where a server
+    /// could not be read (no /proc, or it exited). With busy polling every
+    /// lcore's whole time; for the ring, servers idling.
+    pub server_cpu_s: Option<f64>,
+    /// worker_cpu_s per GB this worker all-reduced (bytes x iters).
+    pub worker_cpu_s_per_gb: Option<f64>,
+    /// server_cpu_s per GB of input the servers together received
+    /// (hosts x bytes x iters); None for the ring, which sends them nothing.
+    pub server_cpu_s_per_gb: Option<f64>,
     #[serde(flatten)]
     pub row: Row,
+}
+
+impl ClusterRow {
+    /// A worker's row at link `rate` (Gbit/s) among `hosts` workers, with
+    /// the servers' CPU seconds over its loop.
+    fn new(rate: f64, hosts: u32, row: Row, server_cpu_s: Option<f64>) -> ClusterRow {
+        let link = rate / 8.0;
+        let n = hosts as f64;
+        let bound_gbps = if row.mode == "ring" { link * n / (2.0 * (n - 1.0)) } else { link };
+        // GB this worker all-reduced in the loop; none in rows without iters.
+        let gb = (row.bytes * row.iters) as f64 / 1e9;
+        let per_gb = |s: f64, gb: f64| (gb > 0.0).then(|| s / gb);
+        let worker_cpu_s = (row.cpu_s > 0.0).then_some(row.cpu_s);
+        let served = if row.mode == "ring" { 0.0 } else { n * gb };
+        ClusterRow {
+            link_gbit: rate,
+            bound_gbps,
+            fraction: row.algbw_gbps / bound_gbps,
+            worker_cpu_s,
+            server_cpu_s,
+            worker_cpu_s_per_gb: worker_cpu_s.and_then(|s| per_gb(s, gb)),
+            server_cpu_s_per_gb: server_cpu_s.and_then(|s| per_gb(s, served)),
+            row,
+        }
+    }
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -182,10 +227,18 @@ impl ClusterOutcome {
 /// 1 Gbit/s, agg 0.93 at 2, agg 0.47-0.53 at 4 (the ring still 0.99: the
 /// servers' lcores ran out of CPU); 16 cores: both 0.99 at 8 Gbit/s with
 /// 4 + 4 hosts and at 4 with 8 + 8, both CPU-bound at 16.
+///
+/// At most [`MAX_DEFAULT_RATE`], the highest rate measured with both at the
+/// link: on 64 cores (device, 4 + 4 hosts, rails) agg reached 0.97-1.00 at
+/// 16 Gbit/s, while at 32 it reached 0.6-0.96 with failover's staging and the
+/// ring 0.3-0.5 (CPU-bound).
 pub fn default_rate(hosts: u32, cores: usize) -> f64 {
     let r = 2.0 * cores as f64 / hosts as f64;
-    2f64.powi(r.log2().floor() as i32).max(0.0625)
+    2f64.powi(r.log2().floor() as i32).clamp(0.0625, MAX_DEFAULT_RATE)
 }
+
+/// The highest rate [`default_rate`] picks (Gbit/s).
+pub const MAX_DEFAULT_RATE: f64 = 16.0;
 
 /// Runs the emulated cluster and prints its table (unless `--json`).
 pub fn run(args: &ClusterArgs) -> Result<(), String> {
@@ -258,15 +311,27 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
 
 pub fn format_cluster_header() -> String {
     format!(
-        "{:>7} {:>10} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}",
-        "Gbit/s", "mode", "size", "time(ms)", "algbw GB/s", "busbw GB/s", "bound GB/s", "fraction", "agg/ring", "#wrong"
+        "{:>7} {:>10} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>12} {:>7}",
+        "Gbit/s",
+        "mode",
+        "size",
+        "time(ms)",
+        "algbw GB/s",
+        "busbw GB/s",
+        "bound GB/s",
+        "fraction",
+        "agg/ring",
+        "wkr cpu s/GB",
+        "srv cpu s/GB",
+        "#wrong"
     )
 }
 
 pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
     let ratio = out.agg_over_ring(r).map(|x| format!("{x:.2}")).unwrap_or_default();
+    let cpu = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
     format!(
-        "{:>7} {:>10} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>7}",
+        "{:>7} {:>10} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>12} {:>12} {:>7}",
         r.link_gbit,
         r.row.mode,
         format_size(r.row.bytes as u64),
@@ -276,8 +341,19 @@ pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
         r.bound_gbps,
         r.fraction,
         ratio,
+        cpu(r.worker_cpu_s_per_gb),
+        cpu(r.server_cpu_s_per_gb),
         r.row.wrong
     )
+}
+
+/// The lines under the table that say what the CPU columns are.
+pub fn cpu_note() -> &'static str {
+    "# wkr/srv cpu s/GB: CPU seconds (user + system, every thread) over the timed loop per GB all-reduced: wkr = worker 0's\n\
+     #   process, per GB of its buffer (size x iters); srv = every server together, per GB of input they received\n\
+     #   (hosts x size x iters; \"-\" for ring, which does not use them). Cores per 100 Gbit/s = cpu s/GB x 12.5.\n\
+     #   With busy polling (placement line) srv is every lcore's whole time, as a busy poller spins; --poll adaptive\n\
+     #   gives the work itself."
 }
 
 /// Why the emulated cluster cannot run here, if it cannot.
@@ -462,6 +538,10 @@ fn place(hosts: u32, cores: usize, want: Option<u32>) -> (Vec<String>, Option<St
     let h = hosts as usize;
     let per = match want {
         Some(w) => w as usize,
+        // 64 cores for 4 + 4 hosts: 4 lcores a server, so that at 32 Gbit/s
+        // (4 GB/s each way per server) no lcore's endpoint carries more
+        // than 1 GB/s each way, and 12 cores a worker for its rails.
+        None if cores >= 16 * h => 4,
         None if cores >= 4 * h => 2,
         None if cores >= 2 * h => 1,
         None => 0,
@@ -531,6 +611,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let placement = format!("{placement}; {poll} polling");
     let log_level = if logfile::redirected() { "info" } else { "warn" };
     let mut servers = Vec::new();
+    // The servers' own pids: `ip netns exec` (and `env`) exec the command, keeping the pid.
+    let mut server_pids = Vec::new();
     let mut ready = Vec::new();
     for i in 0..args.hosts {
         let a = format!("{}:7400", addr('s', i));
@@ -541,6 +623,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         let (tx, rx) = mpsc::channel();
         logfile::forward_stdout(child.stdout.take().expect("piped"), format!("[server {i}]"), tx);
         logfile::forward(child.stderr.take().expect("piped"), format!("[server {i}]"));
+        server_pids.push(child.id());
         bed.children.push(child);
         ready.push(rx);
         servers.push(a);
@@ -576,7 +659,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     for &rate in &rates {
         shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
         let first = out.rows.len();
-        run_rate(&mut bed, args, rate, &servers, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
+        let running = Servers { addrs: &servers, pids: &server_pids };
+        run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
         progress.finish();
         if !args.json {
             print_header(args, rate, &placement);
@@ -584,6 +668,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             for r in &out.rows[first..] {
                 println!("{}", format_cluster_row(&out, r));
             }
+            println!("{}", cpu_note());
         }
     }
     drop(bed);
@@ -664,12 +749,18 @@ pub fn tbf_auto_burst(rate_gbit: f64) -> u64 {
     ((rate_gbit * 1e9 / 8.0 * 0.002) as u64).max(64 << 10)
 }
 
+/// The running servers: their addresses and their processes' pids.
+struct Servers<'a> {
+    addrs: &'a [String],
+    pids: &'a [u32],
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_rate(
     bed: &mut Testbed,
     args: &ClusterArgs,
     rate: f64,
-    servers: &[String],
+    servers: &Servers,
     worker_cores: Option<&str>,
     poll: &str,
     exe: &Path,
@@ -686,7 +777,7 @@ fn run_rate(
     for i in 0..args.hosts {
         let mut c = bed.tools.exec_in(&ns('w', i), exe);
         c.args(["bench", "allreduce", "--rank", &i.to_string(), "--ranks", &args.hosts.to_string(), "--bootstrap", &boot]);
-        c.args(["--job-id", &job.to_string(), "--servers", &servers.join(","), "--provider", "tcp", "--fabric-addr", &addr('w', i)]);
+        c.args(["--job-id", &job.to_string(), "--servers", &servers.addrs.join(","), "--provider", "tcp", "--fabric-addr", &addr('w', i)]);
         c.args(["--mode", &args.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.iters.to_string()]);
         c.args([
             "--warmup",
@@ -707,6 +798,10 @@ fn run_rate(
         c.env("TALLY_SEND_CREDITS", args.send_credits.to_string());
         c.env("TALLY_LOG", log_level).stdin(Stdio::null()).stderr(Stdio::piped());
         c.stdout(if i == 0 { Stdio::piped() } else { Stdio::null() });
+        if i == 0 {
+            // LOOP lines: the servers' CPU time is read over each timed loop.
+            c.env(LOOP_LINES_ENV, "1");
+        }
         let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
         logfile::forward(child.stderr.take().expect("piped"), format!("[worker {i}]"));
         if let Some(o) = child.stdout.take() {
@@ -727,20 +822,24 @@ fn run_rate(
         }
     });
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    let link = rate / 8.0;
-    let n = args.hosts as f64;
     let mut got = 0;
+    // The loop worker 0 announced last, with the servers' CPU ticks then.
+    let mut started: Option<(String, Option<u64>)> = None;
     while got < steps.len() {
         let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(l) => l,
             Err(mpsc::RecvTimeoutError::Timeout) => return Err(format!("link rate {rate} Gbit/s: no result within {} s", args.timeout)),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
+        if let Some(step) = line.strip_prefix("LOOP ") {
+            started = Some((step.to_string(), servers_cpu_ticks(servers.pids)));
+            continue;
+        }
         let Some(j) = line.strip_prefix("RESULT ") else { continue };
         let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
-        let bound = if row.mode == "ring" { link * n / (2.0 * (n - 1.0)) } else { link };
+        let server_cpu_s = server_cpu_over(started.take(), &row, servers.pids);
         log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
-        out.rows.push(ClusterRow { link_gbit: rate, bound_gbps: bound, fraction: row.algbw_gbps / bound, row });
+        out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s));
         got += 1;
         progress.step();
         if let Some(s) = steps.get(got) {
@@ -807,6 +906,54 @@ fn run_command(
     }
 }
 
+/// The servers' CPU seconds between worker 0's `LOOP` line (`started`: the
+/// step it named and the servers' ticks then) and `row`, its result: None
+/// if that loop was not announced or a server could not be read either time.
+/// Resolution: one clock tick (10 ms at the usual 100 Hz) per server.
+fn server_cpu_over(started: Option<(String, Option<u64>)>, row: &Row, pids: &[u32]) -> Option<f64> {
+    let (step, Some(before)) = started? else { return None };
+    if step != format!("{} {}", row.mode, row.bytes) {
+        return None;
+    }
+    let spent = servers_cpu_ticks(pids)?.checked_sub(before)?;
+    Some(spent as f64 * clock_tick_s()?)
+}
+
+/// Every server's user + system clock ticks so far, summed; None if any
+/// cannot be read.
+fn servers_cpu_ticks(pids: &[u32]) -> Option<u64> {
+    pids.iter().map(|&pid| process_cpu_ticks(pid)).sum()
+}
+
+/// Seconds per clock tick, the unit of /proc/<pid>/stat's times.
+fn clock_tick_s() -> Option<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| 1.0 / hz as f64)
+}
+
+/// User + system clock ticks of process `pid` (every thread, the tgid's
+/// stat); None if /proc has no such process or it has exited (a zombie).
+fn process_cpu_ticks(pid: u32) -> Option<u64> {
+    stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// utime + stime (fields 14 and 15 of proc(5)) of a /proc/<pid>/stat line,
+/// counted after the last ')' since the command name (field 2) may hold
+/// spaces and parentheses; None if malformed or the process is a zombie
+/// or dead (state Z or X: its times are no longer its own).
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // fields[0] is field 3 (state), so field k is fields[k - 3].
+    if matches!(*fields.first()?, "Z" | "X" | "x") {
+        return None;
+    }
+    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
+    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
+    Some(utime + stime)
+}
+
 fn wait_until(c: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
     loop {
         match c.try_wait() {
@@ -832,6 +979,43 @@ mod tests {
         assert_eq!(default_rate(8, 16), 4.0);
         assert_eq!(default_rate(4, 3), 1.0);
         assert_eq!(default_rate(64, 1), 0.0625);
+        // 64 cores would say 32: capped at the highest rate measured link-bound.
+        assert_eq!(default_rate(4, 64), MAX_DEFAULT_RATE);
+    }
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        let stat = "4242 (tally (x) y) S 1 4242 4242 0 -1 4194560 1200 0 3 0 250 31 0 0 20 0 5 0 100 1000000 500 18446744073709551615";
+        assert_eq!(stat_cpu_ticks(stat), Some(281));
+        assert_eq!(stat_cpu_ticks(&stat.replace(") S ", ") Z ")), None, "a zombie's times are not counted");
+        assert_eq!(stat_cpu_ticks("4242 (tally) S 1 2"), None, "too short");
+        assert_eq!(stat_cpu_ticks("4242 tally S"), None, "no command name");
+        // This process, read as the servers are: present and counting.
+        assert!(process_cpu_ticks(std::process::id()).is_some());
+        assert_eq!(process_cpu_ticks(u32::MAX), None);
+    }
+
+    #[test]
+    fn cpu_per_gb_counts_what_each_side_moved() {
+        let row = |mode: &str, cpu_s: f64| {
+            let mut r: Row = serde_json::from_str(&format!(
+                r#"{{"mode":"{mode}","bytes":16000000,"count":4000000,"dtype":"f32","op":"sum","time_us":1.0,
+                    "algbw_GBps":1.0,"busbw_GBps":1.5,"wrong":0}}"#
+            ))
+            .expect("a row without cpu_s or iters (older versions) parses");
+            assert_eq!(r.cpu_s, 0.0);
+            r.iters = 20;
+            r.cpu_s = cpu_s;
+            r
+        };
+        // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28));
+        assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
+        assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
+        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0));
+        assert!((r.worker_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9 && r.server_cpu_s_per_gb.is_none(), "{r:?}");
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), None);
+        assert!(r.worker_cpu_s.is_none() && r.worker_cpu_s_per_gb.is_none() && r.server_cpu_s_per_gb.is_none(), "{r:?}");
     }
 
     #[test]

@@ -129,6 +129,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         lcores: "0-1".into(),
         hugepages: "prefer".into(),
         rank_cores: None,
+        rails: None,
         chunk: "1M".into(),
         window: 4,
         poll: "adaptive".into(),

@@ -69,7 +69,17 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
         // traffic, a quarter of the smallest size here) allows.
         assert!(frac > 0.0 && frac < 1.5, "fraction {frac} of the link bound: {r}");
         assert!(r["p50_us"].as_f64().unwrap() <= r["max_us"].as_f64().unwrap());
+        // CPU per GB: worker 0 always did work; the servers are read from
+        // /proc (in clock ticks, so a short loop may show 0 of them), and
+        // per GB only where they took part.
+        assert!(r["worker_cpu_s"].as_f64().is_some_and(|s| s > 0.0), "worker CPU: {r}");
+        assert!(r["worker_cpu_s_per_gb"].as_f64().is_some_and(|s| s > 0.0), "worker CPU per GB: {r}");
+        assert!(r["server_cpu_s"].as_f64().is_some_and(|s| s >= 0.0), "server CPU: {r}");
+        assert_eq!(r["server_cpu_s_per_gb"].is_number(), mode.starts_with("agg"), "server CPU per GB: {r}");
     }
+    // Over every agg row together the servers' ticks cannot all be 0.
+    let served: f64 = rows.iter().filter(|r| r["mode"] == "agg").map(|r| r["server_cpu_s"].as_f64().unwrap()).sum();
+    assert!(served > 0.0, "the servers' CPU time over every agg loop is 0: {v}");
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg") && plot.contains("busbw") && plot.contains("agg bound"), "{}", &plot[..plot.len().min(300)]);
     let logged = std::fs::read_to_string(&log).unwrap();
