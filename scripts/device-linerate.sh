@@ -6,6 +6,11 @@
 #   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute OUT=/tmp/out scripts/device-linerate.sh [parts]
 #
 # Parts (default: cluster p2p):
+#   cpu      adaptive polling at LR_CPU_RATES ("16 32"), 64M: worker and server
+#            CPU seconds per GB all-reduced, and cores per 100 Gbit/s.
+#   libs     the cluster part once per libfabric in LR_LIBS (folders; "system":
+#            the host's own, found by leaving devlib's libfabric out), configs
+#            LR_LIB_CONFIGS ("rails rails1").
 #   cluster  tally bench cluster, 4 + 4 hosts, LR_RATES (16,32) Gbit/s,
 #            LR_SIZES (16M,64M), agg and ring in every run, LR_ROUNDS (2)
 #            rounds of LR_CONFIGS alternated ("rails1 rails rails-fo0"):
@@ -79,6 +84,41 @@ if has cluster; then
             [ "$round" = 1 ] && [ "$cfg" = "${configs%% *}" ] && say "# placement: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["placement"])' "$j")"
             table "$j" "$cfg r$round"
         done
+    done
+fi
+
+if has cpu; then
+    say ""
+    say "## CPU cost, adaptive polling (a poller's work, not its spin), default rails: CPU seconds per GB all-reduced"
+    for rate in ${LR_CPU_RATES:-16 32}; do
+        j="$OUT/cpu-$rate.json"
+        timeout -k 5 200 "$TALLY" bench cluster --hosts 4 --rates "$rate" --sizes 64M --mode agg,ring --poll adaptive --json >"$j" 2>>"$OUT/cluster.err" \
+            || { say "FAILED cpu $rate"; continue; }
+        python3 - "$j" <<'PY' | tee -a "$S"
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    w, s = r.get("worker_cpu_s_per_gb"), r.get("server_cpu_s_per_gb")
+    f = lambda x: "-" if x is None else f"{x:.3f} s/GB ({x * 12.5:.1f} cores per 100 Gbit/s)"
+    print(f"{r['link_gbit']:>5} {r['mode']:>5} {r['bytes']>>20}Mi fraction {r['fraction']:.2f}  worker {f(w)}  servers {f(s)}")
+PY
+    done
+fi
+
+if has libs; then
+    say ""
+    say "## libfabric builds side by side (LR_LIBS: folders put first on LD_LIBRARY_PATH; 'system' = the host's own libfabric)"
+    for lib in ${LR_LIBS:-system}; do
+        dir="$lib"
+        if [ "$lib" = system ]; then
+            dir="$OUT/lib-nofabric"
+            mkdir -p "$dir" && cp "$DEVLIB"/lib/* "$dir"/ && rm -f "$dir"/libfabric.so*
+        fi
+        v=$(LD_LIBRARY_PATH="$dir" ldd "$TALLY" | awk '/libfabric/ {print $3}')
+        say "# $lib: $v"
+        OUT2="$OUT/lib-$(basename "$lib")"
+        mkdir -p "$OUT2"
+        LD_LIBRARY_PATH="$dir" OUT="$OUT2" LR_ROUNDS=1 LR_CONFIGS="${LR_LIB_CONFIGS:-rails rails1}" bash "$0" cluster >/dev/null 2>&1
+        sed -n '/configs alternated/,$p' "$OUT2/summary.txt" | grep -v '^#' | grep -v configs | sed "s|^|$(basename "$lib") |" | tee -a "$S"
     done
 fi
 
