@@ -39,7 +39,8 @@ trap 'tar -C "$OUT" -czf "$FINAL/details.tar.gz" . 2>/dev/null' EXIT
 say() { echo "$@" | tee -a "$S"; }
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 say "# tally line-rate session on $(hostname): $(nproc) cores, $(uname -r); parts: $PARTS"
-say "# $("$TALLY" --version); libfabric $(LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} "$TALLY" doctor 2>/dev/null | grep -io 'libfabric [0-9.]*' | head -1)"
+fabric_version() { "$TALLY" doctor 2>/dev/null | awk '$1 == "libfabric" {gsub(";", "", $3); print $3; exit}'; }
+say "# $("$TALLY" --version); libfabric $(fabric_version) (what fi_version() says; the file name's number is libtool's, 1.20.0 for 1.17)"
 export TALLY_LOG=warn
 
 table() { # json config
@@ -107,14 +108,14 @@ fi
 if has libs; then
     say ""
     say "## libfabric builds side by side (LR_LIBS: folders put first on LD_LIBRARY_PATH; 'system' = the host's own libfabric)"
+    # devlib's libraries without its libfabric: what every build below needs beside its own.
+    rest="$OUT/lib-nofabric"
+    mkdir -p "$rest" && cp "$DEVLIB"/lib/* "$rest"/ && rm -f "$rest"/libfabric.so*
     for lib in ${LR_LIBS:-system}; do
-        dir="$lib"
-        if [ "$lib" = system ]; then
-            dir="$OUT/lib-nofabric"
-            mkdir -p "$dir" && cp "$DEVLIB"/lib/* "$dir"/ && rm -f "$dir"/libfabric.so*
-        fi
+        dir="$lib:$rest"
+        [ "$lib" = system ] && dir="$rest"
         v=$(LD_LIBRARY_PATH="$dir" ldd "$TALLY" | awk '/libfabric/ {print $3}')
-        say "# $lib: $v"
+        say "# $lib: $v, libfabric $(LD_LIBRARY_PATH="$dir" fabric_version)"
         OUT2="$OUT/lib-$(basename "$lib")"
         mkdir -p "$OUT2"
         LD_LIBRARY_PATH="$dir" OUT="$OUT2" LR_ROUNDS=1 LR_CONFIGS="${LR_LIB_CONFIGS:-rails rails1}" bash "$0" cluster >/dev/null 2>&1
