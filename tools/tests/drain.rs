@@ -127,6 +127,13 @@ fn sigterm_one_of_three_servers_with_two_lcores_each_tcp() {
 }
 
 #[test]
+fn sigterm_one_of_three_servers_under_ranks_with_rails_tcp() {
+    // Three rails, one per server: the draining server's rail carries its
+    // streams until the switch, the others the rest.
+    drain_one_of_three("tcp", Shape { two_lcores: true, rails: Some(3), ..Shape::default() });
+}
+
+#[test]
 fn a_second_sigterm_stops_a_draining_server_at_once() {
     let mut lone = server("shm", &["--drain-timeout", "60"]);
     let addrs = vec![lone.addr.clone()];

@@ -287,6 +287,15 @@ fn suite(p: &Plugin, provider: &str) {
     let t0 = Instant::now();
     run_job(p, 4, &net_name);
     eprintln!("{provider}: 4 ranks, 2 servers: {:?}", t0.elapsed());
+    if provider == "tcp" {
+        // The plugin's clients with a rail (endpoint and thread) per server,
+        // as on a many-core worker; on 2 cores the default is one.
+        std::env::set_var("TALLY_RAILS", "2");
+        let t0 = Instant::now();
+        run_job(p, 4, &net_name);
+        eprintln!("{provider}: 4 ranks, 2 servers, 2 rails: {:?}", t0.elapsed());
+        std::env::remove_var("TALLY_RAILS");
+    }
     std::env::remove_var("TALLY_SERVERS");
     // SAFETY: the net context from above.
     assert_eq!(unsafe { (p.net11.finalize)(net_ctx) }, NCCL_SUCCESS);
