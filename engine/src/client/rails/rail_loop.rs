@@ -1,0 +1,224 @@
+//! A rail thread's loop: the steady state of one rail (the client opened
+//! its endpoint; [`RailLoop::run`] ends it). Per turn: take the commands the
+//! client queued (data operations in order behind any that met EAGAIN;
+//! control commands at once), post what waits, read the completion queue,
+//! copy staged results out where asked (`Cmd::RecvCopy`) and hand the
+//! completions back. Nothing here allocates, locks or logs per operation.
+use super::{Cmd, Event, Reply, Shared, RING};
+use crate::dataplane::fabric::{Completion, Endpoint, FabricError, PollError, PostError};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// One rail thread's state.
+pub(super) struct RailLoop {
+    ep: Endpoint,
+    sh: Arc<Shared>,
+    spin_polls: u32,
+    sleep_ms: u32,
+    /// Data operations taken from the ring and not posted yet (EAGAIN), in order.
+    waiting: VecDeque<Cmd>,
+    /// Events the full ring did not take yet, in order.
+    unsent: VecDeque<Event>,
+    batch: [Completion; 32],
+    /// Per context id: where a [`Cmd::RecvCopy`] in flight copies its bytes
+    /// from and to (null: a plain operation).
+    copies: Box<[(*mut u8, *mut u8)]>,
+}
+
+impl RailLoop {
+    pub(super) fn new(ep: Endpoint, sh: Arc<Shared>, spin_polls: u32, sleep_ms: u32, contexts: usize) -> RailLoop {
+        RailLoop {
+            copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
+            ep,
+            sh,
+            spin_polls,
+            sleep_ms,
+            waiting: VecDeque::with_capacity(RING),
+            unsent: VecDeque::with_capacity(RING),
+            batch: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
+        }
+    }
+
+    /// Set-up is done by the client (the endpoint is open); this is the
+    /// steady state, then the tear-down.
+    pub(super) fn run(mut self) {
+        let mut empty = 0u32;
+        while !self.sh.stop.load(Ordering::Relaxed) {
+            let worked = self.take_commands() | self.post_waiting() | self.reap();
+            if worked {
+                empty = 0;
+                continue;
+            }
+            empty = empty.saturating_add(1);
+            if empty >= self.spin_polls {
+                self.sleep();
+                empty = 0;
+            }
+        }
+        self.ep.cancel_all();
+    }
+
+    /// Runs control commands at once and moves data operations behind the waiting ones.
+    fn take_commands(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.sh.cmds.pop() {
+            any = true;
+            match c {
+                Cmd::Cancel(ctx) => {
+                    let before = self.waiting.len();
+                    self.waiting.retain(
+                        |w| !matches!(w, Cmd::Send { ctx: c, .. } | Cmd::Recv { ctx: c, .. } | Cmd::RecvCopy { ctx: c, .. } if *c == ctx),
+                    );
+                    if self.waiting.len() == before {
+                        self.ep.cancel(ctx);
+                    }
+                    if let Some(c) = self.copies.get_mut(ctx as usize) {
+                        *c = (std::ptr::null_mut(), std::ptr::null_mut());
+                    }
+                    let _ = self.sh.replies.push(Reply::Done);
+                }
+                Cmd::CancelAll => {
+                    self.waiting.clear();
+                    self.copies.iter_mut().for_each(|c| *c = (std::ptr::null_mut(), std::ptr::null_mut()));
+                    self.ep.cancel_all();
+                    self.unsent.clear();
+                    let _ = self.sh.replies.push(Reply::Done);
+                }
+                Cmd::InsertPeer(name) => {
+                    let _ = self.sh.replies.push(Reply::Peer(self.ep.insert_peer(&name)));
+                }
+                data => {
+                    self.waiting.push_back(data);
+                    // Post as they come: the provider starts moving bytes
+                    // while later commands are still being taken.
+                    if self.waiting.len() == 1 {
+                        self.post_waiting();
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    /// Posts waiting operations in order until the provider says EAGAIN.
+    fn post_waiting(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.waiting.front() {
+            // SAFETY: the pointers come from the client, whose caller keeps
+            // them valid until the operation's completion (Client::start).
+            let r = unsafe {
+                match *c {
+                    Cmd::Send { buf, len, dest, tag, ctx } => self.ep.send(buf, len, None, dest, tag, ctx),
+                    Cmd::Recv { buf, len, src, tag, ignore, ctx } => self.ep.recv(buf, len, None, src, tag, ignore, ctx),
+                    Cmd::RecvCopy { buf, len, src, tag, ctx, to } => match self.copies.get_mut(ctx as usize) {
+                        Some(c) => {
+                            let r = self.ep.recv(buf, len, None, src, tag, 0, ctx);
+                            if r.is_ok() {
+                                *c = (buf, to);
+                            }
+                            r
+                        }
+                        None => Err(PostError::BadContext(ctx)),
+                    },
+                    _ => Ok(()),
+                }
+            };
+            match r {
+                Ok(()) => {
+                    self.waiting.pop_front();
+                    any = true;
+                }
+                Err(PostError::Again) => break,
+                Err(e) => {
+                    self.waiting.pop_front();
+                    let fe = match e {
+                        PostError::Fabric(f) => f,
+                        _ => FabricError { call: "rail: posting an operation", code: libc::EINVAL },
+                    };
+                    self.push(Event::Broken(fe));
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    /// Reads the CQ and hands completions to the client.
+    fn reap(&mut self) -> bool {
+        let mut any = self.flush();
+        match self.ep.poll(&mut self.batch) {
+            Ok(0) => {}
+            Ok(n) => {
+                for i in 0..n {
+                    let c = self.batch[i];
+                    if c.is_recv {
+                        self.land(c.context, c.len);
+                    }
+                    self.push(Event::Done(c));
+                }
+                any = true;
+            }
+            Err(PollError::Completion(e)) => {
+                if let Some(c) = e.context.and_then(|ctx| self.copies.get_mut(ctx as usize)) {
+                    *c = (std::ptr::null_mut(), std::ptr::null_mut());
+                }
+                self.push(Event::Failed(Box::new(e)));
+                any = true;
+            }
+            Err(PollError::Fabric(e)) => {
+                self.push(Event::Broken(e));
+                any = true;
+            }
+        }
+        if any {
+            self.sh.owner.ring();
+        }
+        any
+    }
+
+    /// Copies a completed [`Cmd::RecvCopy`]'s bytes to where they go.
+    #[inline]
+    fn land(&mut self, ctx: u32, len: usize) {
+        let Some(c) = self.copies.get_mut(ctx as usize) else { return };
+        let (from, to) = std::mem::replace(c, (std::ptr::null_mut(), std::ptr::null_mut()));
+        if !from.is_null() {
+            // SAFETY: the receive into `from` completed with `len` bytes (at
+            // most what was posted); `to` holds as many and is written by no
+            // one else until this completion is handed back (Rails::recv's
+            // contract); the two are distinct buffers (a staging slot and
+            // the caller's).
+            unsafe { std::ptr::copy_nonoverlapping(from, to, len) };
+        }
+    }
+
+    fn push(&mut self, e: Event) {
+        if !self.unsent.is_empty() {
+            self.unsent.push_back(e);
+        } else if let Err(e) = self.sh.events.push(e) {
+            self.unsent.push_back(e);
+        }
+    }
+
+    fn flush(&mut self) -> bool {
+        let mut any = false;
+        while let Some(e) = self.unsent.pop_front() {
+            if let Err(e) = self.sh.events.push(e) {
+                self.unsent.push_front(e);
+                break;
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn sleep(&mut self) {
+        let bell = &self.sh.bell;
+        bell.sleeping.store(true, Ordering::SeqCst);
+        if self.sh.cmds.is_empty() && self.waiting.is_empty() && self.unsent.is_empty() && !self.sh.stop.load(Ordering::SeqCst) {
+            let _ = self.ep.wait_also(bell.fd, self.sleep_ms.min(i32::MAX as u32) as i32);
+        }
+        bell.sleeping.store(false, Ordering::SeqCst);
+        bell.drain();
+    }
+}
