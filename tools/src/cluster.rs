@@ -297,16 +297,30 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
     );
     println!("# placement: {placement}");
     println!(
-        "# chunk {}, window {}, send credits {}; {}",
+        "# chunk {}, window {}, send credits {}, rails per worker {}; {}",
         if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
         args.window,
         args.send_credits,
+        worker_rails(args.hosts),
         crate::bench_allreduce::method_line(args.iters, args.warmup, false)
     );
     println!(
         "# bounds: agg <= R (servers together have the workers' bandwidth), ring <= R x n/(2(n-1)); ideal agg/ring = 2(n-1)/n = {:.2}",
         2.0 * (args.hosts as f64 - 1.0) / args.hosts as f64
     );
+}
+
+/// The rails each worker runs (`tally bench allreduce` decides the same
+/// way): TALLY_RAILS, else one per server over tcp on 8+ cores, and how.
+fn worker_rails(hosts: u32) -> String {
+    use tally_engine::client::rails::{auto_rails, MAX_RAILS};
+    match std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(n) if n > 0 => format!("{} (TALLY_RAILS)", n.clamp(1, MAX_RAILS).min(hosts as usize)),
+        _ => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            format!("{} (auto)", auto_rails("tcp", hosts as usize, cores))
+        }
+    }
 }
 
 pub fn format_cluster_header() -> String {
