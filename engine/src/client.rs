@@ -565,11 +565,7 @@ impl Client {
             contexts: per_sub * MAX_SUBJOBS as u32,
             wait_object: true,
         };
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let want = match cfg.rails {
-            0 => rails::auto_rails(&provider, cfg.servers.len(), cores),
-            n => n.clamp(1, rails::MAX_RAILS).min(cfg.servers.len().max(1)),
-        };
+        let want = rails::resolve_rails(cfg.rails, &provider, cfg.servers.len());
         let open = || Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")));
         let first = open()?;
         let rails = if want <= 1 || first.needs_local_mr() {
@@ -1220,18 +1216,16 @@ impl Client {
             // and is the target of this receive only (slots cycle over twice
             // the window); it lives as long as the sub-job.
             unsafe { self.rails.recv(rail, relay.slot(st, seq), len, relay.mh(st), Some(stream.addr), (tag, 0), ctx, None) }
-        } else if let Some(stage) = s.stage.as_ref().filter(|_| op.rail_copies(&self.rails)) {
+        } else if let Some(stage) = &s.stage {
+            // Where the result goes once whole: a rail copies it there, else `land` does.
+            // SAFETY: off + len <= bytes, inside the caller's buffer.
+            let copy_to = op.rail_copies(&self.rails).then(|| unsafe { op.recv.add(off) });
             // SAFETY: the staging slot of (stream, seq) holds a whole piece
             // and is the target of this receive only (slots cycle over twice
             // the window, see `Stage`); it lives as long as the sub-job. The
-            // chunk's range of `recv` (where the rail copies the result) has
-            // one receive and stays the caller's until the request completes.
-            unsafe {
-                self.rails.recv(rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, Some(op.recv.add(off)))
-            }
-        } else if let Some(stage) = &s.stage {
-            // SAFETY: as above; `land` copies the result out.
-            unsafe { self.rails.recv(rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, None) }
+            // chunk's range of `recv` has one receive and stays the caller's
+            // until the request completes.
+            unsafe { self.rails.recv(rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, copy_to) }
         } else {
             // SAFETY: as above; each chunk's range of `recv` has one receive.
             unsafe { self.rails.recv(rail, op.recv.add(off), len, op.mh_recv, Some(stream.addr), (tag, 0), ctx, None) }

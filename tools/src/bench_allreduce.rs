@@ -673,15 +673,8 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
 
 /// The rails an agg rank runs: --rails, else TALLY_RAILS, else auto.
 fn rails_of(args: &AllreduceArgs, provider: &str) -> usize {
-    let want = args.rails.unwrap_or_else(|| ClientConfig::new(Vec::new(), 0, 0, 1).rails);
-    let servers = args.servers.len().max(1);
-    match want {
-        0 => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            tally_engine::client::rails::auto_rails(provider, servers, cores)
-        }
-        n => n.min(servers).clamp(1, tally_engine::client::rails::MAX_RAILS),
-    }
+    let asked = args.rails.unwrap_or_else(|| ClientConfig::new(Vec::new(), 0, 0, 1).rails);
+    tally_engine::client::rails::resolve_rails(asked, provider, args.servers.len())
 }
 
 /// Warm-up all-reduces of `bytes` for an agg job of `streams` streams:

@@ -313,14 +313,9 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
 /// The rails each worker runs (`tally bench allreduce` decides the same
 /// way): TALLY_RAILS, else one per server over tcp on 8+ cores, and how.
 fn worker_rails(hosts: u32) -> String {
-    use tally_engine::client::rails::{auto_rails, MAX_RAILS};
-    match std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
-        Some(n) if n > 0 => format!("{} (TALLY_RAILS)", n.clamp(1, MAX_RAILS).min(hosts as usize)),
-        _ => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            format!("{} (auto)", auto_rails("tcp", hosts as usize, cores))
-        }
-    }
+    let asked = std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+    let n = tally_engine::client::rails::resolve_rails(asked, "tcp", hosts as usize);
+    format!("{n} ({})", if asked == 0 { "auto" } else { "TALLY_RAILS" })
 }
 
 pub fn format_cluster_header() -> String {

@@ -123,11 +123,11 @@ struct Held {
 }
 
 impl Stage {
-    /// Slots for `streams` streams; registered on `ep` if it wants local
-    /// buffers registered.
-    pub fn new(streams: usize, window: usize, piece: usize, ep: &mut Rails) -> Result<Stage, ClientError> {
+    /// Slots for `streams` streams; registered on `rails` if the provider
+    /// wants local buffers registered.
+    pub fn new(streams: usize, window: usize, piece: usize, rails: &mut Rails) -> Result<Stage, ClientError> {
         let mut s = Stage { blocks: Vec::new(), piece, slots: 2 * window, meta: Vec::new() };
-        s.add(streams, ep)?;
+        s.add(streams, rails)?;
         Ok(s)
     }
 

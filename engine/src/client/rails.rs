@@ -60,6 +60,15 @@ pub fn auto_rails(provider: &str, servers: usize, cores: usize) -> usize {
     }
 }
 
+/// The rails a client runs when it asked for `asked` (0: [`auto_rails`],
+/// with this thread's cores), at most one per server and [`MAX_RAILS`].
+pub fn resolve_rails(asked: usize, provider: &str, servers: usize) -> usize {
+    match asked {
+        0 => auto_rails(provider, servers, std::thread::available_parallelism().map_or(1, |n| n.get())),
+        n => n.clamp(1, MAX_RAILS).min(servers.max(1)),
+    }
+}
+
 /// An operation queued to a rail thread.
 enum Cmd {
     Send {
@@ -209,18 +218,26 @@ impl Rails {
     /// One thread per endpoint, each pinned to the matching core of `cores`
     /// where given. Needs providers that want no local registrations.
     pub fn threaded(eps: Vec<Endpoint>, spin_polls: u32, sleep_ms: u32, cores: &[usize], contexts: usize) -> Result<Rails, FabricError> {
-        let provider = eps.first().map_or_else(String::new, |e| e.provider().to_string());
-        let in_order_sends = eps.iter().any(|e| e.in_order_sends());
-        let owner = Arc::new(Bell::new().map_err(|_| FabricError { call: "eventfd", code: libc::EMFILE })?);
-        let mut names = Vec::with_capacity(eps.len());
-        let mut rails = Vec::with_capacity(eps.len());
+        let os_error = |call: &'static str| move |e: std::io::Error| FabricError { call, code: e.raw_os_error().unwrap_or(libc::EIO) };
+        let owner = Arc::new(Bell::new().map_err(os_error("eventfd"))?);
+        // Built up rail by rail: on an error, dropping it stops and joins
+        // the threads already started.
+        let mut made = Rails {
+            names: Vec::with_capacity(eps.len()),
+            provider: eps.first().map_or_else(String::new, |e| e.provider().to_string()),
+            needs_local_mr: false,
+            in_order_sends: eps.iter().any(|e| e.in_order_sends()),
+            // Inject copies at the call; a queued send may be posted later.
+            inject_size: 0,
+            mode: Mode::Threaded { rails: Vec::with_capacity(eps.len()), owner: owner.clone(), held: None, next: 0 },
+        };
         for (i, ep) in eps.into_iter().enumerate() {
-            names.push(ep.name()?);
+            made.names.push(ep.name()?);
             let shared = Arc::new(Shared {
                 cmds: ArrayQueue::new(RING),
                 events: ArrayQueue::new(RING),
                 replies: ArrayQueue::new(4),
-                bell: Bell::new().map_err(|_| FabricError { call: "eventfd", code: libc::EMFILE })?,
+                bell: Bell::new().map_err(os_error("eventfd"))?,
                 owner: owner.clone(),
                 stop: AtomicBool::new(false),
             });
@@ -236,18 +253,12 @@ impl Rails {
                     }
                     RailLoop::new(ep, sh, spin_polls, sleep_ms, contexts).run()
                 })
-                .map_err(|_| FabricError { call: "spawning a rail thread", code: libc::EAGAIN })?;
-            rails.push(Rail { shared, thread: Some(thread) });
+                .map_err(os_error("spawning a rail thread"))?;
+            if let Mode::Threaded { rails, .. } = &mut made.mode {
+                rails.push(Rail { shared, thread: Some(thread) });
+            }
         }
-        Ok(Rails {
-            names,
-            provider,
-            needs_local_mr: false,
-            in_order_sends,
-            // Inject copies at the call; a queued send may be posted later.
-            inject_size: 0,
-            mode: Mode::Threaded { rails, owner, held: None, next: 0 },
-        })
+        Ok(made)
     }
 
     /// Number of rails.

@@ -216,7 +216,7 @@ impl RailLoop {
         let bell = &self.sh.bell;
         bell.sleeping.store(true, Ordering::SeqCst);
         if self.sh.cmds.is_empty() && self.waiting.is_empty() && self.unsent.is_empty() && !self.sh.stop.load(Ordering::SeqCst) {
-            let _ = self.ep.wait_also(bell.fd, self.sleep_ms.min(i32::MAX as u32) as i32);
+            let _ = self.ep.wait_also(Some(bell.fd), self.sleep_ms.min(i32::MAX as u32) as i32);
         }
         bell.sleeping.store(false, Ordering::SeqCst);
         bell.drain();

@@ -730,47 +730,34 @@ impl Endpoint {
     /// and its `fi_cq_sread` ignores the timeout, and EFA has no CQ wait
     /// objects at all; there it naps for at most `NAP` instead.
     pub fn wait(&mut self, timeout_ms: i32) -> Result<(), FabricError> {
-        const NAP: std::time::Duration = std::time::Duration::from_micros(50);
-        match self.wait_fd {
-            Some(fd) => {
-                // fi_trywait first: tcp;ofi_rxm hangs its sockets' readiness
-                // under the CQ's descriptor only through it (the msg CQ's
-                // trywait), and says -FI_EAGAIN when progress is due now.
-                // Without it poll(2) slept its whole timeout while data sat
-                // in the sockets.
-                let mut fids = [self.cq_fid()];
-                // SAFETY: fabric and CQ are open while self is; one fid in the array.
-                if unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 1) } != 0 {
-                    return Ok(());
-                }
-                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd; the descriptor is the CQ's, open while self is.
-                unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-            }
-            None => std::thread::sleep(NAP.min(std::time::Duration::from_millis(timeout_ms.max(0) as u64))),
-        }
-        Ok(())
+        self.wait_also(None, timeout_ms)
     }
 
     /// [`Endpoint::wait`], also woken when `wake_fd` (an eventfd another
     /// thread writes) becomes readable: a client's rail thread sleeps on its
     /// CQ and on the descriptor its owner writes after queueing work for it.
-    pub fn wait_also(&mut self, wake_fd: i32, timeout_ms: i32) -> Result<(), FabricError> {
+    pub fn wait_also(&mut self, wake_fd: Option<i32>, timeout_ms: i32) -> Result<(), FabricError> {
         const NAP: std::time::Duration = std::time::Duration::from_micros(50);
         let Some(fd) = self.wait_fd else {
             std::thread::sleep(NAP.min(std::time::Duration::from_millis(timeout_ms.max(0) as u64)));
             return Ok(());
         };
+        // fi_trywait first: tcp;ofi_rxm hangs its sockets' readiness
+        // under the CQ's descriptor only through it (the msg CQ's
+        // trywait), and says -FI_EAGAIN when progress is due now.
+        // Without it poll(2) slept its whole timeout while data sat
+        // in the sockets.
         let mut fids = [self.cq_fid()];
         // SAFETY: fabric and CQ are open while self is; one fid in the array.
         if unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 1) } != 0 {
             return Ok(());
         }
-        let mut pfds =
-            [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: wake_fd, events: libc::POLLIN, revents: 0 }];
-        // SAFETY: two valid pollfds: the CQ's descriptor, open while self is,
+        let pfd = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut pfds = [pfd(fd), pfd(wake_fd.unwrap_or(-1))];
+        let n = if wake_fd.is_some() { 2 } else { 1 };
+        // SAFETY: n valid pollfds: the CQ's descriptor, open while self is,
         // and the caller's, which it keeps open while it calls this.
-        unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms) };
+        unsafe { libc::poll(pfds.as_mut_ptr(), n, timeout_ms) };
         Ok(())
     }
 
