@@ -231,7 +231,7 @@ impl ClusterOutcome {
 /// At most [`MAX_DEFAULT_RATE`], the highest rate measured with both at the
 /// link: on 64 cores (device, 4 + 4 hosts, rails) agg reached 0.97-1.00 at
 /// 16 Gbit/s, while at 32 it reached 0.6-0.96 with failover's staging and the
-/// ring 0.3-0.5 (CPU-bound).
+/// ring 0.3-0.5 (why is not shown).
 pub fn default_rate(hosts: u32, cores: usize) -> f64 {
     let r = 2.0 * cores as f64 / hosts as f64;
     2f64.powi(r.log2().floor() as i32).clamp(0.0625, MAX_DEFAULT_RATE)
