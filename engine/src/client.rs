@@ -63,8 +63,10 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 pub mod failover;
+pub mod liveness;
 pub mod rails;
 use failover::{Fo, Stage};
+use liveness::Liveness;
 use rails::Rails;
 
 /// How to reach the servers and cut the work.
@@ -147,6 +149,10 @@ pub struct ClientConfig {
     /// Cores to pin the rail threads to, one each in order (empty: they
     /// keep the affinity of the thread that connects). From TALLY_RAIL_CORES.
     pub rail_cores: Vec<usize>,
+    /// A server of a job that can fail over, heard once, then silent this
+    /// long (no heartbeat, no message) is lost (see [`liveness`]). Default
+    /// from TALLY_LIVENESS_MS, else 2 s; zero: never.
+    pub liveness: Duration,
 }
 
 impl ClientConfig {
@@ -179,9 +185,15 @@ impl ClientConfig {
                 .ok()
                 .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
                 .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
+            liveness: Duration::from_millis(
+                std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
+            ),
         }
     }
 }
+
+/// A rank's default liveness time (ms): eight of the server's default heartbeats.
+pub const DEFAULT_LIVENESS_MS: u64 = 2000;
 
 /// A positive size from the environment (K/M/G suffixes), if set and valid.
 fn env_size(name: &str) -> Option<usize> {
@@ -367,6 +379,8 @@ struct SubJob {
     split_max: usize,
     /// Failover state: lost servers, the recovery round in progress.
     fo: Fo,
+    /// When each server was last heard from (see [`liveness`]).
+    live: Liveness,
 }
 
 impl SubJob {
@@ -653,10 +667,13 @@ impl Client {
                 && (wire::SPLIT_MIN_RANKS..=wire::SPLIT_MAX_RANKS).contains(&self.cfg.nranks),
         };
         // Each server's Hello names the rail that carries its streams.
-        let hellos = (0..self.cfg.servers.len())
+        let mut hellos = (0..self.cfg.servers.len())
             .map(|si| Hello::new(&spec, self.cfg.rank, &self.token, self.rails.name(self.rails.rail_of(si)).as_bytes()))
             .collect::<Option<Vec<Hello>>>()
             .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
+        if self.wants_heartbeats() {
+            hellos.iter_mut().for_each(|h| h.flags |= Hello::ALIVE);
+        }
         let mut controls = Vec::new();
         // Send every Hello first, then wait for the answers: servers admit
         // the job only when all ranks are in, on all servers at once.
@@ -778,6 +795,7 @@ impl Client {
             split,
             split_max,
             fo: Fo::default(),
+            live: Liveness::default(),
         });
         Ok(self.subs.len() - 1)
     }
@@ -1377,7 +1395,14 @@ impl Client {
             }
             for si in 0..self.subs[sub].controls.len() {
                 while let Some(msg) = self.read_control(sub, si)? {
+                    let now = Instant::now();
+                    match &msg {
+                        Control::Alive => self.subs[sub].live.alive(si, now),
+                        Control::Gone(_) => {}
+                        _ => self.subs[sub].live.heard(si, now),
+                    }
                     match msg {
+                        Control::Alive => {}
                         Control::Drain => self.on_drain(sub, si)?,
                         Control::SwitchAt(k) => self.on_switch(sub, si, k)?,
                         Control::Gone(why) => self.lose(sub, 1u64 << si, &why)?,
@@ -1387,6 +1412,7 @@ impl Client {
                         }
                     }
                 }
+                self.check_liveness(sub, si)?;
             }
         }
         // Recoveries join redo jobs, a blocking collective: every rank takes
@@ -1400,6 +1426,31 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Server `si` of sub-job `sub`, armed, silent past the liveness time
+    /// (everything it sent has just been read): lost, as if its connection
+    /// had closed. Only for jobs that can fail over (see [`liveness`]).
+    fn check_liveness(&mut self, sub: usize, si: usize) -> Result<(), ClientError> {
+        let s = &self.subs[sub];
+        if self.cfg.liveness.is_zero() || s.stage.is_none() || s.controls[si].is_none() || s.fo.dead & (1u64 << si) != 0 {
+            return Ok(());
+        }
+        let Some(silent) = s.live.overdue(si, self.cfg.liveness, Instant::now()) else { return Ok(()) };
+        self.subs[sub].live.disarm(si);
+        let why = format!(
+            "no heartbeat for {:.1} s (liveness {:.1} s, TALLY_LIVENESS_MS): frozen, hung or cut off",
+            silent.as_secs_f64(),
+            self.cfg.liveness.as_secs_f64()
+        );
+        self.lose(sub, 1u64 << si, &why)
+    }
+
+    /// Whether this client asks its servers for heartbeats: only jobs that
+    /// can fail over act on them (a server older than heartbeats refuses
+    /// the flag, so single-server jobs do not send it).
+    fn wants_heartbeats(&self) -> bool {
+        !self.cfg.liveness.is_zero() && self.cfg.failover && self.cfg.servers.len() > 1
     }
 
     /// The next whole message on a control connection, if one has arrived
@@ -1429,6 +1480,7 @@ impl Client {
         }
         c.read_exact(&mut b[..need]).map_err(|e| bad(e.to_string()))?;
         match kind {
+            Kind::Alive => Ok(Some(Control::Alive)),
             Kind::Drain => {
                 wire::read::<Drain>(&b).and_then(|d| d.check()).map_err(|e| bad(e.to_string()))?;
                 Ok(Some(Control::Drain))
@@ -1650,6 +1702,8 @@ fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> Result<TcpSt
 
 /// A server's message on a job's control connection, other than a reject.
 enum Control {
+    /// A heartbeat (see [`liveness`]).
+    Alive,
     Drain,
     SwitchAt(u64),
     /// The server is gone (or ended the job there): fail over, if possible.

@@ -31,6 +31,18 @@
 //! (`Rejoin`), and the [`SwitchAt`] it sends names the operation from which
 //! the job uses it again.
 //!
+//! Liveness (a server frozen, hung or cut off, with its connections still
+//! open): a rank that sets [`Hello::ALIVE`] gets a bare [`Kind::Alive`]
+//! header every `heartbeat_ms` from the server's control plane, which sends
+//! it only while every lcore of the job keeps polling. A frozen process
+//! sends nothing; a stuck lcore withholds its jobs' heartbeats. A rank that
+//! heard a server once and then hears nothing for its liveness time
+//! declares it lost, as it does a closed connection. The server learns that
+//! it was dropped (fencing) from its closed connections, or at the latest
+//! from the first Hello flagged [`Hello::REJOIN`] for a job it still runs:
+//! that job is stale, so the server ends it and admits the rejoin. Results
+//! of the stale job carry its old [`Tag`] and match no receive a rank posts.
+//!
 //! Relay (two-rank jobs, small pieces): ranks that set [`Hello::RELAY`] in a
 //! two-rank job get, for every piece of at most [`RELAY_MAX`] bytes, the
 //! *other* rank's piece back instead of the sum, sent on as soon as it
@@ -151,6 +163,11 @@ pub enum Kind {
     /// [`SwitchAt`] that follows names the operation from which the job
     /// uses this server again. A bare [`Header`].
     Rejoin = 11,
+    /// Server to a rank that set [`Hello::ALIVE`]: a heartbeat, sent every
+    /// `heartbeat_ms` while every lcore of the job keeps polling. A bare
+    /// [`Header`]. A rank that hears none for its liveness time declares
+    /// the server lost, as if its connection had closed (see the module doc).
+    Alive = 12,
 }
 
 impl Kind {
@@ -163,6 +180,7 @@ impl Kind {
             Kind::SwitchAt => Some(core::mem::size_of::<SwitchAt>()),
             Kind::Failover => Some(core::mem::size_of::<Failover>()),
             Kind::Rejoin => Some(core::mem::size_of::<Header>()),
+            Kind::Alive => Some(core::mem::size_of::<Header>()),
             // Followed by `nranks * report_len` bytes of reports.
             Kind::Recover => Some(core::mem::size_of::<Recover>()),
             _ => None,
@@ -217,6 +235,7 @@ impl Header {
             9 => Ok(Kind::Failover),
             10 => Ok(Kind::Recover),
             11 => Ok(Kind::Rejoin),
+            12 => Ok(Kind::Alive),
             k => Err(WireError::BadKind(k)),
         }
     }
@@ -739,9 +758,16 @@ impl Hello {
     /// The job's small pieces are split by rank over lcores
     /// ([`SPLIT_MIN_RANKS`] to [`SPLIT_MAX_RANKS`] ranks; see the module doc).
     pub const SPLIT: u8 = 4;
+    /// The rank wants heartbeats ([`Kind::Alive`]) on this connection once
+    /// the job runs. Per rank, not part of the job's spec.
+    pub const ALIVE: u8 = 8;
 
     pub fn rejoin(&self) -> bool {
         self.flags & Hello::REJOIN != 0
+    }
+
+    pub fn wants_heartbeats(&self) -> bool {
+        self.flags & Hello::ALIVE != 0
     }
 
     /// Validates every field against `limits`; the token is checked by the
@@ -782,7 +808,7 @@ impl Hello {
         if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
             return bad("name_len", "endpoint name empty or too long");
         }
-        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT) != 0 {
+        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE) != 0 {
             return bad("flags", "unknown flag bits");
         }
         let relay = self.flags & Hello::RELAY != 0;

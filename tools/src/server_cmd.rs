@@ -38,6 +38,11 @@ pub struct ServerArgs {
     /// Seconds an all-reduce may wait for a straggling rank before its job fails (default 30).
     #[arg(long, value_name = "SECONDS")]
     pub op_timeout: Option<u64>,
+    /// Milliseconds between heartbeats to the ranks (default 250; 0: none). A
+    /// rank that hears none for its liveness time (TALLY_LIVENESS_MS, default
+    /// 2000) fails over, as it does when the server dies.
+    #[arg(long, value_name = "MS")]
+    pub heartbeat_ms: Option<u64>,
     /// Seconds a job may go without traffic before it is ended (default 3600; 0: never).
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
@@ -93,6 +98,7 @@ impl ServerArgs {
             slab_size: self.slab_size.clone(),
             metrics: self.metrics.clone(),
             op_timeout_s: self.op_timeout,
+            heartbeat_ms: self.heartbeat_ms,
             idle_timeout_s: self.idle_timeout,
             handshake_timeout_s: self.handshake_timeout,
             join_timeout_s: self.join_timeout,

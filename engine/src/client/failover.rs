@@ -78,6 +78,10 @@ use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+/// How long a redo job's connect to a survivor is retried (a reconnect
+/// storm: every rank of every job on the lost server at once).
+pub const REDO_CONNECT_FOR: Duration = Duration::from_secs(10);
+
 /// Chunks each redo job keeps in flight per server.
 pub const REDO_WINDOW: u32 = 4;
 /// Context ids a sub-job keeps for redo jobs, per server: two jobs (relay
@@ -795,7 +799,11 @@ impl Client {
                 let server = &self.cfg.servers[si];
                 let err = |e: String| ClientError::Connect { server: server.clone(), error: e };
                 let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
-                let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| err(e.to_string()))?;
+                // Every rank of every job on a lost server joins redo jobs on
+                // the survivors at once (a reconnect storm): a refused or
+                // timed-out connect is tried again, for at most REDO_CONNECT_FOR
+                // (a survivor that stays unreachable that long is a second loss).
+                let mut c = super::connect_retry(&addr, self.cfg.join_timeout.min(REDO_CONNECT_FOR)).map_err(err)?;
                 let _ = c.set_nodelay(true);
                 super::keepalive(&c);
                 c.write_all(bytemuck::bytes_of(&hello)).map_err(|e| err(e.to_string()))?;
@@ -1080,6 +1088,9 @@ impl Client {
             let name = self.rails.name(self.rails.rail_of(si));
             let Some(mut hello) = Hello::new(&spec, self.cfg.rank, &self.token, name.as_bytes()) else { continue };
             hello.flags |= Hello::REJOIN;
+            if self.wants_heartbeats() {
+                hello.flags |= Hello::ALIVE;
+            }
             let _ = conn.set_nodelay(true);
             super::keepalive(&conn);
             if conn.write_all(bytemuck::bytes_of(&hello)).is_ok() && conn.set_nonblocking(true).is_ok() {
@@ -1153,6 +1164,8 @@ impl Client {
                 hdr.len() + a.lcores.min(4096) as usize * core::mem::size_of::<wire::NameRecord>()
             }
             (wire::Kind::Rejoin, RejoinPhase::Question) => 8,
+            // Heartbeats start once the server admitted the job again.
+            (wire::Kind::Alive, RejoinPhase::Question | RejoinPhase::Switch) => 8,
             (wire::Kind::SwitchAt, RejoinPhase::Switch) => core::mem::size_of::<wire::SwitchAt>(),
             (k, p) => {
                 log::warn!("server {server}: unexpected {k:?} while taking it back ({p:?}); giving up on it for this job");
@@ -1169,6 +1182,8 @@ impl Client {
             return Ok(false);
         }
         match kind {
+            // Taken; whatever follows it is read at once.
+            wire::Kind::Alive => self.step_rejoin(sub, i),
             wire::Kind::Reject => {
                 let r: wire::Reject = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
                 if r.code() == Some(wire::RejectCode::Busy) {
@@ -1253,6 +1268,8 @@ impl Client {
                 s.fo.handled &= !(1u64 << si);
                 s.fo.reported &= !(1u64 << si);
                 s.controls[si] = Some(conn);
+                // Armed again by its first heartbeat on this connection.
+                s.live.disarm(si);
                 log::warn!("server {server} is back in job {job:#x} from operation {k}");
                 self.stats.rejoins += 1;
                 if !self.subs[sub].holding() {

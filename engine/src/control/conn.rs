@@ -81,6 +81,8 @@ pub enum ConnEvent {
 pub struct Joining {
     /// The rank takes this (restarted) server back into a running job.
     pub rejoin: bool,
+    /// The rank wants heartbeats ([`wire::Kind::Alive`]) once the job runs.
+    pub heartbeats: bool,
     pub conn: u64,
     pub peer: SocketAddr,
     pub spec: JobSpec,
@@ -464,7 +466,15 @@ impl Connections {
         c.input.clear();
         self.ranks += 1;
         self.admission.leave(peer.ip());
-        out.push(ConnEvent::Join(Box::new(Joining { rejoin: hello.rejoin(), conn: id, peer, spec, rank: hello.rank, name })));
+        out.push(ConnEvent::Join(Box::new(Joining {
+            rejoin: hello.rejoin(),
+            heartbeats: hello.wants_heartbeats(),
+            conn: id,
+            peer,
+            spec,
+            rank: hello.rank,
+            name,
+        })));
         true
     }
 

@@ -67,6 +67,8 @@ struct Conn {
     id: u64,
     rank: u32,
     peer: SocketAddr,
+    /// The rank asked for heartbeats (`Hello::ALIVE`).
+    heartbeats: bool,
 }
 
 struct Pending {
@@ -111,6 +113,8 @@ struct Active {
     rejoin: bool,
     /// When its first rank joined (for the join-to-running time).
     first_join: Instant,
+    /// Its heartbeats are withheld (an lcore stopped polling); logged once.
+    withheld: bool,
 }
 
 /// A running job's recovery from losing other servers, led by this server:
@@ -190,6 +194,13 @@ pub struct ControlPlane {
     /// Set here once draining finished (no job left, or the timeout).
     drained: Arc<AtomicBool>,
     draining: Option<Draining>,
+    /// Between heartbeats (None: none are sent).
+    heartbeat: Option<Duration>,
+    next_beat: Instant,
+    /// Jobs whose join failed because a rank left during it, until when
+    /// later joiners are told so at once (instead of waiting out the join
+    /// timeout for a rank that will not come), and why.
+    failed_joins: HashMap<u64, (Instant, String)>,
 }
 
 struct Watch {
@@ -203,6 +214,11 @@ struct Watch {
 /// provider call: e.g. shm spinning on the lock of a peer process that died
 /// holding it). Every lcore polls at least every few milliseconds, idle or not.
 pub const LCORE_STUCK_AFTER: Duration = Duration::from_secs(5);
+
+/// An lcore whose poll count has not moved for this long proves nothing:
+/// its jobs' heartbeats are withheld (their ranks fail over after their
+/// liveness time) well before [`LCORE_STUCK_AFTER`] ends the jobs here.
+pub const LCORE_QUIET_AFTER: Duration = Duration::from_secs(1);
 
 /// The longest the loop sleeps: how soon it sees a drain request, a stop,
 /// and the timers that are not handshake deadlines.
@@ -302,6 +318,9 @@ impl ControlPlane {
             drain_requested: Arc::new(AtomicBool::new(false)),
             drained: Arc::new(AtomicBool::new(false)),
             draining: None,
+            heartbeat: (cfg.heartbeat_ms > 0).then(|| Duration::from_millis(cfg.heartbeat_ms)),
+            next_beat: Instant::now(),
+            failed_joins: HashMap::new(),
         })
     }
 
@@ -373,6 +392,7 @@ impl ControlPlane {
             self.expire_pending(now);
             self.expire_idle();
             self.check_lcores(now);
+            self.beat(now);
             self.check_drain(now);
             if std::mem::take(&mut self.dirty) {
                 self.publish();
@@ -409,16 +429,27 @@ impl ControlPlane {
     }
 
     fn join(&mut self, j: Joining) {
-        let Joining { rejoin, conn, peer, spec, rank, name } = j;
-        let c = Conn { id: conn, rank, peer };
+        let Joining { rejoin, heartbeats, conn, peer, spec, rank, name } = j;
+        let c = Conn { id: conn, rank, peer, heartbeats };
         if self.draining.is_some() {
             log::info!("{peer}: rank {rank} of job {:#x} refused: the server is draining", spec.job_id);
             refuse(&mut self.net, &c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
             return;
         }
-        if self.active.iter().flatten().any(|a| a.job_id == spec.job_id) {
-            refuse(&mut self.net, &c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
-            return;
+        if let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == spec.job_id && a.phase != Phase::Ending)) {
+            if !rejoin {
+                refuse(&mut self.net, &c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
+                return;
+            }
+            self.fence(i, rank, peer);
+        }
+        if let Some((until, why)) = self.failed_joins.get(&spec.job_id) {
+            if *until > Instant::now() {
+                let why = why.clone();
+                refuse(&mut self.net, &c, RejectCode::JobFailed, "", &why);
+                return;
+            }
+            self.failed_joins.remove(&spec.job_id);
         }
         // Ranks waiting for their job to gather hold a connection each: bounded
         // by what the server could ever run at once.
@@ -596,6 +627,7 @@ impl ControlPlane {
             recovery: None,
             rejoin: p.rejoin,
             first_join: p.first_join,
+            withheld: false,
         });
     }
 
@@ -609,6 +641,64 @@ impl ControlPlane {
             ..Accept::zeroed()
         };
         a.latency_split().map_or(shards, |(l, _)| l as u32)
+    }
+
+    /// The active job that control connection `conn` belongs to. (By
+    /// connection, not job id: a fenced job and its rejoin share the id.)
+    fn active_of(&self, conn: u64) -> Option<usize> {
+        self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.conns.iter().any(|c| c.id == conn)))
+    }
+
+    /// A rank rejoins job `i`, which still runs here: its ranks declared
+    /// this server lost (it was frozen, hung or cut off while they moved
+    /// on), so what runs here is stale. End it (its results carry its tag,
+    /// which no rank receives on any more; its regions come back once its
+    /// lcores let go), so that the rejoin is admitted as for a restarted server.
+    fn fence(&mut self, i: usize, rank: u32, peer: SocketAddr) {
+        let Some(a) = self.active[i].as_ref() else { return };
+        log::warn!(
+            "job {:#x}: rank {rank} rejoins it from {peer} while it still runs here: its ranks declared this server lost \
+             (it was frozen, hung or cut off); fencing the stale job and taking the job back",
+            a.job_id
+        );
+        self.counters.jobs_fenced.fetch_add(1, Ordering::Relaxed);
+        self.end(i, RejectCode::JobFailed, "fenced: the job's ranks declared this server lost and are taking it back");
+    }
+
+    /// Sends every rank that asked for them a heartbeat, every `heartbeat`,
+    /// for each running job whose lcores all polled within
+    /// [`LCORE_QUIET_AFTER`]. The control thread sends them, so a frozen
+    /// process sends none; the lcores' poll counters gate them, so a stuck
+    /// lcore withholds its jobs'. (Not per chunk: a few bytes per rank a tick.)
+    fn beat(&mut self, now: Instant) {
+        let Some(every) = self.heartbeat else { return };
+        if now < self.next_beat {
+            return;
+        }
+        self.next_beat = now + every;
+        let alive = Header::new(Kind::Alive);
+        for a in self.active.iter_mut().flatten() {
+            if a.phase != Phase::Running {
+                continue;
+            }
+            let quiet = self.watchdog.iter().take(a.spec.shards as usize).position(|w| now.duration_since(w.moved) >= LCORE_QUIET_AFTER);
+            if let Some(l) = quiet {
+                self.counters.heartbeats_withheld.fetch_add(1, Ordering::Relaxed);
+                if !a.withheld {
+                    log::warn!(
+                        "job {:#x}: heartbeats withheld: lcore {l} has not polled for {:?} (its ranks fail over after their liveness time)",
+                        a.job_id,
+                        LCORE_QUIET_AFTER
+                    );
+                    a.withheld = true;
+                }
+                continue;
+            }
+            a.withheld = false;
+            for c in a.conns.iter().filter(|c| c.heartbeats) {
+                let _ = self.net.send(c.id, bytemuck::bytes_of(&alive));
+            }
+        }
     }
 
     fn find(&mut self, tag: u16) -> Option<(usize, &mut Active)> {
@@ -752,7 +842,7 @@ impl ControlPlane {
 
     fn bye(&mut self, conn: u64) {
         let Some(&job_id) = self.conn_job.get(&conn) else { return };
-        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id)) else { return };
+        let Some(i) = self.active_of(conn) else { return };
         let a = self.active[i].as_mut().unwrap();
         if let Some(c) = a.conns.iter().find(|c| c.id == conn) {
             a.done[c.rank as usize] = true;
@@ -881,7 +971,7 @@ impl ControlPlane {
 
     fn boundary(&mut self, conn: u64, next_op: u64) {
         let Some(&job_id) = self.conn_job.get(&conn) else { return };
-        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id)) else { return };
+        let Some(i) = self.active_of(conn) else { return };
         let a = self.active[i].as_mut().unwrap();
         let Some(rank) = a.conns.iter().find(|c| c.id == conn).map(|c| c.rank as usize) else { return };
         let Some(d) = a.drain.as_mut() else {
@@ -947,7 +1037,7 @@ impl ControlPlane {
     /// as the recovery's leader.
     fn lost(&mut self, conn: u64, dead: u64, boundary: u64, report: Vec<u8>) {
         let Some(&job_id) = self.conn_job.get(&conn) else { return };
-        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id)) else { return };
+        let Some(i) = self.active_of(conn) else { return };
         let a = self.active[i].as_mut().unwrap();
         let Some(rank) = a.conns.iter().find(|c| c.id == conn).map(|c| c.rank as usize) else { return };
         if a.phase != Phase::Running {
@@ -1014,19 +1104,26 @@ impl ControlPlane {
     fn closed(&mut self, conn: u64) {
         let Some(job_id) = self.conn_job.remove(&conn) else { return };
         if let Some(p) = self.pending.get_mut(&job_id) {
-            if let Some(slot) = p.conns.iter_mut().find(|c| c.as_ref().is_some_and(|c| c.id == conn)) {
-                let c = slot.take().unwrap();
-                p.names[c.rank as usize] = None;
-                p.joined -= 1;
-                log::info!("job {job_id:#x}: rank {} left before the job started", c.rank);
+            let Some(slot) = p.conns.iter_mut().find(|c| c.as_ref().is_some_and(|c| c.id == conn)) else { return };
+            let c = slot.take().unwrap();
+            let mut p = self.pending.remove(&job_id).unwrap();
+            // The rank is gone (its process died, or its client gave up): the
+            // job cannot start. Tell the ranks already in now, and the ones
+            // still coming when they come, rather than keep them all until
+            // the join timeout.
+            let msg = format!("rank {} left (its connection closed) while the job was joining; the join failed", c.rank);
+            log::warn!("job {job_id:#x}: {msg} for the {} ranks in", p.joined - 1);
+            self.counters.joins_failed.fetch_add(1, Ordering::Relaxed);
+            for other in p.conns.iter_mut().flatten() {
+                self.conn_job.remove(&other.id);
+                refuse(&mut self.net, other, RejectCode::JobFailed, "", &msg);
             }
-            if p.joined == 0 {
-                self.pending.remove(&job_id);
-            }
+            let now = Instant::now();
+            self.failed_joins.retain(|_, (until, _)| *until > now);
+            self.failed_joins.insert(job_id, (now + self.join_timeout, msg));
             return;
         }
-        let found = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == job_id));
-        if let Some(i) = found {
+        if let Some(i) = self.active_of(conn) {
             let a = self.active[i].as_ref().unwrap();
             let rank = a.conns.iter().find(|c| c.id == conn).map_or(u32::MAX, |c| c.rank);
             if a.done.get(rank as usize).copied().unwrap_or(false) {

@@ -164,6 +164,14 @@ pub struct ControlCounters {
     pub accepted: AtomicU64,
     /// Handshakes closed at their deadline since start.
     pub handshake_timeouts: AtomicU64,
+    /// Heartbeat rounds in which a job's heartbeats were withheld because
+    /// one of its lcores had stopped polling.
+    pub heartbeats_withheld: AtomicU64,
+    /// Jobs ended here because their ranks had declared this server lost
+    /// (a Hello flagged REJOIN for a job still running here).
+    pub jobs_fenced: AtomicU64,
+    /// Joins failed because a rank's connection closed before every rank was in.
+    pub joins_failed: AtomicU64,
     /// Connections or joins refused, by reject code.
     refusals: [AtomicU64; REASONS],
     /// A job's first join to its running (every lcore ready, Accepts sent).
@@ -233,11 +241,29 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
     }
 
     let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let control_gauges: [(&str, &str, &str, u64); 4] = [
+    let control_gauges: [(&str, &str, &str, u64); 7] = [
         ("tally_control_handshakes", "gauge", "Control connections in their handshake.", r(&control.handshakes)),
         ("tally_control_joined", "gauge", "Control connections past their handshake (ranks joining or running).", r(&control.joined)),
         ("tally_control_accepted_total", "counter", "Control connections accepted.", r(&control.accepted)),
         ("tally_control_handshake_timeouts_total", "counter", "Handshakes closed at their deadline.", r(&control.handshake_timeouts)),
+        (
+            "tally_control_heartbeats_withheld_total",
+            "counter",
+            "Heartbeat rounds in which a job's heartbeats were withheld: one of its lcores had stopped polling.",
+            r(&control.heartbeats_withheld),
+        ),
+        (
+            "tally_control_jobs_fenced_total",
+            "counter",
+            "Jobs ended because their ranks had declared this server lost and rejoined it.",
+            r(&control.jobs_fenced),
+        ),
+        (
+            "tally_control_joins_failed_total",
+            "counter",
+            "Joins failed because a rank's connection closed before every rank was in.",
+            r(&control.joins_failed),
+        ),
     ];
     for (name, kind, help, v) in control_gauges {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");

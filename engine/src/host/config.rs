@@ -43,6 +43,10 @@ pub struct ServerFile {
     pub handshake_timeout_s: Option<u64>,
     /// Seconds a job's operation may wait for a straggling rank before the job fails.
     pub op_timeout_s: Option<u64>,
+    /// Milliseconds between the heartbeats the server sends the ranks that ask
+    /// for them (default 250; 0: none). Withheld for a job while one of its
+    /// lcores stops polling, so that its ranks fail over.
+    pub heartbeat_ms: Option<u64>,
     /// Seconds all ranks of a job have to join, counted from the first (default 120:
     /// a thousand-node job's ranks start over a minute or more).
     pub join_timeout_s: Option<u64>,
@@ -75,6 +79,10 @@ pub struct ServerFile {
     pub stage_buffers: Option<u32>,
 }
 
+/// Milliseconds between heartbeats (`heartbeat_ms`): a rank's default
+/// liveness time (2 s, `TALLY_LIVENESS_MS`) covers eight of them.
+pub const DEFAULT_HEARTBEAT_MS: u64 = 250;
+
 /// Receive buffers per slot of a staged job (`stage_buffers`).
 pub const DEFAULT_STAGE_BUFFERS: u32 = 64;
 
@@ -95,6 +103,7 @@ pub struct ServerConfig {
     pub token_file: Option<String>,
     pub handshake_timeout_s: u64,
     pub op_timeout_s: u64,
+    pub heartbeat_ms: u64,
     pub join_timeout_s: u64,
     pub max_handshakes: u32,
     pub max_handshakes_per_source: u32,
@@ -160,6 +169,7 @@ impl ServerFile {
             token_file,
             handshake_timeout_s,
             op_timeout_s,
+            heartbeat_ms,
             join_timeout_s,
             max_handshakes,
             max_handshakes_per_source,
@@ -252,6 +262,12 @@ impl ServerFile {
             },
             op_timeout_s: match self.op_timeout_s.unwrap_or(30) {
                 0 => return Err(ConfigError::Invalid { key: "op_timeout_s", message: "must be at least 1".into() }),
+                v => v,
+            },
+            heartbeat_ms: match self.heartbeat_ms.unwrap_or(DEFAULT_HEARTBEAT_MS) {
+                v if v > 10_000 => {
+                    return Err(ConfigError::Invalid { key: "heartbeat_ms", message: "at most 10000 (0: no heartbeats)".into() })
+                }
                 v => v,
             },
             join_timeout_s: match self.join_timeout_s.unwrap_or(120) {

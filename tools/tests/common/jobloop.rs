@@ -2,7 +2,7 @@
 //! processes, every element checked: what the drain and failover tests
 //! run while they stop or kill servers under it.
 use super::{client, ServerProcess};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_engine::client::failover::FailoverStats;
@@ -75,6 +75,9 @@ pub struct Shape {
     /// Rails per rank (`ClientConfig::rails`); None: the default (one on
     /// this 2-core machine).
     pub rails: Option<usize>,
+    /// The ranks' fabric address (`ClientConfig::fabric_addr`): where the
+    /// servers sit in network namespaces (see `netns`).
+    pub fabric_addr: Option<&'static str>,
 }
 
 pub fn loop_job(
@@ -106,6 +109,7 @@ pub fn loop_job_with(
             if let Some(r) = shape.rails {
                 cfg.rails = r;
             }
+            cfg.fabric_addr = shape.fabric_addr.map(String::from);
             if let Some((r, si, from)) = shape.drop_results {
                 if r == rank {
                     cfg.fault_drop_results = Some((si, from));
@@ -169,5 +173,37 @@ pub fn wait_for_round<T>(progress: &AtomicUsize, round: usize, ranks: &[std::thr
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Measures the longest time rank 0's round counter stood still, from now
+/// until [`StallMeter::stop`].
+pub struct StallMeter {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Duration>,
+}
+
+impl StallMeter {
+    pub fn start(progress: Arc<AtomicUsize>) -> StallMeter {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut last, mut since, mut worst) = (progress.load(Ordering::Relaxed), Instant::now(), Duration::ZERO);
+            while !s2.load(Ordering::Relaxed) {
+                let now = progress.load(Ordering::Relaxed);
+                if now != last {
+                    (last, since) = (now, Instant::now());
+                }
+                worst = worst.max(since.elapsed());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            worst
+        });
+        StallMeter { stop, thread }
+    }
+
+    pub fn stop(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("stall meter")
     }
 }

@@ -1,6 +1,7 @@
 //! Shared by the integration tests: a real `tally server` process.
 #![allow(dead_code)]
 pub mod jobloop;
+pub mod netns;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -32,7 +33,19 @@ impl ServerProcess {
     // it; the lint does not follow it there.
     #[allow(clippy::zombie_processes)]
     pub fn start_with(listen: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
+        Self::launch(Command::new(env!("CARGO_BIN_EXE_tally")), listen, args, env)
+    }
+
+    /// As `start_on`, inside network namespace `ns` (see [`netns`]).
+    pub fn start_in(ns: &str, listen: &str, args: &[&str]) -> ServerProcess {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_tally")]);
+        Self::launch(c, listen, args, &[])
+    }
+
+    #[allow(clippy::zombie_processes)]
+    fn launch(mut command: Command, listen: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        let mut child = command
             .arg("server")
             .args(["--listen", listen])
             .args(args)

@@ -1,0 +1,207 @@
+//! Gray failures against real `tally server` processes: a server that stops
+//! making progress while its connections stay open. Every rank runs a loop
+//! of verified all-reduces (every element checked) over three servers on
+//! tcp;ofi_rxm; one server is frozen (SIGSTOP) for longer than the ranks'
+//! liveness time, then resumed (SIGCONT):
+//!
+//! - the ranks declare it lost from its missing heartbeats and fail over to
+//!   the other two: the loop never stands still for much longer than the
+//!   liveness time (default 2 s), where without heartbeats it stood still
+//!   for the whole stop;
+//! - resumed, the server is fenced (its stale job ended: by the ranks'
+//!   closed connections, or by their rejoin Hellos, whichever it reads
+//!   first) and taken back into the job at an operation boundary;
+//! - no operation fails, no element is wrong.
+//!
+//! Link cuts (a server's switch port set down in network namespaces, then
+//! up) are in `tools/tests/linkcut.rs`; the same two through the plugin's
+//! CollNet in `plugin_collnet.rs`. Each test prints one `GRAYFAIL` line with
+//! its figures (see them with `--nocapture`).
+mod common;
+use common::jobloop::{loop_job_with, results, server, Shape, StallMeter};
+use common::ServerProcess;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn signal(s: &ServerProcess, sig: i32) {
+    // SAFETY: signalling our own child process, not yet reaped.
+    unsafe { libc::kill(s.child.id() as i32, sig) };
+}
+
+/// Freeze for this long: well past the liveness time (2 s), so a loop that
+/// waited the stop out would show it.
+const STOP_FOR: Duration = Duration::from_secs(8);
+/// The longest the loop may stand still: the liveness time, a recovery and
+/// slack for a loaded 2-core machine; well under [`STOP_FOR`].
+const STALL_BOUND: Duration = Duration::from_millis(5500);
+
+#[test]
+fn a_sigstopped_server_is_declared_lost_then_fenced_and_taken_back_tcp() {
+    sigstop_one_of_three(0x9f1, None);
+}
+
+#[test]
+fn a_sigstopped_server_is_declared_lost_by_ranks_with_rails_tcp() {
+    sigstop_one_of_three(0x9f2, Some(3));
+}
+
+fn sigstop_one_of_three(job: u64, rails: Option<usize>) {
+    // At least ~16 s of loop (4 ms apart): the stop, then the rejoin, then
+    // enough rounds to show the job uses the server again.
+    const ROUNDS: usize = 4000;
+    let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, ..Shape::default() };
+    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    common::jobloop::wait_for_round(&progress, 40, &ranks);
+    let meter = StallMeter::start(progress.clone());
+    let stopped_round = progress.load(Ordering::Relaxed);
+    signal(&servers[1], libc::SIGSTOP);
+    std::thread::sleep(STOP_FOR);
+    let during = progress.load(Ordering::Relaxed) - stopped_round;
+    signal(&servers[1], libc::SIGCONT);
+    let resumed = Instant::now();
+    let back = servers[1].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
+    let took = resumed.elapsed();
+    let back_round = progress.load(Ordering::Relaxed);
+    let worst = meter.stop();
+    let res = results(ranks);
+    let logs = servers[1].log.lock().unwrap().join("\n");
+    let fenced = if servers[1].log_contains("fencing the stale job") { "by a rejoin Hello" } else { "by the closed connections" };
+    eprintln!(
+        "GRAYFAIL sigstop (rails {rails:?}): server stopped {STOP_FOR:?} at round {stopped_round}; {during} rounds done while stopped; \
+         longest stall {worst:?}; resumed to taken back {took:?} (round {back_round} of {ROUNDS}); stale job fenced {fenced}; {res:?}"
+    );
+    for r in &res {
+        assert!(r.is_ok(), "an operation failed: {r:?}\n{logs}");
+    }
+    assert!(back, "the resumed server was not taken back:\n{logs}");
+    assert!(during > 0, "the loop made no progress while the server was stopped");
+    assert!(worst < STALL_BOUND, "the loop stood still for {worst:?} (bound {STALL_BOUND:?})");
+    assert!(back_round + 100 < ROUNDS, "taken back too late (round {back_round}) to show the job used it");
+    for r in res.iter().flatten() {
+        assert_eq!((r.recoveries, r.rejoins), (1, 1), "{r:?}");
+    }
+    // It carried the rest of the loop with the others: the job ends cleanly there.
+    assert!(servers[1].wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
+}
+
+/// A rank's Hello for job `spec`, as raw bytes on a new connection.
+fn raw_hello(addr: &str, spec: &tally_engine::wire::JobSpec, rank: u32, flags: u8) -> std::net::TcpStream {
+    use std::io::Write;
+    // A tcp endpoint name (a sockaddr_in, 127.0.0.1:9): the lcores can
+    // insert it into their address vectors; nothing is ever sent there.
+    let name = [2u8, 0, 0, 9, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    let mut h = tally_engine::wire::Hello::new(spec, rank, &[0; 32], &name).unwrap();
+    h.flags |= flags;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(bytemuck::bytes_of(&h)).unwrap();
+    s
+}
+
+fn spec(job_id: u64, nranks: u32) -> tally_engine::wire::JobSpec {
+    tally_engine::wire::JobSpec {
+        job_id,
+        nranks,
+        dtype: tally_engine::reduce::DataType::Float32,
+        op: tally_engine::reduce::ReduceOp::Sum,
+        chunk_elems: 4096,
+        window: 2,
+        shards: 0,
+        relay: false,
+        split: false,
+    }
+}
+
+/// Connects and joins the f32 sum sub-job (a collective: it waits for every rank).
+fn join_f32_sum(cfg: tally_engine::client::ClientConfig) -> Result<(), String> {
+    let mut c = tally_engine::client::Client::connect(cfg).map_err(|e| e.to_string())?;
+    c.join(tally_engine::reduce::DataType::Float32, tally_engine::reduce::ReduceOp::Sum).map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_rank_that_dies_during_the_join_fails_it_for_the_others_at_once() {
+    let srv = server("tcp", &["--join-timeout", "60", "--metrics", "127.0.0.1:0"]);
+    let job = 0x9f4;
+    // Rank 2 says Hello and dies while rank 0, a real client, waits for
+    // rank 1; rank 1 comes after.
+    let joiner = |rank: u32| {
+        let cfg = common::client("tcp", &srv.addr, job, rank, 3);
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            (join_f32_sum(cfg).err(), t.elapsed())
+        })
+    };
+    let dying = raw_hello(&srv.addr, &spec(job, 3), 2, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let rank0 = joiner(0);
+    std::thread::sleep(Duration::from_millis(700));
+    drop(dying);
+    let outcomes = vec![rank0.join().unwrap()];
+    let late = joiner(1);
+    let late = late.join().unwrap();
+    let m = common::scrape(&srv.metrics_addr());
+    eprintln!("GRAYFAIL join: a rank died during the join: the others' errors {outcomes:?}; a later rank's {late:?}");
+    for (err, took) in outcomes.iter().chain([&late]) {
+        let err = err.as_deref().expect("the join must fail");
+        assert!(err.contains("rank 2 left"), "{err}");
+        assert!(*took < Duration::from_secs(10), "the join failed only after {took:?}");
+    }
+    assert_eq!(common::sum(&m, "tally_control_joins_failed_total", ""), 1.0);
+    // The server carries on.
+    common::join_all(common::sum_job("tcp", &srv.addr, 0x9f5, 2, 10_000, 3));
+}
+
+#[test]
+fn a_rejoin_hello_for_a_job_still_running_here_fences_it() {
+    use std::io::Read;
+    let srv = server("tcp", &["--metrics", "127.0.0.1:0"]);
+    let job = 0x9f6;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = Arc::new(std::sync::Mutex::new(rx));
+    // Two ranks run the job here and stay connected (their connections
+    // open, as a partitioned server sees them), then try once more.
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let cfg = common::client("tcp", &srv.addr, job, rank, 2);
+            let rx = rx.clone();
+            std::thread::spawn(move || -> Result<String, String> {
+                let mut c = tally_engine::client::Client::connect(cfg).map_err(|e| e.to_string())?;
+                let send = vec![1f32; 1000];
+                let mut out = vec![0f32; 1000];
+                let (dt, op) = (tally_engine::reduce::DataType::Float32, tally_engine::reduce::ReduceOp::Sum);
+                c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), dt, op).map_err(|e| e.to_string())?;
+                assert!(out.iter().all(|&v| v == 2.0));
+                let _ = rx.lock().unwrap().recv();
+                let r = c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), dt, op);
+                Ok(r.err().map(|e| e.to_string()).unwrap_or_default())
+            })
+        })
+        .collect();
+    assert!(srv.wait_log("job 0x9f6: running", Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(300));
+    // The job's ranks, having declared this server lost elsewhere, take it back.
+    let mut rejoins: Vec<_> = (0..2).map(|r| raw_hello(&srv.addr, &spec(job, 2), r, tally_engine::wire::Hello::REJOIN)).collect();
+    assert!(srv.wait_log("fencing the stale job", Duration::from_secs(10)), "{:?}", srv.log.lock().unwrap());
+    tx.send(()).unwrap();
+    tx.send(()).unwrap();
+    let errs: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+    // The rejoin is admitted as a new job: its first message is an Accept (or,
+    // with these made-up endpoint names, a reject from the lcore; never
+    // "already running").
+    let mut first = [0u8; 8];
+    rejoins[0].set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let got = rejoins[0].read_exact(&mut first).is_ok();
+    let kind = tally_engine::wire::read::<tally_engine::wire::Header>(&first).ok().and_then(|h| h.check().ok());
+    let m = common::scrape(&srv.metrics_addr());
+    eprintln!("GRAYFAIL fence: the stale job's ranks then saw {errs:?}; the rejoin got {kind:?}");
+    assert!(got && kind == Some(tally_engine::wire::Kind::Accept), "the rejoin was not admitted: {kind:?}\n{:?}", srv.log.lock().unwrap());
+    for e in &errs {
+        let e = e.as_ref().expect("rank thread");
+        assert!(e.contains("fenced"), "the stale job's rank was not told it was fenced: {e:?}");
+    }
+    assert_eq!(common::sum(&m, "tally_control_jobs_fenced_total", ""), 1.0);
+    assert!(srv.wait_log("job 0x9f6 ended; its slab regions are free", Duration::from_secs(10)), "the stale job's memory was not freed");
+}
