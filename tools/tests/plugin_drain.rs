@@ -24,7 +24,7 @@ const F32: c_int = 7;
 const SUM: c_int = 0;
 const ROUNDS: usize = 200;
 const KILL_AT: usize = 40;
-const TIMEOUT: Duration = Duration::from_secs(60);
+const TIMEOUT: Duration = Duration::from_secs(120);
 /// Elements of the all-reduces of one round, all in flight at once.
 const COUNTS: [usize; 3] = [1024, 25_000 + 3, 131_072];
 
@@ -32,7 +32,16 @@ fn value(r: usize, i: usize, round: usize, k: usize) -> f32 {
     (r + i % 97 + round + k) as f32
 }
 
-fn rank_main(p: &Plugin, r: usize, n: usize, rounds: usize, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, progress: &AtomicUsize) {
+/// How a rank loops: rounds, and a sleep after each (a floor under the
+/// loop's length, for a fault that must fit in it).
+#[derive(Clone, Copy)]
+struct Pace {
+    rounds: usize,
+    sleep: Duration,
+}
+
+fn rank_main(p: &Plugin, r: usize, n: usize, pace: Pace, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, progress: &AtomicUsize) {
+    let rounds = pace.rounds;
     let t = p.coll11;
     let mut ctx = null();
     // SAFETY: valid out-pointer; the logger matches NCCL's calling convention.
@@ -119,6 +128,9 @@ fn rank_main(p: &Plugin, r: usize, n: usize, rounds: usize, handles: &Mutex<Vec<
         if r == 0 {
             progress.store(round + 1, Ordering::Relaxed);
         }
+        if !pace.sleep.is_zero() {
+            std::thread::sleep(pace.sleep);
+        }
     }
     barrier.wait();
     for (a, b) in mhs {
@@ -142,7 +154,22 @@ enum Stop {
     Kill,
     /// SIGKILL, then the server restarted on its port: the job takes it back.
     KillRestart,
+    /// SIGSTOP for [`FREEZE_FOR`], then SIGCONT: the ranks declare it lost
+    /// (no heartbeats), then fence it and take it back.
+    Freeze,
+    /// Its switch port down for [`FREEZE_FOR`], then up (servers in network
+    /// namespaces, see `common::netns`): as for a freeze.
+    LinkCut,
 }
+
+/// How long a frozen server stays stopped, or a cut link down: well past
+/// the ranks' liveness time (2 s).
+const FREEZE_FOR: Duration = Duration::from_secs(8);
+/// The longest the loop may stand still under a freeze or a cut: the
+/// liveness time, a recovery and slack for a loaded 2-core machine.
+const STALL_BOUND: Duration = Duration::from_millis(5500);
+const NS_RANKS: &str = "198.18.6.1";
+const NS_SERVERS: [&str; 3] = ["198.18.6.10", "198.18.6.11", "198.18.6.12"];
 
 fn drain_through_the_plugin(p: &Plugin, provider: &str) {
     stop_under_the_plugin(p, provider, Stop::Term)
@@ -156,59 +183,110 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     std::env::set_var("TALLY_PROVIDER", provider);
     let common = ["--lcores", "0", "--provider", provider, "--poll", "adaptive", "--slab-size", "32M", "--hugepages", "off"];
-    let mut servers: Vec<ServerProcess> =
-        (0..3).map(|_| ServerProcess::start(&[&common[..], &["--drain-timeout", "15"]].concat())).collect();
+    let server_args = [&common[..], &["--drain-timeout", "15"]].concat();
+    let mut switch = (stop == Stop::LinkCut).then(|| common::netns::Switch::new("pd"));
+    let mut servers: Vec<ServerProcess> = match switch.as_mut() {
+        Some(sw) => {
+            sw.attach_root(NS_RANKS);
+            std::env::set_var("TALLY_FABRIC_ADDR", NS_RANKS);
+            let hosts: Vec<String> = (0..3).map(|i| sw.add_host(&format!("s{i}"), NS_SERVERS[i])).collect();
+            hosts.iter().zip(NS_SERVERS).map(|(ns, a)| ServerProcess::start_in(ns, &format!("{a}:7400"), &server_args)).collect()
+        }
+        None => (0..3).map(|_| ServerProcess::start(&server_args)).collect(),
+    };
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     std::env::set_var("TALLY_SERVERS", addrs.join(","));
     let n = 2;
     let handles = Mutex::new(vec![[0u8; HANDLE]; n]);
     let barrier = Barrier::new(n);
-    let progress = AtomicUsize::new(0);
+    let progress = std::sync::Arc::new(AtomicUsize::new(0));
     let (mut killed, mut exited) = (None, None);
-    // Long enough, with a restart, for the job to take the server back and use it.
-    let rounds = if stop == Stop::KillRestart { 1000 } else { ROUNDS };
+    // Long enough, with a restart or a freeze, for the job to take the server back and use it.
+    let gray = matches!(stop, Stop::Freeze | Stop::LinkCut);
+    let pace = match stop {
+        Stop::KillRestart => Pace { rounds: 1000, sleep: Duration::ZERO },
+        Stop::Freeze | Stop::LinkCut => Pace { rounds: 3000, sleep: Duration::from_millis(4) },
+        _ => Pace { rounds: ROUNDS, sleep: Duration::ZERO },
+    };
+    let rounds = pace.rounds;
     let mut back = None;
+    let mut worst = None;
     let t0 = Instant::now();
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (handles, barrier, progress) = (&handles, &barrier, &progress);
-                s.spawn(move || rank_main(p, r, n, rounds, handles, barrier, progress))
+                let (handles, barrier, progress) = (&handles, &barrier, &*progress);
+                s.spawn(move || rank_main(p, r, n, pace, handles, barrier, progress))
             })
             .collect();
         while progress.load(Ordering::Relaxed) < KILL_AT && !hs.iter().any(|h| h.is_finished()) {
             assert!(t0.elapsed() < TIMEOUT, "the loop did not reach round {KILL_AT}");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let sig = if stop == Stop::Term { libc::SIGTERM } else { libc::SIGKILL };
-        let restart_args = [&common[..], &["--drain-timeout", "15"]].concat();
-        // SAFETY: signalling our own child process, not yet reaped.
-        unsafe { libc::kill(servers[1].child.id() as i32, sig) };
+        let meter = gray.then(|| common::jobloop::StallMeter::start(progress.clone()));
         killed = Some((Instant::now(), progress.load(Ordering::Relaxed)));
-        while exited.is_none() && t0.elapsed() < TIMEOUT {
+        match stop {
+            Stop::Freeze => {
+                // SAFETY: signalling our own child process, not yet reaped.
+                unsafe { libc::kill(servers[1].child.id() as i32, libc::SIGSTOP) };
+                std::thread::sleep(FREEZE_FOR);
+                // SAFETY: as above.
+                unsafe { libc::kill(servers[1].child.id() as i32, libc::SIGCONT) };
+            }
+            Stop::LinkCut => {
+                let sw = switch.as_ref().expect("made above");
+                sw.set_port("s1", false);
+                std::thread::sleep(FREEZE_FOR);
+                sw.set_port("s1", true);
+            }
+            _ => {
+                let sig = if stop == Stop::Term { libc::SIGTERM } else { libc::SIGKILL };
+                // SAFETY: signalling our own child process, not yet reaped.
+                unsafe { libc::kill(servers[1].child.id() as i32, sig) };
+            }
+        }
+        while !gray && exited.is_none() && t0.elapsed() < TIMEOUT {
             if let Some(st) = servers[1].child.try_wait().unwrap() {
                 exited = Some((st, Instant::now(), progress.load(Ordering::Relaxed)));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         if stop == Stop::KillRestart {
+            servers[1] = ServerProcess::start_on(&addrs[1], &server_args);
+        }
+        if stop == Stop::KillRestart || gray {
             let at = Instant::now();
-            servers[1] = ServerProcess::start_on(&addrs[1], &restart_args);
             let ok = servers[1].wait_log("rejoined: every rank uses this server again", Duration::from_secs(30));
             back = Some((ok, at.elapsed(), progress.load(Ordering::Relaxed)));
         }
+        worst = meter.map(|m| m.stop());
         for h in hs {
             h.join().expect("rank thread");
         }
     });
+    std::env::remove_var("TALLY_FABRIC_ADDR");
     std::env::remove_var("TALLY_SERVERS");
     let log = servers[1].log.lock().unwrap().join("\n");
     let (killed_at, killed_round) = killed.unwrap();
     if let Some((ok, took, round)) = back {
         let log = servers[1].log.lock().unwrap().join("\n");
-        eprintln!("REJOIN plugin ({provider}): killed at round {killed_round}, restarted and taken back after {took:?} at round {round} of {rounds}; loop {:?}", t0.elapsed());
+        match worst {
+            Some(worst) => {
+                eprintln!(
+                    "GRAYFAIL plugin ({provider}, {stop:?} for {FREEZE_FOR:?} at round {killed_round}): longest stall {worst:?}; \
+                     taken back {took:?} after it ended, at round {round} of {rounds}; loop {:?}",
+                    t0.elapsed()
+                );
+                assert!(worst < STALL_BOUND, "the loop stood still for {worst:?} (bound {STALL_BOUND:?})");
+            }
+            None => eprintln!(
+                "REJOIN plugin ({provider}): killed at round {killed_round}, restarted and taken back after {took:?} at round {round} of {rounds}; loop {:?}",
+                t0.elapsed()
+            ),
+        }
         assert!(ok, "the restarted server was not taken back:\n{log}");
         assert!(round + 200 < rounds, "taken back at round {round} of {rounds}: too late to show it was used");
+        drop(switch);
         assert!(
             servers[1].wait_log("every rank finished", Duration::from_secs(10)),
             "the restarted server did not carry the job to its end:\n{log}"
@@ -251,6 +329,21 @@ fn collnet_all_reduces_carry_on_when_a_server_is_killed() {
 fn collnet_takes_a_killed_server_back_once_it_restarts() {
     let p = load();
     stop_under_the_plugin(&p, "tcp", Stop::KillRestart);
+}
+
+#[test]
+fn collnet_all_reduces_carry_on_when_a_server_freezes_then_take_it_back() {
+    let p = load();
+    stop_under_the_plugin(&p, "tcp", Stop::Freeze);
+}
+
+#[test]
+fn collnet_all_reduces_carry_on_when_a_servers_link_is_cut_then_take_it_back() {
+    if !common::netns::available("plugin link cut") {
+        return;
+    }
+    let p = load();
+    stop_under_the_plugin(&p, "tcp", Stop::LinkCut);
 }
 
 #[test]
