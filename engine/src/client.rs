@@ -65,6 +65,7 @@ use std::time::{Duration, Instant};
 pub mod failover;
 pub mod liveness;
 pub mod rails;
+pub mod watchdog;
 use failover::{Fo, Stage};
 use liveness::Liveness;
 use rails::Rails;
@@ -153,6 +154,10 @@ pub struct ClientConfig {
     /// long (no heartbeat, no message) is lost (see [`liveness`]). Default
     /// from TALLY_LIVENESS_MS, else 2 s; zero: never.
     pub liveness: Duration,
+    /// A provider call on one of the client's endpoints that has not
+    /// returned for this long is reported (see [`watchdog`]). Default from
+    /// TALLY_PROVIDER_WATCHDOG_S, else 10 s; zero: not watched.
+    pub provider_watchdog: Duration,
 }
 
 impl ClientConfig {
@@ -187,6 +192,9 @@ impl ClientConfig {
                 .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
             liveness: Duration::from_millis(
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
+            ),
+            provider_watchdog: Duration::from_secs(
+                std::env::var("TALLY_PROVIDER_WATCHDOG_S").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(10),
             ),
         }
     }
@@ -541,6 +549,8 @@ pub struct Client {
     batch: [Completion; 32],
     /// What failover did so far.
     stats: failover::FailoverStats,
+    /// Reports a provider call that does not return (None: off).
+    watchdog: Option<watchdog::Watchdog>,
     /// Reduces a relay job's pieces (the best kernels this CPU has).
     kernels: Kernels,
     /// An operation failed or was aborted: this rank did not finish
@@ -601,8 +611,16 @@ impl Client {
             );
         }
         crate::dataplane::lcore::precise_naps();
+        let watchdog = watchdog::Watchdog::start(
+            cfg.rank,
+            rails.provider(),
+            rails.call_watches().to_vec(),
+            rails.has_threads(),
+            cfg.provider_watchdog,
+        );
         Ok(Client {
             token,
+            watchdog,
             rails,
             subs: Vec::new(),
             ops: VecDeque::with_capacity(MAX_OPS),
@@ -1387,8 +1405,12 @@ impl Client {
         r.map_err(|e| ClientError::Fabric(format!("reducing a relayed piece: {e}")))
     }
 
-    /// A server that ended the job, or drains, says so on the control connection.
+    /// A server that ended the job, or drains, says so on the control
+    /// connection; a rail stuck in a provider call is an error here.
     fn check_controls(&mut self) -> Result<(), ClientError> {
+        if let Some(report) = self.watchdog.as_ref().and_then(|w| w.stuck()) {
+            return Err(ClientError::Fabric(report));
+        }
         for sub in 0..self.subs.len() {
             if self.subs[sub].fo.watcher.is_some() {
                 self.poll_rejoins(sub)?;

@@ -979,7 +979,7 @@ mod tests {
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
             ("padding", |h| h._pad1[3] = 1),
-            ("flags", |h| h.flags = 8),
+            ("flags", |h| h.flags = 16),
             // Relay with four ranks.
             ("flags", |h| h.flags = Hello::RELAY),
         ];

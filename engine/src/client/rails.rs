@@ -30,6 +30,7 @@
 //! Control operations (adding a peer, canceling everything) go to the rail
 //! thread as commands too, and the client waits for their answer: they
 //! happen at joins, recoveries and stops, never per chunk.
+use crate::dataplane::fabric::call_watch::CallWatch;
 use crate::dataplane::fabric::{
     Completion, CompletionError, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PollError, PostError,
 };
@@ -199,6 +200,9 @@ pub struct Rails {
     needs_local_mr: bool,
     in_order_sends: bool,
     inject_size: usize,
+    /// Per endpoint: which provider call its driver is inside (for the
+    /// client's watchdog, `client::watchdog`).
+    watches: Vec<Arc<CallWatch>>,
 }
 
 impl Rails {
@@ -211,6 +215,7 @@ impl Rails {
             needs_local_mr: ep.needs_local_mr(),
             in_order_sends: ep.in_order_sends(),
             inject_size: ep.inject_size(),
+            watches: vec![ep.call_watch()],
             mode: Mode::Direct(ep),
         })
     }
@@ -229,6 +234,7 @@ impl Rails {
             in_order_sends: eps.iter().any(|e| e.in_order_sends()),
             // Inject copies at the call; a queued send may be posted later.
             inject_size: 0,
+            watches: eps.iter().map(|e| e.call_watch()).collect(),
             mode: Mode::Threaded { rails: Vec::with_capacity(eps.len()), owner: owner.clone(), held: None, next: 0 },
         };
         for (i, ep) in eps.into_iter().enumerate() {
@@ -259,6 +265,16 @@ impl Rails {
             }
         }
         Ok(made)
+    }
+
+    /// Per endpoint, which provider call its driver is inside.
+    pub fn call_watches(&self) -> &[Arc<CallWatch>] {
+        &self.watches
+    }
+
+    /// Whether rail threads drive the endpoints (else the caller's thread does).
+    pub fn has_threads(&self) -> bool {
+        matches!(self.mode, Mode::Threaded { .. })
     }
 
     /// Number of rails.

@@ -44,6 +44,7 @@
 //! up on such a send says so with [`Endpoint::abandon`]; the endpoint then
 //! refuses every further send (`FI_EIO`, the reason in the call name) so
 //! that work waiting on it fails at once instead of hanging.
+use super::call_watch::{Call, CallWatch};
 use super::error::{CompletionError, FabricError, PollError, PostError};
 use super::info::{Hints, InfoList};
 use super::sys;
@@ -207,6 +208,8 @@ pub struct Endpoint {
     /// `fi_tinject`'s limit, 0 where tally does not inject
     /// (TALLY_INJECT=0, or the provider offers none).
     inject_size: usize,
+    /// Which provider call the owner is inside (see [`super::call_watch`]).
+    watch: std::sync::Arc<super::call_watch::CallWatch>,
 }
 
 // SAFETY: every libfabric object here belongs to one FI_THREAD_DOMAIN domain,
@@ -251,6 +254,7 @@ impl Endpoint {
             in_order_sends: Self::in_order_send_quirk(&provider),
             sends_blocked: false,
             inject_size: 0,
+            watch: Default::default(),
             provider,
             wait_fd: None,
         };
@@ -470,9 +474,11 @@ impl Endpoint {
         if self.sends_blocked {
             return Err(PostError::Fabric(FabricError { call: SENDS_BLOCKED, code: sys::FI_EIO as i32 }));
         }
+        self.watch.enter(Call::Send);
         // SAFETY: ep is open; the caller guarantees the buffer's lifetime;
         // ctx points into the context table, which outlives the operation.
         let ret = unsafe { sys::fi_tsend(self.ep, buf.cast(), len, desc, dest, tag, ctx) };
+        self.watch.leave();
         self.posted(context, ret, "fi_tsend", true)
     }
 
@@ -497,9 +503,11 @@ impl Endpoint {
         if self.sends_blocked {
             return Err(PostError::Fabric(FabricError { call: SENDS_BLOCKED, code: sys::FI_EIO as i32 }));
         }
+        self.watch.enter(Call::Inject);
         // SAFETY: ep is open; the caller guarantees the buffer for the call's
         // duration, and inject copies it before returning.
         let ret = unsafe { sys::fi_tinject(self.ep, buf.cast(), len, dest, tag) };
+        self.watch.leave();
         if ret == 0 {
             Ok(())
         } else if ret == -(sys::FI_EAGAIN as isize) {
@@ -540,8 +548,10 @@ impl Endpoint {
                 self.prime_shm_receive_pool(ignore)?;
             }
         }
+        self.watch.enter(Call::Recv);
         // SAFETY: as for send; the caller guarantees exclusive access to the buffer.
         let ret = unsafe { sys::fi_trecv(self.ep, buf.cast(), len, desc, src.unwrap_or(sys::FI_ADDR_UNSPEC), tag, ignore, ctx) };
+        self.watch.leave();
         self.posted(context, ret, "fi_trecv", false)
     }
 
@@ -644,8 +654,10 @@ impl Endpoint {
             return Ok(0);
         }
 
+        self.watch.enter(Call::CqRead);
         // SAFETY: entries has room for `want` tagged entries (the CQ format).
         let ret = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) };
+        self.watch.leave();
         if ret > 0 {
             let n = (ret as usize).min(want);
             for (e, o) in entries[..n].iter().zip(out.iter_mut()) {
@@ -777,6 +789,12 @@ impl Endpoint {
         (ret == 0 && fd >= 0).then_some(fd)
     }
 
+    /// Which provider call this endpoint's owner is inside, for a watchdog
+    /// on another thread (see [`super::call_watch`]).
+    pub fn call_watch(&self) -> std::sync::Arc<CallWatch> {
+        self.watch.clone()
+    }
+
     /// Whether the operation named by `context` is in flight.
     pub fn is_in_flight(&self, context: u32) -> bool {
         self.contexts.get(context as usize).is_some_and(|c| c.in_flight)
@@ -841,9 +859,11 @@ impl Endpoint {
         if let Some(ctx) = self.contexts.get_mut(context as usize) {
             if ctx.in_flight {
                 let p: *mut c_void = (ctx as *mut OpContext).cast();
+                self.watch.enter(Call::Cancel);
                 // SAFETY: ep is open; p names an operation we posted and that
                 // has not completed, so the provider still knows it.
                 unsafe { sys::fi_cancel(&mut (*self.ep).fid, p) };
+                self.watch.leave();
             }
         }
     }

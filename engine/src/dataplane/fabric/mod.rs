@@ -10,9 +10,12 @@
 //! - [`Endpoint`]: fabric + domain + address vector + completion queue +
 //!   endpoint + registrations + operation contexts, owned by one thread;
 //! - [`error`]: failures as values, including decoded error completions;
+//! - [`call_watch`]: which provider call an endpoint's owner is inside, for a
+//!   watchdog on another thread;
 //! - [`shm`]: removing the region files SIGKILLed shm processes leave in /dev/shm.
 //!
 //! The data-path calls (`send`, `recv`, `poll`) neither allocate nor lock.
+pub mod call_watch;
 pub mod defaults;
 pub mod endpoint;
 pub mod error;

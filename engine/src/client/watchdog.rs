@@ -1,0 +1,123 @@
+//! The client's watchdog over its own provider calls.
+//!
+//! The server watches its lcores (their poll counters); a client's provider
+//! calls run on the caller's thread or on its rail threads, and one that
+//! never returns (shm spinning on the lock of a peer process that died
+//! holding it: once a rank spun inside libfabric for 45 minutes) left no
+//! trace. This thread samples each endpoint's [`CallWatch`] and, when one
+//! has been inside the same call for the limit (`TALLY_PROVIDER_WATCHDOG_S`,
+//! default 10 s), logs an error naming the call, the endpoint and the
+//! provider, and a line when it returns after all.
+//!
+//! Where rails drive the endpoints, the caller's thread is free: it turns
+//! the report into the error of the all-reduce it waits on (the client
+//! checks [`Watchdog::stuck`] where it reads its control connections), so
+//! the caller, or NCCL through the plugin, gets an error naming the call
+//! instead of a hang. Where the caller's own thread is the one inside the
+//! call, the log line is all that can be done from outside it.
+use crate::dataplane::fabric::call_watch::CallWatch;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct Watchdog {
+    stop: Arc<AtomicBool>,
+    /// Raised with `report` once a rail's call passed the limit.
+    raised: Arc<AtomicBool>,
+    report: Arc<Mutex<Option<String>>>,
+}
+
+impl Watchdog {
+    /// Watches `watches` (rail i's endpoint, or the caller's one when not
+    /// `threaded`) for `limit`. None: the limit is zero (off), or no thread.
+    pub fn start(rank: u32, provider: &str, watches: Vec<Arc<CallWatch>>, threaded: bool, limit: Duration) -> Option<Watchdog> {
+        if limit.is_zero() || watches.is_empty() {
+            return None;
+        }
+        let (stop, raised, report) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(None)));
+        let (s, r, rep, provider) = (stop.clone(), raised.clone(), report.clone(), provider.to_string());
+        let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        std::thread::Builder::new()
+            .name("tally-watchdog".into())
+            .spawn(move || {
+                // Per endpoint: the count last seen, since when, reported.
+                let mut seen: Vec<(u32, Instant, bool)> = watches.iter().map(|w| (w.sample().0, Instant::now(), false)).collect();
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(period);
+                    for (i, w) in watches.iter().enumerate() {
+                        let (seq, call) = w.sample();
+                        let (last, since, reported) = &mut seen[i];
+                        let place = if threaded { format!("rail {i}") } else { "the caller's thread".to_string() };
+                        if seq != *last {
+                            if *reported {
+                                log::warn!("rank {rank}: {place}'s provider call returned after {:.1} s", since.elapsed().as_secs_f64());
+                            }
+                            (*last, *since, *reported) = (seq, Instant::now(), false);
+                            continue;
+                        }
+                        let Some(call) = call else { continue };
+                        if *reported || since.elapsed() < limit {
+                            continue;
+                        }
+                        *reported = true;
+                        let msg = format!(
+                            "rank {rank}: {} on {place} (provider {provider}) has not returned for {:.0} s: the fabric provider is stuck \
+                             (a peer that died holding a lock, a NIC that stopped completing); TALLY_PROVIDER_WATCHDOG_S sets the limit",
+                            call.name(),
+                            since.elapsed().as_secs_f64()
+                        );
+                        log::error!("{msg}");
+                        if threaded {
+                            if let Ok(mut m) = rep.lock() {
+                                m.get_or_insert(msg);
+                            }
+                            r.store(true, Ordering::Release);
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(Watchdog { stop, raised, report })
+    }
+
+    /// The report of a rail stuck in a provider call, if any (one load when none).
+    #[inline]
+    pub fn stuck(&self) -> Option<String> {
+        if !self.raised.load(Ordering::Acquire) {
+            return None;
+        }
+        self.report.lock().ok().and_then(|m| m.clone())
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // The thread sees it within one period and ends.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::fabric::call_watch::Call;
+
+    #[test]
+    fn a_call_that_does_not_return_is_reported_by_name_and_one_that_returns_is_not() {
+        let (stuck, busy) = (Arc::new(CallWatch::default()), Arc::new(CallWatch::default()));
+        let limit = Duration::from_millis(200);
+        let w = Watchdog::start(3, "tcp;ofi_rxm", vec![busy.clone(), stuck.clone()], true, limit).unwrap();
+        stuck.enter(Call::CqRead);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) && w.stuck().is_none() {
+            // Rail 0 keeps making calls that return.
+            busy.enter(Call::Send);
+            busy.leave();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let report = w.stuck().expect("the stuck call was not reported");
+        assert!(t0.elapsed() >= limit, "reported before the limit");
+        assert!(report.contains("fi_cq_read on rail 1") && report.contains("rank 3"), "{report}");
+        assert!(report.contains("tcp;ofi_rxm"), "{report}");
+    }
+}
