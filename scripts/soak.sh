@@ -4,7 +4,7 @@
 # processes of other runs are SIGKILLed at random.
 #
 #   scripts/soak.sh [--duration SECONDS] [--provider shm|tcp] [--lcores 0-1]
-#                   [--servers N] [--server-kills SECONDS]
+#                   [--servers N] [--server-kills SECONDS] [--server-faults kill,stop,cut]
 #
 # Environment: TALLY=path/to/tally (default: build target/release/tally).
 #
@@ -21,7 +21,12 @@
 # SIGKILLed every S seconds and restarted on the same port a second later.
 # Runs in progress then fail over to the others: none may fail or be wrong
 # while a server of theirs is alive. The summary counts the recoveries the
-# ranks logged.
+# ranks logged. --server-faults picks, at random each time, among: kill (as
+# above), stop (SIGSTOP for 6 s, then SIGCONT: a frozen server; the ranks
+# hear no heartbeat and fail over, then take it back) and cut (its link down
+# for 6 s, then up: the servers then run in network namespaces behind a
+# bridge, the ranks in this one; needs root and iproute2). The summary gives
+# the longest single all-reduce of any clean run (the stall a fault cost).
 set -euo pipefail
 
 DURATION=600
@@ -29,6 +34,8 @@ PROVIDER=shm
 LCORES=0-1
 NSERVERS=1
 SERVER_KILLS=0
+SERVER_FAULTS=kill
+FREEZE_S=6
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --duration) DURATION="$2"; shift 2 ;;
@@ -36,7 +43,8 @@ while [[ $# -gt 0 ]]; do
         --lcores) LCORES="$2"; shift 2 ;;
         --servers) NSERVERS="$2"; shift 2 ;;
         --server-kills) SERVER_KILLS="$2"; shift 2 ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        --server-faults) SERVER_FAULTS="$2"; shift 2 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "soak.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -53,6 +61,18 @@ if [[ $SERVER_KILLS != 0 && ( $NSERVERS -lt 2 || $PROVIDER != tcp ) ]]; then
     exit 2
 fi
 
+IFS=, read -r -a FAULT_KINDS <<<"$SERVER_FAULTS"
+for k in "${FAULT_KINDS[@]}"; do
+    [[ $k == kill || $k == stop || $k == cut ]] || { echo "soak.sh: unknown server fault $k (kill, stop, cut)" >&2; exit 2; }
+done
+# With link cuts the servers sit in namespaces behind a bridge (see --help).
+NETNS=""
+RANKS_ADDR=""
+if [[ $SERVER_KILLS != 0 && ",$SERVER_FAULTS," == *,cut,* ]]; then
+    NETNS="tsk$$"
+    RANKS_ADDR=198.18.7.1
+fi
+
 WORK="$(mktemp -d /tmp/tally-soak.XXXXXX)"
 SERVER_PID=""
 FAULT_PID=""
@@ -65,9 +85,36 @@ cleanup() {
         kill -TERM "$(cat "$f")" 2>/dev/null || true
     done
     wait 2>/dev/null || true
+    if [[ -n "$NETNS" ]]; then
+        for ns in $(ip netns list | awk -v p="$NETNS" 'index($1, p) == 1 {print $1}'); do ip netns del "$ns" 2>/dev/null || true; done
+    fi
     [[ "${PASSED:-0}" == 1 ]] && rm -rf "$WORK"
 }
 trap cleanup EXIT
+
+# The switch: a bridge in its own namespace, this namespace attached to it.
+if [[ -n "$NETNS" ]]; then
+    ip netns add "${NETNS}sw"
+    ip -n "${NETNS}sw" link add br0 type bridge
+    ip -n "${NETNS}sw" link set br0 up
+    ip link add "${NETNS}r" type veth peer name "${NETNS}rt" netns "${NETNS}sw"
+    ip -n "${NETNS}sw" link set "${NETNS}rt" master br0 up
+    ip addr add "$RANKS_ADDR/24" dev "${NETNS}r"
+    ip link set "${NETNS}r" up
+fi
+# Server $1's namespace and address (link cuts), made on first use.
+server_host() {
+    local i="$1" ns="${NETNS}s$1"
+    if ! ip netns list | grep -q "^$ns\b"; then
+        ip netns add "$ns"
+        ip -n "${NETNS}sw" link add "${NETNS}p$i" type veth peer name eth0 netns "$ns"
+        ip -n "${NETNS}sw" link set "${NETNS}p$i" master br0 up
+        ip -n "$ns" addr add "198.18.7.$(( 10 + i ))/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$ns" link set lo up
+    fi
+    echo "198.18.7.$(( 10 + i ))"
+}
 
 rss() { awk '/^VmRSS:/ {print $2 " " $3}' "/proc/$1/status" 2>/dev/null || echo "gone"; }
 now() { date +%s.%N; }
@@ -76,8 +123,13 @@ rand() { echo $(( RANDOM % $1 )); }   # 0 .. $1-1
 # Starts server $1 (on port $2, or a free one); waits until it is ready and
 # writes its pid and address under $WORK.
 start_server() {
-    local i="$1" port="${2:-0}" line=""
-    TALLY_LOG=info "$TALLY" server --listen "127.0.0.1:$port" --lcores "$LCORES" --provider "$PROVIDER" \
+    local i="$1" port="${2:-0}" line="" host=127.0.0.1 wrap=()
+    if [[ -n "$NETNS" ]]; then
+        host="$(server_host "$i")"
+        port=7400
+        wrap=(ip netns exec "${NETNS}s$i")
+    fi
+    TALLY_LOG=info "${wrap[@]}" "$TALLY" server --listen "$host:$port" --lcores "$LCORES" --provider "$PROVIDER" \
         --slab-size 64M >"$WORK/server$i.out" 2>>"$WORK/server$i.log" &
     local pid=$!
     for _ in $(seq 600); do
@@ -112,13 +164,14 @@ clean_run() {
     local d=${DTYPES[$(rand ${#DTYPES[@]})]} o=${OPS[$(rand ${#OPS[@]})]} s=${SIZES[$(rand ${#SIZES[@]})]}
     local r=$(( 2 + $(rand 3) )) k=$(( 1 + $(rand 5) ))
     local out st=0
-    out="$(timeout -k 5 120 "$TALLY" bench allreduce --servers "$ADDR" --provider "$PROVIDER" --ranks "$r" --mode agg \
+    out="$(timeout -k 5 120 "$TALLY" bench allreduce --servers "$ADDR" --provider "$PROVIDER" "${FABRIC_ARGS[@]}" --ranks "$r" --mode agg \
         --dtype "$d" --op "$o" --sizes "$s" --iters "$k" --warmup 0 --json 2>"$WORK/$tag.err")" || st=$?
-    local bytes wrong
+    local bytes wrong max
     bytes="$(grep -o '"bytes":[0-9]*' <<<"$out" | head -1 | cut -d: -f2)"
     wrong="$(grep -o '"wrong":[0-9]*' <<<"$out" | head -1 | cut -d: -f2)"
+    max="$(grep -o '"max_us":[0-9.]*' <<<"$out" | head -1 | cut -d: -f2)"
     if [[ $st -eq 0 && -n "$bytes" ]]; then
-        echo "ok $k $(( bytes * k )) ${wrong:-0} $d $o $s r$r" >>"$log"
+        echo "ok $k $(( bytes * k )) ${wrong:-0} $d $o $s r$r max_us=${max:-0}" >>"$log"
     else
         echo "fail $k 0 ${wrong:-0} $d $o $s r$r status=$st $(tr '\n' ' ' <"$WORK/$tag.err" | cut -c1-300)" >>"$log"
     fi
@@ -132,7 +185,7 @@ fault_loop() {
         sleep "$(( 1 + $(rand 4) )).$(rand 10)"
         n=$((n + 1))
         local r=$(( 2 + $(rand 3) ))
-        timeout -k 5 60 "$TALLY" bench allreduce --servers "$ADDR" --provider "$PROVIDER" --ranks "$r" --mode agg \
+        timeout -k 5 60 "$TALLY" bench allreduce --servers "$ADDR" --provider "$PROVIDER" "${FABRIC_ARGS[@]}" --ranks "$r" --mode agg \
             --dtype f32 --op sum --sizes 16M --iters 200 --warmup 0 --json >/dev/null 2>"$WORK/fault$n.err" &
         local tpid=$! launcher="" ranks="" victim="" t0 t1 st=0
         # timeout -> launcher -> rank processes; wait until the ranks exist.
@@ -165,21 +218,38 @@ fault_loop() {
     done
 }
 
-# The server-kill loop: SIGKILL a random server, restart it a second later.
+# The server-fault loop: every SERVER_KILLS seconds, one of SERVER_FAULTS on
+# a random server: kill (SIGKILL, restarted on its port a second later), stop
+# (SIGSTOP for FREEZE_S, then SIGCONT) or cut (its switch port down for
+# FREEZE_S, then up).
 server_kill_loop() {
-    while [[ $(date +%s) -lt $(( END - SERVER_KILLS / 2 - 5 )) ]]; do
+    while [[ $(date +%s) -lt $(( END - SERVER_KILLS / 2 - FREEZE_S - 5 )) ]]; do
         sleep "$SERVER_KILLS"
-        local i pid port
+        local i pid port kind
         i=$(rand "$NSERVERS")
+        kind=${FAULT_KINDS[$(rand ${#FAULT_KINDS[@]})]}
         pid="$(cat "$WORK/server$i.pid")"
         port="$(cut -d: -f2 "$WORK/server$i.addr")"
-        kill -KILL "$pid" 2>/dev/null || true
-        echo "kill $i $(now)" >>"$WORK/server_kills"
-        sleep 1
-        start_server "$i" "$port" >>"$WORK/server_kills" 2>&1 || echo "restart-failed $i" >>"$WORK/server_kills"
+        echo "$kind $i $(now)" >>"$WORK/server_kills"
+        case $kind in
+            kill)
+                kill -KILL "$pid" 2>/dev/null || true
+                sleep 1
+                start_server "$i" "$port" >>"$WORK/server_kills" 2>&1 || echo "restart-failed $i" >>"$WORK/server_kills" ;;
+            stop)
+                kill -STOP "$pid" 2>/dev/null || true
+                sleep "$FREEZE_S"
+                kill -CONT "$pid" 2>/dev/null || true ;;
+            cut)
+                ip -n "${NETNS}sw" link set "${NETNS}p$i" down
+                sleep "$FREEZE_S"
+                ip -n "${NETNS}sw" link set "${NETNS}p$i" up ;;
+        esac
     done
 }
 
+FABRIC_ARGS=()
+[[ -n "$RANKS_ADDR" ]] && FABRIC_ARGS=(--fabric-addr "$RANKS_ADDR")
 touch "$WORK/runs" "$WORK/faults" "$WORK/after" "$WORK/server_kills"
 fault_loop &
 FAULT_PID=$!
@@ -228,6 +298,9 @@ tte="$(awk '$1 == "error" { n++; s += $2; if ($2 > m) m = $2 } END { if (n) prin
 alive="yes"
 for f in "$WORK"/server*.pid; do kill -0 "$(cat "$f")" 2>/dev/null || alive="no"; done
 server_kills=$(grep -c '^kill' "$WORK/server_kills" || true)
+server_stops=$(grep -c '^stop' "$WORK/server_kills" || true)
+link_cuts=$(grep -c '^cut' "$WORK/server_kills" || true)
+longest="$(awk '$1 == "ok" { for (i = 1; i <= NF; i++) if ($i ~ /^max_us=/) { v = substr($i, 8) + 0; if (v > m) m = v } } END { printf "%.2f s", m / 1e6 }' "$WORK/runs")"
 restart_failed=$(grep -c '^restart-failed' "$WORK/server_kills" || true)
 recoveries=$(cat "$WORK"/*.err 2>/dev/null | grep -c 'recovered from losing' || true)
 
@@ -240,7 +313,8 @@ echo "  faults injected:    $faults rank SIGKILLs ($errors survivors errored, $h
 echo "  time to error:      $tte (kill to the run's exit)"
 echo "  clean run after a fault failed: $after_fail"
 if [[ $SERVER_KILLS != 0 ]]; then
-    echo "  server kills:       $server_kills SIGKILLs of 1 of $NSERVERS servers, every ${SERVER_KILLS}s ($restart_failed restarts failed)"
+    echo "  server faults:      every ${SERVER_KILLS}s on 1 of $NSERVERS servers: $server_kills SIGKILLs ($restart_failed restarts failed), $server_stops SIGSTOPs for ${FREEZE_S}s, $link_cuts link cuts for ${FREEZE_S}s"
+    echo "  longest all-reduce: $longest (any clean run; includes its join)"
     echo "  rank recoveries:    $recoveries (a rank's log line: recovered from losing a server)"
 fi
 echo "  servers alive:      $alive"
