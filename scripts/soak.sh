@@ -80,6 +80,7 @@ KILLER_PID=""
 cleanup() {
     [[ -n "$FAULT_PID" ]] && kill "$FAULT_PID" 2>/dev/null || true
     [[ -n "$KILLER_PID" ]] && kill "$KILLER_PID" 2>/dev/null || true
+    [[ -n "${STEADY_PID:-}" ]] && kill "$STEADY_PID" 2>/dev/null || true
     for f in "$WORK"/server*.pid; do
         [[ -f "$f" ]] || continue
         kill -TERM "$(cat "$f")" 2>/dev/null || true
@@ -250,12 +251,35 @@ server_kill_loop() {
 
 FABRIC_ARGS=()
 [[ -n "$RANKS_ADDR" ]] && FABRIC_ARGS=(--fabric-addr "$RANKS_ADDR")
-touch "$WORK/runs" "$WORK/faults" "$WORK/after" "$WORK/server_kills"
+# The steady loop (with server faults): long runs of back-to-back timed
+# all-reduces over every server, so that faults land mid-run; the longest
+# single all-reduce of these runs is the stall a fault cost.
+steady_loop() {
+    local n=0
+    while [[ $(date +%s) -lt $(( END - 20 )) ]]; do
+        n=$((n + 1))
+        local out st=0 wrong max
+        out="$(timeout -k 5 300 "$TALLY" bench allreduce --servers "$ADDR" --provider "$PROVIDER" "${FABRIC_ARGS[@]}" --ranks 3 \
+            --mode agg --dtype f32 --op sum --sizes 1M --iters 3000 --warmup 3 --json 2>"$WORK/steady$n.err")" || st=$?
+        wrong="$(grep -o '"wrong":[0-9]*' <<<"$out" | head -1 | cut -d: -f2)"
+        max="$(grep -o '"max_us":[0-9.]*' <<<"$out" | head -1 | cut -d: -f2)"
+        if [[ $st -eq 0 && -n "$max" ]]; then
+            echo "ok ${wrong:-0} $max" >>"$WORK/steady"
+        else
+            echo "fail ${wrong:-0} 0 status=$st $(tr '\n' ' ' <"$WORK/steady$n.err" | cut -c1-300)" >>"$WORK/steady"
+        fi
+    done
+}
+
+touch "$WORK/runs" "$WORK/faults" "$WORK/after" "$WORK/server_kills" "$WORK/steady"
 fault_loop &
 FAULT_PID=$!
+STEADY_PID=""
 if [[ $SERVER_KILLS != 0 ]]; then
     server_kill_loop &
     KILLER_PID=$!
+    steady_loop &
+    STEADY_PID=$!
 fi
 # A progress line on a terminal (standard error), nothing in a pipe or a log.
 START=$(date +%s)
@@ -282,6 +306,7 @@ if [[ -n "$KILLER_PID" ]]; then
     wait "$KILLER_PID" || true
     KILLER_PID=""
 fi
+[[ -n "$STEADY_PID" ]] && { wait "$STEADY_PID" || true; }
 SERVER_PID="$(cat "$WORK/server0.pid")"
 
 RSS_END="$(rss "$SERVER_PID")"
@@ -300,6 +325,10 @@ for f in "$WORK"/server*.pid; do kill -0 "$(cat "$f")" 2>/dev/null || alive="no"
 server_kills=$(grep -c '^kill' "$WORK/server_kills" || true)
 server_stops=$(grep -c '^stop' "$WORK/server_kills" || true)
 link_cuts=$(grep -c '^cut' "$WORK/server_kills" || true)
+steady_ok=$(grep -c '^ok' "$WORK/steady" || true)
+steady_fail=$(grep -c '^fail' "$WORK/steady" || true)
+steady_wrong=$(awk '{ w += $2 } END { print w + 0 }' "$WORK/steady")
+stall="$(awk '$1 == "ok" && $3 > m { m = $3 } END { printf "%.2f s", m / 1e6 }' "$WORK/steady")"
 longest="$(awk '$1 == "ok" { for (i = 1; i <= NF; i++) if ($i ~ /^max_us=/) { v = substr($i, 8) + 0; if (v > m) m = v } } END { printf "%.2f s", m / 1e6 }' "$WORK/runs")"
 restart_failed=$(grep -c '^restart-failed' "$WORK/server_kills" || true)
 recoveries=$(cat "$WORK"/*.err 2>/dev/null | grep -c 'recovered from losing' || true)
@@ -315,13 +344,16 @@ echo "  clean run after a fault failed: $after_fail"
 if [[ $SERVER_KILLS != 0 ]]; then
     echo "  server faults:      every ${SERVER_KILLS}s on 1 of $NSERVERS servers: $server_kills SIGKILLs ($restart_failed restarts failed), $server_stops SIGSTOPs for ${FREEZE_S}s, $link_cuts link cuts for ${FREEZE_S}s"
     echo "  longest all-reduce: $longest (any clean run; includes its join)"
+    echo "  steady runs:        $steady_ok passed, $steady_fail failed (3 ranks, 3000 x 1 MiB back to back, faults landing mid-run), $steady_wrong wrong"
+    echo "  longest stall:      $stall (the longest single all-reduce of the steady runs)"
     echo "  rank recoveries:    $recoveries (a rank's log line: recovered from losing a server)"
 fi
 echo "  servers alive:      $alive"
 echo "  server VmRSS:       $RSS_START at start, $RSS_END at end"
 if [[ $clean_fail -gt 0 ]]; then echo "  failed runs:"; grep '^fail' "$WORK/runs" | head -5 | sed 's/^/    /'; fi
 cat "$WORK"/server*.log | grep -c 'ended' | sed 's/^/  server logs: jobs ended: /'
-if [[ "$wrong" -ne 0 || $clean_fail -ne 0 || $hangs -ne 0 || $after_fail -ne 0 || $alive != yes || $restart_failed -ne 0 ]]; then
+if [[ $SERVER_KILLS != 0 ]] && grep -q '^fail' "$WORK/steady"; then echo "  failed steady runs:"; grep '^fail' "$WORK/steady" | head -3 | sed 's/^/    /'; fi
+if [[ "$wrong" -ne 0 || $clean_fail -ne 0 || ${steady_fail:-0} -ne 0 || ${steady_wrong:-0} -ne 0 || $hangs -ne 0 || $after_fail -ne 0 || $alive != yes || $restart_failed -ne 0 ]]; then
     echo "soak: FAILED (logs in $WORK)"
     exit 1
 fi

@@ -18,7 +18,7 @@
 //! CollNet in `plugin_collnet.rs`. Each test prints one `GRAYFAIL` line with
 //! its figures (see them with `--nocapture`).
 mod common;
-use common::jobloop::{loop_job_with, results, server, Shape, StallMeter};
+use common::jobloop::{check_gray_outcome, loop_job_with, results, server, GrayOutcome, Shape, StallMeter};
 use common::ServerProcess;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -68,32 +68,26 @@ fn sigstop_one_of_three(job: u64, rails: Option<usize>) {
     let back_round = progress.load(Ordering::Relaxed);
     let worst = meter.stop();
     let res = results(ranks);
-    let logs = servers[1].log.lock().unwrap().join("\n");
     let fenced = if servers[1].log_contains("fencing the stale job") { "by a rejoin Hello" } else { "by the closed connections" };
     eprintln!(
         "GRAYFAIL sigstop (rails {rails:?}): server stopped {STOP_FOR:?} at round {stopped_round}; {during} rounds done while stopped; \
          longest stall {worst:?}; resumed to taken back {took:?} (round {back_round} of {ROUNDS}); stale job fenced {fenced}; {res:?}"
     );
-    for r in &res {
-        assert!(r.is_ok(), "an operation failed: {r:?}\n{logs}");
-    }
-    assert!(back, "the resumed server was not taken back:\n{logs}");
-    assert!(during > 0, "the loop made no progress while the server was stopped");
-    assert!(worst < STALL_BOUND, "the loop stood still for {worst:?} (bound {STALL_BOUND:?})");
-    assert!(back_round + 100 < ROUNDS, "taken back too late (round {back_round}) to show the job used it");
-    for r in res.iter().flatten() {
-        assert_eq!((r.recoveries, r.rejoins), (1, 1), "{r:?}");
-    }
-    // It carried the rest of the loop with the others: the job ends cleanly there.
-    assert!(servers[1].wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
+    let o = GrayOutcome { back, during, worst, back_round, rounds: ROUNDS };
+    check_gray_outcome(&o, &res, &servers[1], job, STALL_BOUND);
 }
 
 /// A rank's Hello for job `spec`, as raw bytes on a new connection.
 fn raw_hello(addr: &str, spec: &tally_engine::wire::JobSpec, rank: u32, flags: u8) -> std::net::TcpStream {
+    raw_hello_from(addr, spec, rank, flags, 9)
+}
+
+/// As [`raw_hello`], naming the endpoint 127.0.0.1:`port`.
+fn raw_hello_from(addr: &str, spec: &tally_engine::wire::JobSpec, rank: u32, flags: u8, port: u8) -> std::net::TcpStream {
     use std::io::Write;
-    // A tcp endpoint name (a sockaddr_in, 127.0.0.1:9): the lcores can
+    // A tcp endpoint name (a sockaddr_in, 127.0.0.1:port): the lcores can
     // insert it into their address vectors; nothing is ever sent there.
-    let name = [2u8, 0, 0, 9, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    let name = [2u8, 0, 0, port, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
     let mut h = tally_engine::wire::Hello::new(spec, rank, &[0; 32], &name).unwrap();
     h.flags |= flags;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -204,4 +198,34 @@ fn a_rejoin_hello_for_a_job_still_running_here_fences_it() {
     }
     assert_eq!(common::sum(&m, "tally_control_jobs_fenced_total", ""), 1.0);
     assert!(srv.wait_log("job 0x9f6 ended; its slab regions are free", Duration::from_secs(10)), "the stale job's memory was not freed");
+}
+
+/// The first message on `s` (bounded wait): its kind, None if it closed.
+fn first_kind(s: &mut std::net::TcpStream) -> Option<tally_engine::wire::Kind> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.read_exact(&mut b).ok()?;
+    tally_engine::wire::read::<tally_engine::wire::Header>(&b).ok().and_then(|h| h.check().ok())
+}
+
+#[test]
+fn a_rank_that_joins_again_replaces_its_broken_join_and_another_claiming_its_rank_is_refused() {
+    let srv = server("tcp", &[]);
+    let s = spec(0x9f7, 2);
+    // Rank 0's first connection "broke" (as a keepalive that gave up on a
+    // cut link leaves it: still open on the server's side); it joins again
+    // from the same endpoint.
+    let mut first = raw_hello_from(&srv.addr, &s, 0, 0, 9);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut again = raw_hello_from(&srv.addr, &s, 0, 0, 9);
+    assert!(srv.wait_log("rank 0 joined again", Duration::from_secs(10)), "{:?}", srv.log.lock().unwrap());
+    // Another endpoint claiming rank 0 is a misconfigured job: refused.
+    let mut other = raw_hello_from(&srv.addr, &s, 0, 0, 10);
+    assert_eq!(first_kind(&mut other), Some(tally_engine::wire::Kind::Reject));
+    let _rank1 = raw_hello_from(&srv.addr, &s, 1, 0, 11);
+    let (got_first, got_again) = (first_kind(&mut first), first_kind(&mut again));
+    eprintln!("GRAYFAIL join again: the first connection got {got_first:?}, the second {got_again:?}");
+    assert_eq!(got_again, Some(tally_engine::wire::Kind::Accept), "{:?}", srv.log.lock().unwrap());
+    assert_eq!(got_first, None, "the dropped connection must be closed, not answered");
 }

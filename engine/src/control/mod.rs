@@ -476,9 +476,19 @@ impl ControlPlane {
             return;
         }
         if p.conns[rank as usize].is_some() {
-            log::warn!("{peer}: rank {rank} of job {:#x} joined twice", spec.job_id);
-            refuse(&mut self.net, &c, RejectCode::DuplicateRank, "rank", "this rank already joined the job");
-            return;
+            if p.names[rank as usize].as_ref() != Some(&name) {
+                log::warn!("{peer}: rank {rank} of job {:#x} joined twice", spec.job_id);
+                refuse(&mut self.net, &c, RejectCode::DuplicateRank, "rank", "this rank already joined the job");
+                return;
+            }
+            // The same rank (the same endpoint) again: its first connection
+            // broke while it waited (its keepalive gave up on a link that was
+            // down a while), and it joined again. Take the new connection.
+            let old = p.conns[rank as usize].take().expect("checked");
+            p.joined -= 1;
+            log::info!("job {:#x}: rank {rank} joined again from {peer}; its first connection is dropped", spec.job_id);
+            self.conn_job.remove(&old.id);
+            self.net.close(old.id);
         }
         p.conns[rank as usize] = Some(c);
         p.names[rank as usize] = Some(name);

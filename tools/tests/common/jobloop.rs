@@ -207,3 +207,35 @@ impl StallMeter {
         self.thread.join().expect("stall meter")
     }
 }
+
+/// What a gray-failure loop test saw (see `grayfail.rs`, `linkcut.rs`).
+pub struct GrayOutcome {
+    /// The server was taken back after the fault ended.
+    pub back: bool,
+    /// Rounds done while the fault lasted.
+    pub during: usize,
+    /// The longest the loop stood still.
+    pub worst: Duration,
+    /// Rank 0's round when it was taken back, of `rounds`.
+    pub back_round: usize,
+    pub rounds: usize,
+}
+
+/// Checks a gray-failure loop: every operation right, the job failed over
+/// (the loop moved during the fault and never stood still for `bound`), and
+/// took the server back in time to use it to the end of the job.
+pub fn check_gray_outcome(o: &GrayOutcome, res: &[Result<FailoverStats, String>], server: &ServerProcess, job: u64, bound: Duration) {
+    let logs = server.log.lock().unwrap().join("\n");
+    for r in res {
+        assert!(r.is_ok(), "an operation failed: {r:?}\n{logs}");
+    }
+    assert!(o.back, "the server was not taken back after the fault:\n{logs}");
+    assert!(o.during > 0, "the loop made no progress during the fault");
+    assert!(o.worst < bound, "the loop stood still for {:?} (bound {bound:?})", o.worst);
+    assert!(o.back_round + 100 < o.rounds, "taken back too late (round {}) to show the job used it", o.back_round);
+    for r in res.iter().flatten() {
+        assert_eq!((r.recoveries, r.rejoins), (1, 1), "{r:?}");
+    }
+    // It carried the rest of the loop with the others: the job ends cleanly there.
+    assert!(server.wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
+}
