@@ -193,9 +193,7 @@ impl ClientConfig {
             liveness: Duration::from_millis(
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
             ),
-            provider_watchdog: Duration::from_secs(
-                std::env::var("TALLY_PROVIDER_WATCHDOG_S").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(10),
-            ),
+            provider_watchdog: watchdog::limit_from_env(),
         }
     }
 }
@@ -612,7 +610,7 @@ impl Client {
         }
         crate::dataplane::lcore::precise_naps();
         let watchdog = watchdog::Watchdog::start(
-            cfg.rank,
+            format!("rank {}", cfg.rank),
             rails.provider(),
             rails.call_watches().to_vec(),
             rails.has_threads(),

@@ -66,6 +66,7 @@ use crate::log;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tally_engine::client::watchdog::{self, Watchdog};
 use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, PollError, PostError};
 
 pub const HANDLE_BYTES: usize = NCCL_NET_HANDLE_MAXSIZE;
@@ -258,6 +259,8 @@ pub struct Port {
     pending: HashMap<u64, PendingConnect>,
     /// (address, length) -> registration and its reference count.
     mrs: HashMap<(usize, usize), (MemoryHandle, usize)>,
+    /// Logs a provider call on `ep` that does not return (None: off).
+    _watchdog: Option<Watchdog>,
 }
 
 pub type PortRef = Arc<Mutex<Port>>;
@@ -277,7 +280,10 @@ impl Port {
             ep.domain_name(),
             hex(name.as_bytes())
         ));
+        let who = format!("ncclNet device {}", dev.index);
+        let _watchdog = Watchdog::start(who, ep.provider(), vec![ep.call_watch()], false, watchdog::limit_from_env());
         Ok(Port {
+            _watchdog,
             mr_local: ep.needs_local_mr(),
             provider: provider_code(ep.provider()),
             ep,

@@ -229,3 +229,38 @@ fn a_rank_that_joins_again_replaces_its_broken_join_and_another_claiming_its_ran
     assert_eq!(got_again, Some(tally_engine::wire::Kind::Accept), "{:?}", srv.log.lock().unwrap());
     assert_eq!(got_first, None, "the dropped connection must be closed, not answered");
 }
+
+#[test]
+fn a_server_lcore_stuck_in_the_provider_withholds_heartbeats_and_the_ranks_fail_over() {
+    // Server 1's lcore blocks for good 3 s after it starts, as inside a
+    // provider call that does not return (fault injection: TALLY_FAULT_STALL).
+    let job = 0x9f8;
+    let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
+    let args = ["--provider", "tcp", "--poll", "adaptive", "--slab-size", "16M", "--lcores", "0"];
+    servers[1] = ServerProcess::start_with("127.0.0.1:0", &args, &[("TALLY_FAULT_STALL", "0@3")]);
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let shape = Shape { pace: Some(Duration::from_millis(4)), ..Shape::default() };
+    const ROUNDS: usize = 1500;
+    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    common::jobloop::wait_for_round(&progress, 10, &ranks);
+    let meter = StallMeter::start(progress.clone());
+    let stalled = servers[1].wait_log("fault injection (TALLY_FAULT_STALL)", Duration::from_secs(20));
+    let res = results(ranks);
+    let worst = meter.stop();
+    let logs = servers[1].log.lock().unwrap().join("\n");
+    eprintln!("GRAYFAIL stuck lcore: longest stall {worst:?}; {res:?}");
+    assert!(stalled, "the lcore never stalled:\n{logs}");
+    for r in &res {
+        assert!(r.is_ok(), "an operation failed: {r:?}\n{logs}");
+    }
+    for r in res.iter().flatten() {
+        assert_eq!(r.recoveries, 1, "{r:?}");
+    }
+    assert!(worst < STALL_BOUND, "the loop stood still for {worst:?} (bound {STALL_BOUND:?})");
+    assert!(logs.contains("heartbeats withheld: lcore 0 has not polled"), "{logs}");
+    assert!(
+        servers[1].wait_log("lcore 0 has not polled for 5s: it is stuck inside the fabric provider", Duration::from_secs(10)),
+        "the server did not leave its jobs:\n{logs}"
+    );
+}

@@ -14,7 +14,9 @@
 //! checks [`Watchdog::stuck`] where it reads its control connections), so
 //! the caller, or NCCL through the plugin, gets an error naming the call
 //! instead of a hang. Where the caller's own thread is the one inside the
-//! call, the log line is all that can be done from outside it.
+//! call, the log line is all that can be done from outside it. The plugin's
+//! ncclNet endpoints (point-to-point, driven by NCCL's threads) get the log
+//! line too.
 use crate::dataplane::fabric::call_watch::CallWatch;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,8 +31,9 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Watches `watches` (rail i's endpoint, or the caller's one when not
-    /// `threaded`) for `limit`. None: the limit is zero (off), or no thread.
-    pub fn start(rank: u32, provider: &str, watches: Vec<Arc<CallWatch>>, threaded: bool, limit: Duration) -> Option<Watchdog> {
+    /// `threaded`) for `limit`; `who` names the owner in the report ("rank
+    /// 3"). None: the limit is zero (off), or no thread.
+    pub fn start(who: String, provider: &str, watches: Vec<Arc<CallWatch>>, threaded: bool, limit: Duration) -> Option<Watchdog> {
         if limit.is_zero() || watches.is_empty() {
             return None;
         }
@@ -50,7 +53,7 @@ impl Watchdog {
                         let place = if threaded { format!("rail {i}") } else { "the caller's thread".to_string() };
                         if seq != *last {
                             if *reported {
-                                log::warn!("rank {rank}: {place}'s provider call returned after {:.1} s", since.elapsed().as_secs_f64());
+                                log::warn!("{who}: {place}'s provider call returned after {:.1} s", since.elapsed().as_secs_f64());
                             }
                             (*last, *since, *reported) = (seq, Instant::now(), false);
                             continue;
@@ -61,7 +64,7 @@ impl Watchdog {
                         }
                         *reported = true;
                         let msg = format!(
-                            "rank {rank}: {} on {place} (provider {provider}) has not returned for {:.0} s: the fabric provider is stuck \
+                            "{who}: {} on {place} (provider {provider}) has not returned for {:.0} s: the fabric provider is stuck \
                              (a peer that died holding a lock, a NIC that stopped completing); TALLY_PROVIDER_WATCHDOG_S sets the limit",
                             call.name(),
                             since.elapsed().as_secs_f64()
@@ -90,6 +93,11 @@ impl Watchdog {
     }
 }
 
+/// The limit from `TALLY_PROVIDER_WATCHDOG_S` (default 10 s; 0: off).
+pub fn limit_from_env() -> Duration {
+    Duration::from_secs(std::env::var("TALLY_PROVIDER_WATCHDOG_S").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(10))
+}
+
 impl Drop for Watchdog {
     fn drop(&mut self) {
         // The thread sees it within one period and ends.
@@ -106,7 +114,7 @@ mod tests {
     fn a_call_that_does_not_return_is_reported_by_name_and_one_that_returns_is_not() {
         let (stuck, busy) = (Arc::new(CallWatch::default()), Arc::new(CallWatch::default()));
         let limit = Duration::from_millis(200);
-        let w = Watchdog::start(3, "tcp;ofi_rxm", vec![busy.clone(), stuck.clone()], true, limit).unwrap();
+        let w = Watchdog::start("rank 3".into(), "tcp;ofi_rxm", vec![busy.clone(), stuck.clone()], true, limit).unwrap();
         stuck.enter(Call::CqRead);
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(5) && w.stuck().is_none() {

@@ -403,6 +403,10 @@ pub struct ShardWorker {
     /// How long a slot's first piece waits for the other ranks' pieces.
     op_timeout: std::time::Duration,
     next_housekeeping: Instant,
+    /// Fault injection, for tests of the server's watchdog and heartbeats:
+    /// from this time on the lcore blocks for good, as inside a provider call
+    /// that does not return (`TALLY_FAULT_STALL=LCORE@SECONDS`). None in real use.
+    stall_at: Option<Instant>,
 }
 
 /// Empty polls between two looks at the command channel and the clock.
@@ -429,6 +433,15 @@ pub struct ShardSetup {
     pub op_timeout: std::time::Duration,
 }
 
+/// `TALLY_FAULT_STALL=LCORE@SECONDS`: when lcore `lcore` is to stall (see
+/// `ShardWorker::stall_at`), counted from its start.
+fn fault_stall(lcore: usize) -> Option<Instant> {
+    let v = std::env::var("TALLY_FAULT_STALL").ok()?;
+    let (l, secs) = v.split_once('@')?;
+    (l.trim().parse::<usize>().ok()? == lcore).then_some(())?;
+    Some(Instant::now() + std::time::Duration::from_secs_f64(secs.trim().parse().ok()?))
+}
+
 impl ShardWorker {
     pub fn new(setup: ShardSetup) -> ShardWorker {
         let ShardSetup { lcore, ep, slab, mh, kernels, max_jobs, per_job, commands, events, metrics, op_timeout } = setup;
@@ -453,6 +466,7 @@ impl ShardWorker {
             metrics,
             op_timeout,
             next_housekeeping: Instant::now(),
+            stall_at: fault_stall(lcore),
         }
     }
 
@@ -1107,6 +1121,12 @@ impl ShardWorker {
             return;
         }
         self.next_housekeeping = now + HOUSEKEEPING_EVERY;
+        if self.stall_at.is_some_and(|t| now >= t) {
+            log::warn!("lcore {}: fault injection (TALLY_FAULT_STALL): blocking for good, as inside a provider call", self.lcore);
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
         self.check_commands();
         self.expire_drains();
         self.expire_stragglers(now);
