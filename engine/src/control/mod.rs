@@ -9,8 +9,10 @@
 //! runs its lcores, this thread and a constant few more. Lcores report
 //! through a channel and wake the loop. A job is admitted once all its ranks
 //! joined with matching parameters: it gets an index (its slot in every
-//! lcore's job table), a tag (index plus a generation, so a late message of
-//! an old job can never match a new one) and a region in each lcore's slab.
+//! lcore's job table), a tag (the next of a rolling 16-bit count not in use:
+//! a tag comes back only after 65535 other jobs, so a late message of an old
+//! job, left in a provider's queue of unexpected messages, does not match a
+//! new job's receive; see `next_tag`) and a region in each lcore's slab.
 //! Then the lcores post its receives and the ranks get their Accept.
 //!
 //! A job ends when one of its ranks closes its connection, when an lcore
@@ -172,7 +174,8 @@ pub struct ControlPlane {
     dirty: bool,
     pending: HashMap<u64, Pending>,
     active: Vec<Option<Active>>,
-    generation: Vec<u8>,
+    /// The last tag handed out (see [`ControlPlane::next_tag`]).
+    last_tag: u16,
     /// Job slots not reused while a job that ended with operations stuck in
     /// flight holds them: per slot, the job's tag and its regions on the
     /// lcores that still have operations out. Released lcore by lcore.
@@ -305,7 +308,7 @@ impl ControlPlane {
             dirty: true,
             pending: HashMap::new(),
             active: (0..cfg.max_jobs).map(|_| None).collect(),
-            generation: vec![0; cfg.max_jobs as usize],
+            last_tag: 0,
             quarantined: (0..cfg.max_jobs).map(|_| None).collect(),
             allocs,
             conn_job: HashMap::new(),
@@ -538,6 +541,7 @@ impl ControlPlane {
         // region, need be no larger.
         let split = spec.shards > self.latency_lcores as u32;
         let latency_elems = ((1usize << self.latency_max_log2) / spec.dtype.size()) as u32;
+        let tag = self.next_tag();
         let shape = |l: usize| -> (JobSpec, usize, usize) {
             if split && l < self.latency_lcores as usize && latency_elems < spec.chunk_elems {
                 let s = JobSpec { chunk_elems: latency_elems, ..spec };
@@ -587,8 +591,6 @@ impl ControlPlane {
                 }
             }
         }
-        self.generation[index] = (self.generation[index] + 1) & 0xf;
-        let tag = ((self.generation[index] as u16) << 12) | index as u16;
         for (l, (off, _)) in regions.iter().enumerate() {
             let (spec, stride, len) = shape(l);
             let split = split_shared.as_ref().filter(|_| l < groups as usize).map(|sh| SplitOn {
@@ -712,10 +714,29 @@ impl ControlPlane {
     }
 
     fn find(&mut self, tag: u16) -> Option<(usize, &mut Active)> {
-        let i = (tag & 0x0fff) as usize;
-        match self.active.get_mut(i) {
-            Some(Some(a)) if a.tag == tag => Some((i, a)),
-            _ => None,
+        let i = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.tag == tag))?;
+        self.active[i].as_mut().map(|a| (i, a))
+    }
+
+    /// The tag of a new job: the next value of a rolling 16-bit count that
+    /// no running or quarantined job holds (never 0). A tag names a job on
+    /// the wire (the high bits of every data message), and a job's late
+    /// messages can outlive it in a provider's queue of unexpected messages
+    /// (a rank's sends that arrived after the job ended here, as under a
+    /// link cut or a fenced job). With tcp;ofi_rxm 1.17, a new receive that
+    /// matched such a message from a rank whose connection is gone crashed
+    /// the server inside fi_trecv (seen in scripts/soak.sh with link cuts:
+    /// a tag of a 4-bit generation per job slot came back every 16 jobs,
+    /// and address-vector entries are reused). Rolling over 16 bits makes a
+    /// tag come back only after 65535 other jobs.
+    fn next_tag(&mut self) -> u16 {
+        loop {
+            self.last_tag = self.last_tag.wrapping_add(1);
+            let t = self.last_tag;
+            let taken = |t: u16| self.active.iter().flatten().any(|a| a.tag == t) || self.quarantined.iter().flatten().any(|q| q.tag == t);
+            if t != 0 && !taken(t) {
+                return t;
+            }
         }
     }
 
@@ -754,13 +775,11 @@ impl ControlPlane {
         if a.rejoin {
             // The ranks run it already: agree on the operation from which
             // they use this server again, as a drain does in reverse.
-            let i = (tag & 0x0fff) as usize;
             self.tell_rejoin(i);
             return;
         }
         if self.draining.is_some() {
             // Admitted just before the drain began: it moves like the others.
-            let i = (tag & 0x0fff) as usize;
             self.tell_drain(i);
         }
     }
@@ -826,11 +845,8 @@ impl ControlPlane {
     }
 
     fn released(&mut self, lcore: usize, tag: u16) {
-        let i = (tag & 0x0fff) as usize;
-        let Some(Some(q)) = self.quarantined.get_mut(i) else { return };
-        if q.tag != tag {
-            return;
-        }
+        let Some(i) = self.quarantined.iter().position(|q| q.as_ref().is_some_and(|q| q.tag == tag)) else { return };
+        let Some(q) = self.quarantined[i].as_mut() else { return };
         if let Some(k) = q.regions.iter().position(|r| r.0 == lcore) {
             let (l, off, len) = q.regions.swap_remove(k);
             self.allocs[l].release(off, len);
@@ -1213,10 +1229,10 @@ impl ControlPlane {
                 state: "joining",
             })
             .collect();
-        v.extend(self.active.iter().flatten().map(|a| JobInfo {
+        v.extend(self.active.iter().enumerate().filter_map(|(i, a)| Some((i, a.as_ref()?))).map(|(i, a)| JobInfo {
             job_id: a.job_id,
             tag: Some(a.tag),
-            index: Some(a.tag & 0x0fff),
+            index: Some(i as u16),
             nranks: a.spec.nranks,
             joined: a.spec.nranks,
             dtype: a.spec.dtype.name(),
