@@ -200,11 +200,27 @@ pub struct ControlPlane {
     /// Between heartbeats (None: none are sent).
     heartbeat: Option<Duration>,
     next_beat: Instant,
-    /// Jobs whose join failed because a rank left during it, until when
-    /// later joiners are told so at once (instead of waiting out the join
-    /// timeout for a rank that will not come), and why.
-    failed_joins: HashMap<u64, (Instant, String)>,
+    /// Jobs whose join failed because a rank left during it, or that failed
+    /// because a rank disconnected: until when a later join of the same job
+    /// is told so at once, instead of waiting out the join timeout for ranks
+    /// that moved on (see [`Tombstone`]).
+    failed_joins: HashMap<u64, Tombstone>,
 }
+
+/// Why joins of a job id are refused at once, and until when.
+struct Tombstone {
+    until: Instant,
+    why: String,
+    /// Rejoins too (a join that failed while joining); else only fresh
+    /// joins: the ranks of a job that failed here because its connections
+    /// closed (they declared this server lost) take it back with a rejoin.
+    rejoins: bool,
+}
+
+/// How long joins of a job that failed here because a rank disconnected are
+/// refused: a rank whose join connection broke (a link blip) after the job
+/// started here joins again, into a job the others already left.
+const FAILED_JOB_REFUSED_FOR: Duration = Duration::from_secs(10);
 
 struct Watch {
     stats: Arc<crate::dataplane::lcore::LcoreStats>,
@@ -446,13 +462,15 @@ impl ControlPlane {
             }
             self.fence(i, rank, peer);
         }
-        if let Some((until, why)) = self.failed_joins.get(&spec.job_id) {
-            if *until > Instant::now() {
-                let why = why.clone();
+        if let Some(t) = self.failed_joins.get(&spec.job_id) {
+            if t.until <= Instant::now() {
+                self.failed_joins.remove(&spec.job_id);
+            } else if t.rejoins || !rejoin {
+                let why = t.why.clone();
+                log::info!("{peer}: rank {rank} of job {:#x} refused: {why}", spec.job_id);
                 refuse(&mut self.net, &c, RejectCode::JobFailed, "", &why);
                 return;
             }
-            self.failed_joins.remove(&spec.job_id);
         }
         // Ranks waiting for their job to gather hold a connection each: bounded
         // by what the server could ever run at once.
@@ -1145,8 +1163,8 @@ impl ControlPlane {
                 refuse(&mut self.net, other, RejectCode::JobFailed, "", &msg);
             }
             let now = Instant::now();
-            self.failed_joins.retain(|_, (until, _)| *until > now);
-            self.failed_joins.insert(job_id, (now + self.join_timeout, msg));
+            self.failed_joins.retain(|_, t| t.until > now);
+            self.failed_joins.insert(job_id, Tombstone { until: now + self.join_timeout, why: msg, rejoins: true });
             return;
         }
         if let Some(i) = self.active_of(conn) {
@@ -1160,6 +1178,10 @@ impl ControlPlane {
                 // Closed by the rank's side (we had not shut it down): the
                 // rank's process, or at least its client, is gone.
                 self.rank_gone(i, rank);
+                let now = Instant::now();
+                self.failed_joins.retain(|_, t| t.until > now);
+                let why = format!("the job failed on this server: its rank {rank} disconnected without finishing");
+                self.failed_joins.insert(job_id, Tombstone { until: now + FAILED_JOB_REFUSED_FOR, why, rejoins: false });
             }
             self.end(i, RejectCode::JobFailed, &format!("rank {rank} disconnected without finishing"));
         }
