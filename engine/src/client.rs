@@ -702,7 +702,6 @@ impl Client {
             let mut s =
                 connect_retry(&addr, self.cfg.join_timeout).map_err(|e| ClientError::Connect { server: server.clone(), error: e })?;
             let _ = s.set_nodelay(true);
-            keepalive(&s);
             s.write_all(bytemuck::bytes_of(hello)).map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
             controls.push(s);
         }
@@ -747,6 +746,7 @@ impl Client {
                 let addr = self.rails.insert_peer(self.rails.rail_of(si), n).map_err(|e| ClientError::Fabric(e.to_string()))?;
                 streams.push(Stream { latency: k < latency_lcores, ..Stream::new(addr, si, g.tag) });
             }
+            keepalive(s);
             let _ = s.set_nonblocking(true);
         }
         if streams.is_empty() {
@@ -1681,6 +1681,11 @@ fn join_backoff(tries: u32, rank: u32) -> Duration {
 /// down is noticed in about 5 s (the connection fails, and failover takes
 /// over), where TCP alone would wait for minutes. A SIGKILLed server's
 /// kernel closes the connection at once; this is for hosts that vanish.
+/// (Heartbeats, see [`liveness`], notice that in 2 s where the server sends
+/// them.) Set once the server accepted the job, not while the join waits:
+/// a link down for a few seconds while a job starts must not break a join
+/// that the server may have admitted already (the other ranks would run a
+/// job this rank can no longer enter); the join deadline bounds that wait.
 pub(crate) fn keepalive(s: &TcpStream) {
     use std::os::fd::AsRawFd;
     let fd = s.as_raw_fd();
@@ -1704,7 +1709,6 @@ fn hello_again(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStre
     let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
     let mut s = connect_retry(&addr, timeout.max(Duration::from_millis(100))).map_err(err)?;
     let _ = s.set_nodelay(true);
-    keepalive(&s);
     s.write_all(bytemuck::bytes_of(hello)).map_err(|e| err(e.to_string()))?;
     Ok(s)
 }

@@ -152,7 +152,7 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(h.shards == spec.shards || (h.shards == 0 && spec.shards == limits.lcores), "{}", ctx());
     assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
-    assert_eq!((h._pad0, h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT)), (0, [0; 6], 0), "{}", ctx());
+    assert_eq!((h._pad0, h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE)), (0, [0; 6], 0), "{}", ctx());
     assert_eq!(spec.relay, h.flags & Hello::RELAY != 0, "{}", ctx());
     assert!(!spec.relay || spec.nranks == 2, "{}", ctx());
     assert_eq!(spec.split, h.flags & Hello::SPLIT != 0, "{}", ctx());

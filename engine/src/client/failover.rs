@@ -805,7 +805,6 @@ impl Client {
                 // (a survivor that stays unreachable that long is a second loss).
                 let mut c = super::connect_retry(&addr, self.cfg.join_timeout.min(REDO_CONNECT_FOR)).map_err(err)?;
                 let _ = c.set_nodelay(true);
-                super::keepalive(&c);
                 c.write_all(bytemuck::bytes_of(&hello)).map_err(|e| err(e.to_string()))?;
                 conns.push((si, c, hello));
             }
@@ -824,6 +823,7 @@ impl Client {
                         let addr =
                             self.rails.insert_peer(self.rails.rail_of(si), &g.names[0]).map_err(|e| ClientError::Fabric(e.to_string()))?;
                         streams.push(Stream::new(addr, si, g.tag));
+                        super::keepalive(&c);
                         let _ = c.set_nonblocking(true);
                         controls.push(c);
                     }
