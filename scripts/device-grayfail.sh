@@ -3,7 +3,7 @@
 # cluster: `tally bench cluster --hosts 3 --rates 2 --sizes 16M --mode agg`
 # with a loop of 700 timed all-reduces; one `tally server` is SIGSTOPped for
 # STOP_S seconds (40) mid-loop, then SIGCONTed. The loop's slowest all-reduce
-# (max(us) in the row) is the stall the freeze cost: the whole stop before
+# (max_us in the JSON row) is the stall the freeze cost: the whole stop before
 # heartbeats, the ranks' liveness time (2 s) and a recovery with them. Every
 # element is checked (#wrong). The resumed server's log says whether it was
 # fenced and taken back. Writes $OUT/grayfail.txt (and the raw outputs).
@@ -19,7 +19,7 @@ TALLY="${TALLY:-target/release/tally}"
 mkdir -p "$OUT"
 summary="$OUT/grayfail.txt"
 : >"$summary"
-"$TALLY" bench cluster --hosts 3 --rates 2 --sizes 16M --mode agg --iters 700 --log "$OUT/cluster.log" \
+"$TALLY" bench cluster --hosts 3 --rates 2 --sizes 16M --mode agg --iters 700 --json --log "$OUT/cluster.log" \
     >"$OUT/cluster.out" 2>"$OUT/cluster.err" &
 bench=$!
 # The loop is running once every rank joined: wait for the servers' jobs.
@@ -41,6 +41,7 @@ else
 fi
 wait "$bench"
 echo "bench cluster exit $?" | tee -a "$summary"
-grep -E '^#|agg' "$OUT/cluster.out" | tee -a "$summary"
+# The loop's row: mean, p50, p99 and max per operation, wrong elements.
+grep -oE '"(mode|bytes|iters|time_us|p50_us|p99_us|max_us|wrong|fraction)":[^,}]*' "$OUT/cluster.out" | paste -sd' ' | tee -a "$summary"
 cat "$OUT/cluster.err" | tail -5 | tee -a "$summary"
 grep -E 'lost|fenc|rejoined|recovered|back in job|heartbeat|disconnected' "$OUT/cluster.log" | cut -c1-240 | head -40 | tee -a "$summary"
