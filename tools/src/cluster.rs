@@ -289,7 +289,7 @@ fn rates_text(rates: &[f64]) -> String {
     rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
+pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores: Option<&str>) {
     let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
     println!(
         "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), tcp;ofi_rxm",
@@ -301,7 +301,10 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
         if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
         args.window,
         args.send_credits,
-        worker_rails(args.hosts),
+        {
+            let (n, why) = worker_rails(args.hosts, worker_cores);
+            format!("{n} ({why})")
+        },
         crate::bench_allreduce::method_line(args.iters, args.warmup, false)
     );
     println!(
@@ -310,12 +313,22 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str) {
     );
 }
 
-/// The rails each worker runs (`tally bench allreduce` decides the same
-/// way): TALLY_RAILS, else one per server over tcp on 8+ cores, and how.
-fn worker_rails(hosts: u32) -> String {
+/// The rails each worker runs, and why: TALLY_RAILS, else auto (one per
+/// server over tcp on 8+ cores), but no more than fit the worker's block of
+/// the workers' cores with its own thread: every worker sees the whole host,
+/// and blocks that wrap put two busy pollers on one core (on 16 cores, 3
+/// workers of 1 + 3 threads on cores 6-15 stalled operations for 1.3 s).
+fn worker_rails(hosts: u32, worker_cores: Option<&str>) -> (usize, &'static str) {
     let asked = std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
     let n = tally_engine::client::rails::resolve_rails(asked, "tcp", hosts as usize);
-    format!("{n} ({})", if asked == 0 { "auto" } else { "TALLY_RAILS" })
+    if asked != 0 {
+        return (n, "TALLY_RAILS");
+    }
+    let block = worker_cores.and_then(|w| tally_engine::cpuset::CoreList::parse(w).ok()).map(|l| l.len() / hosts.max(1) as usize);
+    match block {
+        Some(b) if n > 1 && b < n + 1 => ((b.saturating_sub(1)).max(1), "auto, fit to each worker's cores"),
+        _ => (n, "auto"),
+    }
 }
 
 pub fn format_cluster_header() -> String {
@@ -672,7 +685,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
         progress.finish();
         if !args.json {
-            print_header(args, rate, &placement);
+            print_header(args, rate, &placement, worker_cores.as_deref());
             println!("{}", format_cluster_header());
             for r in &out.rows[first..] {
                 println!("{}", format_cluster_row(&out, r));
@@ -802,6 +815,7 @@ fn run_rate(
         if let Some(wc) = worker_cores {
             c.args(["--rank-cores", wc]);
         }
+        c.args(["--rails", &worker_rails(args.hosts, worker_cores).0.to_string()]);
         c.args(["--poll", poll]);
         // agg-plugin: the plugin's own client reads its pacing from the environment.
         c.env("TALLY_SEND_CREDITS", args.send_credits.to_string());
