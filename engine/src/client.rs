@@ -690,21 +690,31 @@ impl Client {
         if self.wants_heartbeats() {
             hellos.iter_mut().for_each(|h| h.flags |= Hello::ALIVE);
         }
-        let mut controls = Vec::new();
         // Send every Hello first, then wait for the answers: servers admit
-        // the job only when all ranks are in, on all servers at once.
-        for (server, hello) in self.cfg.servers.iter().zip(&hellos) {
-            let addr = server
-                .to_socket_addrs()
-                .map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?
-                .next()
-                .ok_or_else(|| ClientError::Connect { server: server.clone(), error: "no address".into() })?;
-            let mut s =
-                connect_retry(&addr, self.cfg.join_timeout).map_err(|e| ClientError::Connect { server: server.clone(), error: e })?;
-            let _ = s.set_nodelay(true);
-            s.write_all(bytemuck::bytes_of(hello)).map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
-            controls.push(s);
-        }
+        // the job only when all ranks are in, on all servers at once. The
+        // connects run side by side: one to a server that does not answer
+        // yet (its link down a while) must not hold back this rank's Hellos
+        // to the others, which could then not tell the other ranks at once
+        // if this rank died meanwhile (they would wait out the join timeout).
+        let timeout = self.cfg.join_timeout;
+        let connected: Vec<Result<TcpStream, ClientError>> = if hellos.len() == 1 {
+            vec![say_hello(&self.cfg.servers[0], &hellos[0], timeout)]
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = self
+                    .cfg
+                    .servers
+                    .iter()
+                    .zip(&hellos)
+                    .map(|(server, hello)| scope.spawn(move || say_hello(server, hello, timeout)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(ClientError::Config("a connect thread panicked".into()))))
+                    .collect()
+            })
+        };
+        let controls = connected.into_iter().collect::<Result<Vec<TcpStream>, ClientError>>()?;
         let mut streams = Vec::new();
         let mut latency_max = 0usize;
         // The lcores a split job's small operations may go to (one server).
@@ -716,7 +726,7 @@ impl Client {
         for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
-            let answer = self.answer(server, s, &hellos[si], join_started, true)?;
+            let answer = self.answer(server, s, &hellos[si], join_started, self.cfg.join_timeout, true)?;
             let g = match answer {
                 Ok(g) => g,
                 // Every rank of the sub-job gets this same answer from a
@@ -820,51 +830,53 @@ impl Client {
     /// (too many connections in their handshake, as in a join storm) says
     /// so at once: join again after a jittered backoff, until the join
     /// deadline; so does one whose connection broke before it answered, if
-    /// `rejoin_broken` (a server restarting under a job's start). Ok(Err(reject)):
-    /// the server refused the job.
+    /// `rejoin_broken` (a server restarting under a job's start). `limit`
+    /// bounds the whole wait from `join_started`. Ok(Err(reject)): the server
+    /// refused the job.
     fn answer(
         &self,
         server: &str,
         s: &mut TcpStream,
         hello: &Hello,
         join_started: Instant,
+        limit: Duration,
         rejoin_broken: bool,
     ) -> Result<Result<Granted, Box<Reject>>, ClientError> {
-        let _ = s.set_read_timeout(Some(self.cfg.join_timeout + Duration::from_secs(5)));
+        let _ = s.set_read_timeout(Some(limit + Duration::from_secs(5)));
         let mut tries = 0u32;
         loop {
             match read_answer(s) {
                 Ok(a) => return Ok(Ok(a)),
                 Err(Answer::Rejected(r)) if r.code() == Some(RejectCode::Busy) => {
                     let waited = join_started.elapsed();
-                    if waited >= self.cfg.join_timeout {
+                    if waited >= limit {
                         return Err(ClientError::Refused {
                             server: server.to_string(),
                             reject: format!(
-                                "{r} (retried {tries} times for {:.1} s, until the join deadline of {:.0} s: TALLY_JOIN_TIMEOUT_S)",
+                                "{r} (retried {tries} times for {:.1} s, until the join deadline of {:.0} s)",
                                 waited.as_secs_f64(),
-                                self.cfg.join_timeout.as_secs_f64()
+                                limit.as_secs_f64()
                             ),
                         });
                     }
                     tries += 1;
-                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.join_timeout - waited);
+                    let pause = join_backoff(tries, self.cfg.rank).min(limit - waited);
                     log::debug!("server {server} is busy ({r}); joining again in {pause:?} (try {tries})");
                     std::thread::sleep(pause);
-                    *s = hello_again(server, hello, self.cfg.join_timeout.saturating_sub(join_started.elapsed()))?;
-                    let _ = s.set_read_timeout(Some(self.cfg.join_timeout + Duration::from_secs(5)));
+                    *s = hello_again(server, hello, limit.saturating_sub(join_started.elapsed()))?;
+                    let _ = s.set_read_timeout(Some(limit + Duration::from_secs(5)));
                 }
                 Err(Answer::Rejected(r)) => return Ok(Err(r)),
                 // The connection broke before the answer (the server died or
                 // restarts): join again, as after `busy`, until the deadline.
                 // Every rank of the job then meets the server's next life.
-                Err(Answer::Io(e)) if rejoin_broken && join_started.elapsed() + Duration::from_millis(100) < self.cfg.join_timeout => {
+                Err(Answer::Io(e)) if rejoin_broken && join_started.elapsed() + Duration::from_millis(100) < limit => {
                     tries += 1;
-                    let pause = join_backoff(tries, self.cfg.rank).min(self.cfg.join_timeout.saturating_sub(join_started.elapsed()));
+                    let pause = join_backoff(tries, self.cfg.rank).min(limit.saturating_sub(join_started.elapsed()));
                     log::info!("server {server}: the join broke off ({e}); joining again in {pause:?}");
                     std::thread::sleep(pause);
-                    *s = hello_again(server, hello, self.cfg.join_timeout.saturating_sub(join_started.elapsed()))?;
-                    let _ = s.set_read_timeout(Some(self.cfg.join_timeout + Duration::from_secs(5)));
+                    *s = hello_again(server, hello, limit.saturating_sub(join_started.elapsed()))?;
+                    let _ = s.set_read_timeout(Some(limit + Duration::from_secs(5)));
                 }
                 Err(Answer::Io(e)) => return Err(ClientError::Connect { server: server.to_string(), error: e }),
             }
@@ -1703,14 +1715,19 @@ pub(crate) fn keepalive(s: &TcpStream) {
     }
 }
 
-/// A new control connection to `server` with the same Hello.
-fn hello_again(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
+/// A control connection to `server` (retried until `timeout`) that has sent `hello`.
+fn say_hello(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
     let err = |e: String| ClientError::Connect { server: server.to_string(), error: e };
     let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
-    let mut s = connect_retry(&addr, timeout.max(Duration::from_millis(100))).map_err(err)?;
+    let mut s = connect_retry(&addr, timeout).map_err(err)?;
     let _ = s.set_nodelay(true);
     s.write_all(bytemuck::bytes_of(hello)).map_err(|e| err(e.to_string()))?;
     Ok(s)
+}
+
+/// A new control connection to `server` with the same Hello.
+fn hello_again(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
+    say_hello(server, hello, timeout.max(Duration::from_millis(100)))
 }
 
 fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> Result<TcpStream, String> {

@@ -814,7 +814,10 @@ impl Client {
             for (si, mut c, hello) in conns {
                 let server = self.cfg.servers[si].clone();
                 // A survivor that breaks off now is dying too: fail, do not wait.
-                match self.answer(&server, &mut c, &hello, started, false)? {
+                // Bounded by the all-reduce's own timeout: a rank that died
+                // before joining the redo job never comes, and the ranks that
+                // wait here read nothing else (not the server ending the job).
+                match self.answer(&server, &mut c, &hello, started, self.cfg.join_timeout.min(self.cfg.timeout), false)? {
                     Ok(g) if g.piece_elems != 0 && (g.piece_elems as usize) < chunk_elems => {
                         let granted = g.piece_elems;
                         log::warn!("server {server} grants the redo job pieces of {granted} elements, fewer than the job's {chunk_elems}: not used for it");

@@ -24,6 +24,9 @@ use std::time::{Duration, Instant};
 
 pub struct Watchdog {
     stop: Arc<AtomicBool>,
+    /// Woken and joined on drop: no thread outlives its owner (the plugin's
+    /// finalize promises NCCL that).
+    thread: Option<std::thread::JoinHandle<()>>,
     /// Raised with `report` once a rail's call passed the limit.
     raised: Arc<AtomicBool>,
     report: Arc<Mutex<Option<String>>>,
@@ -40,13 +43,16 @@ impl Watchdog {
         let (stop, raised, report) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(None)));
         let (s, r, rep, provider) = (stop.clone(), raised.clone(), report.clone(), provider.to_string());
         let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("tally-watchdog".into())
             .spawn(move || {
                 // Per endpoint: the count last seen, since when, reported.
                 let mut seen: Vec<(u32, Instant, bool)> = watches.iter().map(|w| (w.sample().0, Instant::now(), false)).collect();
                 while !s.load(Ordering::Relaxed) {
-                    std::thread::sleep(period);
+                    std::thread::park_timeout(period);
+                    if s.load(Ordering::Relaxed) {
+                        break;
+                    }
                     for (i, w) in watches.iter().enumerate() {
                         let (seq, call) = w.sample();
                         let (last, since, reported) = &mut seen[i];
@@ -80,7 +86,7 @@ impl Watchdog {
                 }
             })
             .ok()?;
-        Some(Watchdog { stop, raised, report })
+        Some(Watchdog { stop, thread: Some(thread), raised, report })
     }
 
     /// The report of a rail stuck in a provider call, if any (one load when none).
@@ -100,8 +106,11 @@ pub fn limit_from_env() -> Duration {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        // The thread sees it within one period and ends.
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
     }
 }
 
