@@ -191,6 +191,10 @@ pub struct ControlPlane {
     /// Per lcore: its counters (read only), the poll count last seen, when
     /// it last moved, and whether the lcore is reported stuck.
     watchdog: Vec<Watch>,
+    /// When the watchdog last looked: a longer gap than [`LCORE_QUIET_AFTER`]
+    /// means the whole process was frozen (SIGSTOP, a stalled VM), lcores
+    /// and this thread alike, and says nothing about the lcores.
+    watched_at: Instant,
     drain_timeout: Duration,
     /// Set by `Server::drain`; read once per loop turn.
     drain_requested: Arc<AtomicBool>,
@@ -333,6 +337,7 @@ impl ControlPlane {
             idle_timeout: (cfg.idle_timeout_s > 0).then(|| Duration::from_secs(cfg.idle_timeout_s)),
             next_idle_check: Instant::now(),
             watchdog: Vec::new(),
+            watched_at: Instant::now(),
             drain_timeout: Duration::from_secs(cfg.drain_timeout_s),
             drain_requested: Arc::new(AtomicBool::new(false)),
             drained: Arc::new(AtomicBool::new(false)),
@@ -360,6 +365,15 @@ impl ControlPlane {
     /// Fails the jobs of an lcore that stopped polling, and refuses jobs that
     /// would need it, instead of letting their ranks wait for their timeouts.
     fn check_lcores(&mut self, now: Instant) {
+        if now.duration_since(self.watched_at) > LCORE_QUIET_AFTER {
+            // This thread did not run either: the process was frozen. Give
+            // the lcores, resumed at the same moment, a fresh start (else a
+            // server resumed after 5 s failed every job as "stuck").
+            for w in &mut self.watchdog {
+                w.moved = now;
+            }
+        }
+        self.watched_at = now;
         let mut newly_stuck = Vec::new();
         for (l, w) in self.watchdog.iter_mut().enumerate() {
             let polls = w.stats.snapshot().polls;
