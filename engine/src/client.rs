@@ -590,7 +590,7 @@ impl Client {
         let want = rails::resolve_rails(cfg.rails, &provider, cfg.servers.len());
         let open = || Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")));
         let first = open()?;
-        let rails = if want <= 1 || first.needs_local_mr() {
+        let rails = if !rails::wants_rail_threads(&provider, want) || first.needs_local_mr() {
             Rails::direct(first)
         } else {
             let mut eps = vec![first];
@@ -1418,8 +1418,12 @@ impl Client {
     /// A server that ended the job, or drains, says so on the control
     /// connection; a rail stuck in a provider call is an error here.
     fn check_controls(&mut self) -> Result<(), ClientError> {
-        if let Some(report) = self.watchdog.as_ref().and_then(|w| w.stuck()) {
-            return Err(ClientError::Fabric(report));
+        if let Some(w) = self.watchdog.as_ref() {
+            if let Some(report) = w.stuck() {
+                let stuck = w.stuck_rails();
+                (0..self.rails.count()).filter(|r| stuck & (1 << r) != 0).for_each(|r| self.rails.abandon(r));
+                return Err(ClientError::Fabric(report));
+            }
         }
         for sub in 0..self.subs.len() {
             if self.subs[sub].fo.watcher.is_some() {

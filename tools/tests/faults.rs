@@ -18,6 +18,10 @@
 //!   server names the rank, and a split job beside it and a new one are exact;
 //! - the server SIGKILLed in the middle of an all-reduce: every client gets an
 //!   error within a bound (the closed control connection, or the fabric);
+//! - a rank's provider call that never returns (fault injection, as shm
+//!   spinning on the lock of a peer that died holding it): that rank gets an
+//!   error naming the call and exits, the other rank fails, the server ends
+//!   the job and computes the next;
 //! - a second server on a port in use, an unknown fabric provider, and a
 //!   hugepage pool that cannot hold the slab with `--hugepages require`: the
 //!   server refuses to start, exits non-zero, and says why (naming the address,
@@ -47,7 +51,13 @@ fn server(provider: &str, extra: &[&str]) -> ServerProcess {
 
 /// `tally bench allreduce` as one rank process of an agg job (what a worker is).
 fn rank_process(provider: &str, server: &str, boot: &str, job: u64, rank: u32, n: u32) -> Child {
+    rank_process_with(provider, server, boot, job, rank, n, &[])
+}
+
+/// [`rank_process`] with more environment.
+fn rank_process_with(provider: &str, server: &str, boot: &str, job: u64, rank: u32, n: u32, env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_tally"))
+        .envs(env.iter().copied())
         .args(["bench", "allreduce", "--rank", &rank.to_string(), "--ranks", &n.to_string(), "--bootstrap", boot])
         .args(["--job-id", &job.to_string(), "--servers", server, "--provider", provider, "--mode", "agg"])
         .args(["--sizes", "64M", "--iters", "1000", "--warmup", "0", "--chunk", "256K", "--window", "4"])
@@ -114,6 +124,9 @@ fn server_that_should_fail(args: &[&str]) -> (bool, String) {
 ///   which takes that lcore and every job on it down; the job is then never
 ///   freed. Nothing above the provider can prevent or bound that, so it is
 ///   reported in `FAULT` lines; TALLY_EXPECT_JOB_FREED=1 asserts it away.
+/// - rank 1 killed while holding the *server's* region lock (its send copies
+///   into that region under it): rank 0's next send spins the same way, on
+///   its rail thread, and its watchdog's error (3 s here) is rank 0's error.
 fn kill_a_rank_process(provider: &str, attempts: u64) {
     let strict = provider == "tcp" || std::env::var_os("TALLY_EXPECT_JOB_FREED").is_some();
     let mut all_freed = true;
@@ -129,6 +142,9 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
         let mut cfg = client(provider, &srv.addr, job, 0, 2);
         cfg.chunk_bytes = 256 << 10;
         cfg.window = 4;
+        // Rank 1 killed holding the server's shm region lock leaves rank 0's
+        // rail spinning in fi_tsend: its watchdog's error must come within the bound.
+        cfg.provider_watchdog = Duration::from_secs(3);
         let mut c = Client::connect(cfg).unwrap();
         c.join(DataType::Float32, ReduceOp::Sum).unwrap();
         let count = (64 << 20) / 4;
@@ -212,6 +228,72 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
     if strict || all_freed {
         assert!(srv.stop().success());
     }
+}
+
+/// A rank process whose rail thread blocks for good inside a provider call
+/// (`TALLY_FAULT_RAIL_STALL`: what a shm call spinning on the lock of a peer
+/// that died holding it looks like; shm clients drive their endpoint from a
+/// rail thread for this reason). The rank gets its watchdog's error naming
+/// the call and exits, where it used to spin for ever; the other rank (a
+/// bench process too, checking every element of every all-reduce) fails
+/// and exits; the server ends the job and computes a new one.
+#[test]
+fn a_rank_stuck_inside_a_provider_call_gets_an_error_naming_it_and_exits_shm() {
+    let srv = server("shm", &[]);
+    let job = 0x7100;
+    let boot = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let fault = [("TALLY_FAULT_RAIL_STALL", "0@2"), ("TALLY_PROVIDER_WATCHDOG_S", "2")];
+    let started = Instant::now();
+    let mut ranks =
+        [rank_process_with("shm", &srv.addr, &boot, job, 0, 2, &[]), rank_process_with("shm", &srv.addr, &boot, job, 1, 2, &fault)];
+    // Both end by themselves: rank 1's rail sticks 2 s after its start, its
+    // watchdog reports it 2 s later; rank 0 then fails.
+    let mut ended: [Option<(std::process::ExitStatus, Duration)>; 2] = [None, None];
+    while ended.iter().any(|e| e.is_none()) {
+        for (r, child) in ranks.iter_mut().enumerate() {
+            if ended[r].is_none() {
+                if let Some(st) = child.try_wait().unwrap() {
+                    ended[r] = Some((st, started.elapsed()));
+                }
+            }
+        }
+        if started.elapsed() > Duration::from_secs(4) + ERROR_BOUND * 2 {
+            ranks.iter_mut().for_each(|c| drop(c.kill()));
+            panic!("a rank did not end after rank 1's rail got stuck ({ended:?}): it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let errs: Vec<String> = ranks
+        .iter_mut()
+        .map(|c| {
+            let mut e = String::new();
+            let _ = std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut e);
+            e
+        })
+        .collect();
+    let [(st0, at0), (st1, at1)] = ended.map(Option::unwrap);
+    eprintln!("FAULT rail-stuck (shm): rank 1 exited ({st1}) {at1:?} after its start, rank 0 ({st0}) at {at0:?}");
+    eprintln!("FAULT rail-stuck (shm): rank 1 said: {}", errs[1].trim());
+    eprintln!("FAULT rail-stuck (shm): rank 0 said: {}", errs[0].trim());
+    assert!(!st1.success() && !st0.success(), "a rank succeeded with rank 1's rail stuck:\n{errs:?}");
+    assert!(
+        errs[1].contains("fi_tsend on rail 0") && errs[1].contains("has not returned"),
+        "rank 1's error does not name the call:\n{}",
+        errs[1]
+    );
+    assert!(!errs[0].contains("wrong"), "rank 0 saw a wrong element:\n{}", errs[0]);
+    assert!(srv.wait_log(&format!("job {job:#x} ended"), ERROR_BOUND), "the server did not end the job");
+    // As after a rank's SIGKILL over shm: a result send to the rank that left
+    // may never complete, and then that lcore completes no send again.
+    let new = join_results(sum_job("shm", &srv.addr, 0x7101, 2, 50_000, 3));
+    eprintln!("FAULT rail-stuck (shm): a new job afterwards: {new:?}");
+    if let Err(e) = new {
+        assert!(e.contains("completes an endpoint's sends in order"), "the new job failed otherwise than by shm's blocked sends: {e}");
+    }
+    assert!(srv.stop().success());
 }
 
 /// Removes the shm regions (`/dev/shm/PID:...`) of a process this test SIGKILLed:

@@ -23,9 +23,20 @@
 //!
 //! With one rail ([`Rails::direct`]) there is no thread: the caller's thread
 //! drives the one endpoint, exactly as a client without rails did. That is
-//! the default wherever a second thread cannot help (shm, one server, a
-//! host of few cores) and for providers that want buffers registered (EFA):
-//! a registration belongs to one domain, and every rail is its own domain.
+//! the default wherever a second thread cannot help (one server, a host of
+//! few cores) and for providers that want buffers registered (EFA): a
+//! registration belongs to one domain, and every rail is its own domain.
+//!
+//! shm is the exception ([`wants_rail_threads`]): its calls take spinlocks
+//! in memory shared with other processes, and a peer killed while holding
+//! one leaves the caller spinning inside the call for ever (libfabric 1.17;
+//! a rank once spun for 45 minutes). So even its one endpoint runs on a rail
+//! thread: a stuck call then costs that thread, the client's watchdog turns
+//! it into an error naming the call, and the client *abandons* the rail
+//! ([`Rails::abandon`]): nothing waits on it again, no buffer is handed to
+//! it, and should the call ever return, the rail makes no other provider
+//! call (with manual progress, no byte moves into a buffer the caller took
+//! back) and leaves its endpoint unclosed.
 //!
 //! Control operations (adding a peer, canceling everything) go to the rail
 //! thread as commands too, and the client waits for their answer: they
@@ -59,6 +70,13 @@ pub fn auto_rails(provider: &str, servers: usize, cores: usize) -> usize {
     } else {
         1
     }
+}
+
+/// Whether a client of `rails` rails over `provider` drives them from rail
+/// threads: always for several, and for one where the provider's calls can
+/// block on another process (shm, see the module's doc).
+pub fn wants_rail_threads(provider: &str, rails: usize) -> bool {
+    rails > 1 || provider == "shm"
 }
 
 /// The rails a client runs when it asked for `asked` (0: [`auto_rails`],
@@ -178,6 +196,9 @@ struct Shared {
     /// Rung by the rail after queueing events while the client sleeps.
     owner: Arc<Bell>,
     stop: AtomicBool,
+    /// Set by [`Rails::abandon`]: the rail is stuck in a provider call; if
+    /// that call returns, the rail makes no other and ends.
+    abandoned: AtomicBool,
 }
 
 struct Rail {
@@ -246,6 +267,7 @@ impl Rails {
                 bell: Bell::new().map_err(os_error("eventfd"))?,
                 owner: owner.clone(),
                 stop: AtomicBool::new(false),
+                abandoned: AtomicBool::new(false),
             });
             let sh = shared.clone();
             let core = cores.get(i).copied();
@@ -257,7 +279,7 @@ impl Rails {
                             log::warn!("rail {i}: cannot pin to core {c}: {e}");
                         }
                     }
-                    RailLoop::new(ep, sh, spin_polls, sleep_ms, contexts).run()
+                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts).run()
                 })
                 .map_err(os_error("spawning a rail thread"))?;
             if let Mode::Threaded { rails, .. } = &mut made.mode {
@@ -275,6 +297,21 @@ impl Rails {
     /// Whether rail threads drive the endpoints (else the caller's thread does).
     pub fn has_threads(&self) -> bool {
         matches!(self.mode, Mode::Threaded { .. })
+    }
+
+    /// Gives rail `r` up: its thread is stuck inside a provider call (the
+    /// watchdog's report). From now on operations for it fail at once, the
+    /// cancels skip it, and dropping the rails leaves its thread behind
+    /// rather than wait for it (see the module's doc).
+    pub fn abandon(&mut self, r: usize) {
+        if let Mode::Threaded { rails, .. } = &mut self.mode {
+            if let Some(rail) = rails.get(r) {
+                if !rail.shared.abandoned.swap(true, Ordering::SeqCst) {
+                    log::error!("rail {r} is abandoned: its thread is stuck inside a provider call");
+                }
+                rail.shared.stop.store(true, Ordering::SeqCst);
+            }
+        }
     }
 
     /// Number of rails.
@@ -486,6 +523,7 @@ impl Rails {
     pub fn cancel(&mut self, r: usize, ctx: u32) {
         match &mut self.mode {
             Mode::Direct(ep) => ep.cancel(ctx),
+            Mode::Threaded { rails, .. } if rails[r].shared.abandoned.load(Ordering::Relaxed) => {}
             Mode::Threaded { rails, .. } => {
                 if let Err(e) = ask(&rails[r].shared, Cmd::Cancel(ctx)) {
                     log::warn!("rail {r}: {e}");
@@ -500,7 +538,7 @@ impl Rails {
         match &mut self.mode {
             Mode::Direct(ep) => ep.cancel_all(),
             Mode::Threaded { rails, held, .. } => {
-                for r in rails.iter() {
+                for r in rails.iter().filter(|r| !r.shared.abandoned.load(Ordering::Relaxed)) {
                     if let Err(e) = ask(&r.shared, Cmd::CancelAll) {
                         log::warn!("rail: {e}");
                     }
@@ -524,7 +562,13 @@ impl Drop for Rails {
             }
             for r in rails.iter_mut() {
                 if let Some(t) = r.thread.take() {
-                    let _ = t.join();
+                    if r.shared.abandoned.load(Ordering::SeqCst) {
+                        // Stuck in the provider: joining would hang the
+                        // owner too. The thread keeps its Arc of `shared`.
+                        drop(t);
+                    } else {
+                        let _ = t.join();
+                    }
                 }
             }
         }
@@ -534,6 +578,9 @@ impl Drop for Rails {
 /// Queues a data operation; a full ring is `EAGAIN` (the client retries).
 #[inline]
 fn queue(sh: &Shared, c: Cmd) -> Result<(), PostError> {
+    if sh.abandoned.load(Ordering::Relaxed) {
+        return Err(PostError::Fabric(FabricError { call: "rail abandoned (stuck in a provider call)", code: libc::EIO }));
+    }
     match sh.cmds.push(c) {
         Ok(()) => {
             sh.bell.ring();

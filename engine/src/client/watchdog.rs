@@ -11,14 +11,17 @@
 //!
 //! Where rails drive the endpoints, the caller's thread is free: it turns
 //! the report into the error of the all-reduce it waits on (the client
-//! checks [`Watchdog::stuck`] where it reads its control connections), so
-//! the caller, or NCCL through the plugin, gets an error naming the call
-//! instead of a hang. Where the caller's own thread is the one inside the
-//! call, the log line is all that can be done from outside it. The plugin's
-//! ncclNet endpoints (point-to-point, driven by NCCL's threads) get the log
-//! line too.
+//! checks [`Watchdog::stuck`] where it reads its control connections) and
+//! abandons the stuck rails ([`Watchdog::stuck_rails`]), so the caller, or
+//! NCCL through the plugin, gets an error naming the call instead of a hang.
+//! Rails drive shm's one endpoint too, the provider whose calls can spin on
+//! a dead peer's lock (see `client::rails`). Where the caller's own thread
+//! is the one inside the call (one endpoint over tcp or EFA, whose locks
+//! live in this process), the log line is all that can be done from outside
+//! it. The plugin's ncclNet endpoints (point-to-point, driven by NCCL's
+//! threads) get the log line too.
 use crate::dataplane::fabric::call_watch::CallWatch;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +33,8 @@ pub struct Watchdog {
     /// Raised with `report` once a rail's call passed the limit.
     raised: Arc<AtomicBool>,
     report: Arc<Mutex<Option<String>>>,
+    /// Bit i: rail i was reported stuck (sticky).
+    stuck_rails: Arc<AtomicU32>,
 }
 
 impl Watchdog {
@@ -41,7 +46,8 @@ impl Watchdog {
             return None;
         }
         let (stop, raised, report) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(None)));
-        let (s, r, rep, provider) = (stop.clone(), raised.clone(), report.clone(), provider.to_string());
+        let stuck_rails = Arc::new(AtomicU32::new(0));
+        let (s, r, rep, provider, mask) = (stop.clone(), raised.clone(), report.clone(), provider.to_string(), stuck_rails.clone());
         let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
         let thread = std::thread::Builder::new()
             .name("tally-watchdog".into())
@@ -80,13 +86,14 @@ impl Watchdog {
                             if let Ok(mut m) = rep.lock() {
                                 m.get_or_insert(msg);
                             }
+                            mask.fetch_or(1 << i.min(31), Ordering::Release);
                             r.store(true, Ordering::Release);
                         }
                     }
                 }
             })
             .ok()?;
-        Some(Watchdog { stop, thread: Some(thread), raised, report })
+        Some(Watchdog { stop, thread: Some(thread), raised, report, stuck_rails })
     }
 
     /// The report of a rail stuck in a provider call, if any (one load when none).
@@ -96,6 +103,11 @@ impl Watchdog {
             return None;
         }
         self.report.lock().ok().and_then(|m| m.clone())
+    }
+
+    /// Bit i set: rail i was reported stuck.
+    pub fn stuck_rails(&self) -> u32 {
+        self.stuck_rails.load(Ordering::Acquire)
     }
 }
 
@@ -136,5 +148,6 @@ mod tests {
         assert!(t0.elapsed() >= limit, "reported before the limit");
         assert!(report.contains("fi_cq_read on rail 1") && report.contains("rank 3"), "{report}");
         assert!(report.contains("tcp;ofi_rxm"), "{report}");
+        assert_eq!(w.stuck_rails(), 0b10, "only rail 1 is stuck");
     }
 }

@@ -5,10 +5,12 @@
 //! copy staged results out where asked (`Cmd::RecvCopy`) and hand the
 //! completions back. Nothing here allocates, locks or logs per operation.
 use super::{Cmd, Event, Reply, Shared, RING};
+use crate::dataplane::fabric::call_watch::Call;
 use crate::dataplane::fabric::{Completion, Endpoint, FabricError, PollError, PostError};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// One rail thread's state.
 pub(super) struct RailLoop {
@@ -24,11 +26,24 @@ pub(super) struct RailLoop {
     /// Per context id: where a [`Cmd::RecvCopy`] in flight copies its bytes
     /// from and to (null: a plain operation).
     copies: Box<[(*mut u8, *mut u8)]>,
+    /// Fault injection: when this rail's thread blocks for good as inside a
+    /// provider call (`TALLY_FAULT_RAIL_STALL=RAIL@SECONDS`). None in real use.
+    stall_at: Option<Instant>,
+}
+
+/// `TALLY_FAULT_RAIL_STALL=RAIL@SECONDS`: when rail `rail` is to stall,
+/// counted from its start.
+fn fault_stall(rail: usize) -> Option<Instant> {
+    let v = std::env::var("TALLY_FAULT_RAIL_STALL").ok()?;
+    let (r, secs) = v.split_once('@')?;
+    (r.trim().parse::<usize>().ok()? == rail).then_some(())?;
+    Some(Instant::now() + Duration::from_secs_f64(secs.trim().parse().ok()?))
 }
 
 impl RailLoop {
-    pub(super) fn new(ep: Endpoint, sh: Arc<Shared>, spin_polls: u32, sleep_ms: u32, contexts: usize) -> RailLoop {
+    pub(super) fn new(rail: usize, ep: Endpoint, sh: Arc<Shared>, spin_polls: u32, sleep_ms: u32, contexts: usize) -> RailLoop {
         RailLoop {
+            stall_at: fault_stall(rail),
             copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
             ep,
             sh,
@@ -45,6 +60,9 @@ impl RailLoop {
     pub(super) fn run(mut self) {
         let mut empty = 0u32;
         while !self.sh.stop.load(Ordering::Relaxed) {
+            if self.stall_at.is_some_and(|t| Instant::now() >= t) {
+                self.stall();
+            }
             let worked = self.take_commands() | self.post_waiting() | self.reap();
             if worked {
                 empty = 0;
@@ -56,7 +74,33 @@ impl RailLoop {
                 empty = 0;
             }
         }
+        if self.abandoned() {
+            // Given up while stuck in a call that has now returned: no other
+            // provider call (manual progress: no byte moves into a buffer the
+            // client's caller took back), and no fi_close, which may block
+            // the same way. The endpoint stays open until the process ends.
+            log::warn!("an abandoned rail's provider call returned; its endpoint is left open");
+            std::mem::forget(self.ep);
+            return;
+        }
         self.ep.cancel_all();
+    }
+
+    /// Whether the client gave this rail up (it was stuck in a provider call).
+    #[inline]
+    fn abandoned(&self) -> bool {
+        self.sh.abandoned.load(Ordering::Relaxed)
+    }
+
+    /// Fault injection: blocks for good with the endpoint's watch showing a
+    /// send in progress, as a thread spinning inside `fi_tsend` on a lock
+    /// that a dead peer held would.
+    fn stall(&self) -> ! {
+        log::warn!("fault injection (TALLY_FAULT_RAIL_STALL): a rail thread blocks for good, as inside fi_tsend");
+        self.ep.call_watch().enter(Call::Send);
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
     }
 
     /// Runs control commands at once and moves data operations behind the waiting ones.
@@ -105,6 +149,9 @@ impl RailLoop {
     fn post_waiting(&mut self) -> bool {
         let mut any = false;
         while let Some(c) = self.waiting.front() {
+            if self.abandoned() {
+                break;
+            }
             // SAFETY: the pointers come from the client, whose caller keeps
             // them valid until the operation's completion (Client::start).
             let r = unsafe {
@@ -147,6 +194,9 @@ impl RailLoop {
     /// Reads the CQ and hands completions to the client.
     fn reap(&mut self) -> bool {
         let mut any = self.flush();
+        if self.abandoned() {
+            return any;
+        }
         match self.ep.poll(&mut self.batch) {
             Ok(0) => {}
             Ok(n) => {
