@@ -63,6 +63,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 pub mod failover;
+mod join_wait;
 pub mod liveness;
 pub mod rails;
 pub mod watchdog;
@@ -723,10 +724,11 @@ impl Client {
         let mut refused_draining = None;
         let mut controls: Vec<Option<TcpStream>> = controls.into_iter().map(Some).collect();
         let join_started = Instant::now();
+        let mut answers = self.collect_answers(&mut controls, &hellos, join_started)?;
         for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
-            let answer = self.answer(server, s, &hellos[si], join_started, self.cfg.join_timeout, true)?;
+            let Some(answer) = answers[si].take() else { continue };
             let g = match answer {
                 Ok(g) => g,
                 // Every rank of the sub-job gets this same answer from a
@@ -833,6 +835,57 @@ impl Client {
     /// `rejoin_broken` (a server restarting under a job's start). `limit`
     /// bounds the whole wait from `join_started`. Ok(Err(reject)): the server
     /// refused the job.
+    /// Every server's answer to this rank's Hello, waited for side by side
+    /// (see [`join_wait`]): a refusal, or a server that accepted and has
+    /// since ended the job, fails the join at once instead of after the
+    /// slowest server's answer. (A draining server's refusal is an answer:
+    /// the job runs on the others.)
+    #[allow(clippy::type_complexity)]
+    fn collect_answers(
+        &self,
+        controls: &mut [Option<TcpStream>],
+        hellos: &[Hello],
+        join_started: Instant,
+    ) -> Result<Vec<Option<Result<Granted, Box<Reject>>>>, ClientError> {
+        let n = controls.len();
+        let mut answers: Vec<Option<Result<Granted, Box<Reject>>>> = (0..n).map(|_| None).collect();
+        loop {
+            let pending: Vec<bool> = (0..n).map(|si| answers[si].is_none() && controls[si].is_some()).collect();
+            if !pending.contains(&true) {
+                return Ok(answers);
+            }
+            let waiting_on: Vec<Option<&TcpStream>> =
+                controls.iter().zip(&pending).map(|(c, &p)| if p { c.as_ref() } else { None }).collect();
+            let ready = join_wait::readable(&waiting_on, join_wait::TURN_MS);
+            for si in (0..n).filter(|&si| ready[si]) {
+                let (server, s) = (&self.cfg.servers[si], controls[si].as_mut().expect("pending servers have a connection"));
+                let a = self.answer(server, s, &hellos[si], join_started, self.cfg.join_timeout, true)?;
+                if let Err(r) = &a {
+                    if r.code() != Some(RejectCode::Draining) {
+                        return Err(ClientError::Refused { server: server.clone(), reject: r.to_string() });
+                    }
+                }
+                answers[si] = Some(a);
+            }
+            for si in (0..n).filter(|&si| matches!(answers[si], Some(Ok(_)))) {
+                if let Some(why) = controls[si].as_mut().and_then(join_wait::ended_meanwhile) {
+                    return Err(ClientError::Refused {
+                        server: self.cfg.servers[si].clone(),
+                        reject: format!("{why} (while this rank waited for the other servers' answers to its join)"),
+                    });
+                }
+            }
+            if join_started.elapsed() > self.cfg.join_timeout + Duration::from_secs(5) {
+                let late: Vec<&str> = (0..n).filter(|&si| pending[si]).map(|si| self.cfg.servers[si].as_str()).collect();
+                return Err(ClientError::Timeout(format!(
+                    "no answer to the join from {} within {:?}",
+                    late.join(", "),
+                    self.cfg.join_timeout
+                )));
+            }
+        }
+    }
+
     fn answer(
         &self,
         server: &str,

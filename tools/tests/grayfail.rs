@@ -264,3 +264,83 @@ fn a_server_lcore_stuck_in_the_provider_withholds_heartbeats_and_the_ranks_fail_
         "the server did not leave its jobs:\n{logs}"
     );
 }
+
+/// `tally bench allreduce` as rank `rank` of an agg job over `servers`.
+fn rank_process(servers: &str, boot: &str, job: u64, rank: u32, n: u32) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["bench", "allreduce", "--rank", &rank.to_string(), "--ranks", &n.to_string(), "--bootstrap", boot])
+        .args(["--job-id", &job.to_string(), "--servers", servers, "--provider", "tcp", "--mode", "agg"])
+        .args(["--sizes", "1M", "--iters", "1000", "--warmup", "0"])
+        .env("TALLY_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn a rank process")
+}
+
+#[test]
+fn a_rank_killed_while_a_frozen_server_holds_the_join_fails_the_others_at_once_tcp() {
+    // Server 1 is frozen while the job forms: the ranks reach servers 0 and
+    // 2, which admit the job, and wait for server 1's answer. Rank 2 is then
+    // SIGKILLed: servers 0 and 2 fail the job at once. The other ranks must
+    // hear it from them and leave, not sit in server 1's join until it
+    // resumes (here 40 s; in the soak, a link cut during the join left them
+    // waiting out the 120 s join timeout).
+    let job = 0x9fa;
+    let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
+    let addrs = servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
+    signal(&servers[1], libc::SIGSTOP);
+    let boot = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut ranks: Vec<std::process::Child> = (0..3).map(|r| rank_process(&addrs, &boot, job, r, 3)).collect();
+    let admitted = [0, 2].iter().all(|&s| servers[s].wait_log(&format!("job {job:#x}: running"), Duration::from_secs(30)));
+    // SAFETY: signalling our own child process, not yet reaped.
+    unsafe { libc::kill(ranks[2].id() as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    let mut ended: [Option<(std::process::ExitStatus, Duration)>; 2] = [None, None];
+    while ended.iter().any(|e| e.is_none()) && killed.elapsed() < Duration::from_secs(40) {
+        for r in 0..2 {
+            if ended[r].is_none() {
+                if let Some(st) = ranks[r].try_wait().unwrap() {
+                    ended[r] = Some((st, killed.elapsed()));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&servers[1], libc::SIGCONT);
+    let _ = ranks[2].wait();
+    let mut said = Vec::new();
+    for (r, child) in ranks.iter_mut().enumerate().take(2) {
+        if ended[r].is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut e);
+        said.push(e);
+    }
+    eprintln!("GRAYFAIL rank killed during a join held by a frozen server: survivors ended {ended:?} after the kill");
+    assert!(admitted, "servers 0 and 2 did not admit the job");
+    for r in 0..2 {
+        let (st, after) = ended[r].unwrap_or_else(|| panic!("rank {r} still waited 40 s after the kill:\n{}", said[r]));
+        assert!(!st.success(), "rank {r} succeeded although rank 2 was killed:\n{}", said[r]);
+        assert!(after < Duration::from_secs(10), "rank {r} left {after:?} after the kill (bound 10 s):\n{}", said[r]);
+        assert!(said[r].contains("ended the job"), "rank {r}'s error does not say the job ended:\n{}", said[r]);
+    }
+    // Server 1, resumed, fails the join the ranks left and serves the next job.
+    assert!(servers[1].wait_log(&format!("job {job:#x}"), Duration::from_secs(10)), "server 1 never heard of the job");
+    let next = common::jobloop::loop_job(
+        "tcp",
+        &servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>(),
+        job + 1,
+        3,
+        20,
+        Arc::new(AtomicUsize::new(0)),
+    );
+    for r in results(next) {
+        assert!(r.is_ok(), "the next job failed: {r:?}");
+    }
+}
