@@ -6,22 +6,23 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build deps test test-rust test-aarch64 bench demo dist cluster-bench clean fmt perf image
+.PHONY: all build deps test test-glibc test-rust test-aarch64 bench demo dist cluster-bench clean fmt perf image
 
 all: build
 
+# The shipped binaries, linked against glibc 2.28 (scripts/build-release.sh says
+# how); also copied to target/release/.
 build:
-	$(CARGO) build --release --workspace
-	@# NCCL looks for libnccl-net-<name>.so; cargo names cdylibs with underscores.
-	ln -sf libnccl_net_tally.so target/release/libnccl-net-tally.so
+	scripts/build-release.sh
 
 deps:
 	@scripts/deps.sh
+	@scripts/deps-py.sh
 
 demo: deps build
 	./target/release/tally demo
 
-test: deps build test-rust test-aarch64
+test: deps build test-glibc test-rust test-aarch64
 	@echo "make test: all suites passed"
 
 # Tests build in the `ci` profile (Cargo.toml): release code without thin LTO,
@@ -34,6 +35,11 @@ test-rust:
 	$(CARGO) build --profile ci --workspace --benches
 	$(CARGO) build -p tally-engine --no-default-features
 	@echo "no_std core (reduce, wire) builds without std: ok"
+
+# Every shipped binary loads on glibc 2.28 (Amazon Linux 2023, Ubuntu 20.04+, RHEL 8+).
+test-glibc:
+	scripts/check-glibc.sh --floor 2.28 target/$(shell uname -m)-unknown-linux-gnu/release/tally \
+		target/$(shell uname -m)-unknown-linux-gnu/release/libnccl_net_tally.so
 
 test-aarch64:
 	scripts/test-aarch64.sh

@@ -21,6 +21,17 @@ fn main() {
     };
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let header = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("src/dataplane/fabric/wrapper.h");
+    // bindgen reads the host's headers, as in every build: libfabric's types
+    // do not depend on the glibc version. cargo-zigbuild (the release build,
+    // scripts/build-release.sh) hands bindgen zig's own glibc headers, which
+    // cannot be mixed with /usr/include where libfabric's headers are.
+    let target = env::var("TARGET").unwrap_or_default();
+    for var in [format!("BINDGEN_EXTRA_CLANG_ARGS_{target}"), format!("BINDGEN_EXTRA_CLANG_ARGS_{}", target.replace('-', "_"))] {
+        println!("cargo:rerun-if-env-changed={var}");
+        if env::var(&var).is_ok_and(|v| v.contains("ziglang") || v.contains("/zig/")) {
+            env::remove_var(&var);
+        }
+    }
     let includes: Vec<String> = lib.include_paths.iter().map(|p| format!("-I{}", p.display())).collect();
     let bindings = bindgen::Builder::default()
         .header(header.to_str().unwrap())

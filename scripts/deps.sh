@@ -3,7 +3,8 @@
 # Idempotent: when everything is present it only checks (a second or so).
 set -euo pipefail
 
-PKGS=(libfabric-dev libfabric-bin libibverbs-dev libclang-dev clang pkg-config build-essential iproute2 procps python3)
+# shellcheck and python3-venv: tools/tests/manifests/ (scripts/deps-py.sh makes the venv).
+PKGS=(libfabric-dev libfabric-bin libibverbs-dev libclang-dev clang pkg-config build-essential iproute2 procps python3 python3-venv shellcheck)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -6,6 +6,8 @@
 #   scripts/dist.sh
 #   TALLY_DIST_SKIP_TESTS=1 scripts/dist.sh    tarballs only
 #
+# Both architectures' binaries need at most glibc 2.28 (scripts/build-release.sh).
+#
 # Output: dist/tally-<version>-<arch>.tar.gz, each holding
 #   tally-<version>-<arch>/bin/tally
 #   tally-<version>-<arch>/lib/libnccl-net-tally.so
@@ -121,10 +123,11 @@ describe() {
 summary=()
 status=0
 
-# 1. The native build (x86-64 here; aarch64 when run on Graviton itself).
-log "building $HOST_ARCH release binaries and the plugin"
-$CARGO build --release --workspace
-native_out="$CARGO_TARGET_DIR/release"
+# 1. The native build (x86-64 here; aarch64 when run on Graviton itself),
+# linked against glibc 2.28 (scripts/build-release.sh says how and checks it).
+log "building $HOST_ARCH release binaries and the plugin (glibc floor 2.28)"
+scripts/build-release.sh
+native_out="$CARGO_TARGET_DIR/$HOST_ARCH-unknown-linux-gnu/release"
 tarball="$(pack "$HOST_ARCH" "$native_out")"
 summary+=("$HOST_ARCH   $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); bin/tally: $(describe "$native_out/tally")")
 
@@ -132,8 +135,11 @@ summary+=("$HOST_ARCH   $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); 
 if [[ "$HOST_ARCH" == "x86_64" ]]; then
     cross_prerequisites
     cross_env
-    log "building $CROSS release binaries and the plugin"
-    $CARGO build --release --workspace --target "$CROSS"
+    log "building $CROSS release binaries and the plugin (glibc floor 2.28)"
+    # zig links the shipped binaries (its own aarch64 linker and glibc 2.28
+    # stubs); the cross gcc stays for the test binaries run under qemu below.
+    env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu -u AR_aarch64_unknown_linux_gnu \
+        scripts/build-release.sh "$CROSS"
     cross_out="$CARGO_TARGET_DIR/$CROSS/release"
     tarball="$(pack aarch64 "$cross_out")"
     summary+=("aarch64  $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); bin/tally: $(describe "$cross_out/tally")")

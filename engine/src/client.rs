@@ -493,7 +493,15 @@ struct Op {
     done: usize,
     mh_send: Option<MemoryHandle>,
     mh_recv: Option<MemoryHandle>,
+    /// When it was started (for [`SLOW_OP`]).
+    started: Instant,
 }
+
+/// An all-reduce that took longer than this is logged when it completes: a
+/// gray failure should cost at most the liveness time (2 s) plus a recovery,
+/// and an operator (or the soak) wants to see which operation stood still,
+/// and when, beside the failover lines that say why.
+const SLOW_OP: Duration = Duration::from_secs(3);
 
 impl Op {
     /// Whether a rail thread copies this operation's staged results into
@@ -992,6 +1000,7 @@ impl Client {
             done: 0,
             mh_send,
             mh_recv,
+            started: Instant::now(),
         });
         self.last_progress = Instant::now();
         if !self.subs[sub].holding() {
@@ -1418,6 +1427,7 @@ impl Client {
                     self.ops[pos].done += 1;
                     if self.ops[pos].done == self.ops[pos].chunks {
                         if let Some(op) = self.ops.remove(pos) {
+                            self.note_if_slow(&op);
                             self.spare_next.push(op.next);
                             if self.subs[op.sub].retiring {
                                 self.retire(op.sub)?;
@@ -1466,6 +1476,22 @@ impl Client {
             }
         };
         r.map_err(|e| ClientError::Fabric(format!("reducing a relayed piece: {e}")))
+    }
+
+    /// Logs an operation that took longer than [`SLOW_OP`] (once per such
+    /// operation, never per chunk).
+    fn note_if_slow(&self, op: &Op) {
+        let took = op.started.elapsed();
+        if took > SLOW_OP {
+            log::warn!(
+                "rank {}: all-reduce {} ({} bytes) took {:.2} s (longer than {} s: see the lines before it for why)",
+                self.cfg.rank,
+                op.index,
+                op.bytes,
+                took.as_secs_f64(),
+                SLOW_OP.as_secs()
+            );
+        }
     }
 
     /// A server that ended the job, or drains, says so on the control

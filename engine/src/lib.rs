@@ -16,6 +16,8 @@ pub mod wire;
 
 #[cfg(feature = "std")]
 pub mod host;
+#[cfg(feature = "std")]
+pub mod settings;
 
 #[cfg(feature = "fabric")]
 pub mod bootstrap;

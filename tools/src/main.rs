@@ -13,7 +13,9 @@ mod host;
 mod logfile;
 mod plot;
 mod progress;
+mod server_check;
 mod server_cmd;
+mod settings_cmd;
 mod stats_cmd;
 
 #[derive(Parser)]
@@ -37,6 +39,8 @@ enum Command {
     EfaEnv(host::EfaEnvArgs),
     /// Is this host ready to run a reduction server?
     Doctor(host::DoctorArgs),
+    /// Every TALLY_* variable and server configuration key: default, who reads it, what it does.
+    Settings(settings_cmd::SettingsArgs),
     /// Microbenchmarks: reduce kernels, point-to-point transport.
     #[command(subcommand)]
     Bench(Bench),
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Bench(Bench::Cluster(args)) => cluster::run(args),
         Command::Hugepages(args) => host::run_hugepages(args),
         Command::EfaEnv(args) => host::run_efa_env(args),
+        Command::Settings(args) => settings_cmd::run(args),
         Command::Doctor(args) => match host::run_doctor(args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code),

@@ -5,11 +5,18 @@
 //! an operation boundary and leave without an error, and the process exits
 //! (status 0) when none is left or after `drain_timeout_s`. A second signal
 //! stops at once, ending the jobs still there.
+//!
+//! Under systemd (`Type=notify`, `$NOTIFY_SOCKET` set) it says `READY=1`
+//! once it serves (the line "tally server ready on ..." is printed at the
+//! same point), `STOPPING=1` at the first signal, and `STATUS=` lines on
+//! the way; the watchdog's `WATCHDOG=1` comes from the control loop itself
+//! (`tally_engine::control`). Without `$NOTIFY_SOCKET` none of it is sent.
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tally_engine::config::{ServerConfig, ServerFile};
+use tally_engine::host::sd_notify;
 use tally_engine::server::Server;
 
 #[derive(Args, Debug, Clone, Default)]
@@ -124,33 +131,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 pub fn run(args: &ServerArgs) -> Result<(), String> {
     let cfg = args.resolve()?;
     if args.check {
-        println!(
-            "configuration ok: listen {}, lcores {} ({}), provider {}, {} polling, hugepages {}, slab {} per lcore, up to {} jobs x {} ranks",
-            cfg.listen,
-            cfg.lcores,
-            cfg.lcores.len(),
-            cfg.provider.as_deref().unwrap_or("auto"),
-            cfg.poll,
-            cfg.hugepages,
-            tally_engine::units::format_size(cfg.slab_size),
-            cfg.max_jobs,
-            cfg.max_ranks
-        );
-        match cfg.stage_buffers {
-            0 => println!("staged receives: off (a job whose pieces do not fit its slab share gets smaller pieces)"),
-            b => println!(
-                "staged receives: a job whose pieces do not fit its slab share is received {b} ranks a slot at a time (not over shm)"
-            ),
-        }
-        if cfg.latency_lcores > 0 {
-            println!(
-                "latency lcores: the first {} take operations of at most {}, the other {} the larger ones",
-                cfg.latency_lcores,
-                tally_engine::units::format_size(cfg.latency_max),
-                cfg.lcores.len() - cfg.latency_lcores as usize
-            );
-        }
-        return Ok(());
+        return crate::server_check::run(&cfg);
     }
     // SAFETY: the handler only adds to a lock-free atomic, which is async-signal-safe.
     unsafe {
@@ -163,6 +144,12 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
     if let Some(m) = server.metrics_addr() {
         println!("metrics on {m}");
     }
+    notify(&format!(
+        "READY=1\nSTATUS=serving on {} ({} lcores, provider {})\n",
+        server.local_addr(),
+        server.lcore_count(),
+        server.provider()
+    ));
     if cfg.latency_lcores > 0 {
         log::info!(
             "latency lcores: the first {} take operations of at most {}; the other {} take the larger ones",
@@ -172,6 +159,8 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
         );
     }
     let mut draining = false;
+    // Jobs left on a draining server, as last told the service manager.
+    let mut told_left = None;
     loop {
         let signals = SIGNALS.load(Ordering::Relaxed);
         if signals >= 2 {
@@ -180,14 +169,23 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
         }
         if signals == 1 && !draining {
             log::info!("signal: draining (a second SIGTERM or SIGINT stops at once)");
+            notify("STOPPING=1\nSTATUS=draining: admitting no new jobs\n");
             server.drain();
             draining = true;
         }
-        if draining && server.drained() {
-            break;
+        if draining {
+            if server.drained() {
+                break;
+            }
+            let left = server.jobs().len();
+            if told_left != Some(left) {
+                notify(&format!("STATUS=draining: {left} jobs left\n"));
+                told_left = Some(left);
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    notify("STOPPING=1\nSTATUS=stopping: ending jobs, draining lcores\n");
     log::info!("stopping: ending jobs, draining lcores");
     let stats = server.stats();
     server.stop();
@@ -196,4 +194,12 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
     }
     log::info!("stopped");
     Ok(())
+}
+
+/// Tells the service manager `state`, if there is one; a failure is a
+/// warning (the server serves all the same).
+fn notify(state: &str) {
+    if let Err(e) = sd_notify::notify(state) {
+        log::warn!("cannot notify the service manager ({}): {e}", state.lines().next().unwrap_or(""));
+    }
 }

@@ -559,8 +559,12 @@ fn run_for_real(args: &[String], path: &[String], installed: &BTreeMap<String, S
             assert!(out.lines().any(|l| l.contains(" passed, ") && l.contains(" failed")), "{what}:\n{}", show(&o));
         }
         ["server"] => {
-            assert!(o.status.success(), "{what}:\n{}", show(&o));
-            assert!(out.starts_with("configuration ok: "), "{what}:\n{}", show(&o));
+            // --check also checks this host (lcores, provider, hugepages,
+            // ports): a configuration for another host is refused with the
+            // reasons a start there would not meet, never a parse error.
+            let err = String::from_utf8_lossy(&o.stderr);
+            let refused_here = o.status.code() == Some(1) && err.contains("a start would fail:");
+            assert!(refused_here || (o.status.success() && out.starts_with("configuration ok: ")), "{what}:\n{}", show(&o));
         }
         ["efa-env", "print"] => {
             assert!(o.status.success(), "{what}:\n{}", show(&o));
@@ -711,11 +715,7 @@ fn named_files_exist_and_load() {
                 ServerFile::load(&f).and_then(|s| s.resolve()).unwrap_or_else(|e| panic!("{p}: {e}"));
             }
             "yaml" => {
-                use serde::Deserialize;
-                let text = read(p);
-                for d in serde_yaml::Deserializer::from_str(&text) {
-                    serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{p}: {e}"));
-                }
+                yaml_rust2::YamlLoader::load_from_str(&read(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
             }
             "sh" | "sbatch" => {
                 let o = Command::new("bash").arg("-n").arg(&f).output().unwrap();
@@ -751,7 +751,8 @@ fn tally_variables_exist() {
     for dir in ["ffi-plugin/src", "engine/src", "engine/src/server", "engine/src/dataplane/fabric", "tools/src"] {
         for e in std::fs::read_dir(repo().join(dir)).unwrap() {
             let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "rs") {
+            // settings.rs lists every name: it proves nothing reads one.
+            if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("settings.rs") {
                 code.push_str(&std::fs::read_to_string(&p).unwrap());
             }
         }

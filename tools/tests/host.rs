@@ -437,6 +437,31 @@ fn doctor_with_the_production_config_fails_without_efa() {
     assert!(r.stderr.contains("cannot read /nonexistent/tally.toml"), "{r:?}");
 }
 
+/// `tally server --check` refuses what a start would refuse, with the
+/// reason, and exits 1; the real start fails on the same configurations.
+#[test]
+fn server_check_refuses_what_a_start_would() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = busy.local_addr().unwrap().to_string();
+    let outside = format!("{}-{}", 1000, 1001);
+    let cases: [(&[&str], &str); 3] = [
+        (&["--lcores", &outside, "--listen", "127.0.0.1:0"], "outside this host's allowed CPUs"),
+        (&["--provider", "verbs", "--lcores", "0", "--listen", "127.0.0.1:0"], "offers no verbs endpoint"),
+        (&["--lcores", "0", "--listen", &taken], "cannot bind"),
+    ];
+    for (args, why) in cases {
+        let r = run(&[&["server", "--check"], args].concat());
+        assert_eq!(r.code, 1, "{args:?}: {r:?}");
+        assert!(r.stderr.contains("a start would fail") && r.stderr.contains(why), "{args:?}: {r:?}");
+        // The start itself fails on the same configuration.
+        let started = run(&[&["server", "--slab-size", "8M"], args].concat());
+        assert_ne!(started.code, 0, "{args:?}: a start succeeded where --check refused: {started:?}");
+    }
+    let ok = run(&["server", "--check", "--lcores", "0", "--provider", "tcp", "--listen", "127.0.0.1:0"]);
+    assert_eq!(ok.code, 0, "{ok:?}");
+    assert!(ok.stdout.contains("configuration ok") && ok.stdout.contains("checked on this host"), "{ok:?}");
+}
+
 // ---- shipped configuration files ----
 
 #[test]
@@ -496,105 +521,4 @@ fn systemd_unit() {
     }
 }
 
-fn yaml_docs(path: &str) -> Vec<serde_yaml::Value> {
-    use serde::Deserialize;
-    let text = std::fs::read_to_string(repo().join(path)).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{path}: {e}")))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn kind<'a>(docs: &'a [serde_yaml::Value], k: &str) -> &'a serde_yaml::Value {
-    docs.iter().find(|d| d["kind"] == k).unwrap_or_else(|| panic!("no {k}"))
-}
-
-fn env_from_secret(container: &serde_yaml::Value, name: &str) -> bool {
-    container["env"].as_sequence().unwrap().iter().any(|e| e["name"] == name && e["valueFrom"]["secretKeyRef"]["key"].is_string())
-}
-
-#[test]
-fn kubernetes_server() {
-    let docs = yaml_docs("config/k8s/tally-server.yaml");
-    let ds = kind(&docs, "DaemonSet");
-    let pod = &ds["spec"]["template"]["spec"];
-    let c = &pod["containers"][0];
-    let req = &c["resources"]["requests"];
-    let lim = &c["resources"]["limits"];
-    // Guaranteed QoS with whole CPUs, so the static CPU manager pins.
-    assert_eq!(req, lim);
-    let cpus: u64 = req["cpu"].as_str().unwrap().parse().expect("integer CPUs");
-    assert!(cpus > 0);
-    assert!(req["vpc.amazonaws.com/efa"].as_str().is_some() || req["vpc.amazonaws.com/efa"].as_u64().is_some());
-    assert!(req["hugepages-2Mi"].is_string() || req["hugepages-1Gi"].is_string());
-    assert!(req["memory"].is_string());
-    assert!(env_from_secret(c, "TALLY_TOKEN"));
-    assert_eq!(pod["hostNetwork"], true);
-    let script = c["args"][0].as_str().unwrap();
-    assert!(script.contains("tally efa-env print --role server"), "{script}");
-    assert!(script.contains("exec tally server --config /etc/tally/server.toml"), "{script}");
-
-    // The embedded configuration loads, and its slabs fit the hugepages asked for.
-    let cm = kind(&docs, "ConfigMap");
-    let toml = cm["data"]["server.toml"].as_str().unwrap();
-    let cfg = ServerFile::parse(toml).unwrap().resolve().unwrap();
-    assert_eq!(cfg.provider.as_deref(), Some("efa"));
-    assert_eq!(cfg.poll, "busy");
-    let huge = tally_engine::units::parse_size(req["hugepages-2Mi"].as_str().unwrap().trim_end_matches('i')).unwrap();
-    assert!(huge >= cpus * cfg.slab_size, "{} lcores x {} slab > {huge}", cpus, cfg.slab_size);
-}
-
-#[test]
-fn kubernetes_worker() {
-    let docs = yaml_docs("config/k8s/worker.yaml");
-    let cm = kind(&docs, "ConfigMap");
-    let env = &cm["data"];
-    assert_eq!(env["NCCL_NET_PLUGIN"], "tally");
-    assert_eq!(env["NCCL_COLLNET_ENABLE"], "1");
-    assert_eq!(env["FI_PROVIDER"], "efa");
-    assert_eq!(env["FI_EFA_USE_HUGE_PAGE"], "0");
-    let servers = env["TALLY_SERVERS"].as_str().unwrap();
-    assert!(servers.split(',').all(|s| s.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())), "{servers}");
-    let job = kind(&docs, "Job");
-    let c = &job["spec"]["template"]["spec"]["containers"][0];
-    assert!(env_from_secret(c, "TALLY_TOKEN"));
-    assert_eq!(c["envFrom"][0]["configMapRef"]["name"], cm["metadata"]["name"]);
-    assert!(c["resources"]["limits"]["vpc.amazonaws.com/efa"].as_u64().is_some());
-
-    // The fork/hugepage settings are the ones efa-env decides for an EFA host
-    // on a kernel with copy-on-fork (as this build host's kernel is).
-    let r = run(&["efa-env", "print", "--role", "worker", "--format", "json", "--assume-efa"]);
-    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    let decided = |n: &str| j["settings"].as_array().unwrap().iter().find(|s| s["name"] == n).map(|s| s["value"].clone());
-    assert_eq!(decided("FI_EFA_USE_HUGE_PAGE"), Some(serde_json::json!("0")));
-    assert_eq!(decided("FI_PROVIDER"), Some(serde_json::json!("efa")));
-    let kernel = &j["facts"]["kernel"];
-    if kernel["major"].as_u64().unwrap() * 100 + kernel["minor"].as_u64().unwrap() >= 513 {
-        assert_eq!(decided("FI_EFA_FORK_SAFE"), Some(serde_json::json!(env["FI_EFA_FORK_SAFE"].as_str().unwrap())));
-    }
-}
-
-#[test]
-fn slurm_script() {
-    let path = repo().join("config/slurm/tally-train.sbatch");
-    let out = Command::new("bash").arg("-n").arg(&path).output().unwrap();
-    assert!(out.status.success(), "bash -n: {}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&path).unwrap();
-    for needle in [
-        "#!/bin/bash",
-        "#SBATCH hetjob",
-        "srun --het-group=0",
-        "tally efa-env print --role server",
-        "server --config",
-        "srun --het-group=1",
-        "efa-env print --role worker",
-        "export NCCL_NET_PLUGIN=tally",
-        "export NCCL_COLLNET_ENABLE=1",
-        "export TALLY_SERVERS",
-        "export TALLY_TOKEN",
-        "SLURM_JOB_NODELIST_HET_GROUP_0",
-    ] {
-        let found = text.contains(needle) || text.contains(&needle.replace("tally efa-env", "\"$TALLY\" efa-env"));
-        assert!(found, "{needle} missing from the sbatch script");
-    }
-}
+// config/k8s/ and config/slurm/ are checked, and run, by tests/manifests/.

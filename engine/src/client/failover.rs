@@ -1001,6 +1001,7 @@ impl Client {
     pub(super) fn finish_done_ops(&mut self) -> Result<(), ClientError> {
         while let Some(pos) = self.ops.iter().position(|o| o.planned && o.chunks > 0 && o.done >= o.chunks) {
             if let Some(op) = self.ops.remove(pos) {
+                self.note_if_slow(&op);
                 self.spare_next.push(op.next);
                 if self.subs[op.sub].retiring {
                     self.retire(op.sub)?;

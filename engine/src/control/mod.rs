@@ -43,7 +43,7 @@ pub mod alloc;
 pub mod budget;
 
 use crate::dataplane::fabric::EndpointName;
-use crate::dataplane::metrics::{ControlCounters, MetricsTable};
+use crate::dataplane::metrics::{ControlCounters, MetricsTable, ServerHealth, ServerPhase};
 use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard, SplitOn};
 use crate::dataplane::split::SplitShared;
 use crate::host::config::ServerConfig;
@@ -209,6 +209,21 @@ pub struct ControlPlane {
     /// is told so at once, instead of waiting out the join timeout for ranks
     /// that moved on (see [`Tombstone`]).
     failed_joins: HashMap<u64, Tombstone>,
+    /// Alive and ready, for `/healthz` and `/readyz`: this loop stamps every
+    /// turn and moves the phase (serving, draining, stopping).
+    health: Arc<ServerHealth>,
+    /// systemd's watchdog, fed from this loop (None: not asked for).
+    systemd_watchdog: Option<WatchdogFeed>,
+}
+
+/// `WATCHDOG=1` to the service manager every `every` (half its period),
+/// sent from the control loop itself: a loop that stops turning stops
+/// feeding it, and systemd restarts the server.
+struct WatchdogFeed {
+    every: Duration,
+    next: Instant,
+    /// A failed send was logged (once: the next ones go to debug).
+    warned: bool,
 }
 
 /// Why joins of a job id are refused at once, and until when.
@@ -345,7 +360,30 @@ impl ControlPlane {
             heartbeat: (cfg.heartbeat_ms > 0).then(|| Duration::from_millis(cfg.heartbeat_ms)),
             next_beat: Instant::now(),
             failed_joins: HashMap::new(),
+            health: Arc::new(ServerHealth::new()),
+            systemd_watchdog: None,
         })
+    }
+
+    /// Publishes liveness and phase to `health`; with `watchdog_period`
+    /// (systemd's `WATCHDOG_USEC`), feeds the watchdog every half of it.
+    pub fn with_health(mut self, health: Arc<ServerHealth>, watchdog_period: Option<Duration>) -> ControlPlane {
+        self.health = health;
+        self.systemd_watchdog = watchdog_period.map(|p| WatchdogFeed { every: p / 2, next: Instant::now(), warned: false });
+        self
+    }
+
+    /// Sends `WATCHDOG=1` when it is due (see [`WatchdogFeed`]).
+    fn feed_watchdog(&mut self, now: Instant) {
+        let Some(w) = self.systemd_watchdog.as_mut().filter(|w| now >= w.next) else { return };
+        w.next = now + w.every;
+        if let Err(e) = crate::host::sd_notify::notify("WATCHDOG=1\n") {
+            if !std::mem::replace(&mut w.warned, true) {
+                log::warn!("systemd watchdog: cannot notify: {e}");
+            } else {
+                log::debug!("systemd watchdog: cannot notify: {e}");
+            }
+        }
     }
 
     /// The flag that asks for a drain, and the one that says it is done.
@@ -411,6 +449,7 @@ impl ControlPlane {
     /// timers. Tear-down is [`ControlPlane::shut_down`].
     pub fn run(mut self, events: Receiver<Event>, stop: Arc<AtomicBool>) {
         let mut happened = Vec::new();
+        self.health.advance(ServerPhase::Serving);
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             let next = self.pending.values().map(|p| p.deadline).min().map_or(TICK, |d| d.saturating_duration_since(now).min(TICK));
@@ -422,6 +461,8 @@ impl ControlPlane {
                 self.handle(ev);
             }
             let now = Instant::now();
+            self.health.control_turned(now);
+            self.feed_watchdog(now);
             self.expire_pending(now);
             self.expire_idle();
             self.check_lcores(now);
@@ -431,6 +472,7 @@ impl ControlPlane {
                 self.publish();
             }
         }
+        self.health.advance(ServerPhase::Stopping);
         self.shut_down(&events);
     }
 
@@ -970,6 +1012,7 @@ impl ControlPlane {
 
     fn start_drain(&mut self, now: Instant) {
         self.dirty = true;
+        self.health.advance(ServerPhase::Draining);
         let running: Vec<usize> =
             (0..self.active.len()).filter(|&i| self.active[i].as_ref().is_some_and(|a| a.phase == Phase::Running)).collect();
         let ranks: u32 = running.iter().filter_map(|&i| self.active[i].as_ref()).map(|a| a.spec.nranks).sum();

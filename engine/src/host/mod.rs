@@ -1,6 +1,7 @@
 //! The host: what tally reads from, and prepares on, the machine it runs
 //! on: its configuration file, CPU lists, sizes and durations as people
-//! write them, and hugepage pools. Nothing here is on a data path.
+//! write them, hugepage pools, and the service manager's notify socket.
+//! Nothing here is on a data path.
 pub mod config;
 pub mod cpuset;
 #[cfg(feature = "fabric")]
@@ -9,3 +10,5 @@ pub mod units;
 
 #[cfg(feature = "fabric")]
 pub mod hugepages;
+#[cfg(feature = "fabric")]
+pub mod sd_notify;

@@ -17,13 +17,15 @@
 //!
 //! With `metrics` configured, a third kind of thread serves the lcores'
 //! counters and the per-job counter blocks ([`crate::dataplane::metrics`]) over HTTP in
-//! the Prometheus text format; it only reads.
+//! the Prometheus text format, and `/healthz` and `/readyz` from the
+//! control loop's [`ServerHealth`]; it only reads. Under systemd's watchdog
+//! (`WATCHDOG_USEC`) the control loop feeds it.
 pub use crate::control;
 pub use crate::dataplane::shard::{self, Command, Event};
 
 use crate::dataplane::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
 use crate::dataplane::lcore::{self, LcoreSet, PollMode, Snapshot};
-use crate::dataplane::metrics::{ControlCounters, MetricsServer, MetricsTable};
+use crate::dataplane::metrics::{ControlCounters, MetricsServer, MetricsTable, ServerHealth, ServerPhase};
 use crate::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
 use crate::host::config::ServerConfig;
 use crate::host::cpuset::CoreList;
@@ -48,6 +50,7 @@ pub struct Server {
     metrics: Option<MetricsServer>,
     drain_requested: Arc<AtomicBool>,
     drained: Arc<AtomicBool>,
+    health: Arc<ServerHealth>,
 }
 
 impl Server {
@@ -151,16 +154,18 @@ impl Server {
 
         let stop = Arc::new(AtomicBool::new(false));
         let jobs: Arc<Mutex<Vec<control::JobInfo>>> = Arc::new(Mutex::new(Vec::new()));
+        let health = Arc::new(ServerHealth::new());
         let metrics = match &cfg.metrics {
             None => None,
             Some(addr) => {
                 let stats: Vec<_> = lcores.lcores().iter().map(|l| l.stats.clone()).collect();
                 let jobs2 = jobs.clone();
                 let counters = counters.clone();
-                let m = MetricsServer::start(addr, move || {
+                let health2 = health.clone();
+                let m = MetricsServer::start(addr, health.clone(), move || {
                     let snaps: Vec<Snapshot> = stats.iter().map(|s| s.snapshot()).collect();
                     let infos = jobs2.lock().unwrap().clone();
-                    crate::dataplane::metrics::render(&snaps, &table, &infos, &counters)
+                    crate::dataplane::metrics::render(&snaps, &table, &infos, &counters, &health2)
                 })?;
                 log::info!("metrics on http://{}/metrics", m.local_addr());
                 Some(m)
@@ -177,6 +182,11 @@ impl Server {
         let plane = control::ControlPlane::new(&plane_cfg, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)?
             .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
             .with_drain(drain_requested.clone(), drained.clone());
+        let watchdog = crate::host::sd_notify::watchdog_period();
+        if let Some(p) = watchdog {
+            log::info!("systemd watchdog: the control loop sends WATCHDOG=1 every {:?} (WATCHDOG_USEC: {p:?})", p / 2);
+        }
+        let plane = plane.with_health(health.clone(), watchdog);
         let stop2 = stop.clone();
         let control =
             std::thread::Builder::new().name("tally-control".into()).spawn(move || plane.run(ev_rx, stop2)).map_err(|e| e.to_string())?;
@@ -192,6 +202,7 @@ impl Server {
             metrics,
             drain_requested,
             drained,
+            health,
         })
     }
 
@@ -246,6 +257,7 @@ impl Server {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.health.advance(ServerPhase::Stopping);
         // The metrics thread stops first: it reads what the others tear down.
         self.metrics.take();
         if let Some(c) = self.control.take() {

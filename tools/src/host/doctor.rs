@@ -613,6 +613,33 @@ pub fn evaluate(t: &Target, h: &HostFacts) -> Vec<Check> {
     out
 }
 
+/// The rows a start with this configuration would fail on (what `tally
+/// server --check` refuses): lcores outside the allowed CPUs, the configured
+/// provider absent (or, chosen at start, none at all), hugepages required
+/// but not enough free, EFA without the memlock it needs.
+pub fn start_blockers(t: &Target, h: &HostFacts) -> Vec<Check> {
+    let mut out: Vec<Check> = Vec::new();
+    if let Some(p) = t.provider() {
+        if !h.providers.iter().any(|(name, _)| *name == p) {
+            // A provider doctor does not list (verbs, psm3, ...): ask libfabric.
+            if !tally_engine::fabric::provider_available(&p) {
+                out.push(row(
+                    &format!("provider {p}"),
+                    Status::Fail,
+                    format!("libfabric {}.{} offers no {p} endpoint here (fi_getinfo found none)", h.libfabric.0, h.libfabric.1),
+                    Some("use provider efa, tcp or shm, or install a libfabric with this provider".into()),
+                ));
+            }
+        }
+    }
+    out.extend(check_providers(t, h));
+    out.push(check_lcores(t, h));
+    out.push(check_hugepages(t, h));
+    out.push(check_memlock(t, h));
+    out.retain(|c| c.status == Status::Fail);
+    out
+}
+
 /// 1 when any row fails, else 0.
 pub fn exit_code(checks: &[Check]) -> u8 {
     u8::from(checks.iter().any(|c| c.status == Status::Fail))

@@ -1,6 +1,7 @@
 //! Server metrics: per-(lcore, job) counter blocks, round-latency
-//! histograms, and their rendering in the Prometheus text format, served
-//! over a minimal HTTP endpoint.
+//! histograms, and their rendering in the Prometheus text format; served,
+//! with the server's liveness and readiness ([`health`]), by the metrics
+//! port's HTTP endpoint ([`http`]).
 //!
 //! The rule is the one of [`crate::dataplane::lcore::Counters`]: every counter has
 //! exactly one writer (its lcore), which updates it with a plain
@@ -20,16 +21,24 @@
 //! about 8.4 s, then +Inf): recording is a leading-zeros count and one
 //! store, and the rendering makes the buckets cumulative as Prometheus
 //! requires.
+//!
+//! The exposition is written here by hand, a `writeln!` per sample: the
+//! text format is a few stable lines, the counters live in this module's
+//! own single-writer layout (which a metrics crate's registry would have to
+//! copy into its own types on every scrape), and the tests below and
+//! `tools/tests/metrics.rs` parse what it writes.
+pub mod health;
+pub mod http;
+
+pub use health::{ServerHealth, ServerPhase};
+pub use http::MetricsServer;
+
 use crate::dataplane::lcore::{bump, Snapshot};
 use crate::wire::RejectCode;
 use crossbeam_utils::CachePadded;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// Finite histogram buckets: upper bounds 1 us x 2^i, i in 0..BUCKETS.
 pub const BUCKETS: usize = 24;
@@ -203,11 +212,36 @@ type GaugeMetric = (&'static str, &'static str, fn(&LcoreGauges) -> &AtomicU64);
 /// A per-job counter series: name, help, and its value from a block.
 type JobMetric = (&'static str, &'static str, fn(&JobCounters) -> f64);
 
+/// The target this binary was built for, as `arch-os-env`
+/// (`x86_64-linux-gnu`, `aarch64-linux-musl`): from the compiler's
+/// constants, so no build script has to pass it in.
+pub fn build_target() -> String {
+    let env = if cfg!(target_env = "gnu") {
+        "gnu"
+    } else if cfg!(target_env = "musl") {
+        "musl"
+    } else {
+        "unknown"
+    };
+    format!("{}-{}-{env}", std::env::consts::ARCH, std::env::consts::OS)
+}
+
 /// Renders everything in the Prometheus text exposition format (0.0.4).
 /// `lcores` are the lcores' counter snapshots in lcore order; `jobs` what
-/// the control plane publishes.
-pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], control: &ControlCounters) -> String {
+/// the control plane publishes; `health` the server's phase.
+pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], control: &ControlCounters, health: &ServerHealth) -> String {
     let mut o = String::with_capacity(4096);
+    let _ = writeln!(
+        o,
+        "# HELP tally_build_info The running build (always 1).\n# TYPE tally_build_info gauge\ntally_build_info{{version=\"{}\",target=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        build_target()
+    );
+    let _ = writeln!(
+        o,
+        "# HELP tally_server_draining 1 once the server drains or stops (it admits no new jobs), else 0.\n# TYPE tally_server_draining gauge\ntally_server_draining {}",
+        u8::from(health.draining())
+    );
     let lcore_metrics: [LcoreMetric; 7] = [
         ("tally_lcore_polls_total", "counter", "Completion-queue polls.", |s| s.polls),
         ("tally_lcore_empty_polls_total", "counter", "Polls that found no completion.", |s| s.empty_polls),
@@ -320,103 +354,6 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
     o
 }
 
-/// The metrics endpoint: a std TcpListener on its own thread answering
-/// `GET /metrics` (404 otherwise), one connection at a time, with a bounded
-/// request size and a read timeout so a slow or hostile client cannot hold
-/// it. Dropping it stops and joins the thread.
-pub struct MetricsServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// Largest request accepted (request line plus headers).
-const MAX_REQUEST: usize = 8192;
-
-impl MetricsServer {
-    /// Binds `listen` and serves `render()` on every scrape.
-    pub fn start<F>(listen: &str, render: F) -> Result<MetricsServer, String>
-    where
-        F: Fn() -> String + Send + 'static,
-    {
-        let listener = TcpListener::bind(listen).map_err(|e| format!("cannot serve metrics on {listen}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("tally-metrics".into())
-            .spawn(move || {
-                while !stop2.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((s, _)) => serve_one(s, &render),
-                        // Polling accept keeps the stop check simple; 50 ms is
-                        // far below any scrape interval.
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
-                        Err(e) => {
-                            log::warn!("metrics: accept: {e}");
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                }
-            })
-            .map_err(|e| e.to_string())?;
-        Ok(MetricsServer { addr, stop, thread: Some(thread) })
-    }
-
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve_one(mut s: TcpStream, render: &dyn Fn() -> String) {
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-    let mut buf = [0u8; MAX_REQUEST];
-    let mut got = 0;
-    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n") && !buf[..got].windows(2).any(|w| w == b"\n\n") {
-        if got == buf.len() {
-            respond(&mut s, "431 Request Header Fields Too Large", "request too large\n");
-            return;
-        }
-        match s.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(_) => return,
-        }
-    }
-    let line = buf[..got].split(|&b| b == b'\n').next().unwrap_or(&[]);
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
-        let body = render();
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        let _ = s.write_all(head.as_bytes());
-        let _ = s.write_all(body.as_bytes());
-    } else {
-        respond(&mut s, "404 Not Found", "only GET /metrics is served\n");
-    }
-}
-
-fn respond(s: &mut TcpStream, status: &str, body: &str) {
-    let msg = format!("HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-    let _ = s.write_all(msg.as_bytes());
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,7 +377,7 @@ mod tests {
         for ns in [500, 1500, 3000, 3000, 100_000_000_000] {
             t.job(1, 2).record_round(ns);
         }
-        let text = render(&[Snapshot::default(), Snapshot::default()], &t, &[], &ControlCounters::default());
+        let text = render(&[Snapshot::default(), Snapshot::default()], &t, &[], &ControlCounters::default(), &ServerHealth::new());
         let l = "job=\"0xab\",index=\"2\",lcore=\"1\"";
         assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000001\"}} 1\n")), "{text}");
         assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000004\"}} 4\n")), "{text}");
@@ -454,19 +391,16 @@ mod tests {
     }
 
     #[test]
-    fn http_endpoint_serves_metrics_and_404s_the_rest() {
-        let m = MetricsServer::start("127.0.0.1:0", || "tally_x 1\n".to_string()).unwrap();
-        let get = |req: &str| {
-            let mut s = TcpStream::connect(m.local_addr()).unwrap();
-            s.write_all(req.as_bytes()).unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        };
-        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\ntally_x 1\n"), "{ok}");
-        assert!(ok.contains("Content-Length: 10\r\n"), "{ok}");
-        assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
-        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+    fn build_info_and_draining_are_rendered() {
+        let t = MetricsTable::new(1, 1);
+        let h = ServerHealth::new();
+        let text = render(&[Snapshot::default()], &t, &[], &ControlCounters::default(), &h);
+        let info = format!("tally_build_info{{version=\"{}\",target=\"{}\"}} 1\n", env!("CARGO_PKG_VERSION"), build_target());
+        assert!(text.contains(&info), "{text}");
+        assert!(text.contains("# TYPE tally_server_draining gauge\ntally_server_draining 0\n"), "{text}");
+        h.advance(ServerPhase::Draining);
+        let text = render(&[Snapshot::default()], &t, &[], &ControlCounters::default(), &h);
+        assert!(text.contains("tally_server_draining 1\n"), "{text}");
+        assert!(build_target().contains("-linux-"), "{}", build_target());
     }
 }

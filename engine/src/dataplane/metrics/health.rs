@@ -1,0 +1,169 @@
+//! Whether a server is alive and whether it is ready: what `/healthz` and
+//! `/readyz` answer, and what `tally_server_draining` says.
+//!
+//! Two facts, each one atomic with one writer, read by the metrics thread
+//! without a lock:
+//!
+//! - **Alive**: the control loop ([`crate::control::ControlPlane::run`])
+//!   stamps the time of every turn (it turns at least every 20 ms). A stamp
+//!   older than [`ALIVE_WITHIN`] means the loop is stuck, and a server whose
+//!   control loop is stuck admits, ends and heartbeats nothing: a supervisor
+//!   should restart it.
+//! - **Ready**: the server's phase, which only moves forward: starting (the
+//!   control loop has not turned yet), serving (the lcores are up, the
+//!   control port listens and the loop turns), draining (it admits no new
+//!   jobs), stopping. Ready is serving and alive: a load balancer or a
+//!   scheduler sends new jobs only there.
+//!
+//! The stamps are milliseconds since the [`ServerHealth`] was made, so that
+//! an `Instant` fits one `AtomicU64`.
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+/// A control loop that has not turned for this long is not alive. It turns
+/// at least every 20 ms (its tick); 5 s leaves room for a loaded machine
+/// without letting a stuck loop look alive for long.
+pub const ALIVE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Where a server is in its life; it only moves forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum ServerPhase {
+    Starting = 0,
+    Serving = 1,
+    Draining = 2,
+    Stopping = 3,
+}
+
+impl ServerPhase {
+    fn from_u8(v: u8) -> ServerPhase {
+        match v {
+            0 => ServerPhase::Starting,
+            1 => ServerPhase::Serving,
+            2 => ServerPhase::Draining,
+            _ => ServerPhase::Stopping,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerPhase::Starting => "starting",
+            ServerPhase::Serving => "serving",
+            ServerPhase::Draining => "draining",
+            ServerPhase::Stopping => "stopping",
+        }
+    }
+}
+
+/// A server's liveness and readiness, shared by the control loop (writer)
+/// and the metrics thread (reader).
+pub struct ServerHealth {
+    born: Instant,
+    phase: AtomicU8,
+    /// Milliseconds from `born` to the control loop's last turn.
+    turned_ms: AtomicU64,
+}
+
+impl Default for ServerHealth {
+    fn default() -> Self {
+        ServerHealth::new()
+    }
+}
+
+impl ServerHealth {
+    /// Starting, and counted as turned now (the control loop gets
+    /// [`ALIVE_WITHIN`] to begin).
+    pub fn new() -> ServerHealth {
+        ServerHealth { born: Instant::now(), phase: AtomicU8::new(ServerPhase::Starting as u8), turned_ms: AtomicU64::new(0) }
+    }
+
+    /// Moves the phase forward to `to` (never back: a drain that began
+    /// stays a drain whoever says "serving" late).
+    pub fn advance(&self, to: ServerPhase) {
+        self.phase.fetch_max(to as u8, Ordering::Relaxed);
+    }
+
+    pub fn phase(&self) -> ServerPhase {
+        ServerPhase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+
+    /// 1 while the server drains or stops (`tally_server_draining`).
+    pub fn draining(&self) -> bool {
+        self.phase() >= ServerPhase::Draining
+    }
+
+    /// The control loop turned at `now`. One store; called once per turn.
+    #[inline]
+    pub fn control_turned(&self, now: Instant) {
+        self.turned_ms.store(now.saturating_duration_since(self.born).as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long ago, at `now`, the control loop last turned.
+    pub fn since_turn(&self, now: Instant) -> Duration {
+        let turned = self.born + Duration::from_millis(self.turned_ms.load(Ordering::Relaxed));
+        now.saturating_duration_since(turned)
+    }
+
+    /// `/healthz` at `now`: Ok with a line saying so, or Err with the reason.
+    pub fn alive_at(&self, now: Instant) -> Result<String, String> {
+        let since = self.since_turn(now);
+        if since <= ALIVE_WITHIN {
+            return Ok(format!("alive: the control loop turned {} ms ago\n", since.as_millis()));
+        }
+        let what = if self.phase() == ServerPhase::Starting { "has not started" } else { "has not turned" };
+        Err(format!("not alive: the control loop {what} for {:.1} s (limit {} s)\n", since.as_secs_f64(), ALIVE_WITHIN.as_secs()))
+    }
+
+    /// `/readyz` at `now`: Ok when it serves and is alive, else Err with
+    /// the reason (starting, draining, stopping, or not alive).
+    pub fn ready_at(&self, now: Instant) -> Result<String, String> {
+        match self.phase() {
+            ServerPhase::Starting => Err("starting: the control loop has not turned yet\n".into()),
+            ServerPhase::Draining => Err("draining: admitting no new jobs, moving running ones to their other servers\n".into()),
+            ServerPhase::Stopping => Err("stopping\n".into()),
+            ServerPhase::Serving => self.alive_at(now).map(|_| "ready\n".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alive_while_the_control_loop_turns_and_not_after() {
+        let h = ServerHealth::new();
+        let t0 = h.born;
+        assert!(h.alive_at(t0 + Duration::from_secs(1)).is_ok());
+        // Never turned past the limit: "has not started".
+        let e = h.alive_at(t0 + Duration::from_secs(6)).unwrap_err();
+        assert!(e.starts_with("not alive: the control loop has not started for 6.0 s"), "{e}");
+        h.advance(ServerPhase::Serving);
+        h.control_turned(t0 + Duration::from_secs(10));
+        assert!(h.alive_at(t0 + Duration::from_secs(12)).unwrap().starts_with("alive: the control loop turned 2000 ms ago"));
+        let e = h.alive_at(t0 + Duration::from_secs(16)).unwrap_err();
+        assert!(e.starts_with("not alive: the control loop has not turned for 6.0 s"), "{e}");
+    }
+
+    #[test]
+    fn ready_only_while_serving_and_alive() {
+        let h = ServerHealth::new();
+        let t0 = h.born;
+        assert!(h.ready_at(t0).unwrap_err().starts_with("starting"));
+        assert!(!h.draining());
+        h.advance(ServerPhase::Serving);
+        h.control_turned(t0);
+        assert_eq!(h.ready_at(t0 + Duration::from_millis(100)).unwrap(), "ready\n");
+        // Serving but stuck: not ready either.
+        assert!(h.ready_at(t0 + Duration::from_secs(6)).unwrap_err().starts_with("not alive"));
+        h.advance(ServerPhase::Draining);
+        assert!(h.draining());
+        assert!(h.ready_at(t0).unwrap_err().starts_with("draining"));
+        // The phase never goes back.
+        h.advance(ServerPhase::Serving);
+        assert_eq!(h.phase(), ServerPhase::Draining);
+        h.advance(ServerPhase::Stopping);
+        assert!(h.ready_at(t0).unwrap_err().starts_with("stopping"));
+        assert!(h.draining());
+    }
+}
