@@ -13,7 +13,7 @@ RANKS="${RANKS:-8}"
 mkdir -p "$OUT"
 for L in "${@:-8 1}"; do
     iters=$((L >= 4 ? 300 : 60))
-    "$TALLY" bench allreduce --mode agg --ranks "$RANKS" --lcores "0-$((L - 1))" --rank-cores "$L-$(($(nproc) - 1))" --poll busy \
+    "$TALLY" bench allreduce --mode agg --ranks "$RANKS" --lcores "0-$((L - 1))" --cores "$L-$(($(nproc) - 1))" --poll busy \
         --sizes 64M --iters "$iters" --warmup 3 --chunk 256K --window 8 --provider shm --json >"$OUT/profile-$L.json" 2>/dev/null &
     sleep 3
     "$PERF" record -a -g -e cpu-clock -F 499 -o "/tmp/tally-profile-$L.data" -- sleep 3 2>/dev/null

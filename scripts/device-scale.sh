@@ -46,7 +46,7 @@ maxl=0; for L in $LCORES_LIST; do [ "$L" -gt "$maxl" ] && maxl=$L; done
 lcores_of() { local IFS=,; echo "${PHYS[*]:0:$1}"; }
 rank_cores="$(IFS=,; echo "${PHYS[*]:$maxl}")"
 [ -n "$rank_cores" ] || rank_cores="$maxl-$(($(nproc) - 1))"
-say "# lcores on physical cores $(lcores_of "$maxl"); pinned ranks: --rank-cores $rank_cores; window ${WINDOW:-8}"
+say "# lcores on physical cores $(lcores_of "$maxl"); pinned ranks: --cores $rank_cores; window ${WINDOW:-8}"
 say "copy  size  ranks   pages   chunk  lcores  time(ms)  input GB/s  per-lcore  vs-linear  wrong"
 for copy in ${COPIES:-cma nocma}; do
   for size in ${SIZES:-64M 4M}; do
@@ -57,7 +57,7 @@ for copy in ${COPIES:-cma nocma}; do
       for L in $LCORES_LIST; do
         iters=10; [ "$size" = 4M ] && iters=100
         env_cma=""; [ "$copy" = nocma ] && env_cma="FI_SHM_DISABLE_CMA=1"
-        pin=""; [ "$place" = pinned ] && pin="--rank-cores $rank_cores"
+        pin=""; [ "$place" = pinned ] && pin="--cores $rank_cores"
         f="$RAW/scale-$copy-$size-$place-$huge-$chunk-$L.json"
         srv=""; spids=()
         if [ -n "${PROCS:-}" ]; then

@@ -110,10 +110,10 @@ if has latency; then
         lc=2; [ "$n" -ge 8 ] && lc=2-3
         say ""
         say "## $n ranks (pinned to cores 8-15), server lcores $lc, busy, shm: back-to-back"
-        timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+        timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --cores 8-15 --poll busy --provider shm \
             --sizes 4K --iters 10000 --warmup 500 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-small.json" || say "FAILED (see lat.err)"
         rm -f "$OUT/lat$n-large.json"
-        [ "${LAT_LARGE:-1}" = 1 ] && { timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+        [ "${LAT_LARGE:-1}" = 1 ] && { timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --cores 8-15 --poll busy --provider shm \
             --sizes 1M,64M --iters 20 --warmup 3 --mode agg,ring --json 2>>"$OUT/lat.err" >"$OUT/lat$n-large.json" || say "FAILED (see lat.err)"; }
         python3 - "$OUT/p2p.json" "$OUT/lat$n-small.json" "$OUT/lat$n-large.json" <<'PY' | tee -a "$S"
 import json, os, sys
@@ -146,7 +146,7 @@ if has scale; then
         hub="0-$((L-1))"
         timeout 200 "$TALLY" bench p2p --hubs "$L" --leaves 8 --cores "$hub,8-15" --sizes 64M --chunk 256K --window 4 --iters 5 \
             --poll busy --provider shm --json >"$OUT/scale-p2p-$L.json" 2>>"$OUT/scale.err"
-        timeout 200 "$TALLY" bench allreduce --ranks 8 --lcores "$hub" --rank-cores 8-15 --poll busy --provider shm --sizes 64M \
+        timeout 200 "$TALLY" bench allreduce --ranks 8 --lcores "$hub" --cores 8-15 --poll busy --provider shm --sizes 64M \
             --chunk 256K --window 4 --iters 10 --warmup 2 --mode agg --json >"$OUT/scale-agg-$L.json" 2>>"$OUT/scale.err"
         python3 - "$OUT/scale-p2p-$L.json" "$OUT/scale-agg-$L.json" "$L" <<'PY' | tee -a "$S"
 import json, sys
@@ -173,7 +173,7 @@ if has matrix; then
         for lc in 2 2-3 2-5; do
             for mp in 4K 2K 1K; do
                 [ "$lc" = 2 ] && [ "$mp" != 4K ] && continue
-                r=$(TALLY_MIN_PIECE=$mp timeout 120 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+                r=$(TALLY_MIN_PIECE=$mp timeout 120 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --cores 8-15 --poll busy --provider shm \
                     --sizes 4K --iters 20000 --warmup 500 --mode agg,ring --json 2>>"$OUT/matrix.err")
                 echo "$r" | python3 -c '
 import json, sys
@@ -206,11 +206,11 @@ if has profile; then
     say ""
     say "## 2 ranks, agg 4 KiB, busy: lcore 2, ranks on 8,9 and on 14,15"
     for rc in 8,9 14,15; do
-        timeout 120 "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores $rc --poll busy --provider shm --sizes 4K --iters 20000 --warmup 1000 \
+        timeout 120 "$TALLY" bench allreduce --ranks 2 --lcores 2 --cores $rc --poll busy --provider shm --sizes 4K --iters 20000 --warmup 1000 \
             --mode agg,ring 2>>"$OUT/profile.err" | grep -E "^ +(agg|ring)" | sed "s/^/ranks $rc /" | tee -a "$S"
     done
     say "## one hop through a server: agg, 1 rank (core 8), lcore 2, busy, 4 KiB, back-to-back (vs ping-pong round trip cores 2,8)"
-    timeout 120 "$TALLY" bench allreduce --ranks 1 --lcores 2 --rank-cores 8 --poll busy --provider shm --sizes 4K,64K --iters 20000 --warmup 1000 \
+    timeout 120 "$TALLY" bench allreduce --ranks 1 --lcores 2 --cores 8 --poll busy --provider shm --sizes 4K,64K --iters 20000 --warmup 1000 \
         --mode agg 2>>"$OUT/profile.err" | grep -E "^ +agg" | tee -a "$S"
     PERF=""
     if [ -f "$DEVLIB/perf.tar.xz" ]; then
@@ -221,7 +221,7 @@ if has profile; then
     if [ -n "$PERF" ]; then
         say ""
         say "## perf: 2 ranks (cores 8,9), lcore 2, 4 KiB agg loop; cycles by core and symbol"
-        "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores 8,9 --poll busy --provider shm --sizes 4K --iters 400000 --warmup 1000 \
+        "$TALLY" bench allreduce --ranks 2 --lcores 2 --cores 8,9 --poll busy --provider shm --sizes 4K --iters 400000 --warmup 1000 \
             --mode agg >"$OUT/perf-lat.txt" 2>>"$OUT/profile.err" &
         BP=$!
         sleep 2
@@ -264,7 +264,7 @@ if has tail; then
         "$TALLY" server --listen 127.0.0.1:7470 "${lc[@]}" --poll busy --provider shm --slab-size 512M >"$OUT/tail-server-$cfg.out" 2>"$OUT/tail-server-$cfg.err" &
         SP=$!
         for _ in $(seq 300); do grep -q ready "$OUT/tail-server-$cfg.out" 2>/dev/null && break; sleep 0.1; done
-        small() { timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores "$1" --poll busy \
+        small() { timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --cores "$1" --poll busy \
             --sizes 4K --iters 5000 --warmup 100 --mode agg --timeout 30 --json 2>>"$OUT/tail.err"; }
         small 8,9 >"$OUT/tail-alone-$cfg.json"
         # The big job ends by itself (bounded iterations), long after the small
@@ -272,7 +272,7 @@ if has tail; then
         # queue ahead of a small job's piece: run it with two of each.
         for big in "256K 4" "64K 2"; do
             set -- $big
-            timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --rank-cores 10,11 --poll busy \
+            timeout -k 5 120 "$TALLY" bench allreduce --servers 127.0.0.1:7470 --provider shm --ranks 2 --cores 10,11 --poll busy \
                 --sizes 64M --iters 150 --warmup 2 --mode agg --chunk "$1" --window "$2" --timeout 30 --json >"$OUT/tail-big-$cfg-$1.json" 2>>"$OUT/tail.err" &
             BP=$!
             sleep 1.5
@@ -533,7 +533,7 @@ if has fostage; then
     addrs="${addrs#,}"
     sleep 2
     for fo in 0 1 0 1; do
-        TALLY_FAILOVER=$fo timeout -k 5 300 "$TALLY" bench allreduce --servers "$addrs" --provider tcp --ranks 8 --rank-cores 8-15 \
+        TALLY_FAILOVER=$fo timeout -k 5 300 "$TALLY" bench allreduce --servers "$addrs" --provider tcp --ranks 8 --cores 8-15 \
             --poll busy --mode agg --sizes 4K,1M,64M --iters 20 --warmup 3 --json >"$OUT/fo$fo-$RANDOM.json" 2>>"$OUT/fo.err" || say "FAILED (fo.err)"
     done
     kill $pids 2>/dev/null; wait $pids 2>/dev/null
@@ -564,9 +564,9 @@ if has relay; then
         rtt=$(timeout 60 "$TALLY" bench p2p --provider shm --sizes 4K --iters 20000 --cores 2,8 --json 2>/dev/null \
             | python3 -c 'import json,sys; print("%.3f" % (2 * json.load(sys.stdin)["results"][0]["latency_us"]))')
         for relay in 1 0; do
-            TALLY_RELAY=$relay timeout 60 "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
+            TALLY_RELAY=$relay timeout 60 "$TALLY" bench allreduce --ranks 2 --lcores 2 --cores 8-15 --poll busy --provider shm \
                 --sizes 4K --iters 10000 --warmup 500 --mode agg --json >"$OUT/relay-$round-$relay-small.json" 2>>"$OUT/relay.err"
-            TALLY_RELAY=$relay timeout 60 "$TALLY" bench allreduce --ranks 2 --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
+            TALLY_RELAY=$relay timeout 60 "$TALLY" bench allreduce --ranks 2 --lcores 2 --cores 8-15 --poll busy --provider shm \
                 --sizes 1M --iters 300 --warmup 20 --mode agg --json >"$OUT/relay-$round-$relay-large.json" 2>>"$OUT/relay.err"
             python3 - "$OUT/relay-$round-$relay-small.json" "$OUT/relay-$round-$relay-large.json" "$round" "$relay" "$rtt" <<'PY' | tee -a "$S"
 import json, sys
@@ -595,7 +595,7 @@ if has split; then
             ld="$base_ld"; [ "$lib" != inherited ] && ld="$PWD/$lib:$base_ld"
             for nl in ${SP_CASES:-4:2-3 8:2-3 8:2-5}; do
                 n=${nl%%:*}; lc=${nl#*:}; tag="$round-$(basename "$lib")-$n-$lc"
-                LD_LIBRARY_PATH="$ld" timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores 2 --rank-cores 8-15 --poll busy --provider shm \
+                LD_LIBRARY_PATH="$ld" timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores 2 --cores 8-15 --poll busy --provider shm \
                     --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode ring --json >"$OUT/split-$tag-ring.json" 2>>"$OUT/split.err"
                 for mode in ${SP_MODES:-split whole}; do
                     case ${mode%%@*} in
@@ -604,7 +604,7 @@ if has split; then
                     esac
                     # MODE@VAR=value,VAR=value: more variables for that run.
                     [[ $mode == *@* ]] && IFS=, read -ra more <<<"${mode#*@}" && env+=("${more[@]}")
-                    env LD_LIBRARY_PATH="$ld" "${env[@]}" timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --rank-cores 8-15 --poll busy --provider shm \
+                    env LD_LIBRARY_PATH="$ld" "${env[@]}" timeout 60 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --cores 8-15 --poll busy --provider shm \
                         --sizes 4K --iters "${SP_ITERS:-10000}" --warmup 300 --mode agg --json >"$OUT/split-$tag-$mode.json" 2>>"$OUT/split.err"
                     python3 - "$OUT/split-$tag-$mode.json" "$OUT/split-$tag-ring.json" "$round" "$n" "$lc" "$(basename "$lib")" "$mode" <<'PY' | tee -a "$S"
 import json, sys

@@ -27,6 +27,7 @@
 //! and with `TALLY_BENCH_LOOP_LINES=1` announces each loop on stdout
 //! (`LOOP <mode> <bytes>`), so that `tally bench cluster` can sample the
 //! servers' CPU time over the same interval.
+use crate::cli_args::{CoresArg, DtypeArg, HugepagesArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, PollMode, ProviderArg, WindowArg};
 use crate::collnet_driver;
 use crate::logfile;
 use crate::plot;
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 use tally_engine::bootstrap::Bootstrap;
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::config::ServerFile;
+use tally_engine::host::limits;
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::ring::{Ring, RingConfig};
 use tally_engine::server::Server;
@@ -52,10 +54,8 @@ pub const PROCESS_RANKS: u32 = 64;
 
 #[derive(Args, Debug, Clone)]
 pub struct AllreduceArgs {
-    /// agg (tally's client), agg-plugin (through libnccl-net-tally.so's ncclCollNet, as NCCL
-    /// drives it), ring; comma-separated.
-    #[arg(long, default_value = "agg,ring", value_delimiter = ',')]
-    pub mode: Vec<String>,
+    #[command(flatten)]
+    pub mode: ModeArg,
     /// Ranks on this machine (up to 1024): processes up to 64, else threads (--ranks-per-process).
     #[arg(long, default_value_t = 4)]
     pub ranks: u32,
@@ -67,38 +67,33 @@ pub struct AllreduceArgs {
     /// polls again (traffic wakes it sooner). Default: 1 with a process per rank, 20 with threads.
     #[arg(long)]
     pub sleep_ms: Option<u32>,
-    /// libfabric provider: shm, tcp or efa (default: TALLY_PROVIDER, else shm here).
-    #[arg(long)]
-    pub provider: Option<String>,
+    #[command(flatten)]
+    pub provider: ProviderArg,
     /// Sizes per rank in bytes (K/M/G), comma-separated. Default 4K to 256M in steps of 4x.
     #[arg(long, value_delimiter = ',')]
     pub sizes: Vec<String>,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub dtype: DtypeArg,
+    /// Reduction: sum, prod, max, min or avg.
     #[arg(long, default_value = "sum")]
     pub op: String,
-    /// Timed all-reduces per size: a back-to-back loop (mean, p50, p99, max per operation).
-    #[arg(long, default_value_t = 20)]
-    pub iters: usize,
+    #[command(flatten)]
+    pub loops: LoopArgs,
     /// Time each all-reduce alone, started after a barrier, and report the median
     /// (the method before back-to-back loops; adds the barrier's release skew).
     #[arg(long)]
     pub sync: bool,
-    #[arg(long, default_value_t = 3)]
-    pub warmup: usize,
-    /// Use these servers (host:port, comma-separated) instead of starting one.
+    /// Use these servers (host:port, comma-separated) instead of starting one. With
+    /// them, --poll auto is adaptive: their lcores may share this machine's cores.
     #[arg(long, value_delimiter = ',')]
     pub servers: Vec<String>,
-    /// Cores of the in-process server's lcores.
+    /// Cores of the lcores of the server this command hosts (without --servers), DPDK syntax.
     #[arg(long, default_value = "0-1")]
     pub lcores: String,
-    /// Hugepage policy of the in-process server's slabs: require, prefer or off.
-    #[arg(long, default_value = "prefer")]
-    pub hugepages: String,
-    /// Pin rank i to the i-th core of this list (wrapping); default: the scheduler places ranks.
-    /// A rank with rails (--rails) takes a block of cores: its own, then one per rail.
-    #[arg(long)]
-    pub rank_cores: Option<String>,
+    #[command(flatten)]
+    pub hugepages: HugepagesArg,
+    #[command(flatten)]
+    pub cores: CoresArg,
     /// agg: endpoints per rank, each on its own thread, one per server up
     /// to this many (0: auto, one per server over tcp on 8+ cores; 1: no
     /// rail threads). TALLY_RAILS sets the default.
@@ -107,9 +102,8 @@ pub struct AllreduceArgs {
     /// Bytes per chunk piece (agg) and per ring chunk.
     #[arg(long, default_value = "256K")]
     pub chunk: String,
-    /// Chunks in flight per lcore (agg) / per direction (ring).
-    #[arg(long, default_value_t = 4)]
-    pub window: u32,
+    #[command(flatten)]
+    pub window: WindowArg,
     /// agg: sends in flight per server (0: as many as the window allows).
     /// Pacing lets results flow back while later chunks upload (see engine::client).
     #[arg(long, default_value_t = 0)]
@@ -117,14 +111,13 @@ pub struct AllreduceArgs {
     /// Seconds an all-reduce may make no progress before a rank gives up with an error.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
-    /// busy or adaptive polling (server lcores and ranks).
-    #[arg(long, default_value = "adaptive")]
-    pub poll: String,
+    #[command(flatten)]
+    pub poll: PollArg,
     /// Local fabric address of this host (tcp across hosts).
     #[arg(long)]
     pub fabric_addr: Option<String>,
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonArg,
     /// agg-plugin: the NCCL plugin library (default: libnccl-net-tally.so next to this binary).
     #[arg(long)]
     pub plugin: Option<std::path::PathBuf>,
@@ -136,9 +129,8 @@ pub struct AllreduceArgs {
     /// channel outstanding).
     #[arg(long, default_value_t = 8)]
     pub plugin_in_flight: usize,
-    /// Write busbw against size (one line per mode) to this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub plot: PlotArg,
     /// Run as this rank (set by the launcher, or for multi-host runs by hand); with
     /// --ranks-per-process K, as ranks R..R+K, one thread each.
     #[arg(long, hide = true)]
@@ -146,6 +138,7 @@ pub struct AllreduceArgs {
     /// Rank 0's bootstrap address (with --rank).
     #[arg(long, hide = true)]
     pub bootstrap: Option<String>,
+    /// The job id the ranks share (set by the launcher).
     #[arg(long, hide = true, default_value_t = 0)]
     pub job_id: u64,
 }
@@ -219,16 +212,17 @@ pub struct Plan {
 }
 
 fn plan(args: &AllreduceArgs) -> Result<Plan, String> {
-    let provider = tally_engine::fabric::select_provider(args.provider.as_deref(), args.servers.iter().all(|s| s.starts_with("127.")));
+    let provider =
+        tally_engine::fabric::select_provider(args.provider.provider.as_deref(), args.servers.iter().all(|s| s.starts_with("127.")));
     let sizes = if args.sizes.is_empty() {
         default_sizes()
     } else {
         args.sizes.iter().map(|s| parse_size(s).map(|v| v as usize).map_err(|e| e.to_string())).collect::<Result<_, _>>()?
     };
-    let dtype = DataType::parse(&args.dtype).ok_or_else(|| format!("--dtype: unknown type {:?}", args.dtype))?;
+    let dtype = DataType::parse(&args.dtype.dtype).ok_or_else(|| format!("--dtype: unknown type {:?}", args.dtype.dtype))?;
     let op = ReduceOp::parse(&args.op).ok_or_else(|| format!("--op: unknown op {:?}", args.op))?;
     let chunk = parse_size(&args.chunk).map_err(|e| format!("--chunk: {e}"))? as usize;
-    for m in &args.mode {
+    for m in &args.mode.mode {
         if m != "agg" && m != "ring" && m != "agg-plugin" {
             return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
         }
@@ -236,11 +230,11 @@ fn plan(args: &AllreduceArgs) -> Result<Plan, String> {
     if args.ranks == 0 || args.ranks > wire::MAX_RANKS {
         return Err(format!("--ranks: between 1 and {}", wire::MAX_RANKS));
     }
-    if ranks_per_process(args) > 1 && args.mode.iter().any(|m| m != "agg") {
+    if ranks_per_process(args) > 1 && args.mode.mode.iter().any(|m| m != "agg") {
         return Err(format!(
             "--mode {}: with {} ranks, ranks run as threads ({} per process), and only agg runs that way \
              (ring ranks talk to each other, the plugin is one per process): use --mode agg, or --ranks-per-process 1",
-            args.mode.join(","),
+            args.mode.mode.join(","),
             args.ranks,
             ranks_per_process(args)
         ));
@@ -261,7 +255,7 @@ fn ranks_per_process(args: &AllreduceArgs) -> u32 {
 /// Busy pollers that share a core take turns by the scheduler's timeslice
 /// (and starve the rest of the machine): refuse more of them than cores.
 fn check_busy(args: &AllreduceArgs, pollers: usize, what: &str) -> Result<(), String> {
-    if args.poll != "busy" {
+    if !args.poll.poll.is_busy() {
         return Ok(());
     }
     let cores = tally_engine::cpuset::allowed().map_err(|e| e.to_string())?.len();
@@ -271,6 +265,18 @@ fn check_busy(args: &AllreduceArgs, pollers: usize, what: &str) -> Result<(), St
         ));
     }
     Ok(())
+}
+
+/// `--poll` for `pollers` busy-capable threads on this process's allowed
+/// cores. Servers given by `--servers` have pollers this process cannot
+/// count (on loopback, or in network namespaces of this machine, as tests
+/// and `tally bench cluster` run them), so with them `auto` is adaptive.
+fn resolve_poll(args: &AllreduceArgs, pollers: usize) -> Result<PollMode, String> {
+    if args.poll.poll == PollMode::Auto && !args.servers.is_empty() {
+        return Ok(PollMode::Adaptive);
+    }
+    let cores = tally_engine::cpuset::allowed().map_err(|e| e.to_string())?.len();
+    Ok(args.poll.poll.resolve(pollers, cores))
 }
 
 /// How long an adaptive rank sleeps on its CQ at most, unless `--sleep-ms`.
@@ -317,27 +323,17 @@ const FDS_PER_RANK: u64 = 24;
 /// of many rank threads, or rank 0 with its bootstrap connection to every
 /// rank, needs more.
 fn ensure_fds(need: u64) -> Result<(), String> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes one rlimit into the struct we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(format!("getrlimit(RLIMIT_NOFILE): {}", std::io::Error::last_os_error()));
-    }
-    if lim.rlim_cur >= need {
-        return Ok(());
-    }
-    if lim.rlim_max < need {
+    let before = limits::open_files().map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+    let now = limits::raise_open_files(need).map_err(|e| format!("setrlimit(RLIMIT_NOFILE, {need}): {e}"))?;
+    if now.soft < need {
         return Err(format!(
             "this needs about {need} file descriptors, above the hard limit of {} (ulimit -Hn): raise it, or use fewer ranks",
-            lim.rlim_max
+            now.hard
         ));
     }
-    let old = lim.rlim_cur;
-    lim.rlim_cur = need.max(old);
-    // SAFETY: setrlimit reads one rlimit we own; raising the soft limit up to the hard one needs no privilege.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(format!("setrlimit(RLIMIT_NOFILE, {need}): {}", std::io::Error::last_os_error()));
+    if now.soft > before.soft {
+        log::info!("raised the open file limit from {} to {} (ranks' endpoints and connections)", before.soft, now.soft);
     }
-    log::info!("raised the open file limit from {old} to {need} (ranks' endpoints and connections)");
     Ok(())
 }
 
@@ -353,14 +349,14 @@ pub fn run(args: &AllreduceArgs) -> Result<(), String> {
         return run_rank(args);
     }
     let out = launch(args)?;
-    if let Some(path) = &args.plot {
-        let title = format!("all-reduce busbw, {} ranks, {} ({} {})", args.ranks, out.provider, args.dtype, args.op);
+    if let Some(path) = &args.plot.plot {
+        let title = format!("all-reduce busbw, {} ranks, {} ({} {})", args.ranks, out.provider, args.dtype.dtype, args.op);
         plot::busbw_svg(path, &title, &plot::series_by_mode(&out.rows, ""), &[])?;
-        if !args.json {
+        if !args.json.json {
             println!("# plot: {}", path.display());
         }
     }
-    if args.json {
+    if args.json.json {
         println!("{}", serde_json::to_string(&Report { provider: &out.provider, ranks: args.ranks, results: &out.rows }).unwrap());
     }
     let wrong: u64 = out.rows.iter().map(|r| r.wrong).sum();
@@ -385,10 +381,10 @@ pub fn print_header(p: &Plan, args: &AllreduceArgs) {
         p.dtype,
         p.op,
         format_size(p.chunk as u64),
-        args.window,
-        args.poll
+        args.window.window,
+        args.poll.poll
     );
-    println!("# {}", method_line(args.iters, args.warmup, args.sync));
+    println!("# {}", method_line(args.loops.iters, args.loops.warmup, args.sync));
     println!(
         "{:>10} {:>10} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>7}",
         "mode", "size", "count", "type", "redop", "time(us)", "p50(us)", "p99(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
@@ -434,8 +430,12 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let p = plan(args)?;
     let mut server = None;
     let mut servers = args.servers.clone();
-    let hosting = servers.is_empty() && args.mode.iter().any(|m| m.starts_with("agg"));
+    let hosting = servers.is_empty() && args.mode.mode.iter().any(|m| m.starts_with("agg"));
     let lcores = if hosting { tally_engine::cpuset::CoreList::parse(&args.lcores).map_or(0, |l| l.len()) } else { 0 };
+    // `--poll auto` becomes busy or adaptive here, for the hosted server and every rank.
+    let mut resolved = args.clone();
+    resolved.poll.poll = resolve_poll(args, args.ranks as usize + lcores)?;
+    let args = &resolved;
     check_busy(args, args.ranks as usize + lcores, &format!("{} ranks and {lcores} server lcores", args.ranks))?;
     // A hosted server has a control connection and a connection per lcore to every rank.
     ensure_fds(args.ranks as u64 * (lcores as u64 + 1) + 256)?;
@@ -443,9 +443,9 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         let text = format!(
             "listen = \"127.0.0.1:0\"\nlcores = \"{}\"\nhugepages = \"{}\"\nprovider = \"{}\"\npoll = \"{}\"\nmax_chunk = \"{}\"\n",
             args.lcores,
-            args.hugepages,
+            args.hugepages.hugepages,
             p.provider,
-            args.poll,
+            args.poll.poll.as_str(),
             format_size_toml(p.chunk.max(4096))
         );
         let cfg = ServerFile::parse(&text).and_then(|f| f.resolve()).map_err(|e| e.to_string())?;
@@ -453,7 +453,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         servers.push(s.local_addr().to_string());
         server = Some(s);
     }
-    if !args.json {
+    if !args.json.json {
         print_header(&p, args);
     }
     let boot = format!("127.0.0.1:{}", free_port()?);
@@ -477,9 +477,9 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
                 }
             }
         }
-        c.args(["--ranks", &args.ranks.to_string(), "--provider", &p.provider, "--dtype", &args.dtype, "--op", &args.op]);
-        c.args(["--iters", &args.iters.to_string(), "--warmup", &args.warmup.to_string(), "--chunk", &args.chunk]);
-        c.args(["--window", &args.window.to_string(), "--poll", &args.poll, "--mode", &args.mode.join(",")]);
+        c.args(["--ranks", &args.ranks.to_string(), "--provider", &p.provider, "--dtype", &args.dtype.dtype, "--op", &args.op]);
+        c.args(["--iters", &args.loops.iters.to_string(), "--warmup", &args.loops.warmup.to_string(), "--chunk", &args.chunk]);
+        c.args(["--window", &args.window.window.to_string(), "--poll", args.poll.poll.as_str(), "--mode", &args.mode.mode.join(",")]);
         c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.to_string()]);
         if args.sync {
             c.arg("--sync");
@@ -488,8 +488,8 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
             c.arg("--plugin").arg(pl);
         }
         c.args(["--plugin-piece", &args.plugin_piece, "--plugin-in-flight", &args.plugin_in_flight.to_string()]);
-        if let Some(rc) = &args.rank_cores {
-            c.args(["--rank-cores", rc]);
+        if let Some(rc) = &args.cores.cores {
+            c.args(["--cores", rc]);
         }
         c.args(["--sizes", &p.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")]);
         if !servers.is_empty() {
@@ -510,15 +510,15 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         children.push(child);
     }
     let steps: Vec<String> =
-        args.mode.iter().flat_map(|m| p.sizes.iter().map(move |&b| format!("{m} {}", format_size(b as u64)))).collect();
-    let mut progress = Progress::new(steps.len(), args.json);
+        args.mode.mode.iter().flat_map(|m| p.sizes.iter().map(move |&b| format!("{m} {}", format_size(b as u64)))).collect();
+    let mut progress = Progress::new(steps.len(), args.json.json);
     progress.working_on(steps.first().cloned().unwrap_or_default());
     let mut rows = Vec::new();
     if let Some(out) = children[0].stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if let Some(j) = line.strip_prefix("RESULT ") {
                 let r: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
-                if !args.json {
+                if !args.json.json {
                     progress.println(&format_row(&r));
                 }
                 rows.push(r);
@@ -545,7 +545,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     if !failed.is_empty() {
         return Err(failed.join("; "));
     }
-    let expected = p.sizes.len() * args.mode.len();
+    let expected = p.sizes.len() * args.mode.mode.len();
     if rows.len() != expected {
         return Err(format!("rank 0 reported {} of {expected} results", rows.len()));
     }
@@ -631,6 +631,10 @@ fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     if first >= args.ranks {
         return Err(format!("--rank {first}: there are {} ranks", args.ranks));
     }
+    // A rank started by hand may leave `--poll auto`; the launcher passes busy or adaptive.
+    let mut resolved = args.clone();
+    resolved.poll.poll = resolve_poll(args, (last - first) as usize)?;
+    let args = &resolved;
     check_busy(args, (last - first) as usize, &format!("{} rank threads", last - first))?;
     // Rank 0 also holds a bootstrap connection to every other rank.
     let star = if first == 0 { args.ranks as u64 } else { 0 };
@@ -697,8 +701,8 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     let p = plan(args)?;
     let rails = rails_of(args, &p.provider);
     let mut rail_cores = Vec::new();
-    if let Some(rc) = &args.rank_cores {
-        let cores = tally_engine::cpuset::CoreList::parse(rc).map_err(|e| format!("--rank-cores: {e}"))?;
+    if let Some(rc) = &args.cores.cores {
+        let cores = tally_engine::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
         let cores = cores.as_slice();
         // A block per rank: its own core, then its rails' (wrapping).
         let block = if rails > 1 { 1 + rails } else { 1 };
@@ -719,9 +723,9 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     let mut send = vec![0u8; max_count * dsize];
     fill(p.dtype, p.op, rank, &mut send);
     let mut recv = vec![0u8; max_count * dsize];
-    let busy = args.poll == "busy";
+    let busy = args.poll.poll.is_busy();
     let loop_lines = rank == 0 && loop_lines_wanted();
-    for mode in &args.mode {
+    for mode in &args.mode.mode {
         let mut agg = None;
         let mut min_piece = dsize;
         let mut ring = None;
@@ -752,7 +756,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             let mut cfg = ClientConfig::new(args.servers.clone(), args.job_id, rank, n);
             cfg.provider = Some(p.provider.clone());
             cfg.chunk_bytes = p.chunk;
-            cfg.window = args.window;
+            cfg.window = args.window.window;
             cfg.fabric_addr = args.fabric_addr.clone();
             cfg.timeout = Duration::from_secs(args.timeout.max(1));
             cfg.send_credits = args.send_credits;
@@ -767,7 +771,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
         } else {
             let mut cfg = RingConfig::new(&p.provider);
             cfg.chunk_bytes = p.chunk;
-            cfg.window = args.window as usize;
+            cfg.window = args.window.window as usize;
             cfg.poll_busy = busy;
             cfg.node = args.fabric_addr.clone().or_else(|| p.provider.starts_with("tcp").then(|| "127.0.0.1".to_string()));
             ring = Some(Ring::new(&cfg, &mut boot).map_err(|e| e.to_string())?);
@@ -776,8 +780,8 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             let count = size / dsize;
             let bytes = count * dsize;
             let warm = match &agg {
-                Some(c) => warmup_ops(args.warmup, c.streams(), bytes, min_piece),
-                None => args.warmup,
+                Some(c) => warmup_ops(args.loops.warmup, c.streams(), bytes, min_piece),
+                None => args.loops.warmup,
             };
             let mut one = |recv: &mut [u8]| -> Result<(), String> {
                 match (&mut agg, &mut ring, &mut plugin) {
@@ -790,7 +794,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             for _ in 0..warm {
                 one(&mut recv[..bytes])?;
             }
-            let iters = args.iters.max(1);
+            let iters = args.loops.iters.max(1);
             let mut times = Vec::with_capacity(iters);
             let mut stamps: Vec<u8> = Vec::with_capacity(8 * (iters + 1));
             let mean;

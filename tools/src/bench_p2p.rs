@@ -13,6 +13,7 @@
 //! each way, cut and windowed as the client cuts them) with the reduce left
 //! out: the transport ceiling that the server's core scaling is measured
 //! against, in the same run and on the same cores.
+use crate::cli_args::{CoresArg, HugepagesArg, JsonArg, PollArg, ProviderArg};
 use clap::Args;
 use serde::Serialize;
 use std::sync::mpsc;
@@ -24,9 +25,8 @@ use tally_engine::units::{format_size, parse_size};
 
 #[derive(Args, Debug, Clone)]
 pub struct P2pArgs {
-    /// libfabric provider: shm, tcp (tcp;ofi_rxm) or efa. Default: TALLY_PROVIDER, else efa if present, else shm.
-    #[arg(long)]
-    pub provider: Option<String>,
+    #[command(flatten)]
+    pub provider: ProviderArg,
     /// Message sizes, comma-separated (K/M/G suffixes). Default: 8 B to 16 MiB in steps of 4x.
     /// Fan mode: bytes per leaf. Default: 256 KiB to 64 MiB in steps of 4x.
     #[arg(long, value_delimiter = ',')]
@@ -45,11 +45,8 @@ pub struct P2pArgs {
     /// (leaf, hub) pair [default: 4, as `tally bench allreduce`].
     #[arg(long)]
     pub window: Option<usize>,
-    /// Cores (DPDK syntax). Default: the first two allowed cores. Fan mode:
-    /// the first L for hubs, the next R for leaves (default: the allowed
-    /// cores); with fewer, adaptive polling shares them, busy polling refuses.
-    #[arg(long)]
-    pub cores: Option<String>,
+    #[command(flatten)]
+    pub cores: CoresArg,
     /// Fan mode: hub endpoints (a server's lcores), each a thread on its own
     /// core. 0 (with --leaves 0): the two-end mode.
     #[arg(long, default_value_t = 0)]
@@ -62,15 +59,12 @@ pub struct P2pArgs {
     /// cut smaller as the client cuts small all-reduces.
     #[arg(long)]
     pub chunk: Option<String>,
-    /// busy (spin) or adaptive polling.
-    #[arg(long, default_value = "busy")]
-    pub poll: String,
-    /// Hugepage policy for the buffers: require, prefer or off.
-    #[arg(long, default_value = "prefer")]
-    pub hugepages: String,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub poll: PollArg,
+    #[command(flatten)]
+    pub hugepages: HugepagesArg,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -114,7 +108,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     if args.chunk.is_some() {
         return Err("--chunk applies to the fan mode (--hubs and --leaves)".into());
     }
-    let provider = tally_engine::fabric::select_provider(args.provider.as_deref(), true);
+    let provider = tally_engine::fabric::select_provider(args.provider.provider.as_deref(), true);
     let sizes: Vec<usize> = if args.sizes.is_empty() {
         default_sizes()
     } else {
@@ -122,13 +116,19 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     };
     let max = *sizes.iter().max().ok_or("no sizes")?;
     let window = args.window.unwrap_or(16).clamp(1, 1024);
-    let (busy, policy) = poll_and_policy(args)?;
-    let cores = match &args.cores {
+    let cores = match &args.cores.cores {
         Some(c) => CoreList::parse(c).map_err(|e| format!("--cores: {e}"))?,
         None => cpuset::allowed().map_err(|e| e.to_string())?,
     };
     let core_a = cores.get(0).ok_or("no cores")?;
     let core_b = cores.get(1).unwrap_or(core_a);
+    let distinct = if core_a == core_b { 1 } else { 2 };
+    let (busy, policy) = poll_and_policy(args, 2, distinct)?;
+    if busy && distinct < 2 {
+        return Err(format!(
+            "--poll busy: the two ends would spin on one core ({core_a}); give two cores (--cores) or use --poll adaptive"
+        ));
+    }
     let plan = Plan {
         provider: provider.clone(),
         sizes: sizes.clone(),
@@ -139,7 +139,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         policy,
         max,
     };
-    if !args.json {
+    if !args.json.json {
         println!(
             "# tally bench p2p: provider {provider}, tagged messages, {} polling, ends pinned to cores {core_a} and {core_b}",
             if busy { "busy" } else { "adaptive" }
@@ -172,26 +172,23 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     let peer = from_b.recv().map_err(|_| "pong side failed to start")?;
     side.peer = side.ep.insert_peer(&peer).map_err(|e| e.to_string())?;
     let provider_used = side.ep.provider().to_string();
-    let rows = side.drive(&plan, args.json);
+    let rows = side.drive(&plan, args.json.json);
     let pong_result = pong.join().map_err(|_| "pong thread panicked".to_string())?;
     let rows = rows?;
     // Closed after the ping side is done with it (see the pong thread).
     let _pong_side = pong_result?;
-    if args.json {
+    if args.json.json {
         let r = Report { provider: provider_used, results: rows };
         println!("{}", serde_json::to_string(&r).unwrap());
     }
     Ok(())
 }
 
-/// `--poll` (true: busy) and `--hugepages`, as both modes read them.
-pub(crate) fn poll_and_policy(args: &P2pArgs) -> Result<(bool, HugepagePolicy), String> {
-    let busy = match args.poll.as_str() {
-        "busy" => true,
-        "adaptive" => false,
-        other => return Err(format!("--poll: expected busy or adaptive, got {other:?}")),
-    };
-    let policy: HugepagePolicy = args.hugepages.parse().map_err(|e| format!("--hugepages: {e}"))?;
+/// `--poll` for `pollers` threads on `cores` cores (true: busy) and
+/// `--hugepages`, as both modes read them.
+pub(crate) fn poll_and_policy(args: &P2pArgs, pollers: usize, cores: usize) -> Result<(bool, HugepagePolicy), String> {
+    let busy = args.poll.poll.resolve(pollers, cores).is_busy();
+    let policy: HugepagePolicy = args.hugepages.hugepages.parse().map_err(|e| format!("--hugepages: {e}"))?;
     Ok((busy, policy))
 }
 

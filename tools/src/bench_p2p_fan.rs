@@ -135,7 +135,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     if hubs > MAX_PEERS || leaves > MAX_PEERS {
         return Err(format!("--hubs and --leaves: at most {MAX_PEERS} each"));
     }
-    let provider = tally_engine::fabric::select_provider(args.provider.as_deref(), true);
+    let provider = tally_engine::fabric::select_provider(args.provider.provider.as_deref(), true);
     let sizes: Vec<usize> = if args.sizes.is_empty() {
         vec![256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
     } else {
@@ -159,8 +159,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     if window == 0 || window > MAX_WINDOW {
         return Err(format!("--window: pieces in flight per (leaf, hub) pair, 1 to {MAX_WINDOW} (got {window})"));
     }
-    let (busy, policy) = crate::bench_p2p::poll_and_policy(args)?;
-    let cores = match &args.cores {
+    let cores = match &args.cores.cores {
         Some(c) => {
             let l = CoreList::parse(c).map_err(|e| format!("--cores: {e}"))?;
             l.validate_against_allowed().map_err(|e| format!("--cores: {e}"))?;
@@ -172,6 +171,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         return Err("--cores: no cores".into());
     }
     let threads = hubs + leaves;
+    let (busy, policy) = crate::bench_p2p::poll_and_policy(args, threads, cores.len())?;
     // Busy pollers that share a core take turns by the scheduler's
     // timeslice: the figure would measure that, not the transport.
     if cores.len() < threads && busy {
@@ -200,7 +200,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         min_piece: ClientConfig::new(Vec::new(), 0, 0, 1).min_piece,
     };
     let poll = if busy { "busy" } else { "adaptive" };
-    if !args.json {
+    if !args.json.json {
         let shared =
             if cores.len() < threads { format!(" (cores shared: {threads} threads on {} cores)", cores.len()) } else { String::new() };
         println!(
@@ -260,7 +260,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         if handles.iter().any(|h| h.is_err()) {
             shared.gate.fail("cannot start every thread".into());
         } else {
-            result = coordinate(&plan, &shared, args.json, &mut rows);
+            result = coordinate(&plan, &shared, args.json.json, &mut rows);
         }
         if let Err(e) = &result {
             shared.gate.fail(e.clone());
@@ -278,7 +278,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         return Err(f);
     }
     coordinated?;
-    if args.json {
+    if args.json.json {
         let provider = shared.provider_used.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or(provider);
         let r = FanReport {
             provider,

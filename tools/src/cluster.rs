@@ -33,6 +33,7 @@
 //! iproute2 (the GPU device image) run it that way, with the folder's
 //! libraries on LD_LIBRARY_PATH for `ip` and `tc` only.
 use crate::bench_allreduce::{format_row, Row, LOOP_LINES_ENV};
+use crate::cli_args::{DtypeArg, IprouteArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, WindowArg};
 use crate::logfile;
 use crate::plot;
 use crate::progress::Progress;
@@ -57,24 +58,19 @@ pub struct ClusterArgs {
     /// Sizes per rank (K/M/G), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16M,64M")]
     pub sizes: Vec<String>,
-    /// agg, agg-plugin (through the NCCL plugin's ncclCollNet), ring; comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "agg,ring")]
-    pub mode: Vec<String>,
-    /// Timed back-to-back all-reduces per size (measuring.md: 20 or more after warm-up).
-    #[arg(long, default_value_t = 20)]
-    pub iters: usize,
-    /// Untimed all-reduces per size before the timed loop.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: usize,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub mode: ModeArg,
+    #[command(flatten)]
+    pub loops: LoopArgs,
+    #[command(flatten)]
+    pub dtype: DtypeArg,
     /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin 512 KiB
     /// iallreduce pieces, as NCCL does), or auto
     /// (32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s: `auto_chunk`).
     #[arg(long, default_value = "auto")]
     pub chunk: String,
-    #[arg(long, default_value_t = 4)]
-    pub window: u32,
+    #[command(flatten)]
+    pub window: WindowArg,
     /// agg: sends in flight per server per worker (pacing for TCP-like links; 0: window-bound).
     #[arg(long, default_value_t = 1)]
     pub send_credits: u32,
@@ -82,10 +78,8 @@ pub struct ClusterArgs {
     /// it has 2, else every server's 2 lcores on cores 0-1).
     #[arg(long)]
     pub server_lcores: Option<u32>,
-    /// Polling of servers and workers: auto (busy where every server lcore and every
-    /// worker has a core of its own, as in production; else adaptive), busy or adaptive.
-    #[arg(long, default_value = "auto")]
-    pub poll: String,
+    #[command(flatten)]
+    pub poll: PollArg,
     /// Link MTU (jumbo frames, as EFA-class fabrics have).
     #[arg(long, default_value_t = 9000)]
     pub mtu: u32,
@@ -98,17 +92,15 @@ pub struct ClusterArgs {
     /// waiting behind a backlog of bulk data.
     #[arg(long, default_value = "50ms")]
     pub tbf_latency: String,
-    /// Folder with Debian's iproute2 unpacked (`dpkg -x`), for hosts without `ip` and `tc`.
-    #[arg(long, env = "TALLY_IPROUTE")]
-    pub iproute: Option<PathBuf>,
+    #[command(flatten)]
+    pub iproute: IprouteArg,
     /// Seconds the whole run may take per rate before it is stopped.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
-    #[arg(long)]
-    pub json: bool,
-    /// Write busbw against size to this SVG file (agg and ring, with the bounds).
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub json: JsonArg,
+    #[command(flatten)]
+    pub plot: PlotArg,
     /// Send server and worker log lines to this file (warnings and errors still reach the terminal).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
@@ -128,22 +120,21 @@ impl ClusterArgs {
             hosts: 4,
             rates: rate.into_iter().collect(),
             sizes: ["1M", "4M", "16M"].iter().map(|s| s.to_string()).collect(),
-            mode: vec!["agg".into(), "ring".into()],
-            iters: 20,
-            warmup: 3,
-            dtype: "f32".into(),
+            mode: ModeArg::default(),
+            loops: LoopArgs::default(),
+            dtype: DtypeArg::default(),
             chunk: "auto".into(),
-            window: 4,
+            window: WindowArg::default(),
             send_credits: 1,
             server_lcores: None,
-            poll: "auto".into(),
+            poll: PollArg::default(),
             mtu: 9000,
             tbf_burst: "auto".into(),
             tbf_latency: "50ms".into(),
-            iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from),
+            iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
             timeout: 300,
-            json: false,
-            plot: None,
+            json: JsonArg::default(),
+            plot: PlotArg::default(),
             log: None,
             workers_run: None,
         }
@@ -246,17 +237,17 @@ pub fn run(args: &ClusterArgs) -> Result<(), String> {
         logfile::redirect_to(path)?;
     }
     let out = launch(args)?;
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.plot.plot {
         write_plot(&out, path)?;
-        if !args.json {
+        if !args.json.json {
             println!("# plot: {}", path.display());
         }
     }
-    if args.json {
+    if args.json.json {
         println!("{}", serde_json::to_string(&out).map_err(|e| e.to_string())?);
     }
     if let Some(path) = &args.log {
-        if !args.json {
+        if !args.json.json {
             println!("# server and worker logs: {}", path.display());
         }
     }
@@ -299,13 +290,13 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
     println!(
         "# chunk {}, window {}, send credits {}, rails per worker {}; {}",
         if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
-        args.window,
+        args.window.window,
         args.send_credits,
         {
             let (n, why) = worker_rails(args.hosts, worker_cores);
             format!("{n} ({why})")
         },
-        crate::bench_allreduce::method_line(args.iters, args.warmup, false)
+        crate::bench_allreduce::method_line(args.loops.iters, args.loops.warmup, false)
     );
     println!(
         "# bounds: agg <= R (servers together have the workers' bandwidth), ring <= R x n/(2(n-1)); ideal agg/ring = 2(n-1)/n = {:.2}",
@@ -599,13 +590,13 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     if args.hosts < 2 || args.hosts > 64 {
         return Err("--hosts: between 2 and 64".into());
     }
-    if let Some(m) = args.mode.iter().find(|m| !matches!(m.as_str(), "agg" | "agg-plugin" | "ring")) {
+    if let Some(m) = args.mode.mode.iter().find(|m| !matches!(m.as_str(), "agg" | "agg-plugin" | "ring")) {
         return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
     }
-    if let Some(why) = unavailable(args.iproute.as_deref()) {
+    if let Some(why) = unavailable(args.iproute.iproute.as_deref()) {
         return Err(format!("the emulated cluster cannot run here: {why}"));
     }
-    let tools = Iproute::find(args.iproute.as_deref())?;
+    let tools = Iproute::find(args.iproute.iproute.as_deref())?;
     ensure_job_token();
     sweep_stale(&tools);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -622,14 +613,10 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     build_network(&bed.tools, &sw, &hosts, &ns, args.mtu)?;
 
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
-    let dedicated =
-        worker_cores.as_ref().is_some_and(|w| tally_engine::cpuset::CoreList::parse(w).is_ok_and(|l| l.len() >= args.hosts as usize));
-    let poll = match args.poll.as_str() {
-        "auto" if dedicated => "busy",
-        "auto" => "adaptive",
-        "busy" | "adaptive" => args.poll.as_str(),
-        other => return Err(format!("--poll: expected auto, busy or adaptive, got {other:?}")),
-    };
+    // `place` gives server lcores cores of their own where it leaves any to
+    // the workers, so auto is busy exactly when every worker has one too.
+    let worker_core_count = worker_cores.as_ref().and_then(|w| tally_engine::cpuset::CoreList::parse(w).ok()).map_or(0, |l| l.len());
+    let poll = args.poll.poll.resolve(args.hosts as usize, worker_core_count).as_str();
     let placement = format!("{placement}; {poll} polling");
     let log_level = if logfile::redirected() { "info" } else { "warn" };
     let mut servers = Vec::new();
@@ -661,13 +648,13 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         }
     }
 
-    let steps = rates.len() * args.mode.len() * args.sizes.len();
-    let mut progress = Progress::new(steps, args.json);
+    let steps = rates.len() * args.mode.mode.len() * args.sizes.len();
+    let mut progress = Progress::new(steps, args.json.json);
     let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new() };
     if let Some(cmd) = &args.workers_run {
         for &rate in &rates {
             shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
-            if !args.json {
+            if !args.json.json {
                 println!(
                     "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers; placement: {placement}; running in each worker: {cmd}",
                     args.hosts, args.hosts
@@ -684,7 +671,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         let running = Servers { addrs: &servers, pids: &server_pids };
         run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
         progress.finish();
-        if !args.json {
+        if !args.json.json {
             print_header(args, rate, &placement, worker_cores.as_deref());
             println!("{}", format_cluster_header());
             for r in &out.rows[first..] {
@@ -800,20 +787,20 @@ fn run_rate(
         let mut c = bed.tools.exec_in(&ns('w', i), exe);
         c.args(["bench", "allreduce", "--rank", &i.to_string(), "--ranks", &args.hosts.to_string(), "--bootstrap", &boot]);
         c.args(["--job-id", &job.to_string(), "--servers", &servers.addrs.join(","), "--provider", "tcp", "--fabric-addr", &addr('w', i)]);
-        c.args(["--mode", &args.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.iters.to_string()]);
+        c.args(["--mode", &args.mode.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.loops.iters.to_string()]);
         c.args([
             "--warmup",
-            &args.warmup.to_string(),
+            &args.loops.warmup.to_string(),
             "--dtype",
-            &args.dtype,
+            &args.dtype.dtype,
             "--chunk",
             &chunk_for(args, rate),
             "--window",
-            &args.window.to_string(),
+            &args.window.window.to_string(),
         ]);
         c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.min(120).to_string()]);
         if let Some(wc) = worker_cores {
-            c.args(["--rank-cores", wc]);
+            c.args(["--cores", wc]);
         }
         c.args(["--rails", &worker_rails(args.hosts, worker_cores).0.to_string()]);
         c.args(["--poll", poll]);
@@ -832,7 +819,7 @@ fn run_rate(
         }
         bed.children.push(child);
     }
-    let steps: Vec<String> = args.mode.iter().flat_map(|m| args.sizes.iter().map(move |s| format!("{rate} Gbit/s {m} {s}"))).collect();
+    let steps: Vec<String> = args.mode.mode.iter().flat_map(|m| args.sizes.iter().map(move |s| format!("{rate} Gbit/s {m} {s}"))).collect();
     progress.working_on(steps[0].clone());
     // Rank 0's RESULT lines arrive on a thread so that the wait is bounded.
     let (tx, rx) = mpsc::channel();

@@ -18,6 +18,7 @@
 //! plots of both parts; the demo names them at the end.
 use crate::bench_allreduce::{self, AllreduceArgs};
 use crate::bench_p2p::{self, P2pArgs};
+use crate::cli_args::{CoresArg, DtypeArg, HugepagesArg, IprouteArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, ProviderArg, WindowArg};
 use crate::cluster::{self, ClusterArgs, ClusterOutcome};
 use crate::logfile;
 use crate::plot;
@@ -30,24 +31,22 @@ pub struct DemoArgs {
     /// Ranks (worker processes) of the loopback part.
     #[arg(long, default_value_t = 4)]
     pub ranks: u32,
-    /// Provider of the loopback part: shm (default where available) or tcp.
-    #[arg(long)]
-    pub provider: Option<String>,
+    #[command(flatten)]
+    pub provider: ProviderArg,
     /// The emulated-cluster part: auto (run it where it can run), on (fail if it cannot), off.
     #[arg(long, default_value = "auto")]
     pub cluster: String,
     /// Link rate of the emulated cluster in Gbit/s (default: what this machine's cores carry).
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Folder with Debian's iproute2 unpacked (`dpkg -x`), for hosts without `ip` and `tc`.
-    #[arg(long, env = "TALLY_IPROUTE")]
-    pub iproute: Option<PathBuf>,
+    #[command(flatten)]
+    pub iproute: IprouteArg,
     /// Folder for the log file and the plots.
     #[arg(long, default_value = "/tmp/tally-demo")]
     pub out: PathBuf,
-    /// Print the results as JSON (the loopback rows as bench allreduce --json, plus "cluster").
-    #[arg(long)]
-    pub json: bool,
+    // The JSON object holds the loopback rows as `bench allreduce --json`, plus "cluster".
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 pub fn run(args: &DemoArgs) -> Result<(), String> {
@@ -65,7 +64,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     // Part 1: the emulated cluster.
     let skipped = match args.cluster.as_str() {
         "off" => Some("--cluster off".to_string()),
-        _ => cluster::unavailable(args.iproute.as_deref()),
+        _ => cluster::unavailable(args.iproute.iproute.as_deref()),
     };
     if let (Some(why), "on") = (&skipped, args.cluster.as_str()) {
         return Err(format!("the emulated cluster cannot run here: {why}"));
@@ -73,12 +72,12 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     let mut cl: Option<ClusterOutcome> = None;
     if skipped.is_none() {
         let mut ca = ClusterArgs::demo(args.rate);
-        ca.json = args.json;
+        ca.json = args.json.clone();
         ca.iproute = args.iproute.clone();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let rate = args.rate.unwrap_or_else(|| cluster::default_rate(ca.hosts, cores));
         ca.rates = vec![rate];
-        if !args.json {
+        if !args.json.json {
             println!("== Part 1: the case tally is for: {h} reduction servers + {h} workers on {rate} Gbit/s links ==", h = ca.hosts);
             println!("Each host is a network namespace behind a link shaped to {rate} Gbit/s each way. Through the servers every worker");
             println!(
@@ -91,7 +90,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         let svg = args.out.join("cluster.svg");
         cluster::write_plot(&out, &svg)?;
         plots.push(svg);
-        if !args.json {
+        if !args.json.json {
             if let Some(big) = out.rows.iter().filter(|r| r.row.mode == "agg").max_by_key(|r| r.row.bytes) {
                 println!(
                     "\nAt {}: agg reaches {:.2} of its link bound and {:.2}x the ring (ideal {:.2}).",
@@ -104,41 +103,38 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
             println!();
         }
         cl = Some(out);
-    } else if !args.json {
+    } else if !args.json.json {
         println!("== Part 1 (emulated cluster) skipped: {} ==\n", skipped.as_deref().unwrap_or(""));
     }
 
     // Part 2: loopback.
-    let provider = match &args.provider {
-        Some(p) => p.clone(),
-        None if tally_engine::fabric::provider_available("shm") => "shm".into(),
-        None => "tcp".into(),
-    };
+    // As `tally bench allreduce` chooses for ranks on this machine.
+    let provider = tally_engine::fabric::select_provider(args.provider.provider.as_deref(), true);
     let ar = AllreduceArgs {
-        mode: vec!["agg".into(), "ring".into()],
+        mode: ModeArg::default(),
         ranks: args.ranks,
         ranks_per_process: None,
         sleep_ms: None,
-        provider: Some(provider.clone()),
+        provider: ProviderArg { provider: Some(provider.clone()) },
         sizes: ["4K", "64K", "1M", "16M", "64M"].iter().map(|s| s.to_string()).collect(),
-        dtype: "f32".into(),
+        dtype: DtypeArg::default(),
         op: "sum".into(),
-        iters: 20,
-        warmup: 3,
+        loops: LoopArgs::default(),
         servers: vec![],
         lcores: "0-1".into(),
-        hugepages: "prefer".into(),
-        rank_cores: None,
+        hugepages: HugepagesArg::default(),
+        cores: CoresArg::default(),
         rails: None,
         chunk: "1M".into(),
-        window: 4,
-        poll: "adaptive".into(),
+        window: WindowArg::default(),
+        // auto, as everywhere: on 2 cores 4 ranks and 2 lcores poll adaptively.
+        poll: PollArg::default(),
         send_credits: 0,
         timeout: 60,
         fabric_addr: None,
-        json: args.json,
+        json: args.json.clone(),
         sync: false,
-        plot: None,
+        plot: PlotArg::default(),
         plugin: None,
         plugin_piece: "512K".into(),
         plugin_in_flight: 8,
@@ -146,7 +142,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         bootstrap: None,
         job_id: 0,
     };
-    if !args.json {
+    if !args.json.json {
         println!("== Part 2: loopback: one reduction server (2 lcores) + {} ranks on this machine, provider {provider} ==", args.ranks);
         println!("No link in the way: memory copies and CPU time set the pace. Through a server every byte is copied in, reduced");
         println!("and copied back; a ring's bytes take one copy per hop, and here the server's lcores and the ranks share this");
@@ -158,7 +154,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     plot::busbw_svg(&svg, &title, &plot::series_by_mode(&out.rows, ""), &[])?;
     plots.push(svg);
     let cluster_wrong = cl.as_ref().map_or(0, |c| c.wrong());
-    if args.json {
+    if args.json.json {
         println!(
             "{}",
             serde_json::json!({
@@ -196,15 +192,16 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         }
         println!("\n== point-to-point baseline (same provider, tally's fabric layer) ==");
         let p2p = P2pArgs {
-            provider: Some(provider),
+            provider: ProviderArg { provider: Some(provider) },
             sizes: ["8", "4K", "64K", "1M", "16M"].iter().map(|s| s.to_string()).collect(),
             iters: Some(1000),
             warmup: Some(100),
             window: Some(16),
-            cores: None,
-            poll: "busy".into(),
-            hugepages: "prefer".into(),
-            json: false,
+            cores: CoresArg::default(),
+            // auto: busy where the two ends get a core each.
+            poll: PollArg::default(),
+            hugepages: HugepagesArg::default(),
+            json: JsonArg::default(),
             hubs: 0,
             leaves: 0,
             chunk: None,
@@ -213,14 +210,14 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     }
     let wrong: u64 = out.rows.iter().map(|r| r.wrong).sum::<u64>() + cluster_wrong;
     let results = out.rows.len() + cl.as_ref().map_or(0, |c| c.rows.len());
-    if !args.json {
+    if !args.json.json {
         println!("\nserver and rank log lines: {}", log_path.display());
         println!("plots: {}", plots.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
     }
     if wrong > 0 {
         return Err(format!("{wrong} wrong elements in {results} all-reduce results"));
     }
-    if !args.json {
+    if !args.json.json {
         println!("all {results} all-reduce results verified element by element: 0 wrong");
     }
     Ok(())

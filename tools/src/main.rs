@@ -6,6 +6,7 @@ mod bench_allreduce;
 mod bench_p2p;
 mod bench_p2p_fan;
 mod bench_reduce;
+mod cli_args;
 mod cluster;
 mod collnet_driver;
 mod demo;
@@ -18,8 +19,16 @@ mod server_cmd;
 mod settings_cmd;
 mod stats_cmd;
 
+/// What `tally --help` ends with: the exit statuses every command keeps to.
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  success
+  1  an error tally reports on stderr (\"tally: error: ...\"): a refused
+     configuration, a failed run or check, wrong results, failed doctor checks
+  2  a usage error: an unknown command or flag, a missing or malformed value";
+
 #[derive(Parser)]
-#[command(name = "tally", version, about = "Gradient reduction-server dataplane over libfabric")]
+#[command(name = "tally", version, about = "Gradient reduction-server dataplane over libfabric", after_help = EXIT_STATUS)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,7 +50,7 @@ enum Command {
     Doctor(host::DoctorArgs),
     /// Every TALLY_* variable and server configuration key: default, who reads it, what it does.
     Settings(settings_cmd::SettingsArgs),
-    /// Microbenchmarks: reduce kernels, point-to-point transport.
+    /// Benchmarks: reduce kernels, the transport, all-reduce on this machine, an emulated cluster.
     #[command(subcommand)]
     Bench(Bench),
 }
@@ -50,10 +59,11 @@ enum Command {
 enum Bench {
     /// Reduction kernels: GB/s and roofline fraction against memcpy.
     Reduce(bench_reduce::ReduceArgs),
-    /// Tagged ping-pong latency and streaming bandwidth over tally's fabric layer;
-    /// --hubs/--leaves: many streams each way, the ceiling for server core scaling.
+    /// The transport alone: ping-pong latency and streaming bandwidth (--hubs/--leaves: many streams each way).
+    #[command(long_about = "Tagged ping-pong latency and streaming bandwidth over tally's fabric layer; \
+        --hubs/--leaves: many streams each way, the ceiling for server core scaling.")]
     P2p(bench_p2p::P2pArgs),
-    /// All-reduce through reduction servers (agg) and ring, ranks as processes on this machine.
+    /// All-reduce through reduction servers (agg) against ring, ranks on this machine.
     Allreduce(bench_allreduce::AllreduceArgs),
     /// Emulated cluster: N servers + N workers in network namespaces with shaped links (root).
     Cluster(cluster::ClusterArgs),
@@ -61,6 +71,7 @@ enum Bench {
 
 fn main() -> ExitCode {
     logfile::init();
+    // A usage error exits 2 (clap's own status), before any command runs.
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Server(args) => server_cmd::run(args),
@@ -84,6 +95,50 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("tally: error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every subcommand, as `(command path, name)`,
+    /// that `--help` would show without a line of help.
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+            if !arg.is_hide_set() && !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                out.push(format!("{path} --{}", arg.get_long().unwrap_or(arg.get_id().as_str())));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_about().is_none() && sub.get_name() != "help" {
+                out.push(format!("{path} {} (no about line)", sub.get_name()));
+            }
+            undocumented(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_flag_of_every_command_has_help() {
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        undocumented(&cmd, "tally", &mut missing);
+        assert!(missing.is_empty(), "flags without help text: {missing:#?}");
+    }
+
+    #[test]
+    fn bench_lists_all_four_subcommands() {
+        let cmd = Cli::command();
+        let bench = cmd.find_subcommand("bench").expect("tally bench");
+        let names: Vec<&str> = bench.get_subcommands().map(|c| c.get_name()).collect();
+        assert_eq!(names, ["reduce", "p2p", "allreduce", "cluster"]);
+        let about = bench.get_about().expect("an about line").to_string();
+        for what in ["reduce kernels", "transport", "all-reduce", "emulated cluster"] {
+            assert!(about.contains(what), "{what}: {about}");
         }
     }
 }

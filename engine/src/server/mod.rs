@@ -78,7 +78,7 @@ impl Server {
         }
         let listener = control::listen(&cfg.listen)?;
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
-        crate::host::limits::raise_open_files(cfg);
+        crate::host::limits::raise_for_server(cfg, &provider);
         // The control plane's epoll loop exists before the lcores, so that
         // their events can wake it.
         let counters = Arc::new(ControlCounters::default());

@@ -14,8 +14,10 @@
 //! hugepages preferred, provider chosen at run time), so a missing EFA device
 //! is a warning ("shm/tcp only, fine for development"); a configuration that
 //! names `provider = "efa"` makes the same finding a failure, and `busy`
-//! polling turns scheduler findings (isolation, RT throttling) from notes into
-//! warnings. The exit status is 1 when any row fails.
+//! polling turns scheduler findings (core isolation) from notes into
+//! warnings. The exit status is 1 when any row fails. Only what tally uses
+//! is checked: its threads are never real-time (no SCHED_FIFO/RR), so RT
+//! throttling (`kernel.sched_rt_runtime_us`) is no row.
 //!
 //! The host is read once into [`HostFacts`]; [`evaluate`] is a pure function
 //! from the target configuration and those facts to the rows, so the tests
@@ -136,9 +138,6 @@ pub struct HostFacts {
     pub memlock: Option<u64>,
     /// This process may lock memory regardless of the limit.
     pub cap_ipc_lock: bool,
-    /// kernel.sched_rt_runtime_us and kernel.sched_rt_period_us.
-    pub rt_runtime_us: Option<i64>,
-    pub rt_period_us: Option<i64>,
     pub nic_irqs: Vec<IrqFact>,
     /// The process's allowed CPUs.
     pub allowed: Vec<usize>,
@@ -282,8 +281,6 @@ pub fn gather(lcores: &CoreList) -> HostFacts {
         thp: hugepages::thp_mode().ok().map(|m| m.to_string()),
         memlock: memlock_limit(),
         cap_ipc_lock: has_cap_ipc_lock(),
-        rt_runtime_us: read_trim("/proc/sys/kernel/sched_rt_runtime_us").and_then(|s| s.parse().ok()),
-        rt_period_us: read_trim("/proc/sys/kernel/sched_rt_period_us").and_then(|s| s.parse().ok()),
         nic_irqs,
         allowed: cpuset::allowed().map(|c| c.as_slice().to_vec()).unwrap_or_default(),
     }
@@ -526,24 +523,6 @@ fn check_memlock(t: &Target, h: &HostFacts) -> Check {
     }
 }
 
-fn check_rt(t: &Target, h: &HostFacts) -> Check {
-    match h.rt_runtime_us {
-        None => row("RT throttling", Status::Info, "kernel.sched_rt_runtime_us unreadable", None),
-        Some(-1) => row("RT throttling", Status::Pass, "off (sched_rt_runtime_us = -1)", None),
-        Some(rt) => {
-            let period = h.rt_period_us.unwrap_or(1_000_000);
-            let paused = period.saturating_sub(rt).max(0) / 1000;
-            let detail = format!("on ({rt} of {period} us): real-time pollers are paused {paused} ms every period");
-            let fix = Some("sysctl -w kernel.sched_rt_runtime_us=-1 (with isolated lcores)".to_string());
-            if t.busy() {
-                row("RT throttling", Status::Warn, detail, fix)
-            } else {
-                row("RT throttling", Status::Info, format!("{detail}; no matter for adaptive polling"), None)
-            }
-        }
-    }
-}
-
 fn check_irqs(t: &Target, h: &HostFacts) -> Check {
     if h.nic_irqs.is_empty() {
         return row("NIC interrupts", Status::Info, "no efa interrupts in /proc/interrupts", None);
@@ -608,7 +587,6 @@ pub fn evaluate(t: &Target, h: &HostFacts) -> Vec<Check> {
     out.push(check_governor(h));
     out.push(check_thp(h));
     out.push(check_memlock(t, h));
-    out.push(check_rt(t, h));
     out.push(check_irqs(t, h));
     out
 }
@@ -724,8 +702,6 @@ mod tests {
             thp: Some("madvise".into()),
             memlock: Some(8 << 20),
             cap_ipc_lock: false,
-            rt_runtime_us: Some(950_000),
-            rt_period_us: Some(1_000_000),
             allowed: vec![0, 1],
             ..Default::default()
         }
@@ -743,8 +719,6 @@ mod tests {
             governors: (2..64).map(|c| (c, Some("performance".to_string()))).collect(),
             thp: Some("madvise".into()),
             memlock: None,
-            rt_runtime_us: Some(-1),
-            rt_period_us: Some(1_000_000),
             nic_irqs: vec![IrqFact { irq: 40, name: "efa-comp0@pci:0000:00:06.0".into(), affinity: Some(vec![1]) }],
             allowed: (0..64).collect(),
             ..Default::default()
@@ -771,7 +745,8 @@ mod tests {
         assert_eq!(status(&c, "hugepages"), Status::Warn);
         assert_eq!(status(&c, "CPU governor"), Status::Info);
         assert_eq!(status(&c, "isolated cores"), Status::Info);
-        assert_eq!(status(&c, "RT throttling"), Status::Info);
+        // tally runs no real-time threads: RT throttling is not checked.
+        assert!(c.iter().all(|x| x.name != "RT throttling"), "{c:#?}");
         assert_eq!(status(&c, "EFA NUMA"), Status::Info);
         assert_eq!(status(&c, "memlock"), Status::Warn);
         assert_eq!(exit_code(&c), 0);
@@ -787,7 +762,7 @@ mod tests {
         assert_eq!(status(&c, "hugepages"), Status::Fail);
         assert_eq!(status(&c, "memlock"), Status::Fail);
         assert_eq!(status(&c, "isolated cores"), Status::Warn);
-        assert_eq!(status(&c, "RT throttling"), Status::Warn);
+        assert!(c.iter().all(|x| !x.fix.as_deref().unwrap_or("").contains("sched_rt")), "{c:#?}");
         assert_eq!(detail(&c, "lcores"), "lcores 2-63 are all outside this host's allowed CPUs (0-1)");
         let fix = c.iter().find(|x| x.name == "hugepages").unwrap().fix.clone().unwrap();
         assert!(fix.starts_with("tally hugepages reserve 31G"), "{fix}");

@@ -36,6 +36,13 @@ impl ServerProcess {
         Self::launch(Command::new(env!("CARGO_BIN_EXE_tally")), listen, args, env)
     }
 
+    /// As `start_on`, through `command` (a wrapper such as `prlimit ... --
+    /// tally`), which gets `server --listen LISTEN ARGS` appended.
+    #[allow(clippy::zombie_processes)]
+    pub fn start_via(command: Command, listen: &str, args: &[&str]) -> ServerProcess {
+        Self::launch(command, listen, args, &[])
+    }
+
     /// As `start_on`, inside network namespace `ns` (see [`netns`]).
     pub fn start_in(ns: &str, listen: &str, args: &[&str]) -> ServerProcess {
         let mut c = Command::new("ip");

@@ -1,0 +1,207 @@
+//! Flags that mean the same thing in several `tally` commands, defined once.
+//!
+//! `tally bench p2p`, `bench allreduce`, `bench cluster` and `demo` grew
+//! their flags apart: the same `--poll` had three defaults, cores had three
+//! names, and some flags had no help text. Each flag here is one clap
+//! struct that a command flattens in (`#[command(flatten)]`), so its name,
+//! default and help text are the same wherever it appears. Names, one per
+//! meaning:
+//!
+//! - `--lcores`: the cores of a reduction server's lcores (as `tally server`);
+//! - `--cores`: the cores a benchmark pins its own threads to (ranks,
+//!   endpoints), beside any server's lcores; `--rank-cores` is its old name
+//!   in `bench allreduce`, kept as a hidden alias;
+//! - `--poll`: [`PollMode`], whose default `auto` is one rule everywhere.
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+/// How a command's pollers (server lcores, ranks, endpoints) wait for
+/// completions. (Its values' help is `--poll`'s own text, so plain comments here.)
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PollMode {
+    // Busy when every poller gets a core of its own, else adaptive.
+    #[default]
+    Auto,
+    // Spin on the completion queue without pause (a core per poller).
+    Busy,
+    // Spin a while, then sleep until traffic arrives (pollers may share cores).
+    Adaptive,
+}
+
+impl PollMode {
+    /// The mode in force for `pollers` threads on `cores` cores: `auto` is
+    /// busy only when no two busy pollers would share a core (they would take
+    /// turns by the scheduler's timeslice, and starve the rest of the machine).
+    pub fn resolve(self, pollers: usize, cores: usize) -> PollMode {
+        match self {
+            PollMode::Auto if pollers <= cores => PollMode::Busy,
+            PollMode::Auto => PollMode::Adaptive,
+            other => other,
+        }
+    }
+
+    pub fn is_busy(self) -> bool {
+        self == PollMode::Busy
+    }
+
+    /// The word the server's configuration and the command line take.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PollMode::Auto => "auto",
+            PollMode::Busy => "busy",
+            PollMode::Adaptive => "adaptive",
+        }
+    }
+}
+
+impl std::fmt::Display for PollMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `--poll`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct PollArg {
+    /// Polling of the server lcores, ranks and endpoints this command starts:
+    /// auto (busy when every poller gets a core of its own, else adaptive),
+    /// busy (each spins on its own core) or adaptive (spin, then sleep until traffic).
+    #[arg(long, value_enum, default_value_t = PollMode::Auto)]
+    pub poll: PollMode,
+}
+
+/// `--provider`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ProviderArg {
+    /// libfabric provider: efa, shm or tcp (tcp;ofi_rxm). Default: TALLY_PROVIDER,
+    /// else efa if present, else shm when every peer is on this machine, else tcp.
+    #[arg(long)]
+    pub provider: Option<String>,
+}
+
+/// `--hugepages`.
+#[derive(Args, Debug, Clone)]
+pub struct HugepagesArg {
+    /// Hugepage policy for the registered buffers (a hosted server's slabs
+    /// too): require, prefer (fall back to normal pages) or off.
+    #[arg(long, default_value = "prefer")]
+    pub hugepages: String,
+}
+
+impl Default for HugepagesArg {
+    fn default() -> Self {
+        HugepagesArg { hugepages: "prefer".into() }
+    }
+}
+
+/// `--json`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct JsonArg {
+    /// Print the results as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--cores` (bench p2p, bench allreduce).
+#[derive(Args, Debug, Clone, Default)]
+pub struct CoresArg {
+    /// Cores this benchmark pins its own threads to, DPDK syntax (e.g. 2-9,12),
+    /// taken in order and wrapping; a hosted server's lcores are --lcores.
+    /// bench p2p: the two ends, or the hubs then the leaves (default: the
+    /// allowed cores). bench allreduce: rank i on the i-th (a rank with rails
+    /// takes a block: its own, then one per rail; default: the scheduler places ranks).
+    #[arg(long, alias = "rank-cores", value_name = "CORES")]
+    pub cores: Option<String>,
+}
+
+/// `--mode` (bench allreduce, bench cluster).
+#[derive(Args, Debug, Clone)]
+pub struct ModeArg {
+    /// What to time, comma-separated: agg (through reduction servers, tally's
+    /// client), agg-plugin (through libnccl-net-tally.so's ncclCollNet, as NCCL
+    /// drives it), ring (ranks to each other, no server).
+    #[arg(long, value_delimiter = ',', default_value = "agg,ring")]
+    pub mode: Vec<String>,
+}
+
+impl Default for ModeArg {
+    fn default() -> Self {
+        ModeArg { mode: vec!["agg".into(), "ring".into()] }
+    }
+}
+
+/// `--iters` and `--warmup` of the all-reduce benchmarks (bench allreduce, bench cluster).
+#[derive(Args, Debug, Clone)]
+pub struct LoopArgs {
+    /// Timed all-reduces per size: a back-to-back loop (mean, p50, p99 and max per operation).
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    /// Untimed all-reduces per size before the timed loop (agg: at least one per stream).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+}
+
+impl Default for LoopArgs {
+    fn default() -> Self {
+        LoopArgs { iters: 20, warmup: 3 }
+    }
+}
+
+/// `--dtype` (bench allreduce, bench cluster).
+#[derive(Args, Debug, Clone)]
+pub struct DtypeArg {
+    /// Element type: f32, f64, f16, bf16, i8, u8, i32, u32, i64 or u64.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+}
+
+impl Default for DtypeArg {
+    fn default() -> Self {
+        DtypeArg { dtype: "f32".into() }
+    }
+}
+
+/// `--window` (bench allreduce, bench cluster).
+#[derive(Args, Debug, Clone)]
+pub struct WindowArg {
+    /// Chunks in flight per server lcore (agg) or per direction (ring).
+    #[arg(long, default_value_t = 4)]
+    pub window: u32,
+}
+
+impl Default for WindowArg {
+    fn default() -> Self {
+        WindowArg { window: 4 }
+    }
+}
+
+/// `--plot` (bench allreduce, bench cluster).
+#[derive(Args, Debug, Clone, Default)]
+pub struct PlotArg {
+    /// Write bus bandwidth against size (a line per mode) to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// `--iproute` (bench cluster, demo).
+#[derive(Args, Debug, Clone, Default)]
+pub struct IprouteArg {
+    /// Folder with Debian's iproute2 unpacked (`dpkg -x`), for hosts without `ip` and `tc`.
+    #[arg(long, env = "TALLY_IPROUTE")]
+    pub iproute: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_is_busy_only_with_a_core_per_poller() {
+        assert_eq!(PollMode::Auto.resolve(2, 2), PollMode::Busy);
+        assert_eq!(PollMode::Auto.resolve(6, 2), PollMode::Adaptive);
+        assert_eq!(PollMode::Auto.resolve(6, 16), PollMode::Busy);
+        // Asked for, a mode is kept: commands refuse busy pollers past their cores themselves.
+        assert_eq!(PollMode::Busy.resolve(6, 2), PollMode::Busy);
+        assert_eq!(PollMode::Adaptive.resolve(1, 16), PollMode::Adaptive);
+    }
+}
