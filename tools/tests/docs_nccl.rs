@@ -29,9 +29,11 @@
 //!   page's table; the figures it quotes from the code still hold.
 //!
 //! Nothing here needs a GPU, EFA or root, and nothing changes the host.
+mod common;
+use common::show_output as show;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use tally_engine::config::ServerFile;
 
 const DOC: &str = "docs/nccl.md";
@@ -398,15 +400,6 @@ fn tally() -> Command {
     }
     c.env("TALLY_LOG", "warn").current_dir(repo());
     c
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The `tally` invocations of a line: its command (after `VAR=value`

@@ -5,7 +5,7 @@ pub mod netns;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, ReduceOp};
@@ -255,4 +255,14 @@ pub fn bench(addr: &str, args: &[&str]) -> Vec<serde_json::Value> {
         assert_eq!(r["wrong"], 0, "{r}");
     }
     rows
+}
+
+/// A finished command's exit status and both outputs, for assertion messages.
+pub fn show_output(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }

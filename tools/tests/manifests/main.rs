@@ -30,9 +30,12 @@
 //! through the server's own parser (`ServerFile`), sizes and CPU lists through
 //! the engine's, and the commands run this build's binary, so the checks
 //! follow what the server does instead of restating it.
+#[path = "../common/mod.rs"]
+mod common;
+use common::show_output as show;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 use tally_engine::config::{ServerConfig, ServerFile};
 use tally_engine::cpuset::CoreList;
@@ -164,15 +167,6 @@ fn tool(name: &str) -> PathBuf {
     }
     let on_path = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()));
     on_path.unwrap_or_else(|| panic!("{name} not found ({PY_TOOLS} or PATH): run `make deps` (scripts/deps.sh, scripts/deps-py.sh)"))
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]
