@@ -25,6 +25,16 @@
 #   perf     perf (devlib/perf.tar.xz) of the whole host during one 32
 #            Gbit/s agg run with the default rails: top symbols per thread kind.
 #   demo     `tally demo` as a user runs it.
+#   nccl     real NCCL on the host's GPUs (tests/nccl/cluster_proof.sh) at
+#            LR_NCCL_RATE (32) and half, LR_NCCL_SIZES (16M,64M,256M), f32 and
+#            bf16, the four modes, timed as measuring.md says (back to back).
+#   nccl-sync  the same timed the old way (a synchronize around every
+#            all-reduce, PER_OP_SYNC=1), ring over Socket and CollNet, f32,
+#            LR_NCCL_SYNC_SIZES (16M): what the ranks' launch skew costs.
+#   nccl-knobs  NCCL modes LR_NCCL_KNOB_MODES (collnet: forced), f32,
+#            LR_NCCL_KNOB_SIZES (16M,64M), once per setting in LR_NCCL_KNOBS
+#            (space separated, name@VAR=v,VAR=v; "base" alone for the
+#            defaults), each line with the channels NCCL used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TALLY="${TALLY:-$PWD/target/release/tally}"
@@ -179,6 +189,55 @@ if has perf; then
     wait $run
     table "$OUT/perf-run.json" "perf run"
     PERF report -i "$OUT/perf.data" --stdio --no-children -g none --sort comm,symbol --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | head -45 | tee -a "$S"
+fi
+
+nccl_proof() { # name, then VAR=value pairs for cluster_proof.sh
+    local name=$1 o="$OUT/$1"
+    shift
+    say ""
+    say "## $name: real NCCL, tests/nccl/cluster_proof.sh $*"
+    env "$@" RATE="${LR_NCCL_RATE:-32}" OUT="$o" TALLY_BIN="$TALLY" STEP_TIMEOUT=240 \
+        PLUGIN="${PLUGIN:-$(dirname "$TALLY")/libnccl_net_tally.so}" bash tests/nccl/cluster_proof.sh >"$o.out" 2>&1
+    say "# exit $?"
+    sed -n '/^=== table/,/^=== proof/p' "$o/summary.txt" | grep -v '^=== proof' | tee -a "$S"
+    sed -n '/^=== verdicts/,$p' "$o/summary.txt" | tee -a "$S"
+    grep -h "algorithm per size" -A4 "$o/summary.txt" | head -20 >>"$S"
+    for f in "$o"/*-"${LR_NCCL_RATE:-32}".nccl.*.log; do
+        [ -e "$f" ] || continue
+        echo "$(basename "$f" | cut -d. -f1): $(grep -ohE "[0-9]+ coll channels, [0-9]+ collnet channels|NCCL defaults set.*" "$f" | sort -u | paste -sd';')"
+    done | sort -u | tee -a "$S"
+}
+if has nccl; then
+    nccl_proof nccl SIZES="${LR_NCCL_SIZES:-16M,64M,256M}" DTYPES=f32,bf16
+fi
+if has nccl-sync; then
+    nccl_proof nccl-sync PER_OP_SYNC=1 SIZES="${LR_NCCL_SYNC_SIZES:-16M}" DTYPES=f32 MODES="ring-socket collnet"
+fi
+if has nccl-knobs; then
+    say ""
+    say "## NCCL CollNet (forced), f32, at LR_NCCL_RATE and half, one setting at a time"
+    for knob in ${LR_NCCL_KNOBS:-base}; do
+        name="${knob%%@*}" vars=()
+        [[ "$knob" == *@* ]] && IFS=',' read -ra vars <<<"${knob#*@}"
+        o="$OUT/knob-$name"
+        env "${vars[@]}" RATE="${LR_NCCL_RATE:-32}" OUT="$o" TALLY_BIN="$TALLY" STEP_TIMEOUT=120 MODES="${LR_NCCL_KNOB_MODES:-collnet}" SIZES="${LR_NCCL_KNOB_SIZES:-16M,64M}" DTYPES=f32 \
+            PLUGIN="${PLUGIN:-$(dirname "$TALLY")/libnccl_net_tally.so}" bash tests/nccl/cluster_proof.sh >"$o.out" 2>&1
+        rc=$?
+        ch=$(grep -ohE "[0-9]+ coll channels, [0-9]+ collnet channels" "$o"/*.nccl.*.log 2>/dev/null | sort -u | paste -sd/)
+        python3 - "$o" "$knob" "$rc" "$ch" <<'PY' | tee -a "$S"
+import glob, json, os, sys
+o, knob, rc, ch = sys.argv[1:5]
+for p in sorted(glob.glob(os.path.join(o, "*.jsonl"))):
+    mode, rate = os.path.basename(p)[:-6].rsplit("-", 1)
+    rate = float(rate)
+    for line in open(p):
+        r = json.loads(line)
+        # Bounds (measuring.md): reduction servers R, the ring R n/(2(n-1)).
+        n = r["world"]
+        bound = rate / 8 if mode.startswith("collnet") else rate / 8 * n / (2 * (n - 1))
+        print(f"{knob:>40} {mode:>12} {rate:>4g} {r['bytes'] >> 20:>4}Mi fraction {r['algbw_GBps'] / bound:.2f}  p50 {r['p50_us'] / 1e3:.2f} ms  wrong {r['wrong']}  [{ch}] rc {rc}")
+PY
+    done
 fi
 
 if has demo; then

@@ -175,6 +175,35 @@ pub fn tune_provider_env() -> Vec<String> {
     set
 }
 
+/// NCCL settings the plugin changes from NCCL's defaults, unless the user
+/// set them, when CollNet servers are configured (`TALLY_SERVERS`).
+///
+/// NCCL gives one GPU per node without GPUDirect RDMA two channels, and
+/// each CollNet channel moves its steps through host memory with one thread
+/// block. On 4 GPUs (each its own node, nvidia-h200-x4, 32 Gbit/s links,
+/// `scripts/device-linerate.sh nccl-knobs`, two calls) two channels held a
+/// 16 MiB all-reduce to 0.44-0.64 of the link bound whatever tally's side
+/// did (window, piece size, send pacing, reported link speed); four reached
+/// 0.75-0.90 (eight 0.89), and 64 MiB 0.84-0.93 against 0.81-0.96. NCCL's
+/// ring over Socket was no faster with four (0.49-0.61 against 0.54-0.65).
+/// NCCL reads the variable after the net plugin's `init`, which sets it.
+const COLLNET_NCCL_DEFAULTS: &[(&str, &str)] = &[("NCCL_MIN_NCHANNELS", "4")];
+
+/// Applies [`COLLNET_NCCL_DEFAULTS`] when CollNet servers are configured
+/// and returns what this process set.
+pub fn tune_nccl_env() -> Vec<String> {
+    let mut set = Vec::new();
+    if std::env::var("TALLY_SERVERS").is_ok_and(|s| !s.trim().is_empty()) {
+        for (var, value) in COLLNET_NCCL_DEFAULTS {
+            if std::env::var_os(var).is_none() {
+                std::env::set_var(var, value);
+                set.push(format!("{var}={value}"));
+            }
+        }
+    }
+    set
+}
+
 /// Called by each `init`: builds the table if none is in use.
 pub fn acquire() -> Result<Arc<Devices>> {
     let mut r = REGISTRY.lock()?;

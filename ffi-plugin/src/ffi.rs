@@ -126,6 +126,10 @@ pub unsafe extern "C" fn net_init(
         if !tuned.is_empty() {
             log::info_init(&format!("libfabric defaults set (unset before): {}", tuned.join(" ")));
         }
+        let nccl = device::tune_nccl_env();
+        if !nccl.is_empty() {
+            log::info_init(&format!("NCCL defaults set (unset before): {}", nccl.join(" ")));
+        }
         let devices = device::acquire()?;
         let list: Vec<String> = devices
             .list

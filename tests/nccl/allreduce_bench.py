@@ -9,16 +9,17 @@ Socket transport as the baseline.
 For every size: a checked all-reduce (rank r's float32 element i is
 (i % 7) + r + 1, so the sum is exact and known: every element is compared on
 the GPU with torch.equal), then warm-up iterations and at least 20 timed
-ones (each bracketed by torch.cuda.synchronize), then a second check. Rank 0
-reports the median time, algbw = S/t and busbw = algbw * 2(n-1)/n (the
-nccl-tests definitions) as JSON lines.
+ones, back to back with a barrier before the loop only, as measuring.md and
+nccl-tests time them (timing.py), then a second check. Rank 0 reports t =
+wall / iterations with per-operation p50 and max, algbw = S/t and busbw =
+algbw * 2(n-1)/n (the nccl-tests definitions) as JSON lines.
 """
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+
+from timing import time_allreduces
 
 
 def parse_size(s):
@@ -83,31 +84,24 @@ def worker(rank, args):
         buf = torch.zeros(n, device=dev, dtype=torch.float32)
         iters = args.iters
         warmup = args.warmup if nbytes < (64 << 20) else max(2, args.warmup // 2)
-        for _ in range(warmup):
-            dist.all_reduce(buf)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+        tm = time_allreduces(lambda: dist.all_reduce(buf), warmup, iters, dist.barrier)
         ok = checked("last") and ok
         # Every rank's verdict, so rank 0 reports failures seen anywhere.
         verdict = torch.tensor([0 if ok else 1], device=dev, dtype=torch.int32)
         dist.all_reduce(verdict)
         all_ok = int(verdict.item()) == 0
         failures += 0 if all_ok else 1
-        t = statistics.median(times)
+        t = tm["t"]
         algbw = nbytes / t / 1e9
         busbw = algbw * 2 * (world - 1) / world
         row = {
             "label": args.label,
             "bytes": nbytes,
             "iters": iters,
-            "median_us": t * 1e6,
-            "min_us": min(times) * 1e6,
+            "method": tm["method"],
+            "time_us": t * 1e6,
+            "p50_us": tm["p50"] * 1e6,
+            "max_us": tm["max"] * 1e6,
             "algbw_GBps": algbw,
             "busbw_GBps": busbw,
             "correct": all_ok,
@@ -115,7 +109,7 @@ def worker(rank, args):
         results.append(row)
         if rank == 0:
             print(
-                f"{args.label:>14} {nbytes:>12} B  median {t * 1e6:>11.1f} us  algbw {algbw:7.3f} GB/s  busbw {busbw:7.3f} GB/s  {'ok' if all_ok else 'WRONG'}",
+                f"{args.label:>14} {nbytes:>12} B  t {t * 1e6:>11.1f} us  algbw {algbw:7.3f} GB/s  busbw {busbw:7.3f} GB/s  {'ok' if all_ok else 'WRONG'}",
                 flush=True,
             )
     if rank == 0 and args.out:
@@ -143,7 +137,7 @@ def main():
     args = p.parse_args()
     args.sizes = sizes_between(parse_size(args.min_size), parse_size(args.max_size), args.factor)
     if args.iters < 20:
-        p.error("--iters must be at least 20 (the median of at least 20 timed iterations)")
+        p.error("--iters must be at least 20 (measuring.md: at least 20 timed iterations)")
 
     import torch
     import torch.multiprocessing as mp

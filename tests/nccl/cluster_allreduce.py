@@ -14,10 +14,13 @@ element. float32 results must equal it exactly. bfloat16 results are
 compared with its correctly rounded value: the count that differ is
 reported (tally's servers sum in float32 and round once; a ring rounds at
 every hop), and any element further than the ring's worst case from the
-exact sum fails. Then warm-up and timed all-reduces (each bracketed by
-torch.cuda.synchronize, the input restored before each, outside the
-timing); rank 0 writes the median, algbw = S/t and busbw = algbw*2(n-1)/n
-as one JSON line per size.
+exact sum fails. Then warm-up and timed all-reduces as measuring.md times
+them (tests/nccl/timing.py: a back-to-back loop with a barrier before it
+only; --per-op-sync brackets each with torch.cuda.synchronize instead, and
+says so in the JSON's "method"); rank 0 writes t, p50/p99/max, algbw = S/t
+and busbw = algbw*2(n-1)/n as one JSON line per size. The timed loop
+all-reduces a copy of the input scaled by 2^-60 in place: the sums grow by
+the world size each time and stay finite and normal in f32 and bf16.
 
 --dry-run needs no GPU and no torch: the ranks rendezvous over TCP through
 the shaped links and reach every server's control port, which is what the
@@ -27,9 +30,10 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import sys
 import time
+
+from timing import time_allreduces
 
 
 def parse_size(s):
@@ -91,6 +95,7 @@ def main():
     ap.add_argument("--dtypes", default="f32,bf16")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--per-op-sync", action="store_true", help="bracket each timed all-reduce with synchronize (labelled)")
     ap.add_argument("--port", type=int, default=29600)
     ap.add_argument("--out", help="rank 0 appends its JSON lines here too")
     ap.add_argument("--dry-run", action="store_true")
@@ -140,24 +145,21 @@ def main():
             if wrong:
                 print(f"rank {rank}: {dname} {size} B: {wrong} wrong elements", file=sys.stderr, flush=True)
                 failures += 1
-            times = []
-            for it in range(args.warmup + args.iters):
-                t.copy_(mine)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                dist.all_reduce(t)
-                torch.cuda.synchronize()
-                if it >= args.warmup:
-                    times.append(time.perf_counter() - t0)
-            med = statistics.median(times)
-            algbw = n * esize / med / 1e9
+            t.copy_(mine)
+            t.mul_(2.0**-60)
+            tm = time_allreduces(lambda: dist.all_reduce(t), args.warmup, args.iters, dist.barrier, args.per_op_sync)
+            algbw = n * esize / tm["t"] / 1e9
             rec = {
                 "label": args.label,
                 "dtype": dname,
                 "bytes": n * esize,
                 "world": world,
                 "iters": args.iters,
-                "time_us": med * 1e6,
+                "method": tm["method"],
+                "time_us": tm["t"] * 1e6,
+                "p50_us": tm["p50"] * 1e6,
+                "p99_us": tm["p99"] * 1e6,
+                "max_us": tm["max"] * 1e6,
                 "algbw_GBps": algbw,
                 "busbw_GBps": algbw * 2 * (world - 1) / world,
                 "wrong": wrong,

@@ -16,7 +16,7 @@
 #
 # plus `collnet-auto` (CollNet enabled, NCCL_ALGO unset: which algorithm
 # NCCL picks on its own; see the TUNING lines). f32 and bf16, 1 MiB to
-# 256 MiB, every element checked, median of ITERS. The summary gives algbw,
+# 256 MiB, every element checked, ITERS back to back (tests/nccl/timing.py). The summary gives algbw,
 # busbw, the link bound (ring <= R x G / (2(G-1)), reduction servers <= R),
 # the fraction of it, CollNet / best ring, bf16 elements not correctly
 # rounded, and the NCCL log lines that show who carried the traffic.
@@ -35,7 +35,9 @@
 #
 # Environment (all optional): G (ranks; default: one per GPU), RATE (Gbit/s, default
 # 8; R/2 runs too), SIZES (1M,4M,16M,64M,256M), DTYPES (f32,bf16), ITERS
-# (20), MODES, PYTHON (python3), STEP_TIMEOUT (s per run, 900), DRYRUN.
+# (20), MODES, PYTHON (python3), STEP_TIMEOUT (s per run, 900), DRYRUN,
+# PER_OP_SYNC=1 (the old method, labelled: a synchronize around every timed
+# all-reduce, which adds the ranks' launch skew to each).
 set -u -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -94,7 +96,7 @@ run() { # mode rate
     : >"$res"
     # NCCL writes each rank's log to its own file (%h host, %p pid).
     cluster "$rate" "$name" --workers-run "env $base_env $env NCCL_DEBUG_FILE=$OUT/$name.nccl.%h.%p.log \
-        $PYTHON $here/cluster_allreduce.py --label $mode --sizes $SIZES --dtypes $DTYPES --iters $ITERS --out $res" \
+        $PYTHON $here/cluster_allreduce.py --label $mode --sizes $SIZES --dtypes $DTYPES --iters $ITERS ${PER_OP_SYNC:+--per-op-sync} --out $res" \
         >"$OUT/$name.out" 2>&1
     local rc=$?
     if [ $rc -eq 0 ]; then verdict[$name]="ok ($((SECONDS - t0)) s)"; else verdict[$name]="FAILED rc=$rc ($((SECONDS - t0)) s)"; fi
@@ -120,7 +122,9 @@ else
         for m in $MODES; do run "$m" "$rate"; done
     done
     say ""
-    say "=== table: median of $ITERS, G = $G; bounds: ring R x G/(2(G-1)), CollNet R (R in GB/s = Gbit/s / 8)"
+    method="t = wall / $ITERS back-to-back all-reduces (barrier before the loop only)"
+    [ -n "${PER_OP_SYNC:-}" ] && method="t = median of $ITERS all-reduces each bracketed by synchronize (PER_OP_SYNC=1)"
+    say "=== table: $method, G = $G; bounds: ring R x G/(2(G-1)), CollNet R (R in GB/s = Gbit/s / 8)"
     "$PYTHON" - "$OUT" "$G" "$RATE" "$half" $MODES <<'EOF' | tee -a "$summary"
 import json, os, sys
 out, g, rates, modes = sys.argv[1], int(sys.argv[2]), [float(sys.argv[3]), float(sys.argv[4])], sys.argv[5:]
@@ -129,7 +133,7 @@ def fmt(n):
         if n >= s and n % s == 0:
             return f"{n // s}{u}"
     return str(n)
-print(f"{'Gbit/s':>6} {'mode':>13} {'dtype':>5} {'size':>5} {'algbw':>8} {'busbw':>8} {'bound':>7} {'fraction':>8} {'coll/ring':>9} {'wrong':>6} {'bf16 off':>8}")
+print(f"{'Gbit/s':>6} {'mode':>13} {'dtype':>5} {'size':>5} {'algbw':>8} {'busbw':>8} {'bound':>7} {'fraction':>8} {'coll/ring':>9} {'p50 ms':>7} {'p99 ms':>7} {'wrong':>6} {'bf16 off':>8}")
 for rate in rates:
     rows = {}
     for m in modes:
@@ -144,7 +148,7 @@ for rate in rates:
         best_ring = max((rows[(x, d, b)]["algbw_GBps"] for x in ("ring-socket", "ring-tally") if (x, d, b) in rows), default=0)
         q = f"{r['algbw_GBps'] / best_ring:.2f}" if m.startswith("collnet") and best_ring else ""
         off = r["off_correct_rounding"] if d == "bf16" else ""
-        print(f"{rate:>6g} {m:>13} {d:>5} {fmt(b):>5} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} {bound:>7.3f} {r['algbw_GBps'] / bound:>8.2f} {q:>9} {r['wrong']:>6} {off:>8}")
+        print(f"{rate:>6g} {m:>13} {d:>5} {fmt(b):>5} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} {bound:>7.3f} {r['algbw_GBps'] / bound:>8.2f} {q:>9} {r.get('p50_us', 0) / 1e3:>7.2f} {r.get('p99_us', 0) / 1e3:>7.2f} {r['wrong']:>6} {off:>8}")
 EOF
     say ""
     say "=== proof from the NCCL logs (rank 0's file of each run)"

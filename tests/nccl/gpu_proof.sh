@@ -3,7 +3,7 @@
 #
 # On one host with 2 GPUs, PyTorch (NCCL backend) runs two processes, one GPU
 # each, and all-reduces float32 tensors from 1 KiB to 256 MiB (every element
-# checked, median of >= 20 timed iterations, busbw as nccl-tests defines it):
+# checked, >= 20 timed iterations back to back, busbw as nccl-tests defines it):
 #
 #   socket        NCCL's own Socket transport on lo: the baseline
 #   tally-tcp     ncclNet of the Tally plugin over libfabric tcp;ofi_rxm

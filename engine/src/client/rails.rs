@@ -52,6 +52,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod rail_loop;
+mod stream_copy;
 use rail_loop::RailLoop;
 
 /// The most rails a client runs.

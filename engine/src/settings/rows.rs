@@ -131,6 +131,13 @@ pub static ENV: &[EnvVar] = &[
         "cores to pin the rail threads to, one each, in order (core list, `8-11`)",
     ),
     var(
+        "TALLY_STAGE_COPY",
+        "stream",
+        "",
+        &[Client],
+        "how a rail copies a staged result (failover on) into the caller's buffer: `stream` (non-temporal stores on x86-64) or `plain`",
+    ),
+    var(
         "TALLY_LIVENESS_MS",
         "2000",
         "",

@@ -26,6 +26,8 @@ pub(super) struct RailLoop {
     /// Per context id: where a [`Cmd::RecvCopy`] in flight copies its bytes
     /// from and to (null: a plain operation).
     copies: Box<[(*mut u8, *mut u8)]>,
+    /// Copy with streaming stores (`stream_copy`).
+    stream_copy: bool,
     /// Fault injection: when this rail's thread blocks for good as inside a
     /// provider call (`TALLY_FAULT_RAIL_STALL=RAIL@SECONDS`). None in real use.
     stall_at: Option<Instant>,
@@ -45,6 +47,7 @@ impl RailLoop {
         RailLoop {
             stall_at: fault_stall(rail),
             copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
+            stream_copy: super::stream_copy::wanted(),
             ep,
             sh,
             spin_polls,
@@ -238,7 +241,7 @@ impl RailLoop {
             // one else until this completion is handed back (Rails::recv's
             // contract); the two are distinct buffers (a staging slot and
             // the caller's).
-            unsafe { std::ptr::copy_nonoverlapping(from, to, len) };
+            unsafe { super::stream_copy::copy(from, to, len, self.stream_copy) };
         }
     }
 
