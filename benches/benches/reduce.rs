@@ -13,8 +13,8 @@ use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
 use std::fmt;
 use tally_benches::{fill, size_name};
+use tally_engine::dataplane::slab::{Slab, SlabConfig};
 use tally_engine::reduce::{available_isas, DataType, Isa, Kernels, ReduceOp};
-use tally_engine::slab::{Slab, SlabConfig};
 
 /// Bytes per input that stay in cache (3 x 256 KiB at n = 2, 2.25 MiB at n = 8: L2/L3).
 const IN_CACHE: usize = 256 << 10;

@@ -15,8 +15,8 @@ use divan::Bencher;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tally_engine::fabric::{shm, Completion, Endpoint, EndpointConfig, Hints, MemoryHandle, PeerAddr, PostError};
-use tally_engine::slab::{HugepagePolicy, Slab, SlabConfig};
+use tally_engine::dataplane::fabric::{shm, Completion, Endpoint, EndpointConfig, Hints, MemoryHandle, PeerAddr, PostError};
+use tally_engine::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
 
 /// The two endpoints, for the life of the process.
 ///

@@ -12,8 +12,8 @@
 use divan::counter::ItemsCount;
 use divan::{black_box, Bencher};
 use tally_engine::control::alloc::RangeAlloc;
-use tally_engine::server::REGION_ALIGN;
-use tally_engine::slab::{HugepagePolicy, Slab, SlabConfig};
+use tally_engine::control::alloc::REGION_ALIGN;
+use tally_engine::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
 
 fn main() {
     divan::main();

@@ -1,11 +1,18 @@
 //! tally-engine: the dataplane of a gradient reduction server.
 //!
-//! The crate has three layers, chosen by features:
-//! - the `no_std` core (`reduce`, `wire`): pure computation over byte slices,
-//!   builds for any target without an operating system;
-//! - `std`: run-time CPU detection and host parsing helpers (`cpuset`, `units`);
-//! - `fabric` (default): what talks to the machine: libfabric (`fabric`),
-//!   hugepage buffers (`slab`, `hugepages`) and pinned worker threads (`lcore`).
+//! Its folders are its layers, and callers use their paths (the crate root
+//! re-exports nothing):
+//! - `reduce`, `wire`: the `no_std` core, pure computation over byte slices
+//!   (the kernels, the wire format); builds for any target without an
+//!   operating system;
+//! - `host` (feature `std`): the machine and its configuration (`config`,
+//!   `cpuset`, `units`; `hugepages`, `limits` with `fabric`); `settings`: the
+//!   table of every setting;
+//! - `dataplane` (feature `fabric`, the default): what touches gradient
+//!   bytes: libfabric (`dataplane::fabric`), hugepage slabs, the pinned
+//!   lcores and their shards, the metrics they publish;
+//! - `control`: admits, runs and ends jobs, never touching those bytes;
+//! - the roles: `server` (assembles the two), `client`, `ring`, `bootstrap`.
 //!
 //! See ARCHITECTURE.md at the repository root for how the pieces fit together.
 #![cfg_attr(not(feature = "std"), no_std)]
@@ -31,11 +38,3 @@ pub mod dataplane;
 pub mod ring;
 #[cfg(feature = "fabric")]
 pub mod server;
-
-// The paths the tools, the plugin and the tests have always used.
-#[cfg(feature = "fabric")]
-pub use dataplane::{fabric, lcore, metrics, slab};
-#[cfg(feature = "fabric")]
-pub use host::hugepages;
-#[cfg(feature = "std")]
-pub use host::{config, cpuset, units};

@@ -2,7 +2,7 @@
 //! variables and the server's configuration keys, each with its default,
 //! who reads it and what it does.
 //!
-//! The code that reads a variable stays where it is (`client.rs` reads the
+//! The code that reads a variable stays where it is (`client/mod.rs` reads the
 //! client's, `fabric/info.rs` the provider, the plugin its own); this module
 //! is the list of them, the one source that `tally settings` prints and that
 //! README.md and docs/nccl.md hold as tables (`tally settings --markdown`).

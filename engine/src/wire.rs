@@ -467,7 +467,7 @@ pub struct Accept {
     pub server_lcores: u32,
     /// Elements per piece the server's slots hold for this job: at most the
     /// Hello's `chunk_elems`, less when `window x nranks` pieces of that size
-    /// would not fit the job's slab budget (`server::budget`). The client
+    /// would not fit the job's slab budget (`control::budget`). The client
     /// cuts no piece larger (the smallest over its servers). 0: as asked
     /// (what a server from before this field sends).
     pub piece_elems: u32,

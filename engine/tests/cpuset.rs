@@ -1,7 +1,7 @@
 //! Core lists: parsing, printing, checking against the affinity mask, and
 //! pinning real threads.
 
-use tally_engine::cpuset::{self, CoreList, CpusetError, MAX_CORES};
+use tally_engine::host::cpuset::{self, CoreList, CpusetError, MAX_CORES};
 
 #[test]
 fn parses_the_table() {

@@ -3,7 +3,7 @@
 //! checked. Error completions (a truncated receive) come back as typed errors
 //! and leave the endpoints usable.
 use std::time::{Duration, Instant};
-use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, Hints, MemoryHandle, PollError, PostError};
+use tally_engine::dataplane::fabric::{Completion, Endpoint, EndpointConfig, Hints, MemoryHandle, PollError, PostError};
 
 const IN_FLIGHT: usize = 64;
 const SIZES: &[usize] = &[0, 1, 7, 64, 1000, 4096, 65_537, 1 << 20, (3 << 20) + 5, 16 << 20];
@@ -88,6 +88,7 @@ fn exchange_all_sizes(provider: &str) {
         }
         // SAFETY: src and dst live until after every completion is drained below.
         let smh = unsafe { p.a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+        // SAFETY: as above.
         let rmh = unsafe { p.b.register(dst.as_mut_ptr(), dst.len()) }.unwrap();
         for m in 0..IN_FLIGHT {
             // SAFETY: each receive gets its own disjoint stride of dst.
@@ -125,10 +126,13 @@ fn truncation_is_an_error(provider: &str) {
     let (mut p, b_at_a, a_at_b) = pair(provider);
     let mut src = vec![7u8; 1000];
     let mut small = vec![0u8; 100];
+    // SAFETY: src and small outlive the endpoints' use of them (the polling loops below).
     let smh = unsafe { p.a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+    // SAFETY: as above.
     let rmh = unsafe { p.b.register(small.as_mut_ptr(), small.len()) }.unwrap();
     // SAFETY: both buffers outlive the polling loops below.
     unsafe { p.b.recv(small.as_mut_ptr(), 100, Some(rmh), Some(a_at_b), 9, 0, 1) }.unwrap();
+    // SAFETY: as above.
     unsafe { p.send(src.as_ptr(), 1000, Some(smh), b_at_a, 9, 2) };
     let mut buf = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 16];
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -168,12 +172,15 @@ fn truncation_is_an_error(provider: &str) {
 
 fn check_one_message(p: &mut Pair, src: &mut [u8], b_at_a: u64, a_at_b: u64) {
     let mut dst = vec![0u8; src.len()];
+    // SAFETY: src and dst outlive the endpoints' use of them (the drain below).
     let smh = unsafe { p.a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+    // SAFETY: as above.
     let dmh = unsafe { p.b.register(dst.as_mut_ptr(), dst.len()) }.unwrap();
     p.sends_done = 0;
     p.recvs.clear();
     // SAFETY: src and dst outlive the drain below.
     unsafe { p.b.recv(dst.as_mut_ptr(), dst.len(), Some(dmh), Some(a_at_b), 10, 0, 3) }.unwrap();
+    // SAFETY: as above.
     unsafe { p.send(src.as_ptr(), src.len(), Some(smh), b_at_a, 10, 4) };
     p.drain(1, 1);
     assert_eq!(p.recvs[0].len, src.len());
@@ -204,6 +211,7 @@ fn tcp_rxm_truncated_receive_is_an_error_completion() {
 fn context_misuse_is_refused() {
     let (mut p, b_at_a, _) = pair("shm");
     let src = [1u8; 8];
+    // SAFETY: src outlives the call, which refuses the context before posting anything.
     let r = unsafe { p.a.send(src.as_ptr(), 8, None, b_at_a, 1, 100_000) };
     assert!(matches!(r, Err(PostError::BadContext(100_000))), "{r:?}");
 }

@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_engine::cpuset::{self, CoreList};
-use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, Hints};
-use tally_engine::lcore::{launch, Counters, PollMode, Worker};
+use tally_engine::dataplane::fabric::{Completion, Endpoint, EndpointConfig, Hints};
+use tally_engine::dataplane::lcore::{launch, Counters, PollMode, Worker};
+use tally_engine::host::cpuset::{self, CoreList};
 
 struct Poller {
     ep: Endpoint,

@@ -1,7 +1,7 @@
 //! libfabric 1.17 shm provider quirks that tally works around in
 //! `engine/src/dataplane/fabric`, each shown on real endpoints.
 use std::time::{Duration, Instant};
-use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, Hints, PollError, PostError};
+use tally_engine::dataplane::fabric::{Completion, Endpoint, EndpointConfig, Hints, PollError, PostError};
 
 fn config(provider: &str) -> EndpointConfig {
     let node = if provider.starts_with("tcp") { Some("127.0.0.1") } else { None };

@@ -12,7 +12,7 @@
 //! endpoint yet, which is what an integration test binary of its own is.
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use tally_engine::fabric::{Endpoint, EndpointConfig};
+use tally_engine::dataplane::fabric::{Endpoint, EndpointConfig};
 
 /// A region header as shm 1.17 writes it: version 4 at byte 0, the owner's
 /// pid at byte 4; dated a minute back, as a killed process's region is.

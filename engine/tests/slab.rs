@@ -10,9 +10,9 @@
 
 use std::sync::{Mutex, MutexGuard, Once};
 
-use tally_engine::cpuset;
-use tally_engine::hugepages::{self, PoolGuard, SIZE_1G, SIZE_2M};
-use tally_engine::slab::{Backing, HugepagePolicy, Slab, SlabConfig, SlabError};
+use tally_engine::dataplane::slab::{Backing, HugepagePolicy, Slab, SlabConfig, SlabError};
+use tally_engine::host::cpuset;
+use tally_engine::host::hugepages::{self, PoolGuard, SIZE_1G, SIZE_2M};
 
 static POOL_LOCK: Mutex<()> = Mutex::new(());
 

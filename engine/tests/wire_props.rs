@@ -28,7 +28,7 @@
 #![cfg(feature = "std")]
 
 use bytemuck::Zeroable;
-use tally_engine::config::ServerFile;
+use tally_engine::host::config::ServerFile;
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::wire::{
     self, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, WireError, MAX_RANKS,

@@ -172,7 +172,7 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         cfg.timeout = Duration::from_secs(t);
     }
     let local = listen.servers.iter().all(|s| s.starts_with("127.") || s.starts_with("localhost:") || s.starts_with("[::1]"));
-    if tally_engine::fabric::select_provider(None, local).starts_with("tcp") {
+    if tally_engine::dataplane::fabric::select_provider(None, local).starts_with("tcp") {
         // Over tcp;ofi_rxm a piece above the eager limit (32 KiB, set by
         // fabric::defaults) costs a rendezvous round trip, and uploads that
         // share a link fairly hold every result back until all are in. On

@@ -17,7 +17,7 @@ use crate::abi;
 use crate::error::{Error, Result};
 use std::ffi::{c_char, CString};
 use std::sync::{Arc, Mutex};
-use tally_engine::fabric::{select_provider, Hints, InfoList};
+use tally_engine::dataplane::fabric::{select_provider, Hints, InfoList};
 
 /// Largest message per operation offered to NCCL. NCCL reports sizes back
 /// through `int`, and 1 GiB is the power of two below `INT_MAX`.
@@ -171,7 +171,7 @@ pub fn tune_provider_env() -> Vec<String> {
             }
         }
     }
-    set.extend(tally_engine::fabric::defaults::apply().iter().cloned());
+    set.extend(tally_engine::dataplane::fabric::defaults::apply().iter().cloned());
     set
 }
 

@@ -67,7 +67,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tally_engine::client::watchdog::{self, Watchdog};
-use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, PollError, PostError};
+use tally_engine::dataplane::fabric::{Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, PollError, PostError};
 
 pub const HANDLE_BYTES: usize = NCCL_NET_HANDLE_MAXSIZE;
 pub type Handle = [u8; HANDLE_BYTES];
@@ -82,7 +82,7 @@ const TOKEN_AT: usize = 16;
 /// The connecting lane, written with the token.
 const LANE_AT: usize = 24;
 const CONNECT_HEADER: usize = 16;
-const CONNECT_MSG_MAX: usize = CONNECT_HEADER + tally_engine::fabric::MAX_NAME_LEN;
+const CONNECT_MSG_MAX: usize = CONNECT_HEADER + tally_engine::dataplane::fabric::MAX_NAME_LEN;
 
 /// Operations one endpoint may have in flight, over all its connections.
 const CONTEXTS: u32 = 8192;

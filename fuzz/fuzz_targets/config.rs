@@ -3,7 +3,7 @@
 //! configuration that resolves is within its documented bounds.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tally_engine::config::ServerFile;
+use tally_engine::host::config::ServerFile;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -39,12 +39,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tally_engine::bootstrap::Bootstrap;
 use tally_engine::client::{Client, ClientConfig};
-use tally_engine::config::ServerFile;
+use tally_engine::host::config::ServerFile;
 use tally_engine::host::limits;
+use tally_engine::host::units::{format_size, parse_size};
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::ring::{Ring, RingConfig};
 use tally_engine::server::Server;
-use tally_engine::units::{format_size, parse_size};
 use tally_engine::wire;
 
 /// Up to this many ranks, every rank is a process of its own by default (as
@@ -212,8 +212,10 @@ pub struct Plan {
 }
 
 fn plan(args: &AllreduceArgs) -> Result<Plan, String> {
-    let provider =
-        tally_engine::fabric::select_provider(args.provider.provider.as_deref(), args.servers.iter().all(|s| s.starts_with("127.")));
+    let provider = tally_engine::dataplane::fabric::select_provider(
+        args.provider.provider.as_deref(),
+        args.servers.iter().all(|s| s.starts_with("127.")),
+    );
     let sizes = if args.sizes.is_empty() {
         default_sizes()
     } else {
@@ -258,7 +260,7 @@ fn check_busy(args: &AllreduceArgs, pollers: usize, what: &str) -> Result<(), St
     if !args.poll.poll.is_busy() {
         return Ok(());
     }
-    let cores = tally_engine::cpuset::allowed().map_err(|e| e.to_string())?.len();
+    let cores = tally_engine::host::cpuset::allowed().map_err(|e| e.to_string())?.len();
     if pollers > cores {
         return Err(format!(
             "--poll busy: {what} make {pollers} busy pollers on {cores} cores; use --poll adaptive (pollers then sleep when idle)"
@@ -275,7 +277,7 @@ fn resolve_poll(args: &AllreduceArgs, pollers: usize) -> Result<PollMode, String
     if args.poll.poll == PollMode::Auto && !args.servers.is_empty() {
         return Ok(PollMode::Adaptive);
     }
-    let cores = tally_engine::cpuset::allowed().map_err(|e| e.to_string())?.len();
+    let cores = tally_engine::host::cpuset::allowed().map_err(|e| e.to_string())?.len();
     Ok(args.poll.poll.resolve(pollers, cores))
 }
 
@@ -305,7 +307,7 @@ const THREAD_RXM_ENV: &[(&str, &str)] =
 
 /// [`THREAD_RXM_ENV`] as this process's libfabric takes it.
 fn thread_rxm_env() -> &'static [(&'static str, &'static str)] {
-    if tally_engine::fabric::library_version() >= (1, 18) {
+    if tally_engine::dataplane::fabric::library_version() >= (1, 18) {
         &THREAD_RXM_ENV[1..]
     } else {
         THREAD_RXM_ENV
@@ -341,7 +343,7 @@ fn ensure_fds(need: u64) -> Result<(), String> {
 pub struct Outcome {
     pub provider: String,
     pub rows: Vec<Row>,
-    pub lcore_stats: Vec<tally_engine::lcore::Snapshot>,
+    pub lcore_stats: Vec<tally_engine::dataplane::lcore::Snapshot>,
 }
 
 pub fn run(args: &AllreduceArgs) -> Result<(), String> {
@@ -431,7 +433,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let mut server = None;
     let mut servers = args.servers.clone();
     let hosting = servers.is_empty() && args.mode.mode.iter().any(|m| m.starts_with("agg"));
-    let lcores = if hosting { tally_engine::cpuset::CoreList::parse(&args.lcores).map_or(0, |l| l.len()) } else { 0 };
+    let lcores = if hosting { tally_engine::host::cpuset::CoreList::parse(&args.lcores).map_or(0, |l| l.len()) } else { 0 };
     // `--poll auto` becomes busy or adaptive here, for the hosted server and every rank.
     let mut resolved = args.clone();
     resolved.poll.poll = resolve_poll(args, args.ranks as usize + lcores)?;
@@ -702,14 +704,14 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     let rails = rails_of(args, &p.provider);
     let mut rail_cores = Vec::new();
     if let Some(rc) = &args.cores.cores {
-        let cores = tally_engine::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
+        let cores = tally_engine::host::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
         let cores = cores.as_slice();
         // A block per rank: its own core, then its rails' (wrapping).
         let block = if rails > 1 { 1 + rails } else { 1 };
         let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
         rail_cores = (1..block).map(at).collect();
         let core = at(0);
-        tally_engine::cpuset::pin_current_thread(core).map_err(|e| format!("rank {rank}: cannot pin to core {core}: {e}"))?;
+        tally_engine::host::cpuset::pin_current_thread(core).map_err(|e| format!("rank {rank}: cannot pin to core {core}: {e}"))?;
     }
     let n = args.ranks;
     let addr = args.bootstrap.as_deref().ok_or("--rank needs --bootstrap")?;
@@ -762,7 +764,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             cfg.send_credits = args.send_credits;
             cfg.rails = rails;
             cfg.rail_cores = rail_cores.clone();
-            cfg.spin_polls = if busy { u32::MAX } else { tally_engine::lcore::adaptive_spin() };
+            cfg.spin_polls = if busy { u32::MAX } else { tally_engine::dataplane::lcore::adaptive_spin() };
             cfg.sleep_ms = args.sleep_ms.unwrap_or(if ranks_per_process(args) > 1 { THREAD_SLEEP_MS } else { cfg.sleep_ms });
             min_piece = cfg.min_piece.max(dsize);
             let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;

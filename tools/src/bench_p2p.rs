@@ -18,10 +18,12 @@ use clap::Args;
 use serde::Serialize;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tally_engine::cpuset::{self, CoreList};
-use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError};
-use tally_engine::slab::{HugepagePolicy, Slab, SlabConfig};
-use tally_engine::units::{format_size, parse_size};
+use tally_engine::dataplane::fabric::{
+    Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
+};
+use tally_engine::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
+use tally_engine::host::cpuset::{self, CoreList};
+use tally_engine::host::units::{format_size, parse_size};
 
 #[derive(Args, Debug, Clone)]
 pub struct P2pArgs {
@@ -108,7 +110,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     if args.chunk.is_some() {
         return Err("--chunk applies to the fan mode (--hubs and --leaves)".into());
     }
-    let provider = tally_engine::fabric::select_provider(args.provider.provider.as_deref(), true);
+    let provider = tally_engine::dataplane::fabric::select_provider(args.provider.provider.as_deref(), true);
     let sizes: Vec<usize> = if args.sizes.is_empty() {
         default_sizes()
     } else {

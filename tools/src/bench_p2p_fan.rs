@@ -45,10 +45,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tally_engine::client::{op_chunk_bytes, ClientConfig};
-use tally_engine::cpuset::{self, CoreList};
-use tally_engine::fabric::{Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError};
-use tally_engine::slab::{HugepagePolicy, Slab, SlabConfig};
-use tally_engine::units::{format_size, parse_size};
+use tally_engine::dataplane::fabric::{
+    Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
+};
+use tally_engine::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
+use tally_engine::host::cpuset::{self, CoreList};
+use tally_engine::host::units::{format_size, parse_size};
 
 /// Leaf to hub.
 const DIR_UP: u64 = 1;
@@ -135,7 +137,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
     if hubs > MAX_PEERS || leaves > MAX_PEERS {
         return Err(format!("--hubs and --leaves: at most {MAX_PEERS} each"));
     }
-    let provider = tally_engine::fabric::select_provider(args.provider.provider.as_deref(), true);
+    let provider = tally_engine::dataplane::fabric::select_provider(args.provider.provider.as_deref(), true);
     let sizes: Vec<usize> = if args.sizes.is_empty() {
         vec![256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
     } else {
@@ -192,7 +194,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         iters: args.iters.unwrap_or(DEFAULT_ITERS).max(1),
         warmup: args.warmup.unwrap_or(DEFAULT_WARMUP),
         busy,
-        spin: if busy { u32::MAX } else { tally_engine::lcore::adaptive_spin() },
+        spin: if busy { u32::MAX } else { tally_engine::dataplane::lcore::adaptive_spin() },
         policy,
         max,
         // The client's default (TALLY_MIN_PIECE, else MIN_SPREAD_PIECE), so
@@ -734,11 +736,13 @@ fn hub_post(
             // endpoint's use of it; only this receive, then its echo, use it
             // until the echo completes.
             HubOp::Recv => {
+                // SAFETY: see above.
                 posted(unsafe { node.ep.recv(at, cut.piece, Some(node.mh), Some(node.peers[l]), tag(DIR_UP, l, h, cix), 0, 2 * s as u32) })?
             }
             // SAFETY: as above: the slot holds the piece just received and
             // is not written again before this send completes.
             HubOp::Send => {
+                // SAFETY: see above.
                 posted(unsafe { node.ep.send(at, len[s], Some(node.mh), node.peers[l], tag(DIR_DOWN, l, h, cix), 2 * s as u32 + 1) })?
             }
         };

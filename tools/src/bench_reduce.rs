@@ -16,9 +16,9 @@ use clap::Args;
 use serde::Serialize;
 use std::hint::black_box;
 use std::time::Instant;
+use tally_engine::dataplane::slab::{Slab, SlabConfig};
+use tally_engine::host::units::{format_size, parse_size};
 use tally_engine::reduce::{available_isas, DataType, Isa, Kernels, ReduceOp, MAX_INPUTS};
-use tally_engine::slab::{Slab, SlabConfig};
-use tally_engine::units::{format_size, parse_size};
 
 #[derive(Args, Debug, Clone)]
 pub struct ReduceArgs {

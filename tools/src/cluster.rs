@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tally_engine::units::format_size;
+use tally_engine::host::units::format_size;
 
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
@@ -315,7 +315,7 @@ fn worker_rails(hosts: u32, worker_cores: Option<&str>) -> (usize, &'static str)
     if asked != 0 {
         return (n, "TALLY_RAILS");
     }
-    let block = worker_cores.and_then(|w| tally_engine::cpuset::CoreList::parse(w).ok()).map(|l| l.len() / hosts.max(1) as usize);
+    let block = worker_cores.and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok()).map(|l| l.len() / hosts.max(1) as usize);
     match block {
         Some(b) if n > 1 && b < n + 1 => ((b.saturating_sub(1)).max(1), "auto, fit to each worker's cores"),
         _ => (n, "auto"),
@@ -615,7 +615,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
     // `place` gives server lcores cores of their own where it leaves any to
     // the workers, so auto is busy exactly when every worker has one too.
-    let worker_core_count = worker_cores.as_ref().and_then(|w| tally_engine::cpuset::CoreList::parse(w).ok()).map_or(0, |l| l.len());
+    let worker_core_count = worker_cores.as_ref().and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok()).map_or(0, |l| l.len());
     let poll = args.poll.poll.resolve(args.hosts as usize, worker_core_count).as_str();
     let placement = format!("{placement}; {poll} polling");
     let log_level = if logfile::redirected() { "info" } else { "warn" };

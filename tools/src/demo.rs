@@ -24,7 +24,7 @@ use crate::logfile;
 use crate::plot;
 use clap::Args;
 use std::path::PathBuf;
-use tally_engine::units::format_size;
+use tally_engine::host::units::format_size;
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -109,7 +109,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
 
     // Part 2: loopback.
     // As `tally bench allreduce` chooses for ranks on this machine.
-    let provider = tally_engine::fabric::select_provider(args.provider.provider.as_deref(), true);
+    let provider = tally_engine::dataplane::fabric::select_provider(args.provider.provider.as_deref(), true);
     let ar = AllreduceArgs {
         mode: ModeArg::default(),
         ranks: args.ranks,

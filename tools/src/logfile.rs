@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn quiet_lines_are_env_logger_info_and_below() {
         assert!(is_quiet_log_line("[2026-11-24T05:16:14.123Z INFO  tally_engine::server] job 3 ready"));
-        assert!(is_quiet_log_line("[2026-11-24T05:16:14.123Z DEBUG tally_engine::lcore] nap"));
+        assert!(is_quiet_log_line("[2026-11-24T05:16:14.123Z DEBUG tally_engine::dataplane::lcore] nap"));
         assert!(!is_quiet_log_line("[2026-11-24T05:16:14.123Z WARN  tally_engine::server] slow"));
         assert!(!is_quiet_log_line("[2026-11-24T05:16:14.123Z ERROR tally] failed"));
         assert!(!is_quiet_log_line("thread 'main' panicked at src/x.rs:1:1"));

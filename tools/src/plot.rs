@@ -6,7 +6,7 @@
 use crate::bench_allreduce::Row;
 use plotters::prelude::*;
 use std::path::Path;
-use tally_engine::units::format_size;
+use tally_engine::host::units::format_size;
 
 /// One line: (bytes per rank, busbw in GB/s) points.
 pub struct Series {

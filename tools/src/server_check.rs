@@ -6,7 +6,7 @@
 //! can hold the slabs (when hugepages are required), the control and metrics
 //! ports are free. Each failure names what a start would fail on.
 use crate::host::doctor::{self, Target};
-use tally_engine::config::ServerConfig;
+use tally_engine::host::config::ServerConfig;
 
 /// Checks `cfg` against this host; Ok prints what was checked, Err names
 /// every reason a start would fail (exit status 1).
@@ -35,7 +35,7 @@ pub fn run(cfg: &ServerConfig) -> Result<(), String> {
         cfg.provider.as_deref().unwrap_or("auto"),
         cfg.poll,
         cfg.hugepages,
-        tally_engine::units::format_size(cfg.slab_size),
+        tally_engine::host::units::format_size(cfg.slab_size),
         cfg.max_jobs,
         cfg.max_ranks
     );
@@ -49,13 +49,13 @@ pub fn run(cfg: &ServerConfig) -> Result<(), String> {
         println!(
             "latency lcores: the first {} take operations of at most {}, the other {} the larger ones",
             cfg.latency_lcores,
-            tally_engine::units::format_size(cfg.latency_max),
+            tally_engine::host::units::format_size(cfg.latency_max),
             cfg.lcores.len() - cfg.latency_lcores as usize
         );
     }
     println!(
         "checked on this host: lcores inside the affinity mask, provider {} present, hugepages {}, ports free",
-        cfg.provider.as_deref().map_or("(auto: one at least)".to_string(), tally_engine::fabric::canonical_provider),
+        cfg.provider.as_deref().map_or("(auto: one at least)".to_string(), tally_engine::dataplane::fabric::canonical_provider),
         if cfg.hugepages == "require" { "enough for the slabs" } else { "not required" }
     );
     Ok(())

@@ -1,6 +1,6 @@
 //! `tally server`: run a reduction server until SIGINT or SIGTERM.
 //!
-//! The first signal drains the server (see `tally_engine::server::control`):
+//! The first signal drains the server (see `tally_engine::control`):
 //! it admits no new jobs, its running jobs move to their other servers at
 //! an operation boundary and leave without an error, and the process exits
 //! (status 0) when none is left or after `drain_timeout_s`. A second signal
@@ -15,7 +15,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tally_engine::config::{ServerConfig, ServerFile};
+use tally_engine::host::config::{ServerConfig, ServerFile};
 use tally_engine::host::sd_notify;
 use tally_engine::server::Server;
 
@@ -154,7 +154,7 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
         log::info!(
             "latency lcores: the first {} take operations of at most {}; the other {} take the larger ones",
             cfg.latency_lcores,
-            tally_engine::units::format_size(cfg.latency_max),
+            tally_engine::host::units::format_size(cfg.latency_max),
             cfg.lcores.len() - cfg.latency_lcores as usize
         );
     }

@@ -34,7 +34,7 @@ use common::show_output as show;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tally_engine::config::ServerFile;
+use tally_engine::host::config::ServerFile;
 
 const DOC: &str = "docs/nccl.md";
 
@@ -813,7 +813,7 @@ fn quoted_figures_hold() {
     // Messages the page quotes, as the code writes them.
     // The control plane's texts: its job logic and its connections (handshake refusals).
     let control = read("engine/src/control/mod.rs") + &read("engine/src/control/conn.rs");
-    let client = read("engine/src/client.rs");
+    let client = read("engine/src/client/mod.rs");
     let wire = read("engine/src/wire.rs");
     let budget = read("engine/src/control/budget.rs");
     for (file, text, quoted) in [

@@ -299,7 +299,7 @@ fn a_rank_stuck_inside_a_provider_call_gets_an_error_naming_it_and_exits_shm() {
 /// Removes the shm regions (`/dev/shm/PID:...`) of a process this test SIGKILLed:
 /// shm cleans up only on a clean exit or a catchable signal. (A later tally
 /// process that gets the same PID would remove them itself before its first shm
-/// endpoint, see `tally_engine::fabric::shm`; this keeps /dev/shm tidy at once.)
+/// endpoint, see `tally_engine::dataplane::fabric::shm`; this keeps /dev/shm tidy at once.)
 fn remove_shm_regions(pid: u32) {
     let prefix = format!("{pid}:");
     for e in std::fs::read_dir("/dev/shm").into_iter().flatten().flatten() {

@@ -14,8 +14,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
-use tally_engine::config::ServerFile;
-use tally_engine::hugepages::{self, SIZE_2M};
+use tally_engine::host::config::ServerFile;
+use tally_engine::host::hugepages::{self, SIZE_2M};
 
 static POOLS: Mutex<()> = Mutex::new(());
 
@@ -513,7 +513,7 @@ fn systemd_unit() {
     assert!(get("EnvironmentFile").is_some_and(|f| f.trim_start_matches('-').starts_with('/')));
     assert!(text.contains("tally efa-env print --role server --format systemd"));
     // The unit's CPUs cover every c7gn lcore and leave core 0 to the kernel.
-    let cpus = tally_engine::cpuset::CoreList::parse(get("CPUAffinity").unwrap()).unwrap();
+    let cpus = tally_engine::host::cpuset::CoreList::parse(get("CPUAffinity").unwrap()).unwrap();
     assert!(!cpus.contains(0));
     let c7gn = ServerFile::load(&repo().join("config/c7gn.16xlarge.toml")).unwrap().resolve().unwrap();
     assert!(c7gn.lcores.iter().all(|c| cpus.contains(c)));

@@ -2,7 +2,7 @@
 //! tcp on loopback (shm 1.17 reaches at most 256 peers per endpoint): the
 //! ranks join at once and every element of every all-reduce is right; a job
 //! whose region would not fit the server's slab budget at the piece it asks
-//! for gets smaller pieces (`server::budget`), and one that cannot fit even
+//! for gets smaller pieces (`control::budget`), and one that cannot fit even
 //! at the smallest piece is refused with the rank count and window that
 //! would fit.
 //!

@@ -273,6 +273,7 @@ fn suite(p: &Plugin, provider: &str) {
     let mut cfg = NetCommConfig { traffic_class: -1 };
     // SAFETY: valid out-pointers.
     assert_eq!(unsafe { (p.net11.init)(&mut net_ctx, 1, &mut cfg, logger(), null()) }, NCCL_SUCCESS);
+    // SAFETY: a plain C struct of integers and pointers, for which all zeroes is valid.
     let mut props: NetPropertiesV11 = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer.
     assert_eq!(unsafe { (p.net11.get_properties)(0, &mut props) }, NCCL_SUCCESS);

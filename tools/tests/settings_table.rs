@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tally_engine::config::ServerFile;
+use tally_engine::host::config::ServerFile;
 use tally_engine::settings::{self, Table, CONFIG_KEYS, ENV};
 
 fn repo() -> PathBuf {
@@ -271,8 +271,8 @@ fn config_defaults_are_resolves() {
     }
     // The named constants.
     let row = |k: &str| settings::config_key(k).unwrap().default.parse::<u64>().unwrap();
-    assert_eq!(row("heartbeat_ms"), tally_engine::config::DEFAULT_HEARTBEAT_MS);
-    assert_eq!(row("stage_buffers"), tally_engine::config::DEFAULT_STAGE_BUFFERS as u64);
+    assert_eq!(row("heartbeat_ms"), tally_engine::host::config::DEFAULT_HEARTBEAT_MS);
+    assert_eq!(row("stage_buffers"), tally_engine::host::config::DEFAULT_STAGE_BUFFERS as u64);
     assert_eq!(row("max_ranks"), tally_engine::wire::MAX_RANKS as u64);
 }
 
@@ -283,7 +283,7 @@ fn env_default(name: &str) -> &'static str {
 }
 
 fn size(name: &str) -> usize {
-    tally_engine::units::parse_size(env_default(name)).unwrap_or_else(|e| panic!("{name}: {e}")) as usize
+    tally_engine::host::units::parse_size(env_default(name)).unwrap_or_else(|e| panic!("{name}: {e}")) as usize
 }
 
 fn number(name: &str) -> u64 {
@@ -339,15 +339,17 @@ fn env_defaults_are_the_codes() {
         assert_eq!(set, unset, "{name}={} is not the default", env_default(name));
     }
 
-    assert_eq!(tally_engine::lcore::adaptive_spin() as u64, number("TALLY_ADAPTIVE_SPIN"));
-    match tally_engine::lcore::PollMode::ADAPTIVE {
-        tally_engine::lcore::PollMode::Adaptive { spin_polls, .. } => assert_eq!(spin_polls as u64, number("TALLY_ADAPTIVE_SPIN")),
+    assert_eq!(tally_engine::dataplane::lcore::adaptive_spin() as u64, number("TALLY_ADAPTIVE_SPIN"));
+    match tally_engine::dataplane::lcore::PollMode::ADAPTIVE {
+        tally_engine::dataplane::lcore::PollMode::Adaptive { spin_polls, .. } => {
+            assert_eq!(spin_polls as u64, number("TALLY_ADAPTIVE_SPIN"))
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(tally_engine::ring::DEFAULT_CHUNK_BYTES, size("TALLY_RING_CHUNK"));
     assert_eq!(tally_engine::ring::DEFAULT_WINDOW as u64, number("TALLY_RING_WINDOW"));
     // The heartbeat and liveness times go together: eight heartbeats.
-    assert_eq!(DEFAULT_LIVENESS_MS, 8 * tally_engine::config::DEFAULT_HEARTBEAT_MS);
+    assert_eq!(DEFAULT_LIVENESS_MS, 8 * tally_engine::host::config::DEFAULT_HEARTBEAT_MS);
 }
 
 /// `tally settings --markdown`: marker line -> the table lines after it.

@@ -5,6 +5,9 @@
 //! [`RangeAlloc`] per lcore (the lcore itself only ever sees offsets), so
 //! admission is a plain first-fit search over a short free list.
 
+/// Granularity of slab regions: pages, so regions never share one.
+pub const REGION_ALIGN: usize = 4096;
+
 /// First-fit allocator of byte ranges, in units of `align` bytes.
 #[derive(Debug, Clone)]
 pub struct RangeAlloc {

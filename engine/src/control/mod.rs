@@ -47,9 +47,8 @@ use crate::dataplane::metrics::{ControlCounters, MetricsTable, ServerHealth, Ser
 use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard, SplitOn};
 use crate::dataplane::split::SplitShared;
 use crate::host::config::ServerConfig;
-use crate::server::REGION_ALIGN;
 use crate::wire::{self, Accept, Boundary, Drain, Header, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, TOKEN_BYTES};
-use alloc::RangeAlloc;
+use alloc::{RangeAlloc, REGION_ALIGN};
 use bytemuck::Zeroable;
 use conn::{ConnEvent, Connections, Joining, Rules};
 use std::collections::HashMap;

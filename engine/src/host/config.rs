@@ -35,7 +35,7 @@ pub struct ServerFile {
     /// Most jobs served at once.
     pub max_jobs: Option<u32>,
     /// Most ranks in one job (default and ceiling: the wire's 1024). A job's
-    /// pieces shrink with its ranks so that its slab region fits (server::budget).
+    /// pieces shrink with its ranks so that its slab region fits (control::budget).
     pub max_ranks: Option<u32>,
     /// File holding the shared job token (else TALLY_TOKEN; else no token required).
     pub token_file: Option<String>,

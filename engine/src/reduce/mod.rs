@@ -716,7 +716,7 @@ impl Kernels {
         while start < elems {
             let len = tile.min(elems - start);
             let off = start * size;
-            // SAFETY (for the tile): elements `start .. start + len` lie
+            // SAFETY: (for the tile) elements `start .. start + len` lie
             // inside every buffer. The first group reads inputs[0..G] and
             // writes the tile of `out`, which may be exactly that of
             // inputs[0]; each later group reads that tile of `out` as its
@@ -761,7 +761,7 @@ impl Kernels {
             let len = TILE.min(elems - start);
             let off = start * 2;
             let mut next = 0;
-            // SAFETY (for the tile): elements `start .. start + len` lie in
+            // SAFETY: (for the tile) elements `start .. start + len` lie in
             // every buffer, and `len` partials fit the stack tile, which
             // overlaps no buffer. The output's tile is written only after
             // every input's was read, so it may be that of inputs[0].

@@ -96,7 +96,7 @@ pub(crate) unsafe fn reduce<E: Element, O: OpKind>(out: *mut u8, inputs: &[*cons
     let mut start = 0;
     while elems - start >= BLOCK {
         let base = start * E::SIZE;
-        // SAFETY (for the block): elements `start .. start + BLOCK` are
+        // SAFETY: (for the block) elements `start .. start + BLOCK` are
         // below `elems`, so they lie in every input and in `out`; every
         // input's block is read before `out`'s is written.
         unsafe {
@@ -149,7 +149,7 @@ pub(crate) unsafe fn fold_wide<E: Element<Acc = f32>, O: OpKind>(
 ) {
     let rest = if resume { inputs } else { &inputs[1..] };
     wide_blocks(from, elems, |start, partial| {
-        // SAFETY (for the block): elements `start .. start + partial.len()`
+        // SAFETY: (for the block) elements `start .. start + partial.len()`
         // are below `elems`, so they lie in every input and in `acc`.
         unsafe {
             for (j, p) in partial.iter_mut().enumerate() {
@@ -180,7 +180,7 @@ pub(crate) unsafe fn fold_wide<E: Element<Acc = f32>, O: OpKind>(
 #[inline(always)]
 pub(crate) unsafe fn narrow_wide<E: Element<Acc = f32>, O: OpKind>(out: *mut u8, acc: *const u8, from: usize, elems: usize, divisor: u32) {
     wide_blocks(from, elems, |start, partial| {
-        // SAFETY (for the block): elements `start .. start + partial.len()`
+        // SAFETY: (for the block) elements `start .. start + partial.len()`
         // are below `elems`; the whole block is read before any of it is
         // written, and it is written below every later block (2i < 4i).
         unsafe {

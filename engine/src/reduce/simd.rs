@@ -146,7 +146,7 @@ pub(crate) unsafe fn reduce<L: Lanes, O: OpKind, const U: usize>(out: *mut u8, i
         return;
     };
     let buffers = Buffers { out, first, rest };
-    // SAFETY (for the whole body): the caller makes every buffer valid for
+    // SAFETY: (for the whole body) the caller makes every buffer valid for
     // `elems` elements and has the instruction set; each helper below is
     // given element ranges inside `0..elems` only.
     unsafe {

@@ -20,8 +20,8 @@
 //! the Prometheus text format, and `/healthz` and `/readyz` from the
 //! control loop's [`ServerHealth`]; it only reads. Under systemd's watchdog
 //! (`WATCHDOG_USEC`) the control loop feeds it.
-pub use crate::control;
-pub use crate::dataplane::shard::{self, Command, Event};
+use crate::control::{self, alloc::REGION_ALIGN};
+use crate::dataplane::shard::{self, Command, Event};
 
 use crate::dataplane::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
 use crate::dataplane::lcore::{self, LcoreSet, PollMode, Snapshot};
@@ -34,9 +34,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-
-/// Granularity of slab regions: pages, so regions never share one.
-pub const REGION_ALIGN: usize = 4096;
 
 /// A running server.
 pub struct Server {

@@ -185,8 +185,8 @@ fn rank_main<P, V>(
                 let mut tag: c_int = 7;
                 let mut mh = c.recv_mh[ch];
                 loop {
-                    // SAFETY: live comm, one-element arrays, buffer valid until the test completes.
                     assert_eq!(
+                        // SAFETY: live comm, one-element arrays, buffer valid until the test completes.
                         unsafe { (t.irecv)(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), req,) },
                         NCCL_SUCCESS
                     );
@@ -200,8 +200,8 @@ fn rank_main<P, V>(
                 // A 33rd request on a comm with 32 in flight: "try again".
                 let mut data = rbuf.as_mut_ptr().cast::<c_void>();
                 let (mut sz, mut tag, mut mh, mut req) = (16usize, 7, c.recv_mh[ch], null());
-                // SAFETY: as above.
                 assert_eq!(
+                    // SAFETY: as above.
                     unsafe { (t.irecv)(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), &mut req,) },
                     NCCL_SUCCESS
                 );
@@ -213,8 +213,8 @@ fn rank_main<P, V>(
                 // NCCL may leave a hint in *request before the call.
                 *req = NCCL_NET_OPTIONAL_RECV_COMPLETION as *mut c_void;
                 loop {
-                    // SAFETY: live comm; the buffer stays valid until the test completes.
                     assert_eq!(
+                        // SAFETY: live comm; the buffer stays valid until the test completes.
                         unsafe { (t.isend)(c.send[ch], sbuf[slot(ch, i)..].as_mut_ptr().cast(), size, 7, c.send_mh[ch], null(), req,) },
                         NCCL_SUCCESS
                     );
@@ -363,6 +363,7 @@ fn rank_main<P, V>(
 pub fn run(expect_provider: &str) {
     let threads_before = thread_count();
     let p = load();
+    // SAFETY: the table's name is a static C string of the plugin.
     assert_eq!(unsafe { CStr::from_ptr(p.net11.name) }.to_str().unwrap(), "Tally");
     let mut cfg = NetCommConfig { traffic_class: -1 };
     let mut ctx = [null(); 2];

@@ -29,10 +29,10 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use tally_engine::config::{ServerConfig, ServerFile};
-use tally_engine::cpuset::{self, CoreList};
-use tally_engine::hugepages::{self, PoolState};
-use tally_engine::units::{format_size, format_size_arg};
+use tally_engine::host::config::{ServerConfig, ServerFile};
+use tally_engine::host::cpuset::{self, CoreList};
+use tally_engine::host::hugepages::{self, PoolState};
+use tally_engine::host::units::{format_size, format_size_arg};
 
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
@@ -90,7 +90,7 @@ pub struct Target {
 
 impl Target {
     fn provider(&self) -> Option<String> {
-        self.config.provider.as_deref().map(tally_engine::fabric::canonical_provider)
+        self.config.provider.as_deref().map(tally_engine::dataplane::fabric::canonical_provider)
     }
 
     fn busy(&self) -> bool {
@@ -251,7 +251,7 @@ fn memlock_limit() -> Option<u64> {
 /// Read everything [`evaluate`] needs; `lcores` picks which cores' governors
 /// to read.
 pub fn gather(lcores: &CoreList) -> HostFacts {
-    use tally_engine::fabric;
+    use tally_engine::dataplane::fabric;
     let providers = ["efa", "shm", "tcp;ofi_rxm"].iter().map(|p| (p.to_string(), fabric::provider_available(p))).collect();
     let cmdline = read_trim("/proc/cmdline").unwrap_or_default();
     let mut isolated = parse_cpu_list(&read_trim("/sys/devices/system/cpu/isolated").unwrap_or_default());
@@ -600,7 +600,7 @@ pub fn start_blockers(t: &Target, h: &HostFacts) -> Vec<Check> {
     if let Some(p) = t.provider() {
         if !h.providers.iter().any(|(name, _)| *name == p) {
             // A provider doctor does not list (verbs, psm3, ...): ask libfabric.
-            if !tally_engine::fabric::provider_available(&p) {
+            if !tally_engine::dataplane::fabric::provider_available(&p) {
                 out.push(row(
                     &format!("provider {p}"),
                     Status::Fail,
@@ -685,7 +685,7 @@ pub fn run(args: &DoctorArgs) -> Result<u8, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tally_engine::hugepages::SIZE_2M;
+    use tally_engine::host::hugepages::SIZE_2M;
 
     fn target(toml: &str) -> Target {
         Target { config: ServerFile::parse(toml).unwrap().resolve().unwrap() }

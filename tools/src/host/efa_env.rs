@@ -413,13 +413,13 @@ fn kernel_release() -> String {
 }
 
 fn hugepage_pages() -> u64 {
-    let sizes = tally_engine::hugepages::page_sizes().unwrap_or_default();
-    sizes.iter().filter_map(|&s| tally_engine::hugepages::pool(s, None).ok()).map(|p| p.total).sum()
+    let sizes = tally_engine::host::hugepages::page_sizes().unwrap_or_default();
+    sizes.iter().filter_map(|&s| tally_engine::host::hugepages::pool(s, None).ok()).map(|p| p.total).sum()
 }
 
 /// Look at this host.
 pub fn gather() -> HostReport {
-    use tally_engine::fabric::{self, Hints, InfoList};
+    use tally_engine::dataplane::fabric::{self, Hints, InfoList};
     let release = kernel_release();
     let verbs = verbs::probe();
     let (efa_domains, efa_provider_error) = match InfoList::get(&Hints::new("efa")) {

@@ -24,8 +24,8 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use std::io;
 use std::path::{Path, PathBuf};
-use tally_engine::hugepages::{self, HugetlbfsMount, PoolState, ThpMode};
-use tally_engine::units::{format_size, format_size_arg, parse_size};
+use tally_engine::host::hugepages::{self, HugetlbfsMount, PoolState, ThpMode};
+use tally_engine::host::units::{format_size, format_size_arg, parse_size};
 
 /// Where `mount` and `setup` mount hugetlbfs unless told otherwise (DPDK's
 /// default too, and where systemd's dev-hugepages.mount puts it).
@@ -487,7 +487,7 @@ fn unmount(dir: Option<&Path>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tally_engine::hugepages::{SIZE_1G, SIZE_2M};
+    use tally_engine::host::hugepages::{SIZE_1G, SIZE_2M};
 
     #[test]
     fn page_size_arguments() {

@@ -145,7 +145,7 @@ impl EfaAttr {
             self.max_sq_sge,
             self.max_rq_wr,
             self.max_rq_sge,
-            tally_engine::units::format_size(u64::from(self.max_rdma_size)),
+            tally_engine::host::units::format_size(u64::from(self.max_rdma_size)),
         )
     }
 }

@@ -37,9 +37,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use tally_engine::config::{ServerConfig, ServerFile};
-use tally_engine::cpuset::CoreList;
-use tally_engine::units::parse_size;
+use tally_engine::host::config::{ServerConfig, ServerFile};
+use tally_engine::host::cpuset::CoreList;
+use tally_engine::host::units::parse_size;
 use yaml_rust2::{Yaml, YamlLoader};
 
 const SERVER_YAML: &str = "config/k8s/tally-server.yaml";

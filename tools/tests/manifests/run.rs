@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
-use tally_engine::cpuset;
+use tally_engine::host::cpuset;
 
 /// A scratch folder, removed on drop.
 struct Scratch(PathBuf);

@@ -204,6 +204,8 @@ impl InfoList {
             if !out.contains(&name) {
                 out.push(name);
             }
+            // SAFETY: a node of that list; its `next` is the list's next node or null.
+            // SAFETY: a node of that list; its `next` is the list's next node or null.
             p = unsafe { (*p).next };
         }
         out
@@ -243,6 +245,7 @@ pub fn list_providers() -> Vec<String> {
         if !out.contains(&name) {
             out.push(name);
         }
+        // SAFETY: a node of that list; its `next` is the list's next node or null.
         p = unsafe { (*p).next };
     }
     // SAFETY: info came from fi_getinfo.

@@ -2,7 +2,7 @@
 //! installed headers (so struct layouts match the library we link), plus the
 //! C wrappers bindgen emits for the headers' `static inline` data-path calls.
 #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
-#![allow(clippy::all, unsafe_op_in_unsafe_fn)]
+#![allow(clippy::all, clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 include!(concat!(env!("OUT_DIR"), "/fabric_sys.rs"));
 
