@@ -813,7 +813,10 @@ fn quoted_figures_hold() {
     // Messages the page quotes, as the code writes them.
     // The control plane's texts: its job logic and its connections (handshake refusals).
     let control = read("engine/src/control/mod.rs") + &read("engine/src/control/conn.rs");
-    let client = read("engine/src/client/mod.rs");
+    let client = ["mod.rs", "error.rs", "join.rs", "progress.rs", "control.rs"]
+        .iter()
+        .map(|f| read(&format!("engine/src/client/{f}")))
+        .collect::<String>();
     let wire = read("engine/src/wire.rs");
     let budget = read("engine/src/control/budget.rs");
     for (file, text, quoted) in [

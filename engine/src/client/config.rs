@@ -1,0 +1,139 @@
+//! How a client reaches its servers and cuts its work ([`ClientConfig`]):
+//! the fields, their defaults and the environment variables that set them.
+use super::*;
+
+/// How to reach the servers and cut the work.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Control addresses (`host:port`) of the servers.
+    pub servers: Vec<String>,
+    /// The same on every rank of the job.
+    pub job_id: u64,
+    pub rank: u32,
+    pub nranks: u32,
+    /// Shared token (TALLY_TOKEN), at most 32 bytes.
+    pub token: String,
+    /// Bytes per shard piece (rounded down to whole elements per type).
+    /// Default from TALLY_CHUNK (K/M suffixes), else 256 KiB. Over
+    /// tcp;ofi_rxm a chunk at or below the eager limit (32 KiB, see
+    /// `fabric::defaults`) avoids a rendezvous round trip per chunk.
+    pub chunk_bytes: usize,
+    /// Chunks in flight per (server, lcore). Default from TALLY_WINDOW, else 4.
+    pub window: u32,
+    /// Lcores to use per server (0: all of them).
+    pub shards: u32,
+    /// Fabric provider (None: TALLY_PROVIDER or tally's default).
+    pub provider: Option<String>,
+    /// Local address for the fabric endpoint (tcp), e.g. this host's address on the servers' network.
+    pub fabric_addr: Option<String>,
+    /// Bound on an all-reduce making no progress.
+    pub timeout: Duration,
+    /// Bound on joining: all ranks must arrive, and a server that says
+    /// `busy` (a join storm) is tried again with jittered backoff until
+    /// then. Default from TALLY_JOIN_TIMEOUT_S, else 120 s: the ranks of a
+    /// thousand-node job start over a minute or more. (The server has its
+    /// own, `join_timeout_s`, for all ranks to arrive.)
+    pub join_timeout: Duration,
+    /// Spin this many empty polls before sleeping on the CQ.
+    pub spin_polls: u32,
+    /// Longest sleep on the CQ (ms) before polling again. Traffic wakes the
+    /// client through the CQ's descriptor (tcp), so this bounds only a
+    /// missed wake-up; shm and EFA nap 50 us whatever it says. Hundreds of
+    /// clients on a few cores (a load generator) raise it: each wake-up of
+    /// an idle client costs system calls. Default 1.
+    pub sleep_ms: u32,
+    /// Sends in flight per server (0: as many as the windows allow).
+    /// Default from TALLY_SEND_CREDITS.
+    pub send_credits: u32,
+    /// Smallest piece an all-reduce is cut into to spread it over streams
+    /// (see [`op_chunk_bytes`]). Must be the same on every rank. Default
+    /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`].
+    pub min_piece: usize,
+    /// Survive the loss of a server when the job has others (see
+    /// [`failover`]): results land in a staging area first and are copied
+    /// out, which costs one copy of every result. Default on; TALLY_FAILOVER=0
+    /// turns it off (a lost server then fails the job, as before).
+    pub failover: bool,
+    /// Fault injection, for tests of failover: results from server
+    /// `.0` (its index in `servers`) of operations from index `.1` on are
+    /// dropped as they arrive, as if lost in flight. None in real use.
+    pub fault_drop_results: Option<(usize, u64)>,
+    /// A two-rank job on one server asks it to relay its pieces of at most
+    /// [`wire::RELAY_MAX`] bytes (each rank gets the other's piece and
+    /// reduces the two itself: one hop through the server for the last
+    /// piece in, instead of a reduce and two sends in a row). Must be the
+    /// same on both ranks. Default on; TALLY_RELAY=0 turns it off (needed
+    /// to join servers older than the relay, which refuse the flag).
+    pub relay: bool,
+    /// A job of 4 to 64 ranks on one server asks it to split its pieces of
+    /// at most [`wire::SPLIT_MAX`] bytes by rank over its lcores (see
+    /// `wire`'s module doc): each rank sends to its group's lcore, so no
+    /// lcore copies every rank's piece in and the result out to every rank.
+    /// Must be the same on every rank. Default on; TALLY_SPLIT=0 turns it
+    /// off (needed to join servers older than the split, which refuse the
+    /// flag).
+    pub split: bool,
+    /// Endpoints the client moves bytes through, each driven by its own
+    /// thread, server `si` on rail `si mod rails` (see [`rails`]). 1: one
+    /// endpoint on the caller's thread, no thread of its own. 0: auto
+    /// ([`rails::auto_rails`]: one per server over tcp on hosts of 8 or
+    /// more cores). Default from TALLY_RAILS, else 0.
+    pub rails: usize,
+    /// Cores to pin the rail threads to, one each in order (empty: they
+    /// keep the affinity of the thread that connects). From TALLY_RAIL_CORES.
+    pub rail_cores: Vec<usize>,
+    /// A server of a job that can fail over, heard once, then silent this
+    /// long (no heartbeat, no message) is lost (see [`liveness`]). Default
+    /// from TALLY_LIVENESS_MS, else 2 s; zero: never.
+    pub liveness: Duration,
+    /// A provider call on one of the client's endpoints that has not
+    /// returned for this long is reported (see [`watchdog`]). Default from
+    /// TALLY_PROVIDER_WATCHDOG_S, else 10 s; zero: not watched.
+    pub provider_watchdog: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(servers: Vec<String>, job_id: u64, rank: u32, nranks: u32) -> ClientConfig {
+        ClientConfig {
+            servers,
+            job_id,
+            rank,
+            nranks,
+            token: std::env::var("TALLY_TOKEN").unwrap_or_default(),
+            chunk_bytes: env_size("TALLY_CHUNK").unwrap_or(256 << 10),
+            window: env_size("TALLY_WINDOW").map_or(4, |w| w.clamp(1, 64) as u32),
+            shards: 0,
+            provider: None,
+            fabric_addr: None,
+            timeout: Duration::from_secs(30),
+            join_timeout: Duration::from_secs(
+                std::env::var("TALLY_JOIN_TIMEOUT_S").ok().and_then(|v| v.trim().parse().ok()).filter(|&s| s > 0).unwrap_or(120),
+            ),
+            spin_polls: 2048,
+            sleep_ms: 1,
+            send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
+            failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
+            fault_drop_results: None,
+            relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
+            split: std::env::var("TALLY_SPLIT").map_or(true, |v| v != "0"),
+            rails: std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0),
+            rail_cores: std::env::var("TALLY_RAIL_CORES")
+                .ok()
+                .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
+                .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
+            liveness: Duration::from_millis(
+                std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
+            ),
+            provider_watchdog: watchdog::limit_from_env(),
+        }
+    }
+}
+
+/// A rank's default liveness time (ms): eight of the server's default heartbeats.
+pub const DEFAULT_LIVENESS_MS: u64 = 2000;
+
+/// A positive size from the environment (K/M/G suffixes), if set and valid.
+pub(super) fn env_size(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| crate::host::units::parse_size(&v).ok()).map(|v| v as usize).filter(|&v| v > 0)
+}
