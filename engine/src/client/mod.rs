@@ -53,7 +53,6 @@ pub mod watchdog;
 pub use config::{ClientConfig, DEFAULT_LIVENESS_MS};
 pub use error::ClientError;
 use failover::{Fo, Stage};
-use join::keepalive;
 use liveness::Liveness;
 use rails::Rails;
 

@@ -433,15 +433,6 @@ pub struct ShardSetup {
     pub op_timeout: std::time::Duration,
 }
 
-/// `TALLY_FAULT_STALL=LCORE@SECONDS`: when lcore `lcore` is to stall (see
-/// `ShardWorker::stall_at`), counted from its start.
-fn fault_stall(lcore: usize) -> Option<Instant> {
-    let v = std::env::var("TALLY_FAULT_STALL").ok()?;
-    let (l, secs) = v.split_once('@')?;
-    (l.trim().parse::<usize>().ok()? == lcore).then_some(())?;
-    Some(Instant::now() + std::time::Duration::from_secs_f64(secs.trim().parse().ok()?))
-}
-
 impl ShardWorker {
     pub fn new(setup: ShardSetup) -> ShardWorker {
         let ShardSetup { lcore, ep, slab, mh, kernels, max_jobs, per_job, commands, events, metrics, op_timeout } = setup;
@@ -466,7 +457,7 @@ impl ShardWorker {
             metrics,
             op_timeout,
             next_housekeeping: Instant::now(),
-            stall_at: fault_stall(lcore),
+            stall_at: crate::host::fault::stall_at("TALLY_FAULT_STALL", lcore),
         }
     }
 

@@ -4,6 +4,7 @@
 //! Nothing here is on a data path.
 pub mod config;
 pub mod cpuset;
+pub mod fault;
 #[cfg(feature = "fabric")]
 pub mod limits;
 pub mod units;

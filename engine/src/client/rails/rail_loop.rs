@@ -33,19 +33,10 @@ pub(super) struct RailLoop {
     stall_at: Option<Instant>,
 }
 
-/// `TALLY_FAULT_RAIL_STALL=RAIL@SECONDS`: when rail `rail` is to stall,
-/// counted from its start.
-fn fault_stall(rail: usize) -> Option<Instant> {
-    let v = std::env::var("TALLY_FAULT_RAIL_STALL").ok()?;
-    let (r, secs) = v.split_once('@')?;
-    (r.trim().parse::<usize>().ok()? == rail).then_some(())?;
-    Some(Instant::now() + Duration::from_secs_f64(secs.trim().parse().ok()?))
-}
-
 impl RailLoop {
     pub(super) fn new(rail: usize, ep: Endpoint, sh: Arc<Shared>, spin_polls: u32, sleep_ms: u32, contexts: usize) -> RailLoop {
         RailLoop {
-            stall_at: fault_stall(rail),
+            stall_at: crate::host::fault::stall_at("TALLY_FAULT_RAIL_STALL", rail),
             copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
             stream_copy: super::stream_copy::wanted(),
             ep,

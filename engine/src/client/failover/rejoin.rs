@@ -1,0 +1,296 @@
+//! Taking a lost server back: a thread ([`Watcher`]) tries to reach it, a
+//! Hello flagged REJOIN admits this rank again, and from the switch the
+//! ranks agree on its new streams carry operations again.
+use super::*;
+
+/// A lost server that answered again, on its way back into the job.
+pub(in crate::client) struct Rejoin {
+    pub(in crate::client) server: usize,
+    pub(in crate::client) conn: TcpStream,
+    pub(in crate::client) phase: RejoinPhase,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::client) enum RejoinPhase {
+    /// Hello sent; waiting for the Accept (every rank must come).
+    Accept,
+    /// Accepted (its new streams added); waiting for its Rejoin question.
+    Question,
+    /// Answered with our boundary; waiting for the switch.
+    Switch,
+    /// Taken back (the entry goes).
+    Done,
+}
+
+/// A thread that tries to reach lost servers (a blocking connect to a dead
+/// host must not stall the data path) and hands over the connections.
+pub struct Watcher {
+    /// (sub-job, server, address) still to reach.
+    pub(in crate::client) wanted: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, std::net::SocketAddr)>>>,
+    /// Connections made, not yet taken.
+    pub(in crate::client) reached: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, TcpStream)>>>,
+    pub(in crate::client) stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Watcher {
+    pub(in crate::client) fn start() -> Watcher {
+        use std::sync::{atomic::AtomicBool, atomic::Ordering, Arc, Mutex};
+        let wanted: Arc<Mutex<Vec<(usize, usize, std::net::SocketAddr)>>> = Arc::default();
+        let reached: Arc<Mutex<Vec<(usize, usize, TcpStream)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (w, r, st) = (wanted.clone(), reached.clone(), stop.clone());
+        let _ = std::thread::Builder::new().name("tally-rejoin".into()).spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let todo: Vec<_> = w.lock().map(|v| v.clone()).unwrap_or_default();
+                for (sub, si, addr) in todo {
+                    if let Ok(c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                        if let (Ok(mut wv), Ok(mut rv)) = (w.lock(), r.lock()) {
+                            wv.retain(|x| (x.0, x.1) != (sub, si));
+                            rv.push((sub, si, c));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+        Watcher { wanted, reached, stop }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Client {
+    /// Takes back lost servers that answer again: joins the job there anew
+    /// (a Hello flagged REJOIN, the job's own spec), adds the streams of its
+    /// Accept, answers its question with this rank's boundary and, at the
+    /// switch operation K it names, cuts operations over it again. All
+    /// ranks do the same (each finds the server within a second), so the
+    /// server admits the job once every rank is back, like any job.
+    pub(in crate::client) fn poll_rejoins(&mut self, sub: usize) -> Result<(), ClientError> {
+        let s = &self.subs[sub];
+        if s.fo.round.is_some() || s.fo.recovering {
+            return Ok(());
+        }
+        let reached: Vec<(usize, usize, TcpStream)> = match s.fo.watcher.as_ref().map(|w| w.reached.try_lock()) {
+            Some(Ok(mut v)) if v.iter().any(|x| x.0 == sub) => {
+                let (mine, rest): (Vec<_>, Vec<_>) = v.drain(..).partition(|x| x.0 == sub);
+                *v = rest;
+                mine
+            }
+            _ => Vec::new(),
+        };
+        for (_, si, mut conn) in reached {
+            let spec = JobSpec {
+                job_id: self.job_id_of(sub),
+                nranks: self.cfg.nranks,
+                dtype: self.subs[sub].dtype,
+                op: self.subs[sub].op,
+                chunk_elems: self.subs[sub].chunk_elems as u32,
+                window: self.cfg.window,
+                shards: self.cfg.shards,
+                relay: self.subs[sub].relay.is_some(),
+                split: self.subs[sub].split.is_some(),
+            };
+            let name = self.rails.name(self.rails.rail_of(si));
+            let Some(mut hello) = Hello::new(&spec, self.cfg.rank, &self.token, name.as_bytes()) else { continue };
+            hello.flags |= Hello::REJOIN;
+            if self.wants_heartbeats() {
+                hello.flags |= Hello::ALIVE;
+            }
+            let _ = conn.set_nodelay(true);
+            crate::client::join::keepalive(&conn);
+            if conn.write_all(bytemuck::bytes_of(&hello)).is_ok() && conn.set_nonblocking(true).is_ok() {
+                log::info!("server {} answers again: taking it back into job {:#x}", self.cfg.servers[si], spec.job_id);
+                self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept });
+            } else {
+                self.watch_again(sub, si);
+            }
+        }
+        let mut i = 0;
+        while i < self.subs[sub].fo.rejoins.len() {
+            match self.step_rejoin(sub, i) {
+                Ok(true) => i += 1,
+                Ok(false) => {
+                    self.subs[sub].fo.rejoins.remove(i);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub(in crate::client) fn watch_again(&mut self, sub: usize, si: usize) {
+        if let (Some(w), Some(addr)) =
+            (self.subs[sub].fo.watcher.as_ref(), self.cfg.servers[si].to_socket_addrs().ok().and_then(|mut a| a.next()))
+        {
+            if let Ok(mut v) = w.wanted.lock() {
+                v.push((sub, si, addr));
+            }
+        }
+    }
+
+    /// Advances rejoin `i` with what arrived; false: it is over (taken
+    /// back, or given up).
+    pub(in crate::client) fn step_rejoin(&mut self, sub: usize, i: usize) -> Result<bool, ClientError> {
+        use std::io::Read;
+        let si = self.subs[sub].fo.rejoins[i].server;
+        let server = self.cfg.servers[si].clone();
+        let mut hdr = [0u8; core::mem::size_of::<wire::Accept>()];
+        let n = match self.subs[sub].fo.rejoins[i].conn.peek(&mut hdr) {
+            Ok(0) => {
+                log::info!("server {server} went away again while taking it back; waiting for it");
+                self.watch_again(sub, si);
+                return Ok(false);
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(true),
+            Err(_) => {
+                self.watch_again(sub, si);
+                return Ok(false);
+            }
+        };
+        if n < 8 {
+            return Ok(true);
+        }
+        let kind = match wire::read::<wire::Header>(&hdr).and_then(|h| h.check()) {
+            Ok(k) => k,
+            Err(e) => {
+                log::warn!("server {server}: {e} while taking it back; giving up on it for this job");
+                return Ok(false);
+            }
+        };
+        let phase = self.subs[sub].fo.rejoins[i].phase;
+        let need = match (kind, phase) {
+            (wire::Kind::Reject, _) => core::mem::size_of::<wire::Reject>(),
+            (wire::Kind::Accept, RejoinPhase::Accept) => {
+                if n < hdr.len() {
+                    return Ok(true);
+                }
+                let a: wire::Accept = wire::read(&hdr).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                hdr.len() + a.lcores.min(4096) as usize * core::mem::size_of::<wire::NameRecord>()
+            }
+            (wire::Kind::Rejoin, RejoinPhase::Question) => 8,
+            // Heartbeats start once the server admitted the job again.
+            (wire::Kind::Alive, RejoinPhase::Question | RejoinPhase::Switch) => 8,
+            (wire::Kind::SwitchAt, RejoinPhase::Switch) => core::mem::size_of::<wire::SwitchAt>(),
+            (k, p) => {
+                log::warn!("server {server}: unexpected {k:?} while taking it back ({p:?}); giving up on it for this job");
+                return Ok(false);
+            }
+        };
+        let mut msg = vec![0u8; need];
+        let c = &mut self.subs[sub].fo.rejoins[i].conn;
+        if c.peek(&mut msg).map_or(true, |got| got < need) {
+            return Ok(true);
+        }
+        if c.read_exact(&mut msg).is_err() {
+            self.watch_again(sub, si);
+            return Ok(false);
+        }
+        match kind {
+            // Taken; whatever follows it is read at once.
+            wire::Kind::Alive => self.step_rejoin(sub, i),
+            wire::Kind::Reject => {
+                let r: wire::Reject = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                if r.code() == Some(wire::RejectCode::Busy) {
+                    // Every rank of every job reconnects to a restarted
+                    // server at once: the watcher tries again in 0.5 s.
+                    log::debug!("server {server} is busy ({r}); taking it back later");
+                    self.watch_again(sub, si);
+                    return Ok(false);
+                }
+                log::warn!("server {server} refused to take job {:#x} back ({r}); the job goes on without it", self.job_id_of(sub));
+                Ok(false)
+            }
+            wire::Kind::Accept => {
+                let a: wire::Accept = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                let window = self.cfg.window as usize;
+                if a.piece_elems != 0 && (a.piece_elems as usize) < self.subs[sub].chunk_elems {
+                    log::warn!(
+                        "server {server} grants pieces of {} elements now, fewer than job {:#x}'s {}: it goes on without it",
+                        a.piece_elems,
+                        self.job_id_of(sub),
+                        self.subs[sub].chunk_elems
+                    );
+                    return Ok(false);
+                }
+                let s = &self.subs[sub];
+                let grown = s.streams.len() + a.lcores as usize;
+                if (grown * window * 2) as u32 + REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 > self.per_sub {
+                    log::warn!(
+                        "server {server}: no room for its streams in this client's context table; job {:#x} goes on without it",
+                        self.job_id_of(sub)
+                    );
+                    return Ok(false);
+                }
+                let mut added = Vec::new();
+                let latency_lcores = a.latency_split().map_or(0, |(l, _)| l);
+                for k in 0..a.lcores as usize {
+                    let off = hdr.len() + k * core::mem::size_of::<wire::NameRecord>();
+                    let rec: wire::NameRecord = wire::read(&msg[off..]).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                    let name = rec.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
+                    let name =
+                        crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?;
+                    let addr = self.rails.insert_peer(self.rails.rail_of(si), &name).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                    // It carries nothing until the switch names its first operation.
+                    added.push(Stream { born: u64::MAX, latency: k < latency_lcores, ..Stream::new(addr, si, a.job_tag) });
+                }
+                let s = &mut self.subs[sub];
+                let n = added.len();
+                s.streams.extend(added);
+                s.flights.resize(s.streams.len() * window, Flight::default());
+                if let Some(stage) = s.stage.as_mut() {
+                    stage.add(n, &mut self.rails)?;
+                }
+                s.fo.rejoins[i].phase = RejoinPhase::Question;
+                Ok(true)
+            }
+            wire::Kind::Rejoin => {
+                let b = self.first_uncut(sub);
+                let msg = wire::Boundary::new(b);
+                let c = &mut self.subs[sub].fo.rejoins[i].conn;
+                let _ = c.set_nonblocking(false);
+                let ok = c.write_all(bytemuck::bytes_of(&msg)).is_ok();
+                let _ = c.set_nonblocking(true);
+                if !ok {
+                    self.watch_again(sub, si);
+                    return Ok(false);
+                }
+                self.subs[sub].fo.rejoins[i].phase = RejoinPhase::Switch;
+                Ok(true)
+            }
+            _ => {
+                let k = wire::read::<wire::SwitchAt>(&msg).and_then(|m| m.check()).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                let job = self.job_id_of(sub);
+                // The caller drops the rejoin entry; the connection lives on
+                // (a duplicate descriptor) as the job's control connection.
+                let conn = self.subs[sub].fo.rejoins[i].conn.try_clone().map_err(|e| ClientError::Fabric(e.to_string()))?;
+                let s = &mut self.subs[sub];
+                s.fo.rejoins[i].phase = RejoinPhase::Done;
+                for st in s.streams.iter_mut().filter(|st| st.server == si && st.born == u64::MAX) {
+                    st.born = k;
+                }
+                s.fo.dead &= !(1u64 << si);
+                s.fo.handled &= !(1u64 << si);
+                s.fo.reported &= !(1u64 << si);
+                s.controls[si] = Some(conn);
+                // Armed again by its first heartbeat on this connection.
+                s.live.disarm(si);
+                log::warn!("server {server} is back in job {job:#x} from operation {k}");
+                self.stats.rejoins += 1;
+                if !self.subs[sub].holding() {
+                    for oi in 0..self.ops.len() {
+                        if self.ops[oi].sub == sub && !self.ops[oi].planned {
+                            self.plan(oi)?;
+                        }
+                    }
+                }
+                Ok(false)
+            }
+        }
+    }
+}
