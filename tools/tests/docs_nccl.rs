@@ -812,7 +812,10 @@ fn quoted_figures_hold() {
 
     // Messages the page quotes, as the code writes them.
     // The control plane's texts: its job logic and its connections (handshake refusals).
-    let control = read("engine/src/control/mod.rs") + &read("engine/src/control/conn.rs");
+    let control = ["mod.rs", "conn.rs", "join.rs", "jobs.rs", "drain.rs", "failover.rs", "liveness.rs"]
+        .iter()
+        .map(|f| read(&format!("engine/src/control/{f}")))
+        .collect::<String>();
     let client = ["mod.rs", "error.rs", "join.rs", "progress.rs", "control.rs"]
         .iter()
         .map(|f| read(&format!("engine/src/client/{f}")))
