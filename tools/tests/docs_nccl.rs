@@ -820,7 +820,7 @@ fn quoted_figures_hold() {
         .iter()
         .map(|f| read(&format!("engine/src/client/{f}")))
         .collect::<String>();
-    let wire = read("engine/src/wire.rs");
+    let wire = read("engine/src/wire/mod.rs") + &read("engine/src/wire/join.rs");
     let budget = read("engine/src/control/budget.rs");
     for (file, text, quoted) in [
         (&control, "refused: wrong or missing token (job {:#x}, rank {})", "refused: wrong or missing token (job 0x..., rank 1)"),

@@ -5,7 +5,7 @@
 //! bit-identical result, provided someone still has either the result or
 //! every rank's input. Two things make that always true here:
 //!
-//! - **Results land in a staging area** ([`Stage`]) and are copied into the
+//! - **Results land in a staging area** (`Stage`, stage.rs) and are copied into the
 //!   caller's buffer only once whole. An in-place all-reduce's input is
 //!   therefore never half overwritten by a result that stopped arriving.
 //! - **A result stays staged until every rank has it.** Stream slots cycle
@@ -49,7 +49,7 @@
 //!    rank that has not yet issued operation j+1 (its caller waits for j)
 //!    could never fill a slot queued behind j+1's chunks on a shared stream.
 //!
-//! Rejoin: once a recovery is over, a background thread ([`Watcher`]) tries
+//! Rejoin: once a recovery is over, a background thread (`Watcher`, rejoin.rs) tries
 //! to reach the lost servers; one that answers again (restarted on its
 //! address) gets a Hello flagged REJOIN for the same job, admits it once
 //! every rank is back, and asks each rank for its boundary: from the

@@ -159,7 +159,7 @@ pub struct JobInfo {
     pub state: &'static str,
 }
 
-/// Reject codes are small numbers (wire.rs); one counter each.
+/// Reject codes are small numbers (`wire::RejectCode`); one counter each.
 const REASONS: usize = 16;
 
 /// The control plane's counters: one writer (the control thread), any reader.

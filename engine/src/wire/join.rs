@@ -1,0 +1,436 @@
+//! The handshake: a rank's `Hello`, the server's `Accept` (with the lcores'
+//! endpoint names, `NameRecord`) or `Reject` (a code and a reason), the job
+//! parameters every rank must agree on (`JobSpec`) and the token.
+use super::*;
+
+/// A client's request to join a job.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct Hello {
+    pub header: Header,
+    /// Chosen by the job (all ranks agree, e.g. from rank 0's NCCL handle).
+    pub job_id: u64,
+    /// Shared secret; compared in constant time.
+    pub token: [u8; TOKEN_BYTES],
+    pub rank: u32,
+    pub nranks: u32,
+    /// NCCL data type code.
+    pub dtype: u8,
+    /// NCCL reduction op code.
+    pub op: u8,
+    /// [`Hello::REJOIN`]: the rank runs this job already, on other servers,
+    /// and takes this (restarted) server back at an operation boundary.
+    /// [`Hello::RELAY`]: (two-rank jobs) relay small pieces, see the module doc.
+    pub flags: u8,
+    pub _pad0: u8,
+    /// Elements per shard of a chunk: the size of one server slot piece.
+    pub chunk_elems: u32,
+    /// Chunks each lcore keeps in flight for this job.
+    pub window: u32,
+    /// How many of the server's lcores the job uses (0: all).
+    pub shards: u32,
+    pub name_len: u16,
+    pub _pad1: [u8; 6],
+    /// The client's fabric endpoint name (first `name_len` bytes).
+    pub name: [u8; NAME_BYTES],
+}
+
+/// The server's answer: `lcores` [`NameRecord`]s follow.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Accept {
+    pub header: Header,
+    /// The server's 16-bit tag for this job (the high bits of every [`Tag`]).
+    pub job_tag: u16,
+    /// The first `latency_lcores` name records are the server's latency
+    /// lcores: operations of at most `2^latency_max_log2` bytes go to them
+    /// only, larger ones only to the other records, so that a small
+    /// all-reduce never queues behind a bulk job's pieces. 0: every lcore
+    /// takes every operation (what a server from before these fields sends;
+    /// a client that ignores them is still served right, only slower).
+    pub latency_lcores: u8,
+    pub latency_max_log2: u8,
+    /// Number of lcore name records that follow (the shards this job uses).
+    pub lcores: u32,
+    /// Lcores the server has in all.
+    pub server_lcores: u32,
+    /// Elements per piece the server's slots hold for this job: at most the
+    /// Hello's `chunk_elems`, less when `window x nranks` pieces of that size
+    /// would not fit the job's slab budget (`control::budget`). The client
+    /// cuts no piece larger (the smallest over its servers). 0: as asked
+    /// (what a server from before this field sends).
+    pub piece_elems: u32,
+}
+
+impl Accept {
+    /// Largest latency threshold a server may announce (1 GiB).
+    pub const MAX_LATENCY_LOG2: u8 = 30;
+
+    /// How many of the name records are latency lcores, and the largest
+    /// operation (bytes) that goes to them; None when the server splits
+    /// nothing (no latency lcores, none left for bulk operations, or a
+    /// threshold out of range).
+    pub fn latency_split(&self) -> Option<(usize, usize)> {
+        let l = self.latency_lcores as u32;
+        let ok = l > 0 && l < self.lcores && (10..=Self::MAX_LATENCY_LOG2).contains(&self.latency_max_log2);
+        ok.then(|| (l as usize, 1usize << self.latency_max_log2))
+    }
+}
+
+/// One lcore's fabric endpoint name.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct NameRecord {
+    pub len: u16,
+    pub _pad: [u8; 6],
+    pub bytes: [u8; NAME_BYTES],
+}
+
+impl NameRecord {
+    pub fn new(name: &[u8]) -> Option<NameRecord> {
+        if name.is_empty() || name.len() > NAME_BYTES {
+            return None;
+        }
+        let mut r = NameRecord::zeroed();
+        r.len = name.len() as u16;
+        r.bytes[..name.len()].copy_from_slice(name);
+        Some(r)
+    }
+
+    pub fn name(&self) -> Result<&[u8], WireError> {
+        let n = self.len as usize;
+        if n == 0 || n > NAME_BYTES {
+            return Err(WireError::BadNameLength(self.len));
+        }
+        Ok(&self.bytes[..n])
+    }
+}
+
+/// Why a server refused a client or ended a job.
+#[repr(u16)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectCode {
+    /// A field of the Hello is malformed or out of range (see `field`).
+    BadField = 1,
+    /// Wrong or missing token.
+    Unauthorized = 2,
+    /// The Hello disagrees with other ranks of the same job.
+    JobMismatch = 3,
+    /// The rank already joined.
+    DuplicateRank = 4,
+    /// Not enough slab space on the server for this job.
+    NoCapacity = 5,
+    /// The server already runs its maximum number of jobs.
+    TooManyJobs = 6,
+    /// Not every rank joined in time, or the handshake was too slow.
+    Timeout = 7,
+    /// The job failed while running (a rank vanished, a bad chunk, a fabric error).
+    JobFailed = 8,
+    /// The server is shutting down.
+    Shutdown = 9,
+    Internal = 10,
+    /// Too many connections are in their handshake at once; try again later.
+    Busy = 11,
+    /// The server is draining: it admits no new jobs, or (after its drain
+    /// timeout) ends the jobs still on it.
+    Draining = 12,
+}
+
+impl RejectCode {
+    pub fn from_u16(v: u16) -> Option<RejectCode> {
+        use RejectCode::*;
+        Some(match v {
+            1 => BadField,
+            2 => Unauthorized,
+            3 => JobMismatch,
+            4 => DuplicateRank,
+            5 => NoCapacity,
+            6 => TooManyJobs,
+            7 => Timeout,
+            8 => JobFailed,
+            9 => Shutdown,
+            10 => Internal,
+            11 => Busy,
+            12 => Draining,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        use RejectCode::*;
+        match self {
+            BadField => "bad field",
+            Unauthorized => "unauthorized",
+            JobMismatch => "job mismatch",
+            DuplicateRank => "duplicate rank",
+            NoCapacity => "no capacity",
+            TooManyJobs => "too many jobs",
+            Timeout => "timeout",
+            JobFailed => "job failed",
+            Shutdown => "shutdown",
+            Internal => "internal error",
+            Busy => "busy",
+            Draining => "draining",
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct Reject {
+    pub header: Header,
+    pub code: u16,
+    pub _pad: [u8; 6],
+    /// The offending Hello field, NUL-padded (empty when not about a field).
+    pub field: [u8; 24],
+    /// Human-readable reason, NUL-padded.
+    pub message: [u8; 216],
+}
+
+impl Reject {
+    pub fn new(code: RejectCode, field: &str, message: &str) -> Reject {
+        let mut r = Reject::zeroed();
+        r.header = Header::new(Kind::Reject);
+        r.code = code as u16;
+        copy_truncated(&mut r.field, field.as_bytes());
+        copy_truncated(&mut r.message, message.as_bytes());
+        r
+    }
+
+    pub fn code(&self) -> Option<RejectCode> {
+        RejectCode::from_u16(self.code)
+    }
+
+    pub fn field(&self) -> &str {
+        nul_terminated(&self.field)
+    }
+
+    pub fn message(&self) -> &str {
+        nul_terminated(&self.message)
+    }
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let code = self.code().map(RejectCode::name).unwrap_or("unknown");
+        if self.field().is_empty() {
+            write!(f, "{code}: {}", self.message())
+        } else {
+            write!(f, "{code}: {}: {}", self.field(), self.message())
+        }
+    }
+}
+
+impl fmt::Debug for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// What a server will accept; the rest of a Hello is checked against these.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_ranks: u32,
+    pub max_window: u32,
+    /// Largest shard piece in bytes (chunk_elems x dtype size).
+    pub max_chunk_bytes: u64,
+    /// Lcores the server has.
+    pub lcores: u32,
+}
+
+/// A Hello that passed every check, with its fields typed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobSpec {
+    pub job_id: u64,
+    pub nranks: u32,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub chunk_elems: u32,
+    pub window: u32,
+    /// Lcores used (resolved: never 0).
+    pub shards: u32,
+    /// Two ranks that reduce pieces of at most [`RELAY_MAX`] bytes
+    /// themselves: the server relays each to the other rank.
+    pub relay: bool,
+    /// Small pieces are split by rank over the lcores (see the module doc).
+    pub split: bool,
+}
+
+impl JobSpec {
+    /// Bytes of one shard piece.
+    pub fn piece_bytes(&self) -> usize {
+        self.chunk_elems as usize * self.dtype.size()
+    }
+
+    /// Whether a piece of `len` bytes of this job is relayed (see the module doc).
+    pub fn relays(&self, len: usize) -> bool {
+        self.relay && len <= RELAY_MAX
+    }
+
+    /// Whether a piece of `len` bytes of this job is split by rank (see the module doc).
+    pub fn splits(&self, len: usize) -> bool {
+        self.split && len <= SPLIT_MAX
+    }
+}
+
+/// A field-level refusal: which field and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub reason: &'static str,
+}
+
+impl fmt::Debug for Hello {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hello")
+            .field("job_id", &self.job_id)
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("dtype", &self.dtype)
+            .field("op", &self.op)
+            .field("chunk_elems", &self.chunk_elems)
+            .field("window", &self.window)
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hello {
+    pub fn new(spec: &JobSpec, rank: u32, token: &[u8; TOKEN_BYTES], name: &[u8]) -> Option<Hello> {
+        if name.is_empty() || name.len() > NAME_BYTES {
+            return None;
+        }
+        let mut h = Hello::zeroed();
+        h.header = Header::new(Kind::Hello);
+        h.job_id = spec.job_id;
+        h.token = *token;
+        h.rank = rank;
+        h.nranks = spec.nranks;
+        h.dtype = spec.dtype as u8;
+        h.op = spec.op as u8;
+        h.chunk_elems = spec.chunk_elems;
+        h.window = spec.window;
+        h.shards = spec.shards;
+        if spec.relay {
+            h.flags |= Hello::RELAY;
+        }
+        if spec.split {
+            h.flags |= Hello::SPLIT;
+        }
+        h.name_len = name.len() as u16;
+        h.name[..name.len()].copy_from_slice(name);
+        Some(h)
+    }
+
+    /// The rank runs the job already and takes this server back (see `flags`).
+    pub const REJOIN: u8 = 1;
+    /// The job's ranks take small pieces relayed, and reduce them themselves
+    /// (two-rank jobs only; see the module doc).
+    pub const RELAY: u8 = 2;
+    /// The job's small pieces are split by rank over lcores
+    /// ([`SPLIT_MIN_RANKS`] to [`SPLIT_MAX_RANKS`] ranks; see the module doc).
+    pub const SPLIT: u8 = 4;
+    /// The rank wants heartbeats ([`Kind::Alive`]) on this connection once
+    /// the job runs. Per rank, not part of the job's spec.
+    pub const ALIVE: u8 = 8;
+
+    pub fn rejoin(&self) -> bool {
+        self.flags & Hello::REJOIN != 0
+    }
+
+    pub fn wants_heartbeats(&self) -> bool {
+        self.flags & Hello::ALIVE != 0
+    }
+
+    /// Validates every field against `limits`; the token is checked by the
+    /// server separately (it needs constant-time comparison and logging).
+    pub fn check(&self, limits: &Limits) -> Result<JobSpec, FieldError> {
+        let bad = |field, reason| Err(FieldError { field, reason });
+        if self.header.magic != MAGIC {
+            return bad("magic", "not a tally handshake");
+        }
+        if self.header.version != VERSION {
+            return bad("version", "unsupported protocol version");
+        }
+        if self.header.kind != Kind::Hello as u16 {
+            return bad("kind", "expected a hello");
+        }
+        if self.nranks == 0 || self.nranks > limits.max_ranks.min(MAX_RANKS) {
+            return bad("nranks", "zero or above the server's rank limit");
+        }
+        if self.rank >= self.nranks {
+            return bad("rank", "must be below nranks");
+        }
+        let Some(dtype) = DataType::from_nccl(self.dtype as i32) else {
+            return bad("dtype", "unknown data type");
+        };
+        let Some(op) = ReduceOp::from_nccl(self.op as i32) else {
+            return bad("op", "unknown reduction op");
+        };
+        let piece = self.chunk_elems as u64 * dtype.size() as u64;
+        if self.chunk_elems == 0 || piece > limits.max_chunk_bytes {
+            return bad("chunk_elems", "zero or above the server's chunk limit");
+        }
+        if self.window == 0 || self.window > limits.max_window.min(MAX_WINDOW) {
+            return bad("window", "zero or above the server's window limit");
+        }
+        if self.shards > limits.lcores {
+            return bad("shards", "more shards than the server has lcores");
+        }
+        if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
+            return bad("name_len", "endpoint name empty or too long");
+        }
+        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE) != 0 {
+            return bad("flags", "unknown flag bits");
+        }
+        let relay = self.flags & Hello::RELAY != 0;
+        if relay && self.nranks != 2 {
+            return bad("flags", "relay is for two-rank jobs only");
+        }
+        let split = self.flags & Hello::SPLIT != 0;
+        if split && !(SPLIT_MIN_RANKS..=SPLIT_MAX_RANKS).contains(&self.nranks) {
+            return bad("flags", "split is for jobs of 4 to 64 ranks");
+        }
+        if self._pad0 != 0 || self._pad1 != [0; 6] {
+            return bad("padding", "reserved bytes must be zero");
+        }
+        let shards = if self.shards == 0 { limits.lcores } else { self.shards };
+        Ok(JobSpec {
+            job_id: self.job_id,
+            nranks: self.nranks,
+            dtype,
+            op,
+            chunk_elems: self.chunk_elems,
+            window: self.window,
+            shards,
+            relay,
+            split,
+        })
+    }
+
+    pub fn name(&self) -> &[u8] {
+        &self.name[..(self.name_len as usize).min(NAME_BYTES)]
+    }
+}
+
+/// The wire form of a token string: its bytes, zero-padded to 32. Longer
+/// tokens are refused rather than silently cut (`openssl rand -hex 16` fits).
+pub fn token_bytes(s: &str) -> Option<[u8; TOKEN_BYTES]> {
+    let b = s.trim().as_bytes();
+    if b.len() > TOKEN_BYTES {
+        return None;
+    }
+    let mut t = [0u8; TOKEN_BYTES];
+    t[..b.len()].copy_from_slice(b);
+    Some(t)
+}
+
+/// Compares two tokens in time independent of where they differ.
+pub fn token_eq(a: &[u8; TOKEN_BYTES], b: &[u8; TOKEN_BYTES]) -> bool {
+    let mut diff = 0u8;
+    for i in 0..TOKEN_BYTES {
+        diff |= a[i] ^ b[i];
+    }
+    // black_box keeps the compiler from turning the loop into an early exit.
+    core::hint::black_box(diff) == 0
+}
