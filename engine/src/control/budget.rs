@@ -24,7 +24,7 @@
 //! pieces instead (stage + 2 for 16-bit floats, whose accumulator holds f32
 //! partials), `stage` receive buffers per slot and the slot's accumulator,
 //! and the shard receives the ranks' pieces
-//! `stage` at a time and folds them in rank order (`shard.rs`, "Staged
+//! `stage` at a time and folds them in rank order (`dataplane/shard/staged.rs`, "Staged
 //! receives"). 1024 ranks x window 2 x 256 KiB staged 64 at a time take
 //! 32.5 MiB instead of 512.
 //!
