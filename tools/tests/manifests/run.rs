@@ -5,7 +5,7 @@ use super::*;
 use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tally_engine::host::cpuset;
 
 /// A scratch folder, removed on drop.
@@ -72,6 +72,20 @@ struct Running {
 impl Running {
     fn log(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// The log once it holds every one of `needles` (or after 10 s): the
+    /// ready line comes on stdout, and a thread of its own reads stderr, so
+    /// lines written before the ready line may not have been read yet.
+    fn log_with(&self, needles: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log();
+            if needles.iter().all(|n| log.contains(n)) || Instant::now() > deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -153,9 +167,10 @@ fn server_container_command_runs_a_server_on_the_granted_cores() {
     let (running, ready) =
         start_server(container_command(&m, &dir.0, &format!("{a},{b}"), "2")).unwrap_or_else(|(code, log)| panic!("exit {code:?}:\n{log}"));
     assert!(ready.contains("(1 lcores"), "{ready}");
-    let log = running.log();
+    let lcore_line = format!("lcore 0 on core {b}:");
+    let log = running.log_with(&["control plane on ", &lcore_line]);
     assert!(log.contains(&format!("control plane on {a}, lcores {b}")), "{log}");
-    assert!(log.contains(&format!("lcore 0 on core {b}:")), "{log}");
+    assert!(log.contains(&lcore_line), "{log}");
     stop(running);
 }
 
@@ -241,10 +256,11 @@ fn slurm_server_step_starts_a_server_on_the_step_cpus() {
     let (running, ready) =
         start_server(server_step(&dir.0, &format!("{a},{b}"), &config)).unwrap_or_else(|(code, log)| panic!("exit {code:?}:\n{log}"));
     assert!(ready.contains("(1 lcores"), "{ready}");
-    let log = running.log();
+    let lcore_line = format!("lcore 0 on core {b}:");
+    let log = running.log_with(&["node1: CPUs ", "tally doctor: checking against", &lcore_line]);
     assert!(log.contains("node1: CPUs ") && log.contains(&format!("control plane on {a}, lcores {b}")), "{log}");
     assert!(log.contains("tally doctor: checking against"), "doctor ran first:\n{log}");
-    assert!(log.contains(&format!("lcore 0 on core {b}:")), "{log}");
+    assert!(log.contains(&lcore_line), "{log}");
     // What ran: the configuration with the step's lcores and nothing else changed.
     let ran = std::fs::read_to_string(dir.0.join("tally-server-4242-node1.toml")).unwrap();
     let ran = ServerFile::parse(&ran).and_then(|f| f.resolve()).unwrap_or_else(|e| panic!("{e}:\n{ran}"));
