@@ -17,7 +17,7 @@ use crate::abi;
 use crate::error::{Error, Result};
 use std::ffi::{c_char, CString};
 use std::sync::{Arc, Mutex};
-use tally_engine::dataplane::fabric::{select_provider, Hints, InfoList};
+use tally_engine::dataplane::fabric::{defaults, select_provider, Hints, InfoList};
 
 /// Largest message per operation offered to NCCL. NCCL reports sizes back
 /// through `int`, and 1 GiB is the power of two below `INT_MAX`.
@@ -162,25 +162,22 @@ const NET_ONLY_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "4194304
 /// plugin's first `fi_getinfo`; later calls change nothing. (At `init`,
 /// NCCL's threads are not reading libfabric variables.)
 pub fn tune_provider_env() -> Vec<String> {
-    let mut set = Vec::new();
-    if !std::env::var("TALLY_SERVERS").is_ok_and(|s| !s.trim().is_empty()) {
-        for (var, value) in NET_ONLY_DEFAULTS {
-            if std::env::var_os(var).is_none() {
-                std::env::set_var(var, value);
-                set.push(format!("{var}={value}"));
-            }
-        }
-    }
-    set.extend(tally_engine::dataplane::fabric::defaults::apply().iter().cloned());
+    let mut set = if collnet_configured() { Vec::new() } else { defaults::set_where_unset(NET_ONLY_DEFAULTS) };
+    set.extend(defaults::apply().iter().cloned());
     set
+}
+
+/// Whether CollNet servers are configured (`TALLY_SERVERS` non-empty).
+fn collnet_configured() -> bool {
+    std::env::var("TALLY_SERVERS").is_ok_and(|s| !s.trim().is_empty())
 }
 
 /// NCCL settings the plugin changes from NCCL's defaults, unless the user
 /// set them, when CollNet servers are configured (`TALLY_SERVERS`).
 ///
-/// NCCL gives one GPU per node without GPUDirect RDMA two channels, and
-/// each CollNet channel moves its steps through host memory with one thread
-/// block. On 4 GPUs (each its own node, nvidia-h200-x4, 32 Gbit/s links,
+/// NCCL gives one GPU per node without GPUDirect RDMA two channels (and,
+/// a guess not shown, each CollNet channel moves its steps through host
+/// memory with one thread block). On 4 GPUs (each its own node, nvidia-h200-x4, 32 Gbit/s links,
 /// `scripts/device-linerate.sh nccl-knobs`, two calls) two channels held a
 /// 16 MiB all-reduce to 0.44-0.64 of the link bound whatever tally's side
 /// did (window, piece size, send pacing, reported link speed); four reached
@@ -192,16 +189,11 @@ const COLLNET_NCCL_DEFAULTS: &[(&str, &str)] = &[("NCCL_MIN_NCHANNELS", "4")];
 /// Applies [`COLLNET_NCCL_DEFAULTS`] when CollNet servers are configured
 /// and returns what this process set.
 pub fn tune_nccl_env() -> Vec<String> {
-    let mut set = Vec::new();
-    if std::env::var("TALLY_SERVERS").is_ok_and(|s| !s.trim().is_empty()) {
-        for (var, value) in COLLNET_NCCL_DEFAULTS {
-            if std::env::var_os(var).is_none() {
-                std::env::set_var(var, value);
-                set.push(format!("{var}={value}"));
-            }
-        }
+    if collnet_configured() {
+        defaults::set_where_unset(COLLNET_NCCL_DEFAULTS)
+    } else {
+        Vec::new()
     }
-    set
 }
 
 /// Called by each `init`: builds the table if none is in use.

@@ -66,14 +66,18 @@ static APPLIED: OnceLock<Vec<String>> = OnceLock::new();
 /// Sets every [`PROVIDER_DEFAULTS`] variable the environment lacks, once per
 /// process; returns the `VAR=value` pairs it set.
 pub fn apply() -> &'static [String] {
-    APPLIED.get_or_init(|| {
-        let mut set = Vec::new();
-        for (var, value) in provider_defaults() {
-            if std::env::var_os(var).is_none() {
-                std::env::set_var(var, value);
-                set.push(format!("{var}={value}"));
-            }
+    APPLIED.get_or_init(|| set_where_unset(provider_defaults()))
+}
+
+/// Sets each `(variable, value)` the environment lacks (a user's own value
+/// always stands); returns the `VAR=value` pairs it set, for a log line.
+pub fn set_where_unset(pairs: &[(&str, &str)]) -> Vec<String> {
+    let mut set = Vec::new();
+    for (var, value) in pairs {
+        if std::env::var_os(var).is_none() {
+            std::env::set_var(var, value);
+            set.push(format!("{var}={value}"));
         }
-        set
-    })
+    }
+    set
 }
