@@ -11,7 +11,7 @@
 #   libs     the cluster part once per libfabric in LR_LIBS (folders; "system":
 #            the host's own, found by leaving devlib's libfabric out), configs
 #            LR_LIB_CONFIGS ("rails rails1").
-#   cluster  tally bench cluster, 4 + 4 hosts, LR_RATES (16,32) Gbit/s,
+#   cluster  tally bench cluster, LR_HOSTS (4) + as many hosts, LR_RATES (16,32) Gbit/s,
 #            LR_SIZES (16M,64M), agg and ring in every run, LR_ROUNDS (2)
 #            rounds of LR_CONFIGS alternated ("rails1 rails rails-fo0"):
 #            rails1 = TALLY_RAILS=1 (one endpoint on the worker's thread, as
@@ -71,7 +71,7 @@ PY
 
 if has cluster; then
     say ""
-    say "## emulated cluster 4 + 4 hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
+    say "## emulated cluster ${LR_HOSTS:-4} + ${LR_HOSTS:-4} hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
     rounds="${LR_ROUNDS:-2}"
     configs="${LR_CONFIGS:-rails1 rails rails-fo0}"
     for round in $(seq 1 "$rounds"); do
@@ -89,7 +89,7 @@ if has cluster; then
             [[ "$name" == *-fo0 ]] && vars+=(TALLY_FAILOVER=0)
             j="$OUT/cluster-$round-$name.json"
             vars+=(TALLY_LR_CONFIG="$cfg")
-            env "${vars[@]}" timeout -k 5 240 "$TALLY" bench cluster --hosts 4 --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
+            env "${vars[@]}" timeout -k 5 240 "$TALLY" bench cluster --hosts "${LR_HOSTS:-4}" --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
                 ${LR_ITERS:+--iters "$LR_ITERS"} --timeout 120 --mode "${LR_MODES:-agg,ring}" "${extra[@]}" --json --log "$OUT/cluster-$round-$name.log" >"$j" 2>>"$OUT/cluster.err" \
                 || { say "FAILED $cfg (round $round)"; continue; }
             [ "$round" = 1 ] && [ "$cfg" = "${configs%% *}" ] && say "# placement: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["placement"])' "$j")"
