@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One command for a 16+ core host that has only the built binaries and
-# devlib/ (scripts/device-pack.sh): builds nothing, writes everything under
+# devlib/ (scripts/device/pack.sh): builds nothing, writes everything under
 # $OUT and a summary to $OUT/summary.txt.
 #
-#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute OUT=/tmp/out scripts/device-session.sh [parts]
+#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute OUT=/tmp/out scripts/device/session.sh [parts]
 #
 # Parts (default all but profile): latency, tail, cluster, demo, profile.
 #   matrix   4 KiB agg vs ring, busy, back-to-back: 2, 4, 8 ranks against
@@ -76,7 +76,7 @@
 #            split@TALLY_MIN_PIECE=2K).
 #   demo     `tally demo` as a user runs it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 TALLY="${TALLY:-$PWD/target/release/tally}"
 FINAL="${OUT:-./out}"
 PARTS="${*:-latency tail cluster demo}"

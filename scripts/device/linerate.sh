@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 30's measurements on a many-core host (the device kinds with 64
 # cores): builds nothing, needs the built binaries and devlib/
-# (scripts/device-pack.sh), writes a summary to $OUT/summary.txt.
+# (scripts/device/pack.sh), writes a summary to $OUT/summary.txt.
 #
-#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute OUT=/tmp/out scripts/device-linerate.sh [parts]
+#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute OUT=/tmp/out scripts/device/linerate.sh [parts]
 #
 # Parts (default: cluster p2p):
 #   cpu      adaptive polling at LR_CPU_RATES ("16 32"), 64M: worker and server
@@ -36,7 +36,7 @@
 #            (space separated, name@VAR=v,VAR=v; "base" alone for the
 #            defaults), each line with the channels NCCL used.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 TALLY="${TALLY:-$PWD/target/release/tally}"
 FINAL="${OUT:-./out}"
 PARTS="${*:-cluster p2p}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Figures that need more cores than a development box: run on a 16+ core host
 # with only the built `tally` binary (no toolchain, no network).
-#   - core scaling (scripts/device-scale.sh): one server with 1, 2, 4, 8
+#   - core scaling (scripts/device/scale.sh): one server with 1, 2, 4, 8
 #     lcores (busy, pinned), enough ranks over shm to keep it busy; server
 #     input throughput per lcore count, by copy path, size and rank placement;
 #   - latency: 2 ranks, 4 KiB agg all-reduce (busy polling, one lcore) against
@@ -39,8 +39,8 @@ for r in a["results"]:
 PY
 
 say ""
-say "## core scaling (scripts/device-scale.sh)"
-OUT="$OUT" TALLY="$TALLY" RANKS="$RANKS" bash "$(dirname "$0")/device-scale.sh"
+say "## core scaling (scripts/device/scale.sh)"
+OUT="$OUT" TALLY="$TALLY" RANKS="$RANKS" bash "$(dirname "$0")/scale.sh"
 cat "$OUT/scale-summary.txt" >>"$S"
 
 if [ -z "${SKIP_DEMO:-}" ]; then

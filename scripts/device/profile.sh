@@ -3,7 +3,7 @@
 # `perf record` (cpu-clock, call graphs) while a server with L lcores serves
 # RANKS pinned ranks, 64 MiB f32 sums. For a host without perf installed,
 # carry a perf binary and its libraries and set PERF and LD_LIBRARY_PATH.
-#   scripts/device-profile.sh [L ...]      (default: 8 1)
+#   scripts/device/profile.sh [L ...]      (default: 8 1)
 # Writes $OUT/profile-L.txt: top (process, symbol) and the callers of the top symbols.
 set -uo pipefail
 TALLY="${TALLY:-./target/release/tally}"

@@ -8,9 +8,9 @@
 # element is checked (#wrong). The resumed server's log says whether it was
 # fenced and taken back. Writes $OUT/grayfail.txt (and the raw outputs).
 #
-#   OUT=/tmp/out STOP_S=40 TALLY=devlib/bin/tally scripts/device-grayfail.sh
+#   OUT=/tmp/out STOP_S=40 TALLY=devlib/bin/tally scripts/device/grayfail.sh
 #
-# On the device: carry devlib (scripts/device-pack.sh) and set
+# On the device: carry devlib (scripts/device/pack.sh) and set
 # LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute.
 set -uo pipefail
 OUT="${OUT:-/tmp/grayfail}"
@@ -31,7 +31,7 @@ for _ in $(seq 600); do
 done
 sleep 5
 if [[ -z "$victim" ]]; then
-    echo "device-grayfail: no server process found" | tee -a "$summary"
+    echo "grayfail.sh: no server process found" | tee -a "$summary"
 else
     echo "SIGSTOP server pid $victim for ${STOP_S}s at $(date +%T.%N)" | tee -a "$summary"
     kill -STOP "$victim"
