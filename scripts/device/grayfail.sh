@@ -1,47 +1,18 @@
 #!/usr/bin/env bash
-# The hung-server loop of issue 31, as it was first measured, on the emulated
-# cluster: `tally bench cluster --hosts 3 --rates 2 --sizes 16M --mode agg`
-# with a loop of 700 timed all-reduces; one `tally server` is SIGSTOPped for
-# STOP_S seconds (40) mid-loop, then SIGCONTed. The loop's slowest all-reduce
-# (max_us in the JSON row) is the stall the freeze cost: the whole stop before
-# heartbeats, the ranks' liveness time (2 s) and a recovery with them. Every
-# element is checked (#wrong). The resumed server's log says whether it was
-# fenced and taken back. Writes $OUT/grayfail.txt (and the raw outputs).
+# Issue 31's hung-server measurement alone (parts/grayfail.sh says what it
+# does): everything straight into $OUT (default /tmp/grayfail), the summary
+# into $OUT/grayfail.txt, as when it was first measured.
 #
 #   OUT=/tmp/out STOP_S=40 TALLY=devlib/bin/tally scripts/device/grayfail.sh
 #
 # On the device: carry devlib (scripts/device/pack.sh) and set
 # LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute.
+# The session runs the same part: scripts/device/session.sh grayfail.
 set -uo pipefail
+# shellcheck source=scripts/device/lib.sh
+. "$(dirname "$0")/lib.sh"
 OUT="${OUT:-/tmp/grayfail}"
-STOP_S="${STOP_S:-40}"
-TALLY="${TALLY:-target/release/tally}"
 mkdir -p "$OUT"
-summary="$OUT/grayfail.txt"
-: >"$summary"
-"$TALLY" bench cluster --hosts 3 --rates 2 --sizes 16M --mode agg --iters 700 --json --log "$OUT/cluster.log" \
-    >"$OUT/cluster.out" 2>"$OUT/cluster.err" &
-bench=$!
-# The loop is running once every rank joined: wait for the servers' jobs.
-victim=""
-for _ in $(seq 600); do
-    victim="$(pgrep -f 'tally server' | sort -n | sed -n 2p)"
-    [[ -n "$victim" ]] && grep -q 'running,' "$OUT/cluster.log" 2>/dev/null && break
-    sleep 0.1
-done
-sleep 5
-if [[ -z "$victim" ]]; then
-    echo "grayfail.sh: no server process found" | tee -a "$summary"
-else
-    echo "SIGSTOP server pid $victim for ${STOP_S}s at $(date +%T.%N)" | tee -a "$summary"
-    kill -STOP "$victim"
-    sleep "$STOP_S"
-    kill -CONT "$victim"
-    echo "SIGCONT at $(date +%T.%N)" | tee -a "$summary"
-fi
-wait "$bench"
-echo "bench cluster exit $?" | tee -a "$summary"
-# The loop's row: mean, p50, p99 and max per operation, wrong elements.
-grep -oE '"(mode|bytes|iters|time_us|p50_us|p99_us|max_us|wrong|fraction)":[^,}]*' "$OUT/cluster.out" | paste -sd' ' | tee -a "$summary"
-cat "$OUT/cluster.err" | tail -5 | tee -a "$summary"
-grep -E 'lost|fenc|rejoined|recovered|back in job|heartbeat|disconnected' "$OUT/cluster.log" | cut -c1-240 | head -40 | tee -a "$summary"
+S="$OUT/grayfail.txt"
+: >"$S"
+PARTS=grayfail run_part grayfail
