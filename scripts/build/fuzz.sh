@@ -13,7 +13,7 @@ set -uo pipefail
 
 SECONDS_EACH="${1:-60}"
 shift || true
-cd "$(dirname "$0")/../../fuzz"
+cd "$(dirname "$0")/../../fuzz" || exit 1
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(handshake reject config)
 

@@ -11,6 +11,7 @@
 # turns those files into the summary's tables.
 #   latency    shm ping-pong, then 4 KiB agg vs ring back-to-back (LAT_RANKS, LAT_LARGE)
 #   scale      8 ranks against 1, 2, 4, 8 lcores, beside the p2p ceiling
+#   scale-grid the same in detail: copy path, size, placement, pages, chunk (scale.sh's)
 #   matrix     4 KiB: ranks x lcore sets x TALLY_MIN_PIECE
 #   profile    host facts, ping-pong per core pair, perf profiles (PF_CLUSTER, PF_LINES)
 #   tail       a 4 KiB loop alone and beside a 64 MiB job
@@ -32,7 +33,7 @@ cd "$(dirname "$0")/../.." || exit 1
 session_begin session "latency tail cluster demo" "$@"
 say "# tally device session on $(hostname): $(nproc) cores, $(uname -r); parts: $PARTS"
 say "# $("$TALLY" --version)"
-for part in latency scale matrix profile tail cluster cpu16 ranks rankscale fostage relay split demo grayfail; do
+for part in latency scale scale-grid matrix profile tail cluster cpu16 ranks rankscale fostage relay split demo grayfail; do
     run_part "$part"
 done
 say "done"
