@@ -3,12 +3,13 @@
 # scale.sh, profile.sh) and their parts (parts/*.sh) share; sourced, from the
 # repository root.
 #
-# session_begin NAME DEFAULT_PARTS [PARTS...] reads TALLY (the binary,
+# session_begin NAME TITLE DEFAULT_PARTS [PARTS...] reads TALLY (the binary,
 # default target/release/tally), OUT (where the results go, default ./out) and
 # DEVLIB (devlib/, scripts/device/pack.sh); it sets PARTS, FINAL (the folder
 # OUT named), OUT (a work folder under /tmp that the parts write their files
 # to, packed into $FINAL/details.tar.gz on exit: the device tool brings back
-# only a few files), S ($FINAL/summary.txt, emptied) and C (cores), and
+# only a few files), S ($FINAL/summary.txt, emptied, then its first line:
+# TITLE, host, parts) and C (cores), and
 # exports TALLY_LOG=warn (the runs' own log lines, not the tables, on stderr).
 # run_part NAME [FILE] runs parts/FILE.sh (default NAME) if NAME is in PARTS,
 # in a subshell, so that a part's variables and exports end with it.
@@ -18,9 +19,9 @@ DEVLIB="${DEVLIB:-$PWD/devlib}"
 # shellcheck disable=SC2034 # C and PART are for the parts
 C=$(nproc)
 
-session_begin() { # NAME DEFAULT_PARTS [PARTS...]
-    local name=$1 default=$2
-    shift 2
+session_begin() { # NAME TITLE DEFAULT_PARTS [PARTS...]
+    local name=$1 title=$2 default=$3
+    shift 3
     FINAL="${OUT:-./out}"
     PARTS="${*:-$default}"
     OUT="$(mktemp -d "/tmp/tally-$name.XXXXXX")"
@@ -29,6 +30,7 @@ session_begin() { # NAME DEFAULT_PARTS [PARTS...]
     trap 'tar -C "$OUT" -czf "$FINAL/details.tar.gz" . 2>/dev/null' EXIT
     : >"$S"
     export TALLY_LOG=warn
+    say "# tally $title on $(hostname): $(nproc) cores, $(uname -r); parts: $PARTS"
 }
 
 say() { echo "$@" | tee -a "$S"; }

@@ -22,8 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 # shellcheck source=scripts/device/lib.sh
 . scripts/device/lib.sh
-session_begin linerate "cluster p2p" "$@"
-say "# tally line-rate session on $(hostname): $(nproc) cores, $(uname -r); parts: $PARTS"
+session_begin linerate "line-rate session" "cluster p2p" "$@"
 say "# $("$TALLY" --version); libfabric $(fabric_version) (what fi_version() says; the file name's number is libtool's, 1.20.0 for 1.17)"
 for part in cluster:configs cpu libs p2p:tcp-ceiling perf:cluster-perf nccl nccl-sync:nccl nccl-knobs demo; do
     run_part "${part%%:*}" "${part#*:}"

@@ -30,8 +30,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 # shellcheck source=scripts/device/lib.sh
 . scripts/device/lib.sh
-session_begin session "latency tail cluster demo" "$@"
-say "# tally device session on $(hostname): $(nproc) cores, $(uname -r); parts: $PARTS"
+session_begin session "device session" "latency tail cluster demo" "$@"
 say "# $("$TALLY" --version)"
 for part in latency scale scale-grid matrix profile tail cluster cpu16 ranks rankscale fostage relay split demo grayfail; do
     run_part "$part"
