@@ -71,9 +71,9 @@ perf_unpack() {
 }
 
 # perf_during AFTER SECONDS DATA RECORD-ARGS... -- COMMAND...: COMMAND in the
-# background (its output where the caller sends this function's), and a
-# `$PERF record RECORD-ARGS` of SECONDS once AFTER seconds have passed (the
-# run's start and join left out); waits for COMMAND, returns its status.
+# background (its output, and perf's errors, where the caller sends this
+# function's), and a `$PERF record RECORD-ARGS` of SECONDS once AFTER seconds
+# have passed (the run's start and join left out); waits for COMMAND.
 perf_during() {
     local after=$1 secs=$2 data=$3 rec=() pid
     shift 3
@@ -82,7 +82,7 @@ perf_during() {
     "$@" &
     pid=$!
     sleep "$after"
-    $PERF record "${rec[@]}" -o "$data" -- sleep "$secs" >/dev/null 2>&1
+    $PERF record "${rec[@]}" -o "$data" -- sleep "$secs" >/dev/null
     wait "$pid"
 }
 

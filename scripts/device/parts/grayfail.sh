@@ -12,9 +12,11 @@ STOP_S="${STOP_S:-40}"
     >"$OUT/cluster.out" 2>"$OUT/cluster.err" &
 bench=$!
 # The loop is running once every rank joined: wait for the servers' jobs.
+# The victim is the second of this bench's own servers (its children): a
+# host may run other tally servers, which are not to be stopped.
 victim=""
 for _ in $(seq 600); do
-    victim="$(pgrep -f 'tally server' | sort -n | sed -n 2p)"
+    victim="$(pgrep -P "$bench" -f 'tally server' | sort -n | sed -n 2p)"
     [[ -n "$victim" ]] && grep -q 'running,' "$OUT/cluster.log" 2>/dev/null && break
     sleep 0.1
 done

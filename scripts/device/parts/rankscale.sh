@@ -34,7 +34,8 @@ say "## per-lcore GB/s = ranks x size / loop mean / $L lcores; ratio = against t
 say "## lc cpu = cores the lcore threads used while bytes came in (of $L; well below $L: the ranks, not the server, set the figure);"
 say "## rk cpu = busy cores among the ranks' cores $RCORES over the same span (near all of them: the load generator is the limit)"
 say "$(printf '%5s %6s %8s %9s %9s %10s %9s %8s %7s %7s %6s %6s %s' round case ranks/win size piece 'mean ms' 'GB/s/lc' ratio 'lc cpu' 'rk cpu' wrong exit libfabric)"
-[ -n "${RS_PERF:-}" ] && perf_unpack
+# PERF set: RS_PERF asked for profiles and devlib carries perf.
+PERF=""; [ -n "${RS_PERF:-}" ] && perf_unpack
 port=7481
 for round in $(seq "$RS_REPEAT"); do
     for case in $RS_CASES; do
