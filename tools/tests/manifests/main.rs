@@ -166,7 +166,7 @@ fn tool(name: &str) -> PathBuf {
         return venv;
     }
     let on_path = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()));
-    on_path.unwrap_or_else(|| panic!("{name} not found ({PY_TOOLS} or PATH): run `make deps` (scripts/build/deps.sh, scripts/build/deps-py.sh)"))
+    on_path.unwrap_or_else(|| panic!("{name} not found ({PY_TOOLS} or PATH): run `make deps` (scripts/build/deps.sh, deps-py.sh)"))
 }
 
 #[test]
