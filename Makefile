@@ -10,14 +10,14 @@ TEST_THREADS ?= 2
 
 all: build
 
-# The shipped binaries, linked against glibc 2.28 (scripts/build-release.sh says
+# The shipped binaries, linked against glibc 2.28 (scripts/build/release.sh says
 # how); also copied to target/release/.
 build:
-	scripts/build-release.sh
+	scripts/build/release.sh
 
 deps:
-	@scripts/deps.sh
-	@scripts/deps-py.sh
+	@scripts/build/deps.sh
+	@scripts/build/deps-py.sh
 
 demo: deps build
 	./target/release/tally demo
@@ -38,32 +38,32 @@ test-rust:
 
 # Every shipped binary loads on glibc 2.28 (Amazon Linux 2023, Ubuntu 20.04+, RHEL 8+).
 test-glibc:
-	scripts/check-glibc.sh --floor 2.28 target/$(shell uname -m)-unknown-linux-gnu/release/tally \
+	scripts/build/check-glibc.sh --floor 2.28 target/$(shell uname -m)-unknown-linux-gnu/release/tally \
 		target/$(shell uname -m)-unknown-linux-gnu/release/libnccl_net_tally.so
 
 test-aarch64:
-	scripts/test-aarch64.sh
+	scripts/build/test-aarch64.sh
 
 # cargo bench benchmarks (benches/): reduce kernels, wire codec, slab arithmetic, shm round trip.
 bench:
 	$(CARGO) bench -p tally-benches
 
 cluster-bench: deps build
-	scripts/cluster-bench.sh
+	scripts/bench/cluster.sh
 
 dist: deps
-	scripts/dist.sh
+	scripts/build/dist.sh
 
 # The server image (docker/Dockerfile) with docker, podman or buildah, whichever
 # works here; the name config/k8s runs. Offline (no image registry):
-#   scripts/image-local-base.sh && make build && \
+#   scripts/build/image-local-base.sh && make build && \
 #   make image BINARIES=prebuilt BASE=localhost/debian:bookworm-slim
 # Also: PLATFORMS=linux/amd64,linux/arm64 PUSH=1 ENGINE=podman RUST_IMAGE=... EFA_INSTALLER=1.38.0
 IMAGE ?= registry.example.com/tally:0.1.0
 image:
 	IMAGE='$(IMAGE)' BINARIES='$(BINARIES)' BASE='$(BASE)' RUST_IMAGE='$(RUST_IMAGE)' PLATFORMS='$(PLATFORMS)' \
 	PUSH='$(PUSH)' ENGINE='$(ENGINE)' EFA_INSTALLER='$(EFA_INSTALLER)' BUILD_NETWORK='$(BUILD_NETWORK)' \
-	CARGO_FLAGS='$(CARGO_FLAGS)' BUILD_FLAGS='$(BUILD_FLAGS)' scripts/image.sh
+	CARGO_FLAGS='$(CARGO_FLAGS)' BUILD_FLAGS='$(BUILD_FLAGS)' scripts/build/image.sh
 
 fmt:
 	$(CARGO) fmt --all

@@ -23,7 +23,7 @@ fn main() {
     let header = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("src/dataplane/fabric/wrapper.h");
     // bindgen reads the host's headers, as in every build: libfabric's types
     // do not depend on the glibc version. cargo-zigbuild (the release build,
-    // scripts/build-release.sh) hands bindgen zig's own glibc headers, which
+    // scripts/build/release.sh) hands bindgen zig's own glibc headers, which
     // cannot be mixed with /usr/include where libfabric's headers are.
     let target = env::var("TARGET").unwrap_or_default();
     for var in [format!("BINDGEN_EXTRA_CLANG_ARGS_{target}"), format!("BINDGEN_EXTRA_CLANG_ARGS_{}", target.replace('-', "_"))] {

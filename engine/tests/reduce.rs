@@ -81,7 +81,7 @@ fn kernel_sets() -> Vec<Kernels> {
     PRINTED.get_or_init(|| {
         let names: Vec<&str> = isas.iter().map(|isa| isa.name()).collect();
         // One write: the harness prints the other tests' results meanwhile,
-        // and a line cut in two left scripts/test-aarch64.sh reading
+        // and a line cut in two left scripts/build/test-aarch64.sh reading
         // "isas under test: ok" (a CI run).
         let line = format!("isas under test: {} (cpu: {})\n", names.join(", "), cpu_features());
         let _ = std::io::stderr().write_all(line.as_bytes());

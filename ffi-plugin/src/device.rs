@@ -178,7 +178,7 @@ fn collnet_configured() -> bool {
 /// NCCL gives one GPU per node without GPUDirect RDMA two channels (and,
 /// a guess not shown, each CollNet channel moves its steps through host
 /// memory with one thread block). On 4 GPUs (each its own node, nvidia-h200-x4, 32 Gbit/s links,
-/// `scripts/device-linerate.sh nccl-knobs`, two calls) two channels held a
+/// `scripts/device/linerate.sh nccl-knobs`, two calls) two channels held a
 /// 16 MiB all-reduce to 0.44-0.64 of the link bound whatever tally's side
 /// did (window, piece size, send pacing, reported link speed); four reached
 /// 0.75-0.90 (eight 0.89), and 64 MiB 0.84-0.93 against 0.81-0.96. NCCL's

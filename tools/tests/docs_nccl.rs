@@ -62,7 +62,7 @@ const SOURCES: &[(&str, Kind)] = &[
     ("config/hugepages.conf", Kind::Procedure),
     ("config/k8s/tally-server.yaml", Kind::Procedure),
     ("config/k8s/worker.yaml", Kind::Procedure),
-    ("scripts/image.sh", Kind::Procedure),
+    ("scripts/build/image.sh", Kind::Procedure),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq)]

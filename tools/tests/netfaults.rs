@@ -4,7 +4,7 @@
 //! deleted when it ends, panics included: a switch namespace `nf<pid>sw` with a
 //! bridge, and three hosts linked to it by one veth pair each (`eth0` in the
 //! host, `nf<pid><host>` on the switch), MTU 9000 as in
-//! scripts/cluster-bench.sh, unshaped:
+//! scripts/bench/cluster.sh, unshaped:
 //!
 //! - `s0`, 198.18.1.10: one `tally server` (provider tcp;ofi_rxm, adaptive
 //!   polling, op timeout [`OP_TIMEOUT_S`]) that serves every job of the test;

@@ -238,7 +238,7 @@ impl ControlPlane {
     /// (a rank's sends that arrived after the job ended here, as under a
     /// link cut or a fenced job). With tcp;ofi_rxm 1.17, a new receive that
     /// matched such a message from a rank whose connection is gone crashed
-    /// the server inside fi_trecv (seen in scripts/soak.sh with link cuts:
+    /// the server inside fi_trecv (seen in scripts/bench/soak.sh with link cuts:
     /// a tag of a 4-bit generation per job slot came back every 16 jobs,
     /// and address-vector entries are reused). Rolling over 16 bits makes a
     /// tag come back only after 65535 other jobs.

@@ -273,10 +273,10 @@ pub static ENV: &[EnvVar] = &[
         &[Scripts],
         "the script config/slurm/tally-train.sbatch runs on each server node",
     ),
-    dev("TALLY_DIST_SKIP_TESTS", "", "off", &[Scripts], "1: scripts/dist.sh makes the tarballs without the aarch64 tests"),
-    dev("TALLY_DIST_TEST_TIMEOUT_S", "1200", "", &[Scripts], "time limit of scripts/dist.sh's aarch64 tests"),
-    dev("TALLY_SKIP_AARCH64", "", "off", &[Scripts], "1: scripts/test-aarch64.sh skips the NEON kernel tests (with a warning)"),
-    dev("TALLY_LR_CONFIG", "", "set by the script", &[Scripts], "names the configuration of a scripts/device-linerate.sh run"),
+    dev("TALLY_DIST_SKIP_TESTS", "", "off", &[Scripts], "1: scripts/build/dist.sh makes the tarballs without the aarch64 tests"),
+    dev("TALLY_DIST_TEST_TIMEOUT_S", "1200", "", &[Scripts], "time limit of scripts/build/dist.sh's aarch64 tests"),
+    dev("TALLY_SKIP_AARCH64", "", "off", &[Scripts], "1: scripts/build/test-aarch64.sh skips the NEON kernel tests (with a warning)"),
+    dev("TALLY_LR_CONFIG", "", "set by the script", &[Scripts], "names the configuration of a scripts/device/linerate.sh run"),
 ];
 
 /// Every key of the server's configuration file, in the order of

@@ -76,7 +76,7 @@ const KUBELET_FIELDS: &[&str] = &["cpuManagerPolicy", "cpuManagerPolicyOptions",
 /// The Kubernetes releases the schemas are checked against: the oldest we
 /// claim (every field used is GA there) and the newest the tool bundles.
 const K8S_VERSIONS: &[&str] = &["1.29", "1.37"];
-/// Where scripts/deps-py.sh installs the Python tools.
+/// Where scripts/build/deps-py.sh installs the Python tools.
 const PY_TOOLS: &str = "target/py-tools/bin";
 /// The longest a command under test may take to start a server or stop: a
 /// guard against hanging the suite, not a timing assertion.
@@ -166,7 +166,7 @@ fn tool(name: &str) -> PathBuf {
         return venv;
     }
     let on_path = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()));
-    on_path.unwrap_or_else(|| panic!("{name} not found ({PY_TOOLS} or PATH): run `make deps` (scripts/deps.sh, scripts/deps-py.sh)"))
+    on_path.unwrap_or_else(|| panic!("{name} not found ({PY_TOOLS} or PATH): run `make deps` (scripts/build/deps.sh, deps-py.sh)"))
 }
 
 #[test]

@@ -3,7 +3,7 @@
 # their tests under qemu-user, so the NEON path is checked from an x86 machine.
 # Emulated timings mean nothing; only correctness is checked here.
 #
-#   scripts/test-aarch64.sh            install what is missing, then test
+#   scripts/build/test-aarch64.sh            install what is missing, then test
 #   TALLY_SKIP_AARCH64=1 scripts/...   skip (prints a WARNING)
 #
 # Extra arguments go to the integration test binary (e.g. a test name filter).
@@ -15,7 +15,7 @@ if [[ "${TALLY_SKIP_AARCH64:-}" == "1" ]]; then
 fi
 
 TARGET=aarch64-unknown-linux-gnu
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-reduce}"
 

@@ -4,7 +4,7 @@
 # bookworm minbase root (what debian:bookworm-slim is: apt, dash, mawk, no
 # docs/man/locales) and the container engine imports it.
 #
-#   scripts/image-local-base.sh                   -> localhost/debian:bookworm-slim
+#   scripts/build/image-local-base.sh                   -> localhost/debian:bookworm-slim
 #   make image BINARIES=prebuilt BASE=localhost/debian:bookworm-slim
 #
 # Variables: BASE_IMAGE (the name to create), MIRROR (default

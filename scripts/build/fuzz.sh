@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzz everything tally parses from the network or its configuration file.
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]     (default: 60 s each, every target)
+#   scripts/build/fuzz.sh [SECONDS] [TARGET...]     (default: 60 s each, every target)
 #
 # Targets (fuzz/fuzz_targets/): handshake (Hello/Header as the server reads
 # them), reject (Reject/NameRecord as clients read them), config (the server's
@@ -13,7 +13,7 @@ set -uo pipefail
 
 SECONDS_EACH="${1:-60}"
 shift || true
-cd "$(dirname "$0")/../fuzz"
+cd "$(dirname "$0")/../../fuzz" || exit 1
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(handshake reject config)
 

@@ -4,7 +4,7 @@
 # A thin wrapper over `tally bench cluster` (tools/src/cluster.rs), which does
 # the work: placement, shaping, agg and ring, the table, cleanup.
 #
-#   scripts/cluster-bench.sh [--rates 1,0.5] [--hosts 4] [--sizes 16M,64M] [--iters 5] [--json] [--plot FILE.svg]
+#   scripts/bench/cluster.sh [--rates 1,0.5] [--hosts 4] [--sizes 16M,64M] [--iters 5] [--json] [--plot FILE.svg]
 #
 # Environment: TALLY (binary, default target/release/tally), CHUNK (default
 # auto: 32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s), WINDOW (4), SEND_CREDITS (1), MTU (9000), TBF_BURST, TBF_LATENCY,
@@ -12,7 +12,7 @@
 # ip and tc), LOG (file for server and worker log lines).
 set -euo pipefail
 
-TALLY="${TALLY:-$(dirname "$0")/../target/release/tally}"
+TALLY="${TALLY:-$(dirname "$0")/../../target/release/tally}"
 [ -x "$TALLY" ] || { echo "cluster-bench: build first (make): $TALLY missing" >&2; exit 1; }
 RATES=1,0.5 SIZES=16M,64M ITERS=5
 extra=()

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Python tools the build and the tests run, from PyPI, if
 # missing: cargo-zigbuild and zig (PyPI: ziglang), with which
-# scripts/build-release.sh links the shipped binaries against glibc 2.28, and
+# scripts/build/release.sh links the shipped binaries against glibc 2.28, and
 # kubernetes-validate, which checks config/k8s/ against the Kubernetes API's
 # JSON schemas (bundled in the package, so the check runs offline).
 #
 # They go into a virtual environment of their own, target/py-tools (Debian's
 # python3 refuses pip installs into the system, PEP 668); tools/tests/manifests/
 # runs them from there. Idempotent: with the pinned versions present it only
-# checks. Needs python3 with venv (Debian: python3-venv, which scripts/deps.sh
+# checks. Needs python3 with venv (Debian: python3-venv, which scripts/build/deps.sh
 # installs).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 VENV=target/py-tools
 # Pinned: a new release bundles other Kubernetes versions' schemas.

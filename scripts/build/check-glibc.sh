@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails when a binary needs a newer glibc than the floor tally promises.
 #
-#   scripts/check-glibc.sh [--floor 2.28] FILE...
+#   scripts/build/check-glibc.sh [--floor 2.28] FILE...
 #
 # Reads each ELF file's dynamic symbol versions (objdump -T) and its version
 # needs (the GLIBC_x.y each needed library must provide), takes the highest

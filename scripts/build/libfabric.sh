@@ -5,7 +5,7 @@
 # against the distribution's headers run on it unchanged (libfabric keeps
 # its ABI), so one build can be compared on both:
 #
-#   scripts/build-libfabric.sh 1.22.0
+#   scripts/build/libfabric.sh 1.22.0
 #   LD_LIBRARY_PATH=/opt/libfabric-1.22/lib tally server ...
 #
 # Why: libfabric 1.17's tcp provider walks (and locks) every connection of

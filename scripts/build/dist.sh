@@ -3,10 +3,10 @@
 # aarch64 build is sound: its loopback fabric tests run under qemu-user.
 #
 #   make dist                           (installs what is missing, as root)
-#   scripts/dist.sh
-#   TALLY_DIST_SKIP_TESTS=1 scripts/dist.sh    tarballs only
+#   scripts/build/dist.sh
+#   TALLY_DIST_SKIP_TESTS=1 scripts/build/dist.sh    tarballs only
 #
-# Both architectures' binaries need at most glibc 2.28 (scripts/build-release.sh).
+# Both architectures' binaries need at most glibc 2.28 (scripts/build/release.sh).
 #
 # Output: dist/tally-<version>-<arch>.tar.gz, each holding
 #   tally-<version>-<arch>/bin/tally
@@ -23,7 +23,7 @@
 # Emulated timings mean nothing; passing tests mean the Graviton build is sound.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 CARGO="${CARGO:-cargo}"
@@ -124,9 +124,9 @@ summary=()
 status=0
 
 # 1. The native build (x86-64 here; aarch64 when run on Graviton itself),
-# linked against glibc 2.28 (scripts/build-release.sh says how and checks it).
+# linked against glibc 2.28 (scripts/build/release.sh says how and checks it).
 log "building $HOST_ARCH release binaries and the plugin (glibc floor 2.28)"
-scripts/build-release.sh
+scripts/build/release.sh
 native_out="$CARGO_TARGET_DIR/$HOST_ARCH-unknown-linux-gnu/release"
 tarball="$(pack "$HOST_ARCH" "$native_out")"
 summary+=("$HOST_ARCH   $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); bin/tally: $(describe "$native_out/tally")")
@@ -139,7 +139,7 @@ if [[ "$HOST_ARCH" == "x86_64" ]]; then
     # zig links the shipped binaries (its own aarch64 linker and glibc 2.28
     # stubs); the cross gcc stays for the test binaries run under qemu below.
     env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu -u AR_aarch64_unknown_linux_gnu \
-        scripts/build-release.sh "$CROSS"
+        scripts/build/release.sh "$CROSS"
     cross_out="$CARGO_TARGET_DIR/$CROSS/release"
     tarball="$(pack aarch64 "$cross_out")"
     summary+=("aarch64  $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); bin/tally: $(describe "$cross_out/tally")")

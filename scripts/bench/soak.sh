@@ -3,7 +3,7 @@
 # ops and rank counts against one long-running `tally server`, while rank
 # processes of other runs are SIGKILLed at random.
 #
-#   scripts/soak.sh [--duration SECONDS] [--provider shm|tcp] [--lcores 0-1]
+#   scripts/bench/soak.sh [--duration SECONDS] [--provider shm|tcp] [--lcores 0-1]
 #                   [--servers N] [--server-kills SECONDS] [--server-faults kill,stop,cut]
 #
 # Environment: TALLY=path/to/tally (default: build target/release/tally).
@@ -49,7 +49,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 if [[ -z "${TALLY:-}" ]]; then
     cargo build --release -q -p tally-cli
     TALLY="${CARGO_TARGET_DIR:-target}/release/tally"

@@ -8,15 +8,15 @@
 #   devlib/bin/       tally and the plugin, debug info stripped (symbols kept,
 #                     so perf still names functions)
 #   devlib/libfabric-X.Y/  other libfabric builds found under /opt
-#                     (scripts/build-libfabric.sh), for side-by-side runs
+#                     (scripts/build/libfabric.sh), for side-by-side runs
 #   devlib/perf.tar.xz  this host's perf and its libraries (the session's
 #                     `profile` part unpacks it), when perf is installed here
 # Run it here after `make build`; then on the host:
-#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute scripts/device-session.sh
+#   LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute scripts/device/session.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 TALLY=target/release/tally
-[ -x "$TALLY" ] || { echo "device-pack: build first (make)" >&2; exit 1; }
+[ -x "$TALLY" ] || { echo "pack.sh: build first (make)" >&2; exit 1; }
 rm -rf devlib
 mkdir -p devlib/lib devlib/iproute devlib/debs
 # libfabric and its run-time dependencies, minus the C runtime every host has.
@@ -42,7 +42,7 @@ mkdir -p devlib/bin
 for f in "$TALLY" target/release/libnccl_net_tally.so; do
     strip --strip-debug -o "devlib/bin/$(basename "$f")" "$f"
 done
-# Other libfabric builds (scripts/build-libfabric.sh installs them under
+# Other libfabric builds (scripts/build/libfabric.sh installs them under
 # /opt/libfabric-VERSION): one folder each, for the session's RS_LIBS.
 for d in /opt/libfabric-*/lib; do
     [ -f "$d/libfabric.so.1" ] || continue

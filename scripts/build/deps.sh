@@ -3,7 +3,7 @@
 # Idempotent: when everything is present it only checks (a second or so).
 set -euo pipefail
 
-# shellcheck and python3-venv: tools/tests/manifests/ (scripts/deps-py.sh makes the venv).
+# shellcheck and python3-venv: tools/tests/manifests/ (scripts/build/deps-py.sh makes the venv).
 PKGS=(libfabric-dev libfabric-bin libibverbs-dev libclang-dev clang pkg-config build-essential iproute2 procps python3 python3-venv shellcheck)
 
 missing=()

@@ -1,0 +1,37 @@
+# shellcheck shell=bash
+# configs (linerate.sh's cluster part): tally bench cluster, LR_HOSTS (4) + as
+# many hosts,
+# LR_RATES (16,32) Gbit/s, LR_SIZES (16M,64M), agg and ring in every run,
+# LR_ROUNDS (2) rounds of LR_CONFIGS alternated ("rails1 rails rails-fo0"):
+# rails1 = TALLY_RAILS=1 (one endpoint on the worker's thread, as before
+# rails), rails = the default (auto), -fo0 adds TALLY_FAILOVER=0. A config may
+# carry more variables after '@' and bench cluster arguments after '+',
+# comma-separated (e.g. rails-c256@TALLY_WINDOW=8+--chunk=256K). LR_MODES
+# (agg,ring), LR_ITERS (bench cluster's default). Writes
+# cluster-ROUND-NAME.{json,log}, cluster.err.
+say ""
+say "## emulated cluster ${LR_HOSTS:-4} + ${LR_HOSTS:-4} hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
+rounds="${LR_ROUNDS:-2}"
+configs="${LR_CONFIGS:-rails1 rails rails-fo0}"
+for round in $(seq 1 "$rounds"); do
+    for cfg in $configs; do
+        # name[@VAR=v,VAR=v][+--arg=v,--arg=v]
+        name="${cfg%%[@+]*}"
+        vars=()
+        extra=()
+        if [[ "$cfg" == *+* ]]; then IFS=',' read -ra extra <<<"${cfg#*+}"; fi
+        body="${cfg%%+*}"
+        if [[ "$body" == *@* ]]; then IFS=',' read -ra vars <<<"${body#*@}"; fi
+        case "$name" in
+            rails1*) vars+=(TALLY_RAILS=1) ;;
+        esac
+        [[ "$name" == *-fo0 ]] && vars+=(TALLY_FAILOVER=0)
+        j="$OUT/cluster-$round-$name.json"
+        vars+=(TALLY_LR_CONFIG="$cfg")
+        env "${vars[@]}" timeout -k 5 240 "$TALLY" bench cluster --hosts "${LR_HOSTS:-4}" --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
+            ${LR_ITERS:+--iters "$LR_ITERS"} --timeout 120 --mode "${LR_MODES:-agg,ring}" "${extra[@]}" --json --log "$OUT/cluster-$round-$name.log" >"$j" 2>>"$OUT/cluster.err" \
+            || { say "FAILED $cfg (round $round)"; continue; }
+        [ "$round" = 1 ] && [ "$cfg" = "${configs%% *}" ] && say "# placement: $(python3 "$DEVICE_DIR/summarise.py" placement "$j")"
+        summarise configs "$j" "$cfg r$round"
+    done
+done

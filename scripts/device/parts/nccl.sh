@@ -1,0 +1,25 @@
+# shellcheck shell=bash
+# nccl and nccl-sync (linerate.sh): real NCCL on the host's GPUs
+# (tests/nccl/cluster_proof.sh) at LR_NCCL_RATE (32) Gbit/s and half.
+#   nccl       LR_NCCL_SIZES (16M,64M,256M), f32 and bf16, the four modes,
+#              timed as measuring.md says (back to back).
+#   nccl-sync  the same timed the old way (a synchronize around every
+#              all-reduce, PER_OP_SYNC=1), ring over Socket and CollNet, f32,
+#              LR_NCCL_SYNC_SIZES (16M): what the ranks' launch skew costs.
+# Writes PART/ (cluster_proof.sh's files) and PART.out.
+case $PART in
+    nccl) args=(SIZES="${LR_NCCL_SIZES:-16M,64M,256M}" "DTYPES=f32,bf16") ;;
+    nccl-sync) args=(PER_OP_SYNC=1 SIZES="${LR_NCCL_SYNC_SIZES:-16M}" DTYPES=f32 MODES="ring-socket collnet") ;;
+esac
+o="$OUT/$PART"
+say ""
+say "## $PART: real NCCL, tests/nccl/cluster_proof.sh ${args[*]}"
+cluster_proof "$o" 240 "${args[@]}"
+say "# exit $?"
+sed -n '/^=== table/,/^=== proof/p' "$o/summary.txt" | grep -v '^=== proof' | tee -a "$S"
+sed -n '/^=== verdicts/,$p' "$o/summary.txt" | tee -a "$S"
+grep -h "algorithm per size" -A4 "$o/summary.txt" | head -20 >>"$S"
+for f in "$o"/*-"${LR_NCCL_RATE:-32}".nccl.*.log; do
+    [ -e "$f" ] || continue
+    echo "$(basename "$f" | cut -d. -f1): $(grep -ohE "[0-9]+ coll channels, [0-9]+ collnet channels|NCCL defaults set.*" "$f" | sort -u | paste -sd';')"
+done | sort -u | tee -a "$S"
