@@ -11,7 +11,7 @@
 # Why: libfabric 1.17's tcp provider walks (and locks) every connection of
 # an endpoint on every completion-queue read; 1.18 and later poll only the
 # sockets epoll reports ready. With a thousand ranks per lcore that walk is
-# a third of the lcore's time (ARCHITECTURE.md, "Many ranks").
+# a third of the lcore's time (docs/measurements.md, "Many ranks").
 #
 # LIBFABRIC_SRC=DIR uses a checkout instead of cloning from GitHub.
 set -euo pipefail
