@@ -32,10 +32,10 @@
 //! unpacked with `dpkg -x` (`--iproute DIR`, `TALLY_IPROUTE`): hosts without
 //! iproute2 (the GPU device image) run it that way, with the folder's
 //! libraries on LD_LIBRARY_PATH for `ip` and `tc` only.
-use crate::bench_allreduce::{format_row, Row, LOOP_LINES_ENV};
+use crate::bench::plot;
+use crate::bench::report::{format_row, method_line, Row, LOOP_LINES_ENV};
 use crate::cli_args::{DtypeArg, IprouteArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, WindowArg};
 use crate::logfile;
-use crate::plot;
 use crate::progress::Progress;
 use clap::Args;
 use serde::Serialize;
@@ -296,7 +296,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
             let (n, why) = worker_rails(args.hosts, worker_cores);
             format!("{n} ({why})")
         },
-        crate::bench_allreduce::method_line(args.loops.iters, args.loops.warmup, false)
+        method_line(args.loops.iters, args.loops.warmup, false)
     );
     println!(
         "# bounds: agg <= R (servers together have the workers' bandwidth), ring <= R x n/(2(n-1)); ideal agg/ring = 2(n-1)/n = {:.2}",

@@ -38,7 +38,7 @@
 //! difference, a piece of the wrong length, an error completion or 60 s
 //! without progress ends the run with an error; the gate then releases
 //! every other thread instead of leaving it waiting for the failed one.
-use crate::bench_p2p::P2pArgs;
+use super::args::{poll_and_policy, P2pArgs};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -173,7 +173,7 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         return Err("--cores: no cores".into());
     }
     let threads = hubs + leaves;
-    let (busy, policy) = crate::bench_p2p::poll_and_policy(args, threads, cores.len())?;
+    let (busy, policy) = poll_and_policy(args, threads, cores.len())?;
     // Busy pollers that share a core take turns by the scheduler's
     // timeslice: the figure would measure that, not the transport.
     if cores.len() < threads && busy {

@@ -16,12 +16,12 @@
 //! was wrong. Log lines of the servers and ranks go to a log file in the
 //! output folder (warnings and errors still reach the terminal), with the
 //! plots of both parts; the demo names them at the end.
-use crate::bench_allreduce::{self, AllreduceArgs};
-use crate::bench_p2p::{self, P2pArgs};
+use crate::bench::allreduce::{self, AllreduceArgs};
+use crate::bench::cluster::{self, ClusterArgs, ClusterOutcome};
+use crate::bench::p2p::{self, args::P2pArgs};
+use crate::bench::plot;
 use crate::cli_args::{CoresArg, DtypeArg, HugepagesArg, IprouteArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, ProviderArg, WindowArg};
-use crate::cluster::{self, ClusterArgs, ClusterOutcome};
 use crate::logfile;
-use crate::plot;
 use clap::Args;
 use std::path::PathBuf;
 use tally_engine::host::units::format_size;
@@ -148,7 +148,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         println!("and copied back; a ring's bytes take one copy per hop, and here the server's lcores and the ranks share this");
         println!("machine's cores. So the ring is expected to win on loopback: this part checks results and overheads.\n");
     }
-    let out = bench_allreduce::launch(&ar)?;
+    let out = allreduce::launch(&ar)?;
     let svg = args.out.join("loopback.svg");
     let title = format!("loopback: {} ranks + 1 server (2 lcores), {}, f32 sum", args.ranks, out.provider);
     plot::busbw_svg(&svg, &title, &plot::series_by_mode(&out.rows, ""), &[])?;
@@ -206,7 +206,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
             leaves: 0,
             chunk: None,
         };
-        bench_p2p::run(&p2p)?;
+        p2p::run(&p2p)?;
     }
     let wrong: u64 = out.rows.iter().map(|r| r.wrong).sum::<u64>() + cluster_wrong;
     let results = out.rows.len() + cl.as_ref().map_or(0, |c| c.rows.len());

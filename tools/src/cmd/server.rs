@@ -131,7 +131,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 pub fn run(args: &ServerArgs) -> Result<(), String> {
     let cfg = args.resolve()?;
     if args.check {
-        return crate::server_check::run(&cfg);
+        return crate::cmd::server_check::run(&cfg);
     }
     // SAFETY: the handler only adds to a lock-free atomic, which is async-signal-safe.
     unsafe {

@@ -3,7 +3,7 @@
 //!
 //! plotters' SVG backend without font crates: labels are SVG `<text>`
 //! elements that the viewer draws, so no system fonts are needed here.
-use crate::bench_allreduce::Row;
+use crate::bench::report::Row;
 use plotters::prelude::*;
 use std::path::Path;
 use tally_engine::host::units::format_size;

@@ -27,13 +27,14 @@
 //! and with `TALLY_BENCH_LOOP_LINES=1` announces each loop on stdout
 //! (`LOOP <mode> <bytes>`), so that `tally bench cluster` can sample the
 //! servers' CPU time over the same interval.
+use crate::bench::plot;
+use crate::bench::report::{self, format_row, method_line, Row, LOOP_LINES_ENV};
 use crate::cli_args::{CoresArg, DtypeArg, HugepagesArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, PollMode, ProviderArg, WindowArg};
 use crate::collnet_driver;
 use crate::logfile;
-use crate::plot;
 use crate::progress::Progress;
 use clap::Args;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -141,55 +142,6 @@ pub struct AllreduceArgs {
     /// The job id the ranks share (set by the launcher).
     #[arg(long, hide = true, default_value_t = 0)]
     pub job_id: u64,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone)]
-pub struct Row {
-    pub mode: String,
-    pub bytes: usize,
-    pub count: usize,
-    pub dtype: String,
-    pub op: String,
-    /// Per-operation time: the back-to-back loop's mean, or with `--sync` the median.
-    pub time_us: f64,
-    /// "back-to-back" or "sync".
-    #[serde(default)]
-    pub method: String,
-    #[serde(default)]
-    pub iters: usize,
-    #[serde(default)]
-    pub mean_us: f64,
-    #[serde(default)]
-    pub p50_us: f64,
-    #[serde(default)]
-    pub p99_us: f64,
-    #[serde(default)]
-    pub max_us: f64,
-    /// Whose timestamps p50, p99 and max come from: "every rank" (an
-    /// operation is complete when the last rank has its result: the time of
-    /// operation k is the last completion of k minus the last of k - 1, the
-    /// ranks sharing one clock), or "rank 0" (its own intervals only: runs of
-    /// more than [`GATHER_STAMPS`] timestamps in all, and `--sync`).
-    #[serde(default)]
-    pub per_op: String,
-    /// Rank 0's own intervals' median, whatever `per_op` says. With two
-    /// ranks taking turns to finish first (as relayed all-reduces do), one
-    /// rank's intervals alternate short and long around the mean, and their
-    /// median says little.
-    #[serde(default)]
-    pub rank0_p50_us: f64,
-    #[serde(rename = "algbw_GBps")]
-    pub algbw_gbps: f64,
-    #[serde(rename = "busbw_GBps")]
-    pub busbw_gbps: f64,
-    pub wrong: u64,
-    /// Rank 0's process CPU seconds (user + system, every thread: the
-    /// client's rail threads too) over the timed loop, from
-    /// getrusage(RUSAGE_SELF): what a worker spends on the all-reduces. With
-    /// ranks as threads (--ranks-per-process), every rank thread of rank 0's
-    /// process counts. 0 in rows of older versions.
-    #[serde(default)]
-    pub cpu_s: f64,
 }
 
 #[derive(Serialize)]
@@ -387,44 +339,7 @@ pub fn print_header(p: &Plan, args: &AllreduceArgs) {
         args.poll.poll
     );
     println!("# {}", method_line(args.loops.iters, args.loops.warmup, args.sync));
-    println!(
-        "{:>10} {:>10} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>7}",
-        "mode", "size", "count", "type", "redop", "time(us)", "p50(us)", "p99(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
-    );
-}
-
-/// The method line every table carries (measuring.md).
-pub fn method_line(iters: usize, warmup: usize, sync: bool) -> String {
-    if sync {
-        format!(
-            "time: median of {iters} all-reduces after {warmup} warm-up (agg: at least one per stream), each started after a barrier (--sync); \
-             algbw = size/time; busbw = algbw x 2(n-1)/n; every element checked"
-        )
-    } else {
-        format!(
-            "time: {iters} back-to-back all-reduces after {warmup} warm-up (agg: at least one per stream) and one barrier: time = loop time / {iters}, \
-             p50/p99/max of per-operation times (an operation ends when the last rank has its result); algbw = size/time; \
-             busbw = algbw x 2(n-1)/n; every element checked"
-        )
-    }
-}
-
-pub fn format_row(r: &Row) -> String {
-    format!(
-        "{:>10} {:>10} {:>12} {:>6} {:>6} {:>11.1} {:>9.1} {:>9.1} {:>9.1} {:>11.3} {:>11.3} {:>7}",
-        r.mode,
-        format_size(r.bytes as u64),
-        r.count,
-        r.dtype,
-        r.op,
-        r.time_us,
-        r.p50_us,
-        r.p99_us,
-        r.max_us,
-        r.algbw_gbps,
-        r.busbw_gbps,
-        r.wrong
-    )
+    println!("{}", report::table_header());
 }
 
 /// Runs the whole benchmark from this process; prints the table unless --json.
@@ -874,11 +789,6 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// Set to 1 (`tally bench cluster` does, on worker 0) to have rank 0 print
-/// `LOOP <mode> <bytes>` just before each timed loop, so that the caller can
-/// sample other processes' CPU time over the same interval.
-pub const LOOP_LINES_ENV: &str = "TALLY_BENCH_LOOP_LINES";
 
 /// Whether [`LOOP_LINES_ENV`] asks for `LOOP` lines; read once per rank,
 /// so that the usual output is unchanged without it.

@@ -1,20 +1,10 @@
-//! `tally bench p2p`: what the transport alone can do, measured through
-//! tally's own fabric layer (the same calls the dataplane makes), so that
-//! all-reduce figures can be held against it.
+//! `tally bench p2p` with two ends: what one stream of the transport does.
 //!
 //! Two endpoints on two pinned threads of this process. Latency: tagged
 //! ping-pong, median half round trip. Bandwidth: one side streams messages
 //! with a window in flight, the other keeps receives posted; time from the
 //! first send to the receiver's final acknowledgement.
-//!
-//! Fan mode (`--hubs L --leaves R`, in `bench_p2p_fan`): one stream is not
-//! what a server's lcores face. L hub endpoints and R leaf endpoints, each
-//! a thread on its own core, move an all-reduce's traffic (R x L streams,
-//! each way, cut and windowed as the client cuts them) with the reduce left
-//! out: the transport ceiling that the server's core scaling is measured
-//! against, in the same run and on the same cores.
-use crate::cli_args::{CoresArg, HugepagesArg, JsonArg, PollArg, ProviderArg};
-use clap::Args;
+use super::args::{poll_and_policy, P2pArgs};
 use serde::Serialize;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -24,50 +14,6 @@ use tally_engine::dataplane::fabric::{
 use tally_engine::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
 use tally_engine::host::cpuset::{self, CoreList};
 use tally_engine::host::units::{format_size, parse_size};
-
-#[derive(Args, Debug, Clone)]
-pub struct P2pArgs {
-    #[command(flatten)]
-    pub provider: ProviderArg,
-    /// Message sizes, comma-separated (K/M/G suffixes). Default: 8 B to 16 MiB in steps of 4x.
-    /// Fan mode: bytes per leaf. Default: 256 KiB to 64 MiB in steps of 4x.
-    #[arg(long, value_delimiter = ',')]
-    pub sizes: Vec<String>,
-    /// Ping-pong round trips per size (after warm-up) [default: 1000]. Fan
-    /// mode: timed repetitions per size [default: 10].
-    #[arg(long)]
-    pub iters: Option<usize>,
-    /// Warm-up round trips per size [default: 100]. Fan mode: untimed (but
-    /// checked) repetitions per size [default: 2].
-    #[arg(long)]
-    pub warmup: Option<usize>,
-    /// Messages in flight when streaming (capped at 256 MiB in flight) [default: 16].
-    /// Deeper windows make tcp;ofi_rxm's rendezvous path back off (2 GB/s at 64
-    /// vs 9-10 GB/s at 4-16 for 512 KiB here). Fan mode: pieces in flight per
-    /// (leaf, hub) pair [default: 4, as `tally bench allreduce`].
-    #[arg(long)]
-    pub window: Option<usize>,
-    #[command(flatten)]
-    pub cores: CoresArg,
-    /// Fan mode: hub endpoints (a server's lcores), each a thread on its own
-    /// core. 0 (with --leaves 0): the two-end mode.
-    #[arg(long, default_value_t = 0)]
-    pub hubs: usize,
-    /// Fan mode: leaf endpoints (ranks), each a thread on its own core; --sizes
-    /// is then the bytes each leaf sends (an all-reduce's size).
-    #[arg(long, default_value_t = 0)]
-    pub leaves: usize,
-    /// Fan mode: bytes per piece [default: 256K, as `tally bench allreduce --chunk`],
-    /// cut smaller as the client cuts small all-reduces.
-    #[arg(long)]
-    pub chunk: Option<String>,
-    #[command(flatten)]
-    pub poll: PollArg,
-    #[command(flatten)]
-    pub hugepages: HugepagesArg,
-    #[command(flatten)]
-    pub json: JsonArg,
-}
 
 #[derive(Serialize, Debug, Clone)]
 struct Row {
@@ -102,11 +48,8 @@ fn default_sizes() -> Vec<usize> {
     v.push(16 << 20);
     v
 }
-
+/// The two-end mode: ping-pong latency, then streaming bandwidth, per size.
 pub fn run(args: &P2pArgs) -> Result<(), String> {
-    if args.hubs > 0 || args.leaves > 0 {
-        return crate::bench_p2p_fan::run(args);
-    }
     if args.chunk.is_some() {
         return Err("--chunk applies to the fan mode (--hubs and --leaves)".into());
     }
@@ -184,14 +127,6 @@ pub fn run(args: &P2pArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string(&r).unwrap());
     }
     Ok(())
-}
-
-/// `--poll` for `pollers` threads on `cores` cores (true: busy) and
-/// `--hugepages`, as both modes read them.
-pub(crate) fn poll_and_policy(args: &P2pArgs, pollers: usize, cores: usize) -> Result<(bool, HugepagePolicy), String> {
-    let busy = args.poll.poll.resolve(pollers, cores).is_busy();
-    let policy: HugepagePolicy = args.hugepages.hugepages.parse().map_err(|e| format!("--hugepages: {e}"))?;
-    Ok((busy, policy))
 }
 
 #[derive(Clone)]
