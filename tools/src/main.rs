@@ -53,9 +53,9 @@ enum Bench {
         --hubs/--leaves: many streams each way, the ceiling for server core scaling.")]
     P2p(p2p::args::P2pArgs),
     /// All-reduce through reduction servers (agg) against ring, ranks on this machine.
-    Allreduce(allreduce::AllreduceArgs),
+    Allreduce(allreduce::plan::AllreduceArgs),
     /// Emulated cluster: N servers + N workers in network namespaces with shaped links (root).
-    Cluster(cluster::ClusterArgs),
+    Cluster(cluster::args::ClusterArgs),
 }
 
 fn main() -> ExitCode {

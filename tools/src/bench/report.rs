@@ -35,7 +35,7 @@ pub struct Row {
     /// operation is complete when the last rank has its result: the time of
     /// operation k is the last completion of k minus the last of k - 1, the
     /// ranks sharing one clock), or "rank 0" (its own intervals only: runs of
-    /// more than [`GATHER_STAMPS`](crate::bench::allreduce::GATHER_STAMPS) timestamps in all, and `--sync`).
+    /// more than [`GATHER_STAMPS`](crate::bench::allreduce::timing::GATHER_STAMPS) timestamps in all, and `--sync`).
     #[serde(default)]
     pub per_op: String,
     /// Rank 0's own intervals' median, whatever `per_op` says. With two

@@ -16,8 +16,10 @@
 //! was wrong. Log lines of the servers and ranks go to a log file in the
 //! output folder (warnings and errors still reach the terminal), with the
 //! plots of both parts; the demo names them at the end.
-use crate::bench::allreduce::{self, AllreduceArgs};
-use crate::bench::cluster::{self, ClusterArgs, ClusterOutcome};
+use crate::bench::allreduce::{launch, plan::AllreduceArgs};
+use crate::bench::cluster::args::ClusterArgs;
+use crate::bench::cluster::table::{write_plot, ClusterOutcome};
+use crate::bench::cluster::{self, netns, shaping};
 use crate::bench::p2p::{self, args::P2pArgs};
 use crate::bench::plot;
 use crate::cli_args::{CoresArg, DtypeArg, HugepagesArg, IprouteArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, ProviderArg, WindowArg};
@@ -64,7 +66,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     // Part 1: the emulated cluster.
     let skipped = match args.cluster.as_str() {
         "off" => Some("--cluster off".to_string()),
-        _ => cluster::unavailable(args.iproute.iproute.as_deref()),
+        _ => netns::unavailable(args.iproute.iproute.as_deref()),
     };
     if let (Some(why), "on") = (&skipped, args.cluster.as_str()) {
         return Err(format!("the emulated cluster cannot run here: {why}"));
@@ -75,7 +77,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         ca.json = args.json.clone();
         ca.iproute = args.iproute.clone();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let rate = args.rate.unwrap_or_else(|| cluster::default_rate(ca.hosts, cores));
+        let rate = args.rate.unwrap_or_else(|| shaping::default_rate(ca.hosts, cores));
         ca.rates = vec![rate];
         if !args.json.json {
             println!("== Part 1: the case tally is for: {h} reduction servers + {h} workers on {rate} Gbit/s links ==", h = ca.hosts);
@@ -88,7 +90,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         }
         let out = cluster::launch(&ca)?;
         let svg = args.out.join("cluster.svg");
-        cluster::write_plot(&out, &svg)?;
+        write_plot(&out, &svg)?;
         plots.push(svg);
         if !args.json.json {
             if let Some(big) = out.rows.iter().filter(|r| r.row.mode == "agg").max_by_key(|r| r.row.bytes) {
@@ -148,7 +150,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         println!("and copied back; a ring's bytes take one copy per hop, and here the server's lcores and the ranks share this");
         println!("machine's cores. So the ring is expected to win on loopback: this part checks results and overheads.\n");
     }
-    let out = allreduce::launch(&ar)?;
+    let out = launch::launch(&ar)?;
     let svg = args.out.join("loopback.svg");
     let title = format!("loopback: {} ranks + 1 server (2 lcores), {}, f32 sum", args.ranks, out.provider);
     plot::busbw_svg(&svg, &title, &plot::series_by_mode(&out.rows, ""), &[])?;
