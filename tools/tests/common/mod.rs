@@ -1,5 +1,6 @@
 //! Shared by the integration tests: a real `tally server` process.
 #![allow(dead_code)]
+pub mod collnet;
 pub mod jobloop;
 pub mod netns;
 use std::collections::HashMap;
