@@ -5,7 +5,8 @@
 //! the fabric provider is known and present (fi_getinfo), the hugepage pool
 //! can hold the slabs (when hugepages are required), the control and metrics
 //! ports are free. Each failure names what a start would fail on.
-use crate::host::doctor::{self, Target};
+use crate::host::doctor::checks::{self, Target};
+use crate::host::doctor::facts;
 use tally_engine::host::config::ServerConfig;
 
 /// Checks `cfg` against this host; Ok prints what was checked, Err names
@@ -13,8 +14,8 @@ use tally_engine::host::config::ServerConfig;
 pub fn run(cfg: &ServerConfig) -> Result<(), String> {
     let mut refusals: Vec<String> = Vec::new();
     let target = Target { config: cfg.clone() };
-    let facts = doctor::gather(&cfg.lcores);
-    for c in doctor::start_blockers(&target, &facts) {
+    let facts = facts::gather(&cfg.lcores);
+    for c in checks::start_blockers(&target, &facts) {
         refusals.push(match c.fix {
             Some(fix) => format!("{}: {} (fix: {fix})", c.name, c.detail),
             None => format!("{}: {}", c.name, c.detail),
