@@ -12,17 +12,17 @@
 //! each other's memory, and a server in the test process would tear that
 //! down under its clients. The plugin library must have been built in the
 //! same profile (`cargo build -p tally-nccl-plugin`, or the workspace).
-mod common;
+mod collnet_threads;
 #[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
 
-use common::collnet::{until_accepted, HandleBoard};
-use common::ServerProcess;
+use collnet_threads::{until_accepted, HandleBoard};
 use std::ffi::{c_int, c_void, CStr};
 use std::time::{Duration, Instant};
 use support::abi::*;
 use support::*;
 use tally_cli::collnet_driver::{self, abi::CollNetV11 as CollNetV11Lib, CollNet};
+use tally_e2e::ServerProcess;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 

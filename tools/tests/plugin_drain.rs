@@ -9,18 +9,18 @@
 //! The NCCL sequence is the library's (`tally_cli::collnet_driver::CollNet`).
 //! The plugin library must have been built in the same profile
 //! (`cargo build -p tally-nccl-plugin`, or the workspace).
-mod common;
+mod collnet_threads;
 #[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
 
-use common::collnet::{until_accepted, HandleBoard};
-use common::ServerProcess;
+use collnet_threads::{until_accepted, HandleBoard};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::*;
 use tally_cli::collnet_driver::{self, abi::CollNetV11, CollNet};
+use tally_e2e::ServerProcess;
 
 const F32: c_int = 7;
 const SUM: c_int = 0;
@@ -102,7 +102,7 @@ enum Stop {
     /// (no heartbeats), then fence it and take it back.
     Freeze,
     /// Its switch port down for [`FREEZE_FOR`], then up (servers in network
-    /// namespaces, see `common::netns`): as for a freeze.
+    /// namespaces, see `tally_e2e::netns`): as for a freeze.
     LinkCut,
 }
 
@@ -128,7 +128,7 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     std::env::set_var("TALLY_PROVIDER", provider);
     let common = ["--lcores", "0", "--provider", provider, "--poll", "adaptive", "--slab-size", "32M", "--hugepages", "off"];
     let server_args = [&common[..], &["--drain-timeout", "15"]].concat();
-    let mut switch = (stop == Stop::LinkCut).then(|| common::netns::Switch::new("pd"));
+    let mut switch = (stop == Stop::LinkCut).then(|| tally_e2e::netns::Switch::new("pd"));
     let mut servers: Vec<ServerProcess> = match switch.as_mut() {
         Some(sw) => {
             sw.attach_root(NS_RANKS);
@@ -167,7 +167,7 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
             assert!(t0.elapsed() < TIMEOUT, "the loop did not reach round {KILL_AT}");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let meter = gray.then(|| common::jobloop::StallMeter::start(progress.clone()));
+        let meter = gray.then(|| tally_e2e::jobloop::StallMeter::start(progress.clone()));
         killed = Some((Instant::now(), progress.load(Ordering::Relaxed)));
         match stop {
             Stop::Freeze => {
@@ -283,7 +283,7 @@ fn collnet_all_reduces_carry_on_when_a_server_freezes_then_take_it_back() {
 
 #[test]
 fn collnet_all_reduces_carry_on_when_a_servers_link_is_cut_then_take_it_back() {
-    if !common::netns::available("plugin link cut") {
+    if !tally_e2e::netns::available("plugin link cut") {
         return;
     }
     let p = load();

@@ -4,11 +4,10 @@
 //! disturb another; a job too large for its share of the slab runs with
 //! smaller pieces (one that cannot fit at all: many_ranks.rs); a rank that
 //! vanishes fails its job quickly and nobody else's.
-mod common;
-use common::{client, join_all, sum_job, ServerProcess};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+use tally_e2e::{client, join_all, sum_job, ServerProcess};
 use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::wire::{self, Hello, JobSpec, Reject, RejectCode};
@@ -158,7 +157,7 @@ fn a_rank_that_vanishes_fails_its_job_quickly_and_only_its_job() {
     // Over tcp. Over shm (1.17) a result send in flight to the vanished
     // rank's closed endpoint never completes, and shm completes an endpoint's
     // sends in order: that lcore can then complete no send, and the server
-    // fails every job on it (tools/tests/faults.rs shows that case), so "only
+    // fails every job on it (tests/suites/faults.rs shows that case), so "only
     // its job" does not hold there.
     let srv = ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "8M"]);
     let other = sum_job("tcp", &srv.addr, 50, 2, 20_000, 20);

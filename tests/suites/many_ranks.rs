@@ -15,9 +15,8 @@
 //! every thread with its own client and endpoint (the load generator the
 //! issue asks for), which checks every element and reports wrong ones in
 //! its JSON.
-mod common;
-use common::{bench, ServerProcess};
 use std::time::{Duration, Instant};
+use tally_e2e::{bench, ServerProcess};
 use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
 
@@ -55,7 +54,7 @@ fn a_thousand_ranks_asking_for_large_pieces_get_pieces_that_fit() {
 fn job(addr: &str, id: u64, n: u32, window: u32) -> Vec<Result<(), ClientError>> {
     let hs: Vec<_> = (0..n)
         .map(|rank| {
-            let mut cfg = common::client("tcp", addr, id, rank, n);
+            let mut cfg = tally_e2e::client("tcp", addr, id, rank, n);
             cfg.chunk_bytes = 256 << 10;
             cfg.window = window;
             std::thread::spawn(move || -> Result<(), ClientError> {
@@ -114,7 +113,7 @@ fn mixed(rank: u32, i: usize, round: u32) -> f64 {
 fn staged_job(addr: &str, id: u64, n: u32, dtype: DataType, op: ReduceOp, count: usize, rounds: u32) {
     let hs: Vec<_> = (0..n)
         .map(|rank| {
-            let mut cfg = common::client("tcp", addr, id, rank, n);
+            let mut cfg = tally_e2e::client("tcp", addr, id, rank, n);
             cfg.chunk_bytes = 32 << 10;
             cfg.window = 2;
             std::thread::spawn(move || {
@@ -244,11 +243,11 @@ fn a_rank_that_vanishes_from_a_staged_job_fails_that_job_only() {
     // 12 ranks x window 2 x 16 KiB = 384 KiB per lcore, over the 256 KiB a
     // job may take of a 1 MiB slab: staged, 2 ranks a slot at a time.
     let srv = staging_server("1M", "2");
-    let other = common::sum_job("tcp", &srv.addr, 0x5b0, 2, 20_000, 20);
+    let other = tally_e2e::sum_job("tcp", &srv.addr, 0x5b0, 2, 20_000, 20);
     let n = 12u32;
     let hs: Vec<_> = (0..n)
         .map(|rank| {
-            let cfg = common::client("tcp", &srv.addr, 0x5b1, rank, n);
+            let cfg = tally_e2e::client("tcp", &srv.addr, 0x5b1, rank, n);
             std::thread::spawn(move || -> Result<Option<(ClientError, Duration)>, String> {
                 let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
                 c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
@@ -288,8 +287,8 @@ fn a_rank_that_vanishes_from_a_staged_job_fails_that_job_only() {
     }
     assert!(srv.wait_log("job 0x5b1 ended", Duration::from_secs(10)), "the staged job was not freed");
     // The job running meanwhile was not touched, and a new staged job is exact.
-    common::join_all(other);
-    common::join_all(common::sum_job("tcp", &srv.addr, 0x5b2, 12, 40_000, 3));
+    tally_e2e::join_all(other);
+    tally_e2e::join_all(tally_e2e::sum_job("tcp", &srv.addr, 0x5b2, 12, 40_000, 3));
     assert_started(&srv, "12 ranks, f32 sum, 4096 elements per piece (received 2 ranks at a time");
     assert!(srv.stop().success());
 }

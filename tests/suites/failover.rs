@@ -18,12 +18,11 @@
 //! - with failover off (TALLY_FAILOVER=0 / `ClientConfig::failover`) a kill
 //!   fails the job as before; over shm failover is always off (checked
 //!   without a kill: see the test).
-mod common;
-use common::jobloop::{loop_job_with, multi, results, server, server_on, wait_for_round, Shape};
-use common::ServerProcess;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tally_e2e::jobloop::{loop_job_with, multi, results, server, server_on, wait_for_round, Shape};
+use tally_e2e::ServerProcess;
 use tally_engine::client::Client;
 use tally_engine::reduce::{DataType, ReduceOp};
 
@@ -238,8 +237,8 @@ fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>) {
     let junk = storm.then(|| std::net::TcpStream::connect(&addrs[1]).expect("a silent connection"));
     let back = servers[1].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
     if storm {
-        let m = common::scrape(&servers[1].metrics_addr());
-        let busy = common::sum(&m, "tally_control_refusals_total", "reason=\"busy\"");
+        let m = tally_e2e::scrape(&servers[1].metrics_addr());
+        let busy = tally_e2e::sum(&m, "tally_control_refusals_total", "reason=\"busy\"");
         eprintln!("REJOIN through a busy server: {busy} rejoin attempts told busy");
         assert!(busy > 0.0, "no rank was told busy: the silent connection did not hold the place");
         drop(junk);

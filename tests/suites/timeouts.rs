@@ -10,11 +10,10 @@
 //!
 //! The bounds asserted are loose (the box may be busy) but finite: a hang or
 //! a missing error fails the test.
-mod common;
 
-use common::{client, join_all, sum_job, ServerProcess};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tally_e2e::{client, join_all, sum_job, ServerProcess};
 use tally_engine::client::Client;
 use tally_engine::reduce::{DataType, ReduceOp};
 

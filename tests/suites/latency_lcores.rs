@@ -5,8 +5,7 @@
 //! every all-reduce is checked, and the servers' per-lcore byte counters
 //! say where each operation went. A latency lcore holds regions only for
 //! pieces of at most SIZE bytes (the slab gauges say so).
-mod common;
-use common::{client, scrape, sum, ServerProcess};
+use tally_e2e::{client, scrape, sum, ServerProcess};
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, ReduceOp};
 

@@ -192,7 +192,7 @@ impl Cluster {
     /// The `tally` binary, to be run inside `host`'s namespace.
     fn tally(&self, host: &str) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.namespace(host), env!("CARGO_BIN_EXE_tally")]);
+        c.args(["netns", "exec", &self.namespace(host)]).arg(tally_e2e::tally_bin());
         c
     }
 

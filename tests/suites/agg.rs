@@ -4,10 +4,9 @@
 //! scalar kernel applied in rank order: the server promises bit-identical
 //! results. (A split job's small all-reduces are folded by group instead,
 //! the same on every rank: see `wire::split_folds_groups`; `check` knows.)
-mod common;
-use common::ServerProcess;
 use std::sync::Arc;
 use std::time::Duration;
+use tally_e2e::ServerProcess;
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, Kernels, ReduceOp};
 

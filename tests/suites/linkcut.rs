@@ -1,5 +1,5 @@
 //! A server's link cut under a running job, then restored, in network
-//! namespaces this test makes (see `common::netns`): three `tally server`s,
+//! namespaces this test makes (see `tally_e2e::netns`): three `tally server`s,
 //! each in a namespace of its own behind a bridge; the ranks (threads of
 //! this test, in the root namespace, attached to the same bridge) loop over
 //! verified all-reduces (every element checked). One server's switch port
@@ -15,13 +15,12 @@
 //! - No operation fails, no element is wrong.
 //!
 //! Prints one `GRAYFAIL` line. Needs root and iproute2; skipped otherwise.
-mod common;
-use common::jobloop::{check_gray_outcome, loop_job_with, results, wait_for_round, GrayOutcome, Shape, StallMeter};
-use common::netns::{available, Switch};
-use common::ServerProcess;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tally_e2e::jobloop::{check_gray_outcome, loop_job_with, results, wait_for_round, GrayOutcome, Shape, StallMeter};
+use tally_e2e::netns::{available, Switch};
+use tally_e2e::ServerProcess;
 
 const SERVER_ADDRS: [&str; 3] = ["198.18.5.10", "198.18.5.11", "198.18.5.12"];
 const RANKS_ADDR: &str = "198.18.5.1";

@@ -1,7 +1,7 @@
 //! A job looping over all-reduces against several real `tally server`
 //! processes, every element checked: what the drain and failover tests
 //! run while they stop or kill servers under it.
-use super::{client, ServerProcess};
+use crate::{client, ServerProcess};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

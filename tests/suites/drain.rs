@@ -18,12 +18,11 @@
 //!   (the server exits then; also a split job of four ranks, whose small
 //!   all-reduces are split by rank over two lcores), or, past the drain
 //!   timeout, is ended with a reject saying so.
-mod common;
-use common::jobloop::{loop_job, loop_job_with, results, server, sigterm, wait_exit, wait_for_round, Shape};
-use common::{client, ServerProcess};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tally_e2e::jobloop::{loop_job, loop_job_with, results, server, sigterm, wait_exit, wait_for_round, Shape};
+use tally_e2e::{client, ServerProcess};
 use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
 

@@ -14,9 +14,6 @@
 //!   `tally_server_draining` is 1; a second SIGTERM stops it;
 //! - the shipped unit (config/tally-server.service) is `Type=notify` with
 //!   `NotifyAccess=main`, a watchdog and a start timeout for big hosts.
-mod common;
-use common::jobloop::{loop_job, results, server, sigterm, wait_exit, wait_for_round};
-use common::{get, scrape, ServerProcess};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::linux::net::SocketAddrExt;
@@ -24,6 +21,8 @@ use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tally_e2e::jobloop::{loop_job, results, server, sigterm, wait_exit, wait_for_round};
+use tally_e2e::{get, scrape, ServerProcess};
 
 /// Datagrams on `sock` until `done` holds for what was heard (bounded).
 fn hear_until(sock: &UnixDatagram, heard: &mut Vec<String>, bound: Duration, done: impl Fn(&[String]) -> bool) -> bool {

@@ -30,12 +30,11 @@
 //! The bounds are generous upper limits on an error arriving (10 s), never
 //! speed assertions. (Malformed handshakes, tokens, capacity and a rank thread
 //! vanishing are in jobs.rs.)
-mod common;
-use common::{client, join_all, sum_job, ServerProcess};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tally_e2e::{client, join_all, sum_job, ServerProcess};
 use tally_engine::bootstrap::Bootstrap;
 use tally_engine::client::Client;
 use tally_engine::reduce::{DataType, ReduceOp};
@@ -56,7 +55,7 @@ fn rank_process(provider: &str, server: &str, boot: &str, job: u64, rank: u32, n
 
 /// [`rank_process`] with more environment.
 fn rank_process_with(provider: &str, server: &str, boot: &str, job: u64, rank: u32, n: u32, env: &[(&str, &str)]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tally"))
+    Command::new(tally_e2e::tally_bin())
         .envs(env.iter().copied())
         .args(["bench", "allreduce", "--rank", &rank.to_string(), "--ranks", &n.to_string(), "--bootstrap", boot])
         .args(["--job-id", &job.to_string(), "--servers", server, "--provider", provider, "--mode", "agg"])
@@ -72,7 +71,7 @@ fn rank_process_with(provider: &str, server: &str, boot: &str, job: u64, rank: u
 
 /// `tally ARGS` at log level `log`, its stderr piped, stdout discarded.
 fn spawn_tally(args: &[&str], log: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tally"))
+    Command::new(tally_e2e::tally_bin())
         .args(args)
         .env("TALLY_LOG", log)
         .stdout(Stdio::null())

@@ -1,15 +1,32 @@
-//! Shared by the integration tests: a real `tally server` process.
-#![allow(dead_code)]
-pub mod collnet;
+//! What the end-to-end suites share (the engine's in tests/suites/, the
+//! tools' in tools/tests/): a real `tally server` process
+//! ([`ServerProcess`]), clients joined to it, its metrics, a job looping
+//! under faults ([`jobloop`]) and a switch of network namespaces
+//! ([`netns`]).
+//!
+//! The `tally` binary comes from [`tally_bin`]: this crate is not the
+//! tools package, so cargo's `CARGO_BIN_EXE_tally` does not reach it.
 pub mod jobloop;
 pub mod netns;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, ReduceOp};
+
+/// The `tally` binary the suites run: the one cargo built in the same
+/// profile as this test, beside its `deps/` folder (`cargo test --workspace`
+/// builds it; `-p tally-e2e` alone needs `cargo build -p tally-cli` first,
+/// as the plugin tests need the plugin).
+pub fn tally_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let bin = exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps/..").join("tally");
+    assert!(bin.exists(), "{} is missing: build it first (cargo build -p tally-cli, same profile)", bin.display());
+    bin
+}
 
 pub struct ServerProcess {
     pub child: Child,
@@ -34,7 +51,7 @@ impl ServerProcess {
     // it; the lint does not follow it there.
     #[allow(clippy::zombie_processes)]
     pub fn start_with(listen: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
-        Self::launch(Command::new(env!("CARGO_BIN_EXE_tally")), listen, args, env)
+        Self::launch(Command::new(tally_bin()), listen, args, env)
     }
 
     /// As `start_on`, through `command` (a wrapper such as `prlimit ... --
@@ -47,7 +64,7 @@ impl ServerProcess {
     /// As `start_on`, inside network namespace `ns` (see [`netns`]).
     pub fn start_in(ns: &str, listen: &str, args: &[&str]) -> ServerProcess {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_tally")]);
+        c.args(["netns", "exec", ns]).arg(tally_bin());
         Self::launch(c, listen, args, &[])
     }
 
@@ -240,7 +257,7 @@ pub fn sum(m: &HashMap<String, f64>, name: &str, with: &str) -> f64 {
 /// end and returns its rows, after checking that it succeeded and that no
 /// element of any all-reduce was wrong.
 pub fn bench(addr: &str, args: &[&str]) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+    let out = Command::new(tally_bin())
         .args(["bench", "allreduce", "--servers", addr, "--provider", "tcp", "--mode", "agg", "--json", "--timeout", "60"])
         .args(args)
         .env("TALLY_LOG", "warn")

@@ -8,13 +8,12 @@
 //! full, the noisiest address's oldest is evicted), and closes handshakes at
 //! their deadline. Figures come from its `/metrics` and `/proc` status.
 //! Every all-reduce checks every element.
-mod common;
-use common::{bench, scrape, sum, ServerProcess};
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tally_e2e::{bench, scrape, sum, ServerProcess};
 use tally_engine::wire::Reject;
 
 fn server(args: &[&str]) -> ServerProcess {
@@ -161,7 +160,7 @@ fn a_full_table_evicts_the_noisiest_address_so_a_real_rank_gets_in() {
     let mut junk: Vec<TcpStream> = (0..64).map(|_| connect_from("127.0.0.2", &srv.addr)).collect();
     wait_metrics(&maddr, "the table did not fill", |m| sum(m, "tally_control_handshakes", "") == 64.0);
     let t0 = Instant::now();
-    common::join_all(common::sum_job("tcp", &srv.addr, 0x5709, 2, 10_000, 3));
+    tally_e2e::join_all(tally_e2e::sum_job("tcp", &srv.addr, 0x5709, 2, 10_000, 3));
     let took = t0.elapsed();
     // Each rank's connection took the place of the oldest junk (no waiting for the 60 s deadline).
     assert!(took < Duration::from_secs(30), "the job waited {took:?}");
@@ -183,7 +182,7 @@ fn busy_ranks_retry_until_the_storm_times_out() {
     // junk reaches its 3 s deadline.
     let held: Vec<TcpStream> = (0..16).map(|_| connect_from("127.0.0.1", &srv.addr)).collect();
     wait_metrics(&maddr, "the junk was not taken in", |m| sum(m, "tally_control_handshakes", "") == 16.0);
-    common::join_all(common::sum_job("tcp", &srv.addr, 0x5707, 2, 10_000, 3));
+    tally_e2e::join_all(tally_e2e::sum_job("tcp", &srv.addr, 0x5707, 2, 10_000, 3));
     assert!(metric(&maddr, "tally_control_refusals_total", "reason=\"busy\"") > 0.0, "the ranks were never told busy");
     drop(held);
     assert!(srv.stop().success());
@@ -195,7 +194,7 @@ fn a_busy_rank_gives_up_at_its_join_deadline_and_says_so() {
     let maddr = srv.metrics_addr();
     let held: Vec<TcpStream> = (0..16).map(|_| connect_from("127.0.0.1", &srv.addr)).collect();
     wait_metrics(&maddr, "the junk was not taken in", |m| sum(m, "tally_control_handshakes", "") == 16.0);
-    let mut cfg = common::client("tcp", &srv.addr, 0x5708, 0, 2);
+    let mut cfg = tally_e2e::client("tcp", &srv.addr, 0x5708, 0, 2);
     cfg.join_timeout = Duration::from_secs(2);
     let t0 = Instant::now();
     let e = match tally_engine::client::Client::connect(cfg)
@@ -244,7 +243,7 @@ fn ten_thousand_idle_connections_cost_little_memory_and_no_thread() {
     assert_eq!(threads1, threads0, "connections cost threads");
     assert_eq!(metric(&maddr, "tally_control_refusals_total", "reason=\"busy\""), 0.0);
     // A real job still joins beside them.
-    common::join_all(common::sum_job("tcp", &srv.addr, 0x570a, 2, 10_000, 2));
+    tally_e2e::join_all(tally_e2e::sum_job("tcp", &srv.addr, 0x570a, 2, 10_000, 2));
     drop(conns);
     wait_metrics(&maddr, "closed connections still counted", |m| sum(m, "tally_control_handshakes", "") == 0.0);
     assert!(srv.stop().success());

@@ -14,15 +14,14 @@
 //! - no operation fails, no element is wrong.
 //!
 //! Link cuts (a server's switch port set down in network namespaces, then
-//! up) are in `tools/tests/linkcut.rs`; the same two through the plugin's
+//! up) are in `tests/suites/linkcut.rs`; the same two through the plugin's
 //! CollNet in `plugin_collnet.rs`. Each test prints one `GRAYFAIL` line with
 //! its figures (see them with `--nocapture`).
-mod common;
-use common::jobloop::{check_gray_outcome, loop_job_with, results, server, GrayOutcome, Shape, StallMeter};
-use common::ServerProcess;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tally_e2e::jobloop::{check_gray_outcome, loop_job_with, results, server, GrayOutcome, Shape, StallMeter};
+use tally_e2e::ServerProcess;
 
 fn signal(s: &ServerProcess, sig: i32) {
     // SAFETY: signalling our own child process, not yet reaped.
@@ -55,7 +54,7 @@ fn sigstop_one_of_three(job: u64, rails: Option<usize>) {
     let progress = Arc::new(AtomicUsize::new(0));
     let shape = Shape { pace: Some(Duration::from_millis(4)), rails, ..Shape::default() };
     let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
-    common::jobloop::wait_for_round(&progress, 40, &ranks);
+    tally_e2e::jobloop::wait_for_round(&progress, 40, &ranks);
     let meter = StallMeter::start(progress.clone());
     let stopped_round = progress.load(Ordering::Relaxed);
     signal(&servers[1], libc::SIGSTOP);
@@ -122,7 +121,7 @@ fn a_rank_that_dies_during_the_join_fails_it_for_the_others_at_once() {
     // Rank 2 says Hello and dies while rank 0, a real client, waits for
     // rank 1; rank 1 comes after.
     let joiner = |rank: u32| {
-        let cfg = common::client("tcp", &srv.addr, job, rank, 3);
+        let cfg = tally_e2e::client("tcp", &srv.addr, job, rank, 3);
         std::thread::spawn(move || {
             let t = Instant::now();
             (join_f32_sum(cfg).err(), t.elapsed())
@@ -136,16 +135,16 @@ fn a_rank_that_dies_during_the_join_fails_it_for_the_others_at_once() {
     let outcomes = vec![rank0.join().unwrap()];
     let late = joiner(1);
     let late = late.join().unwrap();
-    let m = common::scrape(&srv.metrics_addr());
+    let m = tally_e2e::scrape(&srv.metrics_addr());
     eprintln!("GRAYFAIL join: a rank died during the join: the others' errors {outcomes:?}; a later rank's {late:?}");
     for (err, took) in outcomes.iter().chain([&late]) {
         let err = err.as_deref().expect("the join must fail");
         assert!(err.contains("rank 2 left"), "{err}");
         assert!(*took < Duration::from_secs(10), "the join failed only after {took:?}");
     }
-    assert_eq!(common::sum(&m, "tally_control_joins_failed_total", ""), 1.0);
+    assert_eq!(tally_e2e::sum(&m, "tally_control_joins_failed_total", ""), 1.0);
     // The server carries on.
-    common::join_all(common::sum_job("tcp", &srv.addr, 0x9f5, 2, 10_000, 3));
+    tally_e2e::join_all(tally_e2e::sum_job("tcp", &srv.addr, 0x9f5, 2, 10_000, 3));
 }
 
 #[test]
@@ -159,7 +158,7 @@ fn a_rejoin_hello_for_a_job_still_running_here_fences_it() {
     // open, as a partitioned server sees them), then try once more.
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
-            let cfg = common::client("tcp", &srv.addr, job, rank, 2);
+            let cfg = tally_e2e::client("tcp", &srv.addr, job, rank, 2);
             let rx = rx.clone();
             std::thread::spawn(move || -> Result<String, String> {
                 let mut c = tally_engine::client::Client::connect(cfg).map_err(|e| e.to_string())?;
@@ -189,14 +188,14 @@ fn a_rejoin_hello_for_a_job_still_running_here_fences_it() {
     rejoins[0].set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let got = rejoins[0].read_exact(&mut first).is_ok();
     let kind = tally_engine::wire::read::<tally_engine::wire::Header>(&first).ok().and_then(|h| h.check().ok());
-    let m = common::scrape(&srv.metrics_addr());
+    let m = tally_e2e::scrape(&srv.metrics_addr());
     eprintln!("GRAYFAIL fence: the stale job's ranks then saw {errs:?}; the rejoin got {kind:?}");
     assert!(got && kind == Some(tally_engine::wire::Kind::Accept), "the rejoin was not admitted: {kind:?}\n{:?}", srv.log.lock().unwrap());
     for e in &errs {
         let e = e.as_ref().expect("rank thread");
         assert!(e.contains("fenced"), "the stale job's rank was not told it was fenced: {e:?}");
     }
-    assert_eq!(common::sum(&m, "tally_control_jobs_fenced_total", ""), 1.0);
+    assert_eq!(tally_e2e::sum(&m, "tally_control_jobs_fenced_total", ""), 1.0);
     assert!(srv.wait_log("job 0x9f6 ended; its slab regions are free", Duration::from_secs(10)), "the stale job's memory was not freed");
 }
 
@@ -243,7 +242,7 @@ fn a_server_lcore_stuck_in_the_provider_withholds_heartbeats_and_the_ranks_fail_
     let shape = Shape { pace: Some(Duration::from_millis(4)), ..Shape::default() };
     const ROUNDS: usize = 1500;
     let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
-    common::jobloop::wait_for_round(&progress, 10, &ranks);
+    tally_e2e::jobloop::wait_for_round(&progress, 10, &ranks);
     let meter = StallMeter::start(progress.clone());
     let stalled = servers[1].wait_log("fault injection (TALLY_FAULT_STALL)", Duration::from_secs(20));
     let res = results(ranks);
@@ -267,7 +266,7 @@ fn a_server_lcore_stuck_in_the_provider_withholds_heartbeats_and_the_ranks_fail_
 
 /// `tally bench allreduce` as rank `rank` of an agg job over `servers`.
 fn rank_process(servers: &str, boot: &str, job: u64, rank: u32, n: u32) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+    std::process::Command::new(tally_e2e::tally_bin())
         .args(["bench", "allreduce", "--rank", &rank.to_string(), "--ranks", &n.to_string(), "--bootstrap", boot])
         .args(["--job-id", &job.to_string(), "--servers", servers, "--provider", "tcp", "--mode", "agg"])
         .args(["--sizes", "1M", "--iters", "1000", "--warmup", "0"])
@@ -332,7 +331,7 @@ fn a_rank_killed_while_a_frozen_server_holds_the_join_fails_the_others_at_once_t
     }
     // Server 1, resumed, fails the join the ranks left and serves the next job.
     assert!(servers[1].wait_log(&format!("job {job:#x}"), Duration::from_secs(10)), "server 1 never heard of the job");
-    let next = common::jobloop::loop_job(
+    let next = tally_e2e::jobloop::loop_job(
         "tcp",
         &servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>(),
         job + 1,
