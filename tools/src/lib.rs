@@ -5,7 +5,7 @@
 //! Layers, each using only the ones below it:
 //! - [`cmd`]: the commands that are not benchmarks or host preparation
 //!   (`server`, `stats`, `demo`, `settings`);
-//! - [`bench`]: `tally bench reduce | p2p | allreduce | cluster`, their
+//! - [`bench`](mod@bench): `tally bench reduce | p2p | allreduce | cluster`, their
 //!   result rows, tables and plots;
 //! - [`host`]: `tally hugepages | efa-env | doctor`, the host's facts;
 //! - [`collnet_driver`]: the plugin driven as NCCL drives a CollNet;

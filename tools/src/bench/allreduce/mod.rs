@@ -4,11 +4,11 @@
 //! The launcher (what a user runs) hosts a reduction server in-process when
 //! none is given, and runs every rank as a child process of itself (`--rank
 //! i`): separate processes, as real workers are (shm endpoints of one process
-//! must not talk to each other's closing regions). Above [`PROCESS_RANKS`]
+//! must not talk to each other's closing regions). Above [`PROCESS_RANKS`](plan::PROCESS_RANKS)
 //! ranks (or with `--ranks-per-process K`), ranks run as threads instead, K
 //! per child process (`--rank i --ranks-per-process K`: ranks i..i+K), each
 //! thread with its own `Client` and so its own fabric endpoint, as a rank of
-//! its own: up to [`wire::MAX_RANKS`] ranks on one machine. Only agg runs
+//! its own: up to [`wire::MAX_RANKS`](tally_engine::wire::MAX_RANKS) ranks on one machine. Only agg runs
 //! that way (ring ranks talk to each other, and the plugin is one per
 //! process). Ranks meet through a TCP bootstrap (one connection per rank to
 //! rank 0). For each mode and size, after `warmup` all-reduces and one
@@ -17,7 +17,7 @@
 //! loop's mean (wall time / iterations: the `time_us` of nccl-tests) and the
 //! p50, p99 and max of the per-operation times, an operation ending when the
 //! last rank has its result (every rank's timestamps are gathered: one host,
-//! one clock; rank 0's own intervals above [`GATHER_STAMPS`] of them). `--sync` instead starts every
+//! one clock; rank 0's own intervals above [`GATHER_STAMPS`](timing::GATHER_STAMPS) of them). `--sync` instead starts every
 //! all-reduce after a barrier and reports the median (it adds the barrier's
 //! release skew to small sizes). Every rank then checks every element of its last result against the
 //! reference it computes itself (inputs are small integers, so every

@@ -1,7 +1,7 @@
 //! The testbed's network: a namespace per host and one for the switch (a
 //! bridge), a veth link from each host to it, and the `ip` and `tc` that
-//! make them. [`Testbed`] removes what a run made when it is dropped;
-//! [`sweep_stale`] what a killed run left.
+//! make them. `Testbed` removes what a run made when it is dropped;
+//! `sweep_stale` what a killed run left.
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 

@@ -1,4 +1,4 @@
-//! The servers' CPU time, read from /proc/<pid>/stat over the interval of
+//! The servers' CPU time, read from `/proc/<pid>/stat` over the interval of
 //! each timed loop (worker 0's `LOOP` line to its `RESULT` row).
 use crate::bench::report::Row;
 

@@ -22,7 +22,7 @@ pub struct ClusterRow {
     /// the timed loop (the row's `cpu_s`); None where the worker reported none.
     pub worker_cpu_s: Option<f64>,
     /// Every server's CPU seconds together over the same loop (from its
-    /// `LOOP` line to its result, /proc/<pid>/stat); None where a server
+    /// `LOOP` line to its result, `/proc/<pid>/stat`); None where a server
     /// could not be read (no /proc, or it exited). With busy polling every
     /// lcore's whole time; for the ring, servers idling.
     pub server_cpu_s: Option<f64>,

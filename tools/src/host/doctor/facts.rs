@@ -158,7 +158,7 @@ pub(super) fn memlock_limit() -> Option<u64> {
     (r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
-/// Read everything [`evaluate`] needs; `lcores` picks which cores' governors
+/// Read everything [`evaluate`](super::checks::evaluate) needs; `lcores` picks which cores' governors
 /// to read.
 pub fn gather(lcores: &CoreList) -> HostFacts {
     use tally_engine::dataplane::fabric;

@@ -19,7 +19,7 @@
 //! is checked: its threads are never real-time (no SCHED_FIFO/RR), so RT
 //! throttling (`kernel.sched_rt_runtime_us`) is no row.
 //!
-//! The host is read once into [`HostFacts`]; [`evaluate`] is a pure function
+//! The host is read once into [`HostFacts`](facts::HostFacts); [`evaluate`] is a pure function
 //! from the target configuration and those facts to the rows, so the tests
 //! can describe an EFA host, a VM without cpufreq or a misconfigured NUMA
 //! layout without owning one.

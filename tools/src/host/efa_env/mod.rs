@@ -30,7 +30,7 @@
 //!   pages (or libfabric cannot learn that it does); EFA's buffers off huge
 //!   pages.
 //!
-//! [`decide`] is a pure function from [`Facts`] to [`Setting`]s, each with a
+//! [`decide`] is a pure function from [`Facts`](decision::Facts) to [`Setting`](decision::Setting)s, each with a
 //! one-line reason; the table-driven tests (tests.rs) walk every case. `check`
 //! gathers the facts on this host and shows both roles' decisions; `print`
 //! emits one role's settings as shell, a systemd EnvironmentFile or JSON.
