@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Emulated cluster: N server hosts and N worker hosts, each a network namespace
 # with one link to a bridge, shaped with tc tbf to RATE in both directions.
-# A thin wrapper over `tally bench cluster` (tools/src/cluster.rs), which does
+# A thin wrapper over `tally bench cluster` (tools/src/bench/cluster/), which does
 # the work: placement, shaping, agg and ring, the table, cleanup.
 #
 #   scripts/bench/cluster.sh [--rates 1,0.5] [--hosts 4] [--sizes 16M,64M] [--iters 5] [--json] [--plot FILE.svg]

@@ -11,8 +11,14 @@
 //! finalize. The plugin finds the servers in `TALLY_SERVERS`, which this
 //! sets from `--servers` before the library is loaded. This is as close to
 //! NCCL's own use as a host without GPUs gets.
+//!
+//! The sequence itself is [`CollNet`]: one rank's context and communicator,
+//! each step one method in NCCL's order, so that the plugin's tests
+//! (tools/tests/plugin_collnet.rs, plugin_drain.rs) drive it through the same
+//! code as the benchmark ([`CollNetDriver`]: the net context, a [`CollNet`]
+//! and the piece pipeline of one all-reduce).
 #[path = "../../ffi-plugin/src/abi.rs"]
-mod abi;
+pub mod abi;
 
 use abi::{CollNetV11, NcclLogger, NetCommConfig, NetV11, NCCL_NET_HANDLE_MAXSIZE, NCCL_PTR_HOST, NCCL_SUCCESS};
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr, CString};
@@ -20,6 +26,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tally_engine::bootstrap::Bootstrap;
 use tally_engine::reduce::{DataType, ReduceOp};
+
+/// A listen handle, as ranks exchange them before the collective connect.
+pub type Handle = [u8; NCCL_NET_HANDLE_MAXSIZE];
 
 /// The plugin logs with format "%s" and one string argument (ffi-plugin's
 /// log.rs): this fixed-argument function reads exactly that.
@@ -63,14 +72,216 @@ fn check(what: &str, rc: c_int) -> Result<(), String> {
     }
 }
 
-pub struct CollNetDriver {
-    net: &'static NetV11,
-    net_ctx: *mut c_void,
+/// The plugin's v11 tables: the net (CollNet's device rides on net device 0)
+/// and CollNet.
+#[derive(Clone, Copy)]
+pub struct Tables {
+    pub net: &'static NetV11,
+    pub coll: &'static CollNetV11,
+}
+
+/// Loads the plugin as NCCL does (dlopen, RTLD_NOW | RTLD_LOCAL) and finds its
+/// v11 tables. Loading a path again gives the same library and tables.
+pub fn load(lib: &Path) -> Result<Tables, String> {
+    let c = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: a NUL-terminated path; the handle is never closed (NCCL
+    // keeps its plugins loaded, and the plugin is built -z nodelete).
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        // SAFETY: dlerror returns a NUL-terminated message after a failure.
+        let e = unsafe { CStr::from_ptr(libc::dlerror()) }.to_string_lossy().into_owned();
+        return Err(format!("cannot load the NCCL plugin {}: {e} (--plugin PATH)", lib.display()));
+    }
+    // SAFETY: live handle, NUL-terminated names.
+    let (pn, pc) = unsafe { (libc::dlsym(h, c"ncclNetPlugin_v11".as_ptr()), libc::dlsym(h, c"ncclCollNetPlugin_v11".as_ptr())) };
+    if pn.is_null() || pc.is_null() {
+        return Err(format!("{} exports no ncclNetPlugin_v11 / ncclCollNetPlugin_v11", lib.display()));
+    }
+    // SAFETY: the symbols are the plugin's static v11 tables (layouts pinned in abi.rs).
+    let (net, coll) = unsafe { (&*(pn as *const NetV11), &*(pc as *const CollNetV11)) };
+    Ok(Tables { net, coll })
+}
+
+/// An iallreduce in flight, as [`CollNet::post`] handed it out: only a
+/// request the plugin gave can be tested.
+#[derive(Clone, Copy, Debug)]
+pub struct Request(*mut c_void);
+
+/// One rank's ncclCollNet context and communicator, driven step by step in
+/// NCCL's order: [`init`](CollNet::init), [`devices`](CollNet::devices),
+/// [`connect`](CollNet::connect) (listen, the handle exchange, the
+/// collective connect, closeListen), [`reg_mr`](CollNet::reg_mr),
+/// [`post`](CollNet::post) and [`test`](CollNet::test) (or
+/// [`wait_all`](CollNet::wait_all)), then [`close`](CollNet::close)
+/// (deregMr of every buffer, closeColl, finalize), which drop does quietly
+/// when it was not called.
+pub struct CollNet {
     t: &'static CollNetV11,
     ctx: *mut c_void,
+    /// NULL until [`CollNet::connect`].
     comm: *mut c_void,
     /// (address, length, handle) of every buffer registered with regMr.
     mrs: Vec<(usize, usize, *mut c_void)>,
+    closed: bool,
+}
+
+impl CollNet {
+    /// ncclCollNet init: a context for the job `comm_id`, logging to `logger`.
+    pub fn init(t: &'static CollNetV11, comm_id: u64, logger: Option<NcclLogger>) -> Result<CollNet, String> {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a live out-pointer; the logger takes NCCL's calling convention.
+        check("init", unsafe { (t.init)(&mut ctx, comm_id, logger) })?;
+        Ok(CollNet { t, ctx, comm: std::ptr::null_mut(), mrs: Vec::new(), closed: false })
+    }
+
+    /// The CollNet devices the plugin offers (none without servers).
+    pub fn devices(&self) -> Result<c_int, String> {
+        let mut ndev: c_int = 0;
+        // SAFETY: a live out-pointer.
+        check("devices", unsafe { (self.t.devices)(&mut ndev) })?;
+        Ok(ndev)
+    }
+
+    /// Listens on device 0, hands this rank's handle to `exchange` (NCCL's
+    /// bootstrap allgather: every rank's handle, in rank order), connects
+    /// rank `rank` of `nranks` (collective) and closes the listener.
+    pub fn connect(
+        &mut self,
+        rank: usize,
+        nranks: usize,
+        exchange: impl FnOnce(&Handle) -> Result<Vec<Handle>, String>,
+    ) -> Result<(), String> {
+        let mut handle: Handle = [0; NCCL_NET_HANDLE_MAXSIZE];
+        let mut listen = std::ptr::null_mut();
+        // SAFETY: a live context, a handle buffer of the ABI's size and an out-pointer.
+        check("listen", unsafe { (self.t.listen)(self.ctx, 0, handle.as_mut_ptr().cast(), &mut listen) })?;
+        let mut all = exchange(&handle)?;
+        if all.len() != nranks {
+            return Err(format!("the handle exchange gave {} handles for {nranks} ranks", all.len()));
+        }
+        let mut ptrs: Vec<*mut c_void> = all.iter_mut().map(|h| h.as_mut_ptr().cast()).collect();
+        // SAFETY: nranks handle pointers that outlive the call, a live listen comm, an out-pointer.
+        check("connect", unsafe { (self.t.connect)(ptrs.as_mut_ptr(), nranks as c_int, rank as c_int, listen, &mut self.comm) })?;
+        // SAFETY: closed once, after connect, as NCCL does.
+        check("closeListen", unsafe { (self.t.close_listen)(listen) })
+    }
+
+    /// The communicator, for calls beyond the sequence (a test's bad arguments).
+    pub fn comm(&self) -> *mut c_void {
+        self.comm
+    }
+
+    /// regMr of `len` bytes at `p` (host memory), once per buffer: a range
+    /// inside one registered before reuses its handle. The buffer must stay
+    /// valid until [`CollNet::close`] (or drop) deregisters it.
+    pub fn reg_mr(&mut self, p: *const u8, len: usize) -> Result<*mut c_void, String> {
+        let a = p as usize;
+        if let Some(&(_, _, mh)) = self.mrs.iter().find(|(s, l, _)| *s <= a && a + len <= s + l) {
+            return Ok(mh);
+        }
+        let mut mh = std::ptr::null_mut();
+        // SAFETY: live comm; the caller keeps the buffer valid while registered.
+        check("regMr", unsafe { (self.t.reg_mr)(self.comm, p as *mut c_void, len, NCCL_PTR_HOST, &mut mh) })?;
+        self.mrs.push((a, len, mh));
+        Ok(mh)
+    }
+
+    /// One iallreduce of `count` elements: Some(request), or None when the
+    /// plugin did not take it now (NCCL tries again after testing others).
+    ///
+    /// # Safety
+    /// `send` and `recv` hold `count` elements of `dtype`, inside the
+    /// buffers of `smh` and `rmh`, and stay valid (`send` unchanged) until
+    /// the request completes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn post(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: c_int,
+        op: c_int,
+        smh: *mut c_void,
+        rmh: *mut c_void,
+    ) -> Result<Option<Request>, String> {
+        let mut req = std::ptr::null_mut();
+        // SAFETY: the caller's contract above; a live comm.
+        check("iallreduce", unsafe {
+            (self.t.iallreduce)(self.comm, send as *mut c_void, recv.cast(), count, dtype, op, smh, rmh, &mut req)
+        })?;
+        Ok((!req.is_null()).then_some(Request(req)))
+    }
+
+    /// Tests `req`: Some(bytes) once done (bytes only when `sized`: NCCL
+    /// may pass a NULL size), None while it is in flight.
+    pub fn test(&self, req: Request, sized: bool) -> Result<Option<Option<usize>>, String> {
+        let (mut done, mut size): (c_int, c_int) = (0, 0);
+        let size_ptr = if sized { &mut size as *mut c_int } else { std::ptr::null_mut() };
+        // SAFETY: a request of this comm (only `post` makes one); size_ptr is NULL or ours.
+        check("test", unsafe { (self.t.test)(req.0, &mut done, size_ptr) })?;
+        Ok((done == 1).then(|| sized.then_some(size as usize)))
+    }
+
+    /// Tests every request in `reqs` (None: done) until all are done, each
+    /// then set to None; request k must report `expect[k]` bytes where that
+    /// is Some (tested with a size pointer), and is tested without one
+    /// where it is None. Fails after `deadline`.
+    pub fn wait_all(&self, reqs: &mut [Option<Request>], expect: &[Option<usize>], deadline: Instant) -> Result<(), String> {
+        let mut left = reqs.iter().flatten().count();
+        while left > 0 {
+            for (k, slot) in reqs.iter_mut().enumerate() {
+                let Some(req) = *slot else { continue };
+                let want = expect.get(k).copied().flatten();
+                let Some(size) = self.test(req, want.is_some()).map_err(|e| format!("request {k}: {e}"))? else { continue };
+                if size != want {
+                    return Err(format!("request {k}: test reported {size:?} bytes, expected {want:?}"));
+                }
+                *slot = None;
+                left -= 1;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{left} requests not done in time"));
+            }
+        }
+        Ok(())
+    }
+
+    /// deregMr of every registration, closeColl, finalize: the first error, if any.
+    pub fn close(mut self) -> Result<(), String> {
+        self.closed = true;
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), String> {
+        let mut first = Ok(());
+        // SAFETY: registrations and comm of this context, released once, then the context.
+        unsafe {
+            for &(_, _, mh) in &self.mrs {
+                first = first.and(check("deregMr", (self.t.dereg_mr)(self.comm, mh)));
+            }
+            if !self.comm.is_null() {
+                first = first.and(check("closeColl", (self.t.close_coll)(self.comm)));
+            }
+            first.and(check("finalize", (self.t.finalize)(self.ctx)))
+        }
+    }
+}
+
+impl Drop for CollNet {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = self.release();
+        }
+    }
+}
+
+/// `--mode agg-plugin`'s all-reduce: the net context, one [`CollNet`], and
+/// NCCL's pipeline of iallreduce pieces.
+pub struct CollNetDriver {
+    net: &'static NetV11,
+    net_ctx: *mut c_void,
+    /// Dropped (closed) before the net context is finalized.
+    coll: Option<CollNet>,
     piece: usize,
     in_flight: usize,
     timeout: Duration,
@@ -105,116 +316,58 @@ impl CollNetDriver {
         // The plugin's client cuts each iallreduce into chunks of this size,
         // as `--mode agg` does (TALLY_CHUNK is what a user sets for NCCL).
         std::env::set_var("TALLY_CHUNK", chunk.to_string());
-        let c = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
-        // SAFETY: a NUL-terminated path; the handle is never closed (NCCL
-        // keeps its plugins loaded, and the plugin is built -z nodelete).
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if h.is_null() {
-            // SAFETY: dlerror returns a NUL-terminated message after a failure.
-            let e = unsafe { CStr::from_ptr(libc::dlerror()) }.to_string_lossy().into_owned();
-            return Err(format!("cannot load the NCCL plugin {}: {e} (--plugin PATH)", lib.display()));
+        let tables = load(lib)?;
+        let (rank, n) = (boot.rank() as usize, boot.nranks() as usize);
+        // NCCL initialises the net first: CollNet's device rides on net device 0.
+        let mut net_ctx = std::ptr::null_mut();
+        let mut cfg = NetCommConfig { traffic_class: -1 };
+        // SAFETY: live out-pointers; the logger takes NCCL's calling convention.
+        check("net init", unsafe { (tables.net.init)(&mut net_ctx, job_id, &mut cfg, logger(), std::ptr::null_mut()) })?;
+        let mut driver =
+            CollNetDriver { net: tables.net, net_ctx, coll: None, piece: piece.max(1), in_flight: in_flight.clamp(1, 32), timeout };
+        let mut coll = CollNet::init(tables.coll, job_id, logger())?;
+        if coll.devices()? < 1 {
+            return Err("the plugin offers no CollNet device (is TALLY_SERVERS reachable?)".into());
         }
-        // SAFETY: live handle, NUL-terminated names.
-        let (pn, pc) = unsafe { (libc::dlsym(h, c"ncclNetPlugin_v11".as_ptr()), libc::dlsym(h, c"ncclCollNetPlugin_v11".as_ptr())) };
-        if pn.is_null() || pc.is_null() {
-            return Err(format!("{} exports no ncclNetPlugin_v11 / ncclCollNetPlugin_v11", lib.display()));
-        }
-        // SAFETY: the symbols are the plugin's static v11 tables (layouts pinned in abi.rs).
-        let (net, t): (&'static NetV11, &'static CollNetV11) = unsafe { (&*(pn as *const NetV11), &*(pc as *const CollNetV11)) };
-        let rank = boot.rank();
-        let n = boot.nranks();
-        let (mut net_ctx, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: every call passes live out-pointers and the plugin's own objects, in NCCL's order.
-        unsafe {
-            // NCCL initialises the net first: CollNet's device rides on net device 0.
-            let mut cfg = NetCommConfig { traffic_class: -1 };
-            check("net init", (net.init)(&mut net_ctx, job_id, &mut cfg, logger(), std::ptr::null_mut()))?;
-            check("init", (t.init)(&mut ctx, job_id, logger()))?;
-            let mut ndev: c_int = 0;
-            check("devices", (t.devices)(&mut ndev))?;
-            if ndev < 1 {
-                return Err("the plugin offers no CollNet device (is TALLY_SERVERS reachable?)".into());
-            }
-            let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
-            let mut listen = std::ptr::null_mut();
-            check("listen", (t.listen)(ctx, 0, handle.as_mut_ptr().cast(), &mut listen))?;
-            let mut all = boot.allgather(&handle).map_err(|e| e.to_string())?;
-            let mut ptrs: Vec<*mut c_void> = all.iter_mut().map(|h| h.as_mut_ptr().cast()).collect();
-            let mut comm = std::ptr::null_mut();
-            check("connect", (t.connect)(ptrs.as_mut_ptr(), n as c_int, rank as c_int, listen, &mut comm))?;
-            check("closeListen", (t.close_listen)(listen))?;
-            Ok(CollNetDriver {
-                net,
-                net_ctx,
-                t,
-                ctx,
-                comm,
-                mrs: Vec::new(),
-                piece: piece.max(1),
-                in_flight: in_flight.clamp(1, 32),
-                timeout,
-            })
-        }
-    }
-
-    fn mr(&mut self, p: *const u8, len: usize) -> Result<*mut c_void, String> {
-        let a = p as usize;
-        if let Some(&(_, _, mh)) = self.mrs.iter().find(|(s, l, _)| *s <= a && a + len <= s + l) {
-            return Ok(mh);
-        }
-        let mut mh = std::ptr::null_mut();
-        // SAFETY: live comm; the caller's buffer outlives the registration (dropped with self).
-        check("regMr", unsafe { (self.t.reg_mr)(self.comm, p as *mut c_void, len, NCCL_PTR_HOST, &mut mh) })?;
-        self.mrs.push((a, len, mh));
-        Ok(mh)
+        coll.connect(rank, n, |h| {
+            let all = boot.allgather(h).map_err(|e| e.to_string())?;
+            all.iter().map(|h| Handle::try_from(h.as_slice()).map_err(|_| format!("a handle of {} bytes", h.len()))).collect()
+        })?;
+        driver.coll = Some(coll);
+        Ok(driver)
     }
 
     /// One all-reduce of `send` into `recv`, cut into pieces of at most
     /// `piece` bytes with up to `in_flight` of them outstanding.
     pub fn allreduce(&mut self, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), String> {
+        let coll = self.coll.as_mut().expect("connected in open");
         let (es, len) = (dtype.size(), send.len());
-        let (smh, rmh) = (self.mr(send.as_ptr(), len)?, self.mr(recv.as_ptr(), len)?);
+        let (smh, rmh) = (coll.reg_mr(send.as_ptr(), len)?, coll.reg_mr(recv.as_ptr(), len)?);
         let piece = (self.piece / es).max(1) * es;
         let pieces = len.div_ceil(piece);
         // The engine's types and ops carry NCCL's codes as discriminants.
         let (dt, rop) = (dtype as c_int, op as c_int);
-        let mut reqs: Vec<(*mut c_void, usize)> = Vec::with_capacity(self.in_flight);
+        let mut reqs: Vec<(Request, usize)> = Vec::with_capacity(self.in_flight);
         let (mut next, mut done) = (0usize, 0usize);
         let deadline = Instant::now() + self.timeout;
         while done < pieces {
             while next < pieces && reqs.len() < self.in_flight {
                 let off = next * piece;
                 let bytes = piece.min(len - off);
-                let mut req = std::ptr::null_mut();
                 // SAFETY: both ranges lie inside the caller's buffers, which stay
                 // valid until every request of this call completed (we wait below).
-                check("iallreduce", unsafe {
-                    (self.t.iallreduce)(
-                        self.comm,
-                        send.as_ptr().add(off) as *mut c_void,
-                        recv.as_mut_ptr().add(off).cast(),
-                        bytes / es,
-                        dt,
-                        rop,
-                        smh,
-                        rmh,
-                        &mut req,
-                    )
-                })?;
-                if req.is_null() {
+                let posted = unsafe { coll.post(send.as_ptr().add(off), recv.as_mut_ptr().add(off), bytes / es, dt, rop, smh, rmh) }?;
+                let Some(req) = posted else {
                     break; // not accepted now: NCCL retries after testing others
-                }
+                };
                 reqs.push((req, bytes));
                 next += 1;
             }
             let (mut i, before) = (0, done);
             while i < reqs.len() {
-                let (mut fin, mut size): (c_int, c_int) = (0, 0);
-                // SAFETY: a live request of this comm.
-                check("test", unsafe { (self.t.test)(reqs[i].0, &mut fin, &mut size) })?;
-                if fin == 1 {
-                    if size as usize != reqs[i].1 {
-                        return Err(format!("test reported {size} bytes for a piece of {}", reqs[i].1));
+                if let Some(size) = coll.test(reqs[i].0, true)? {
+                    if size != Some(reqs[i].1) {
+                        return Err(format!("test reported {size:?} bytes for a piece of {}", reqs[i].1));
                     }
                     reqs.swap_remove(i);
                     done += 1;
@@ -236,14 +389,9 @@ impl CollNetDriver {
 
 impl Drop for CollNetDriver {
     fn drop(&mut self) {
-        // SAFETY: registrations and comm of this driver, released once, then the context.
-        unsafe {
-            for &(_, _, mh) in &self.mrs {
-                let _ = (self.t.dereg_mr)(self.comm, mh);
-            }
-            let _ = (self.t.close_coll)(self.comm);
-            let _ = (self.t.finalize)(self.ctx);
-            let _ = (self.net.finalize)(self.net_ctx);
-        }
+        // The CollNet side first (deregMr, closeColl, finalize), then the net.
+        drop(self.coll.take());
+        // SAFETY: the net context of this driver, finalized once.
+        let _ = unsafe { (self.net.finalize)(self.net_ctx) };
     }
 }

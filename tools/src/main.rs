@@ -1,23 +1,12 @@
 //! `tally`: run reduction servers, benchmark them, prepare hosts.
+//!
+//! This file is the command line only: the `Cli` tree, and one call into the
+//! library (`tally_cli`) per command. What each command does lives there.
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
-
-mod bench_allreduce;
-mod bench_p2p;
-mod bench_p2p_fan;
-mod bench_reduce;
-mod cli_args;
-mod cluster;
-mod collnet_driver;
-mod demo;
-mod host;
-mod logfile;
-mod plot;
-mod progress;
-mod server_check;
-mod server_cmd;
-mod settings_cmd;
-mod stats_cmd;
+use tally_cli::bench::{allreduce, cluster, p2p, reduce};
+use tally_cli::cmd::{demo, server, settings, stats};
+use tally_cli::{host, logfile};
 
 /// What `tally --help` ends with: the exit statuses every command keeps to.
 const EXIT_STATUS: &str = "\
@@ -37,9 +26,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a reduction server; SIGTERM/SIGINT drains it (jobs move to other servers), a second one stops it.
-    Server(server_cmd::ServerArgs),
+    Server(server::ServerArgs),
     /// Live per-lcore view of a server's /metrics (like top); --once --json for scripts.
-    Stats(stats_cmd::StatsArgs),
+    Stats(stats::StatsArgs),
     /// The main job: a server and 4 ranks on this machine, agg vs ring, verified.
     Demo(demo::DemoArgs),
     /// Hugepage pools and hugetlbfs mounts (what dpdk-hugepages does).
@@ -49,7 +38,7 @@ enum Command {
     /// Is this host ready to run a reduction server?
     Doctor(host::DoctorArgs),
     /// Every TALLY_* variable and server configuration key: default, who reads it, what it does.
-    Settings(settings_cmd::SettingsArgs),
+    Settings(settings::SettingsArgs),
     /// Benchmarks: reduce kernels, the transport, all-reduce on this machine, an emulated cluster.
     #[command(subcommand)]
     Bench(Bench),
@@ -58,15 +47,15 @@ enum Command {
 #[derive(Subcommand)]
 enum Bench {
     /// Reduction kernels: GB/s and roofline fraction against memcpy.
-    Reduce(bench_reduce::ReduceArgs),
+    Reduce(reduce::ReduceArgs),
     /// The transport alone: ping-pong latency and streaming bandwidth (--hubs/--leaves: many streams each way).
     #[command(long_about = "Tagged ping-pong latency and streaming bandwidth over tally's fabric layer; \
         --hubs/--leaves: many streams each way, the ceiling for server core scaling.")]
-    P2p(bench_p2p::P2pArgs),
+    P2p(p2p::args::P2pArgs),
     /// All-reduce through reduction servers (agg) against ring, ranks on this machine.
-    Allreduce(bench_allreduce::AllreduceArgs),
+    Allreduce(allreduce::plan::AllreduceArgs),
     /// Emulated cluster: N servers + N workers in network namespaces with shaped links (root).
-    Cluster(cluster::ClusterArgs),
+    Cluster(cluster::args::ClusterArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,16 +63,16 @@ fn main() -> ExitCode {
     // A usage error exits 2 (clap's own status), before any command runs.
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Server(args) => server_cmd::run(args),
-        Command::Stats(args) => stats_cmd::run(args),
+        Command::Server(args) => server::run(args),
+        Command::Stats(args) => stats::run(args),
         Command::Demo(args) => demo::run(args),
-        Command::Bench(Bench::Reduce(args)) => bench_reduce::run(args),
-        Command::Bench(Bench::P2p(args)) => bench_p2p::run(args),
-        Command::Bench(Bench::Allreduce(args)) => bench_allreduce::run(args),
+        Command::Bench(Bench::Reduce(args)) => reduce::run(args),
+        Command::Bench(Bench::P2p(args)) => p2p::run(args),
+        Command::Bench(Bench::Allreduce(args)) => allreduce::run(args),
         Command::Bench(Bench::Cluster(args)) => cluster::run(args),
         Command::Hugepages(args) => host::run_hugepages(args),
         Command::EfaEnv(args) => host::run_efa_env(args),
-        Command::Settings(args) => settings_cmd::run(args),
+        Command::Settings(args) => settings::run(args),
         Command::Doctor(args) => match host::run_doctor(args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code),

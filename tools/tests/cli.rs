@@ -3,9 +3,8 @@
 //! across commands (one name, old names still taken), and a server start
 //! that warns about the open files limit only when its configuration can
 //! really run past it.
-mod common;
-use common::ServerProcess;
 use std::process::{Command, Output};
+use tally_e2e::ServerProcess;
 
 fn tally(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tally")).args(args).output().expect("run tally")

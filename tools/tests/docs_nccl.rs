@@ -29,11 +29,10 @@
 //!   page's table; the figures it quotes from the code still hold.
 //!
 //! Nothing here needs a GPU, EFA or root, and nothing changes the host.
-mod common;
-use common::show_output as show;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tally_e2e::show_output as show;
 use tally_engine::host::config::ServerFile;
 
 const DOC: &str = "docs/nccl.md";

@@ -2,10 +2,9 @@
 //! while and after a job runs, and the counters must have moved by exactly
 //! what the clients sent; `tally stats --once --json` reads the same
 //! endpoint.
-mod common;
-use common::{get, scrape, sum, ServerProcess};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
+use tally_e2e::{get, scrape, sum, ServerProcess};
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, ReduceOp};
 

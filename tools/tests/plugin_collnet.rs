@@ -4,22 +4,25 @@
 //! init, devices, getProperties, listen, a collective connect, regMr, many
 //! iallreduce/test rounds (several in flight, every element checked), bad
 //! arguments, close, finalize. Over tcp;ofi_rxm and shm, with 2 and 4 ranks
-//! (4 ranks striped over two servers).
+//! (4 ranks striped over two servers). The sequence is the library's
+//! (`tally_cli::collnet_driver::CollNet`, which `bench allreduce --mode
+//! agg-plugin` drives too); the checks between its steps are this test's.
 //!
 //! The servers are separate processes: shm endpoints of one process map
 //! each other's memory, and a server in the test process would tear that
 //! down under its clients. The plugin library must have been built in the
 //! same profile (`cargo build -p tally-nccl-plugin`, or the workspace).
-mod common;
+mod collnet_threads;
 #[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
 
-use common::ServerProcess;
+use collnet_threads::{until_accepted, HandleBoard};
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 use support::abi::*;
 use support::*;
+use tally_cli::collnet_driver::{self, abi::CollNetV11 as CollNetV11Lib, CollNet};
+use tally_e2e::ServerProcess;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -110,15 +113,12 @@ fn check_result(case: Case, n: usize, got: &[u8], what: &str) {
     }
 }
 
-fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, net_name: &str) {
+fn rank_main(p: &Plugin, coll: &'static CollNetV11Lib, r: usize, n: usize, board: &HandleBoard, net_name: &str) {
     let t = p.coll11;
-    let mut ctx = null();
-    // SAFETY: valid out-pointer; the logger matches NCCL's calling convention.
+    let mut c = CollNet::init(coll, 0xc011_0000 + r as u64, logger()).unwrap();
+    assert_eq!(c.devices().unwrap(), 1, "one CollNet device when TALLY_SERVERS is set");
+    // SAFETY: valid out-pointers to plain C structs, for which all zeroes is valid.
     unsafe {
-        assert_eq!((t.init)(&mut ctx, 0xc011_0000 + r as u64, logger()), NCCL_SUCCESS);
-        let mut ndev: c_int = -1;
-        assert_eq!((t.devices)(&mut ndev), NCCL_SUCCESS);
-        assert_eq!(ndev, 1, "one CollNet device when TALLY_SERVERS is set");
         let mut props: NetPropertiesV11 = std::mem::zeroed();
         assert_eq!((t.get_properties)(0, &mut props), NCCL_SUCCESS);
         assert_eq!(CStr::from_ptr(props.name).to_str().unwrap(), net_name, "CollNet rides on the net device");
@@ -128,86 +128,38 @@ fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>,
         assert_eq!((v12.name, v12.pci_path, v12.rail_id), (props.name, props.pci_path, NCCL_NET_ID_UNDEF));
     }
     // listen, exchange every rank's handle, connect (collective, blocking)
-    let mut h = [0u8; HANDLE];
-    let mut listen = null();
-    // SAFETY: valid context, handle buffer and out-pointer.
-    assert_eq!(unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), &mut listen) }, NCCL_SUCCESS);
-    handles.lock().unwrap()[r] = h;
-    barrier.wait();
-    let mut all = handles.lock().unwrap().clone();
-    let mut ptrs: Vec<*mut c_void> = all.iter_mut().map(|h| h.as_mut_ptr().cast()).collect();
-    let mut comm = null();
-    // SAFETY: nranks handle pointers, a live listen comm.
-    assert_eq!(unsafe { (t.connect)(ptrs.as_mut_ptr(), n as c_int, r as c_int, listen, &mut comm) }, NCCL_SUCCESS, "rank {r}: connect");
-    assert!(!comm.is_null());
-    // SAFETY: closed once, after connect, as NCCL does.
-    assert_eq!(unsafe { (t.close_listen)(listen) }, NCCL_SUCCESS);
+    c.connect(r, n, |h| Ok(board.allgather(r, h))).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    assert!(!c.comm().is_null());
+    let comm = c.comm();
 
     // Every case in flight at once (all ranks issue them in the same order).
     let cases = cases();
     let sends: Vec<Vec<u8>> = cases.iter().map(|&c| buffer(c, r)).collect();
     let mut recvs: Vec<Vec<u8>> = cases.iter().map(|c| vec![0xeeu8; c.count * elem_size(c.dtype)]).collect();
-    let mut mhs = Vec::new();
-    for (s, rv) in sends.iter().zip(recvs.iter_mut()) {
-        let (mut a, mut b) = (null(), null());
-        // SAFETY: live comm; buffers outlive the registrations.
-        unsafe {
-            assert_eq!((t.reg_mr)(comm, s.as_ptr() as *mut c_void, s.len(), NCCL_PTR_HOST, &mut a), NCCL_SUCCESS);
-            assert_eq!((t.reg_mr)(comm, rv.as_mut_ptr().cast(), rv.len(), NCCL_PTR_HOST, &mut b), NCCL_SUCCESS);
-        }
-        mhs.push((a, b));
-    }
+    let mhs: Vec<_> = sends
+        .iter()
+        .zip(recvs.iter_mut())
+        .map(|(s, rv)| (c.reg_mr(s.as_ptr(), s.len()).unwrap(), c.reg_mr(rv.as_ptr(), rv.len()).unwrap()))
+        .collect();
     // SAFETY: a CUDA registration is refused.
     assert_eq!(unsafe { (t.reg_mr)(comm, recvs[0].as_mut_ptr().cast(), 4, NCCL_PTR_CUDA, &mut null(),) }, NCCL_INVALID_ARGUMENT);
     let t0 = Instant::now();
+    // test() with a size pointer for even requests, NULL for odd ones (NCCL passes either).
+    let expect: Vec<Option<usize>> = cases.iter().enumerate().map(|(k, c)| (k % 2 == 0).then_some(c.count * elem_size(c.dtype))).collect();
     for round in 0..2 {
-        let mut reqs = vec![null(); cases.len()];
-        for (k, c) in cases.iter().enumerate() {
-            loop {
-                // SAFETY: live comm; both buffers hold count elements and
-                // stay valid until the request completes.
-                let rc = unsafe {
-                    (t.iallreduce)(
-                        comm,
-                        sends[k].as_ptr() as *mut c_void,
-                        recvs[k].as_mut_ptr().cast(),
-                        c.count,
-                        c.dtype,
-                        c.op,
-                        mhs[k].0,
-                        mhs[k].1,
-                        &mut reqs[k],
-                    )
-                };
-                assert_eq!(rc, NCCL_SUCCESS, "iallreduce {c:?}");
-                if !reqs[k].is_null() {
-                    break;
-                }
-                assert!(t0.elapsed() < TIMEOUT);
-            }
+        let mut reqs = vec![None; cases.len()];
+        for (k, case) in cases.iter().enumerate() {
+            // SAFETY: both buffers hold count elements and stay valid until the request completes.
+            reqs[k] = Some(
+                until_accepted(t0 + TIMEOUT, || unsafe {
+                    c.post(sends[k].as_ptr(), recvs[k].as_mut_ptr(), case.count, case.dtype, case.op, mhs[k].0, mhs[k].1)
+                })
+                .unwrap_or_else(|e| panic!("iallreduce {case:?}: {e}")),
+            );
         }
-        let mut left = cases.len();
-        while left > 0 {
-            for (k, req) in reqs.iter_mut().enumerate() {
-                if req.is_null() {
-                    continue;
-                }
-                let (mut done, mut size) = (0, -1);
-                let sz = if k % 2 == 0 { &mut size as *mut c_int } else { std::ptr::null_mut() };
-                // SAFETY: a request of a live comm.
-                assert_eq!(unsafe { (t.test)(*req, &mut done, sz) }, NCCL_SUCCESS, "rank {r}: test {:?}", cases[k]);
-                if done == 1 {
-                    if !sz.is_null() {
-                        assert_eq!(size as usize, cases[k].count * elem_size(cases[k].dtype));
-                    }
-                    *req = null();
-                    left -= 1;
-                }
-            }
-            assert!(t0.elapsed() < TIMEOUT, "rank {r}: {left} all-reduces not done");
-        }
-        for (k, &c) in cases.iter().enumerate() {
-            check_result(c, n, &recvs[k], &format!("rank {r} round {round}"));
+        c.wait_all(&mut reqs, &expect, t0 + TIMEOUT).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        for (k, &case) in cases.iter().enumerate() {
+            check_result(case, n, &recvs[k], &format!("rank {r} round {round}"));
             recvs[k].fill(0xee);
         }
     }
@@ -226,30 +178,20 @@ fn rank_main(p: &Plugin, r: usize, n: usize, handles: &Mutex<Vec<[u8; HANDLE]>>,
         assert!(req.is_null(), "host memory needs no flush");
     }
     eprintln!("rank {r}/{n}: {} all-reduces x 2 rounds in {:?}", cases.len(), t0.elapsed());
-    barrier.wait();
-    for (a, b) in mhs {
-        // SAFETY: registrations of this comm, removed once.
-        unsafe {
-            assert_eq!((t.dereg_mr)(comm, a), NCCL_SUCCESS);
-            assert_eq!((t.dereg_mr)(comm, b), NCCL_SUCCESS);
-        }
-    }
-    // SAFETY: live comm and context, closed and finalized once.
-    unsafe {
-        assert_eq!((t.close_coll)(comm), NCCL_SUCCESS);
-        assert_eq!((t.finalize)(ctx), NCCL_SUCCESS);
-    }
-    barrier.wait();
+    board.barrier.wait();
+    // deregMr of every buffer, closeColl, finalize: each must succeed.
+    c.close().unwrap();
+    board.barrier.wait();
 }
 
 fn run_job(p: &Plugin, n: usize, net_name: &str) {
-    let handles = Mutex::new(vec![[0u8; HANDLE]; n]);
-    let barrier = Barrier::new(n);
+    let coll = collnet_driver::load(&p.path).unwrap().coll;
+    let board = HandleBoard::new(n);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (handles, barrier) = (&handles, &barrier);
-                s.spawn(move || rank_main(p, r, n, handles, barrier, net_name))
+                let board = &board;
+                s.spawn(move || rank_main(p, coll, r, n, board, net_name))
             })
             .collect();
         for h in hs {

@@ -6,19 +6,21 @@
 //! to go) or SIGKILLed (failover, tcp) mid-loop. Either way no call fails
 //! and every element is right: NCCL would never see an error. (Its own test binary: it
 //! sets TALLY_SERVERS and TALLY_PROVIDER for the plugin in this process.)
+//! The NCCL sequence is the library's (`tally_cli::collnet_driver::CollNet`).
 //! The plugin library must have been built in the same profile
 //! (`cargo build -p tally-nccl-plugin`, or the workspace).
-mod common;
+mod collnet_threads;
 #[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
 
-use common::ServerProcess;
-use std::ffi::{c_int, c_void};
+use collnet_threads::{until_accepted, HandleBoard};
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::abi::*;
 use support::*;
+use tally_cli::collnet_driver::{self, abi::CollNetV11, CollNet};
+use tally_e2e::ServerProcess;
 
 const F32: c_int = 7;
 const SUM: c_int = 0;
@@ -40,37 +42,18 @@ struct Pace {
     sleep: Duration,
 }
 
-fn rank_main(p: &Plugin, r: usize, n: usize, pace: Pace, handles: &Mutex<Vec<[u8; HANDLE]>>, barrier: &Barrier, progress: &AtomicUsize) {
+fn rank_main(coll: &'static CollNetV11, r: usize, n: usize, pace: Pace, board: &HandleBoard, progress: &AtomicUsize) {
     let rounds = pace.rounds;
-    let t = p.coll11;
-    let mut ctx = null();
-    // SAFETY: valid out-pointer; the logger matches NCCL's calling convention.
-    assert_eq!(unsafe { (t.init)(&mut ctx, 0xd4a1_0000 + r as u64, logger()) }, NCCL_SUCCESS);
-    let mut h = [0u8; HANDLE];
-    let mut listen = null();
-    // SAFETY: valid context, handle buffer and out-pointer.
-    assert_eq!(unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), &mut listen) }, NCCL_SUCCESS);
-    handles.lock().unwrap()[r] = h;
-    barrier.wait();
-    let mut all = handles.lock().unwrap().clone();
-    let mut ptrs: Vec<*mut c_void> = all.iter_mut().map(|h| h.as_mut_ptr().cast()).collect();
-    let mut comm = null();
-    // SAFETY: nranks handle pointers, a live listen comm.
-    assert_eq!(unsafe { (t.connect)(ptrs.as_mut_ptr(), n as c_int, r as c_int, listen, &mut comm) }, NCCL_SUCCESS, "rank {r}: connect");
-    // SAFETY: closed once, after connect, as NCCL does.
-    assert_eq!(unsafe { (t.close_listen)(listen) }, NCCL_SUCCESS);
+    let mut c = CollNet::init(coll, 0xd4a1_0000 + r as u64, logger()).unwrap();
+    c.connect(r, n, |h| Ok(board.allgather(r, h))).unwrap_or_else(|e| panic!("rank {r}: connect: {e}"));
     let mut sends: Vec<Vec<f32>> = COUNTS.iter().map(|&c| vec![0f32; c]).collect();
     let mut recvs: Vec<Vec<f32>> = COUNTS.iter().map(|&c| vec![0f32; c]).collect();
-    let mut mhs = Vec::new();
-    for (s, rv) in sends.iter_mut().zip(recvs.iter_mut()) {
-        let (mut a, mut b) = (null(), null());
-        // SAFETY: live comm; the buffers outlive the registrations (never reallocated).
-        unsafe {
-            assert_eq!((t.reg_mr)(comm, s.as_mut_ptr().cast(), s.len() * 4, NCCL_PTR_HOST, &mut a), NCCL_SUCCESS);
-            assert_eq!((t.reg_mr)(comm, rv.as_mut_ptr().cast(), rv.len() * 4, NCCL_PTR_HOST, &mut b), NCCL_SUCCESS);
-        }
-        mhs.push((a, b));
-    }
+    // The buffers outlive the registrations (never reallocated).
+    let mhs: Vec<_> = sends
+        .iter()
+        .zip(&recvs)
+        .map(|(s, rv)| (c.reg_mr(s.as_ptr().cast(), s.len() * 4).unwrap(), c.reg_mr(rv.as_ptr().cast(), rv.len() * 4).unwrap()))
+        .collect();
     let t0 = Instant::now();
     for round in 0..rounds {
         for (k, s) in sends.iter_mut().enumerate() {
@@ -78,47 +61,18 @@ fn rank_main(p: &Plugin, r: usize, n: usize, pace: Pace, handles: &Mutex<Vec<[u8
                 *v = value(r, i, round, k);
             }
         }
-        let mut reqs = vec![null(); COUNTS.len()];
+        let mut reqs = vec![None; COUNTS.len()];
         for k in 0..COUNTS.len() {
-            loop {
-                // SAFETY: live comm; both buffers hold COUNTS[k] f32 and stay
-                // valid and untouched until the request completes.
-                let rc = unsafe {
-                    (t.iallreduce)(
-                        comm,
-                        sends[k].as_mut_ptr().cast(),
-                        recvs[k].as_mut_ptr().cast(),
-                        COUNTS[k],
-                        F32,
-                        SUM,
-                        mhs[k].0,
-                        mhs[k].1,
-                        &mut reqs[k],
-                    )
-                };
-                assert_eq!(rc, NCCL_SUCCESS, "rank {r} round {round}: iallreduce {k}");
-                if !reqs[k].is_null() {
-                    break;
-                }
-                assert!(t0.elapsed() < TIMEOUT);
-            }
+            // SAFETY: both buffers hold COUNTS[k] f32 and stay valid and
+            // untouched until the request completes.
+            reqs[k] = Some(
+                until_accepted(t0 + TIMEOUT, || unsafe {
+                    c.post(sends[k].as_ptr().cast(), recvs[k].as_mut_ptr().cast(), COUNTS[k], F32, SUM, mhs[k].0, mhs[k].1)
+                })
+                .unwrap_or_else(|e| panic!("rank {r} round {round}: iallreduce {k}: {e}")),
+            );
         }
-        let mut left = COUNTS.len();
-        while left > 0 {
-            for (k, req) in reqs.iter_mut().enumerate() {
-                if req.is_null() {
-                    continue;
-                }
-                let mut done = 0;
-                // SAFETY: a request of a live comm.
-                assert_eq!(unsafe { (t.test)(*req, &mut done, std::ptr::null_mut()) }, NCCL_SUCCESS, "rank {r} round {round}: test {k}");
-                if done == 1 {
-                    *req = null();
-                    left -= 1;
-                }
-            }
-            assert!(t0.elapsed() < TIMEOUT, "rank {r} round {round}: {left} all-reduces not done");
-        }
+        c.wait_all(&mut reqs, &[], t0 + TIMEOUT).unwrap_or_else(|e| panic!("rank {r} round {round}: {e}"));
         for (k, out) in recvs.iter().enumerate() {
             for (i, v) in out.iter().enumerate() {
                 let want: f32 = (0..n).map(|q| value(q, i, round, k)).sum();
@@ -132,19 +86,9 @@ fn rank_main(p: &Plugin, r: usize, n: usize, pace: Pace, handles: &Mutex<Vec<[u8
             std::thread::sleep(pace.sleep);
         }
     }
-    barrier.wait();
-    for (a, b) in mhs {
-        // SAFETY: registrations of this comm, removed once.
-        unsafe {
-            assert_eq!((t.dereg_mr)(comm, a), NCCL_SUCCESS);
-            assert_eq!((t.dereg_mr)(comm, b), NCCL_SUCCESS);
-        }
-    }
-    // SAFETY: live comm and context, closed and finalized once.
-    unsafe {
-        assert_eq!((t.close_coll)(comm), NCCL_SUCCESS);
-        assert_eq!((t.finalize)(ctx), NCCL_SUCCESS);
-    }
+    board.barrier.wait();
+    // deregMr of every buffer, closeColl, finalize: each must succeed.
+    c.close().unwrap();
 }
 
 /// How the test stops the middle server.
@@ -158,7 +102,7 @@ enum Stop {
     /// (no heartbeats), then fence it and take it back.
     Freeze,
     /// Its switch port down for [`FREEZE_FOR`], then up (servers in network
-    /// namespaces, see `common::netns`): as for a freeze.
+    /// namespaces, see `tally_e2e::netns`): as for a freeze.
     LinkCut,
 }
 
@@ -184,7 +128,7 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     std::env::set_var("TALLY_PROVIDER", provider);
     let common = ["--lcores", "0", "--provider", provider, "--poll", "adaptive", "--slab-size", "32M", "--hugepages", "off"];
     let server_args = [&common[..], &["--drain-timeout", "15"]].concat();
-    let mut switch = (stop == Stop::LinkCut).then(|| common::netns::Switch::new("pd"));
+    let mut switch = (stop == Stop::LinkCut).then(|| tally_e2e::netns::Switch::new("pd"));
     let mut servers: Vec<ServerProcess> = match switch.as_mut() {
         Some(sw) => {
             sw.attach_root(NS_RANKS);
@@ -197,8 +141,8 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     std::env::set_var("TALLY_SERVERS", addrs.join(","));
     let n = 2;
-    let handles = Mutex::new(vec![[0u8; HANDLE]; n]);
-    let barrier = Barrier::new(n);
+    let coll = collnet_driver::load(&p.path).unwrap().coll;
+    let board = HandleBoard::new(n);
     let progress = std::sync::Arc::new(AtomicUsize::new(0));
     let (mut killed, mut exited) = (None, None);
     // Long enough, with a restart or a freeze, for the job to take the server back and use it.
@@ -215,15 +159,15 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (handles, barrier, progress) = (&handles, &barrier, &*progress);
-                s.spawn(move || rank_main(p, r, n, pace, handles, barrier, progress))
+                let (board, progress) = (&board, &*progress);
+                s.spawn(move || rank_main(coll, r, n, pace, board, progress))
             })
             .collect();
         while progress.load(Ordering::Relaxed) < KILL_AT && !hs.iter().any(|h| h.is_finished()) {
             assert!(t0.elapsed() < TIMEOUT, "the loop did not reach round {KILL_AT}");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let meter = gray.then(|| common::jobloop::StallMeter::start(progress.clone()));
+        let meter = gray.then(|| tally_e2e::jobloop::StallMeter::start(progress.clone()));
         killed = Some((Instant::now(), progress.load(Ordering::Relaxed)));
         match stop {
             Stop::Freeze => {
@@ -339,7 +283,7 @@ fn collnet_all_reduces_carry_on_when_a_server_freezes_then_take_it_back() {
 
 #[test]
 fn collnet_all_reduces_carry_on_when_a_servers_link_is_cut_then_take_it_back() {
-    if !common::netns::available("plugin link cut") {
+    if !tally_e2e::netns::available("plugin link cut") {
         return;
     }
     let p = load();

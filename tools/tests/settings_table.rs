@@ -65,10 +65,10 @@ fn files(rel: &str, exts: &[&str]) -> Vec<String> {
 const TABLE_SOURCE: &str = "engine/src/settings/rows.rs";
 
 /// Where the Rust sources are; `tests` marks the test suites.
-const RUST_DIRS: &[&str] = &["engine", "ffi-plugin", "tools", "benches", "fuzz"];
+const RUST_DIRS: &[&str] = &["engine", "ffi-plugin", "tools", "tests/src", "tests/suites", "benches", "fuzz"];
 
 /// Where the scripts and shipped configurations are.
-const SCRIPT_PATHS: &[&str] = &["scripts", "tests", "config", "docker", "Makefile"];
+const SCRIPT_PATHS: &[&str] = &["scripts", "tests/nccl", "config", "docker", "Makefile"];
 
 fn is_name_byte(b: u8) -> bool {
     b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'
@@ -189,8 +189,8 @@ fn every_name_used_is_a_row_and_every_row_is_used() {
                 Client => &["engine/src/"],
                 Plugin => &["ffi-plugin/src/", "engine/src/"],
                 Tools => &["tools/src/", "engine/src/"],
-                Tests => &["engine/tests/", "tools/tests/", "ffi-plugin/tests/"],
-                Scripts => &["scripts/", "tests/", "config/", "docker/", "Makefile"],
+                Tests => &["engine/tests/", "tools/tests/", "tests/src/", "tests/suites/", "ffi-plugin/tests/"],
+                Scripts => &["scripts/", "tests/nccl/", "config/", "docker/", "Makefile"],
             };
             let found = match r {
                 Scripts => scripts.get(v.name).is_some_and(|fs| fs.iter().any(|f| dirs.iter().any(|d| f.starts_with(d)))),

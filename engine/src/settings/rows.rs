@@ -232,7 +232,7 @@ pub static ENV: &[EnvVar] = &[
         "",
         "off",
         &[Tests],
-        "set: tools/tests/faults.rs asserts that a job whose rank died holding an shm lock is freed (only reported otherwise)",
+        "set: tests/suites/faults.rs asserts that a job whose rank died holding an shm lock is freed (only reported otherwise)",
     ),
     dev("TALLY_TEST_SEED", "", "a fresh seed, printed", &[Tests], "seed of the randomized reduce and agg tests, to repeat a run"),
     dev("TALLY_PROP_SEED", "", "a fixed seed, printed", &[Tests], "seed of the wire property tests (engine/tests/wire_props.rs)"),

@@ -30,13 +30,11 @@
 //! through the server's own parser (`ServerFile`), sizes and CPU lists through
 //! the engine's, and the commands run this build's binary, so the checks
 //! follow what the server does instead of restating it.
-#[path = "../common/mod.rs"]
-mod common;
-use common::show_output as show;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use tally_e2e::show_output as show;
 use tally_engine::host::config::{ServerConfig, ServerFile};
 use tally_engine::host::cpuset::CoreList;
 use tally_engine::host::units::parse_size;

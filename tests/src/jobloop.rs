@@ -1,0 +1,241 @@
+//! A job looping over all-reduces against several real `tally server`
+//! processes, every element checked: what the drain and failover tests
+//! run while they stop or kill servers under it.
+use crate::{client, ServerProcess};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tally_engine::client::failover::FailoverStats;
+use tally_engine::client::{Client, ClientConfig};
+use tally_engine::reduce::{DataType, ReduceOp};
+
+/// A server on one lcore (core 0) unless `extra` names its lcores.
+pub fn server(provider: &str, extra: &[&str]) -> ServerProcess {
+    server_on("127.0.0.1:0", provider, extra)
+}
+
+/// As [`server`], listening on `listen`.
+pub fn server_on(listen: &str, provider: &str, extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["--provider", provider, "--poll", "adaptive"];
+    if !extra.contains(&"--slab-size") {
+        args.extend(["--slab-size", "16M"]);
+    }
+    if !extra.contains(&"--lcores") {
+        args.extend(["--lcores", "0"]);
+    }
+    args.extend_from_slice(extra);
+    ServerProcess::start_on(listen, &args)
+}
+
+pub fn sigterm(s: &ServerProcess) {
+    // SAFETY: signalling our own child process, not yet reaped.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+}
+
+/// Waits (bounded) for the server process to exit; its status and when.
+pub fn wait_exit(s: &mut ServerProcess, bound: Duration) -> Option<(std::process::ExitStatus, Instant)> {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            return Some((st, Instant::now()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+pub fn multi(provider: &str, addrs: &[String], job: u64, rank: u32, n: u32) -> ClientConfig {
+    let mut c = client(provider, &addrs[0], job, rank, n);
+    c.servers = addrs.to_vec();
+    c.chunk_bytes = 64 << 10;
+    c
+}
+
+/// Bytes of round `round`'s all-reduce: 4 KiB to 1 MiB, odd sizes included.
+pub fn round_bytes(round: usize) -> usize {
+    const SIZES: [usize; 6] = [4 << 10, 12 << 10, 64 << 10, (256 << 10) + 12, 1 << 20, 100_000];
+    SIZES[round % SIZES.len()]
+}
+
+/// How the ranks of [`loop_job_with`] run.
+#[derive(Clone, Copy, Default)]
+pub struct Shape {
+    /// Odd rounds are f32 max instead of sum: a second sub-job (server job).
+    pub mixed: bool,
+    /// Every rank sleeps this long after this round (idle between all-reduces).
+    pub pause: Option<(usize, Duration)>,
+    /// Two lcores per server instead of one (six streams, four after the drain).
+    pub two_lcores: bool,
+    /// Every rank sleeps this long after every round: a floor under the
+    /// loop's length, for tests that need it to outlast something timed.
+    pub pace: Option<Duration>,
+    /// Fault injection: rank `.0` drops the results server `.1` sends for
+    /// operations from index `.2` on (see `ClientConfig::fault_drop_results`).
+    pub drop_results: Option<(u32, usize, u64)>,
+    /// Rails per rank (`ClientConfig::rails`); None: the default (one on
+    /// this 2-core machine).
+    pub rails: Option<usize>,
+    /// The ranks' fabric address (`ClientConfig::fabric_addr`): where the
+    /// servers sit in network namespaces (see `netns`).
+    pub fabric_addr: Option<&'static str>,
+}
+
+pub fn loop_job(
+    provider: &str,
+    addrs: &[String],
+    job: u64,
+    n: u32,
+    rounds: usize,
+    progress: Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<Result<FailoverStats, String>>> {
+    loop_job_with(provider, addrs, job, n, rounds, progress, Shape::default())
+}
+
+/// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
+/// (or maxima) of `round_bytes(round)` (rank r's element i is r + i mod 97 +
+/// round: exact), every element checked; `progress` counts rank 0's rounds done.
+pub fn loop_job_with(
+    provider: &str,
+    addrs: &[String],
+    job: u64,
+    n: u32,
+    rounds: usize,
+    progress: Arc<AtomicUsize>,
+    shape: Shape,
+) -> Vec<std::thread::JoinHandle<Result<FailoverStats, String>>> {
+    (0..n)
+        .map(|rank| {
+            let mut cfg = multi(provider, addrs, job, rank, n);
+            if let Some(r) = shape.rails {
+                cfg.rails = r;
+            }
+            cfg.fabric_addr = shape.fabric_addr.map(String::from);
+            if let Some((r, si, from)) = shape.drop_results {
+                if r == rank {
+                    cfg.fault_drop_results = Some((si, from));
+                }
+            }
+            let progress = progress.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                if shape.mixed {
+                    // Both sub-jobs from the start (a join is collective).
+                    c.join(DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                    c.join(DataType::Float32, ReduceOp::Max).map_err(|e| e.to_string())?;
+                }
+                for round in 0..rounds {
+                    let count = round_bytes(round) / 4;
+                    let max = shape.mixed && round % 2 == 1;
+                    let op = if max { ReduceOp::Max } else { ReduceOp::Sum };
+                    let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();
+                    let mut out = vec![0f32; count];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, op)
+                        .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
+                    for (i, v) in out.iter().enumerate() {
+                        let want: f32 = if max {
+                            (n as usize - 1 + i % 97 + round) as f32
+                        } else {
+                            (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
+                        };
+                        if *v != want {
+                            return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
+                        }
+                    }
+                    if rank == 0 {
+                        progress.store(round + 1, Ordering::Relaxed);
+                    }
+                    if let Some((at, pause)) = shape.pause {
+                        if round + 1 == at {
+                            std::thread::sleep(pause);
+                        }
+                    }
+                    if let Some(pace) = shape.pace {
+                        std::thread::sleep(pace);
+                    }
+                }
+                Ok(c.failover_stats())
+            })
+        })
+        .collect()
+}
+
+pub fn results(hs: Vec<std::thread::JoinHandle<Result<FailoverStats, String>>>) -> Vec<Result<FailoverStats, String>> {
+    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+/// Waits until the loop job reached round `round` (bounded), or a rank
+/// ended early (its result is checked by the caller).
+pub fn wait_for_round<T>(progress: &AtomicUsize, round: usize, ranks: &[std::thread::JoinHandle<T>]) {
+    let t0 = Instant::now();
+    while progress.load(Ordering::Relaxed) < round {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the loop did not reach round {round}");
+        if ranks.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Measures the longest time rank 0's round counter stood still, from now
+/// until [`StallMeter::stop`].
+pub struct StallMeter {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Duration>,
+}
+
+impl StallMeter {
+    pub fn start(progress: Arc<AtomicUsize>) -> StallMeter {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut last, mut since, mut worst) = (progress.load(Ordering::Relaxed), Instant::now(), Duration::ZERO);
+            while !s2.load(Ordering::Relaxed) {
+                let now = progress.load(Ordering::Relaxed);
+                if now != last {
+                    (last, since) = (now, Instant::now());
+                }
+                worst = worst.max(since.elapsed());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            worst
+        });
+        StallMeter { stop, thread }
+    }
+
+    pub fn stop(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("stall meter")
+    }
+}
+
+/// What a gray-failure loop test saw (see `grayfail.rs`, `linkcut.rs`).
+pub struct GrayOutcome {
+    /// The server was taken back after the fault ended.
+    pub back: bool,
+    /// Rounds done while the fault lasted.
+    pub during: usize,
+    /// The longest the loop stood still.
+    pub worst: Duration,
+    /// Rank 0's round when it was taken back, of `rounds`.
+    pub back_round: usize,
+    pub rounds: usize,
+}
+
+/// Checks a gray-failure loop: every operation right, the job failed over
+/// (the loop moved during the fault and never stood still for `bound`), and
+/// took the server back in time to use it to the end of the job.
+pub fn check_gray_outcome(o: &GrayOutcome, res: &[Result<FailoverStats, String>], server: &ServerProcess, job: u64, bound: Duration) {
+    let logs = server.log.lock().unwrap().join("\n");
+    for r in res {
+        assert!(r.is_ok(), "an operation failed: {r:?}\n{logs}");
+    }
+    assert!(o.back, "the server was not taken back after the fault:\n{logs}");
+    assert!(o.during > 0, "the loop made no progress during the fault");
+    assert!(o.worst < bound, "the loop stood still for {:?} (bound {bound:?})", o.worst);
+    assert!(o.back_round + 100 < o.rounds, "taken back too late (round {}) to show the job used it", o.back_round);
+    for r in res.iter().flatten() {
+        assert_eq!((r.recoveries, r.rejoins), (1, 1), "{r:?}");
+    }
+    // It carried the rest of the loop with the others: the job ends cleanly there.
+    assert!(server.wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
+}

@@ -1,0 +1,75 @@
+//! A server's link cut under a running job, then restored, in network
+//! namespaces this test makes (see `tally_e2e::netns`): three `tally server`s,
+//! each in a namespace of its own behind a bridge; the ranks (threads of
+//! this test, in the root namespace, attached to the same bridge) loop over
+//! verified all-reduces (every element checked). One server's switch port
+//! is set down for [`CUT_FOR`]: no FIN, no RST, its process runs on.
+//!
+//! - The ranks hear no heartbeat from it and fail over within the liveness
+//!   time (2 s), before TCP keepalive (about 5 s) would notice; the loop
+//!   never stands still for much longer.
+//! - When the port comes back up the server still runs the stale job (the
+//!   ranks' FINs were lost with the link): the ranks' rejoin Hellos fence it
+//!   (the stale job is ended and its memory freed) and the server is taken
+//!   back, within seconds of the link's return.
+//! - No operation fails, no element is wrong.
+//!
+//! Prints one `GRAYFAIL` line. Needs root and iproute2; skipped otherwise.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tally_e2e::jobloop::{check_gray_outcome, loop_job_with, results, wait_for_round, GrayOutcome, Shape, StallMeter};
+use tally_e2e::netns::{available, Switch};
+use tally_e2e::ServerProcess;
+
+const SERVER_ADDRS: [&str; 3] = ["198.18.5.10", "198.18.5.11", "198.18.5.12"];
+const RANKS_ADDR: &str = "198.18.5.1";
+/// Long enough for a loop that waited for the link to show it.
+const CUT_FOR: Duration = Duration::from_secs(8);
+/// The liveness time, a recovery and slack for a loaded 2-core machine.
+const STALL_BOUND: Duration = Duration::from_millis(5500);
+
+#[test]
+fn a_servers_link_cut_then_restored_fails_over_and_takes_it_back_tcp() {
+    if !available("linkcut") {
+        return;
+    }
+    const ROUNDS: usize = 4000;
+    let job = 0x9f3;
+    let mut sw = Switch::new("lc");
+    sw.attach_root(RANKS_ADDR);
+    let servers: Vec<ServerProcess> = SERVER_ADDRS
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let ns = sw.add_host(&format!("s{i}"), a);
+            let listen = format!("{a}:7400");
+            let args = ["--provider", "tcp", "--poll", "adaptive", "--slab-size", "16M", "--lcores", "0"];
+            ServerProcess::start_in(&ns, &listen, &args)
+        })
+        .collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let shape = Shape { pace: Some(Duration::from_millis(4)), fabric_addr: Some(RANKS_ADDR), ..Shape::default() };
+    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    wait_for_round(&progress, 40, &ranks);
+    let meter = StallMeter::start(progress.clone());
+    let cut_round = progress.load(Ordering::Relaxed);
+    sw.set_port("s1", false);
+    std::thread::sleep(CUT_FOR);
+    let during = progress.load(Ordering::Relaxed) - cut_round;
+    sw.set_port("s1", true);
+    let restored = Instant::now();
+    let back = servers[1].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
+    let took = restored.elapsed();
+    let back_round = progress.load(Ordering::Relaxed);
+    let worst = meter.stop();
+    let res = results(ranks);
+    let fenced = servers[1].log_contains("fencing the stale job");
+    eprintln!(
+        "GRAYFAIL linkcut: switch port down {CUT_FOR:?} at round {cut_round}; {during} rounds done while cut; longest stall {worst:?}; \
+         link up to taken back {took:?} (round {back_round} of {ROUNDS}); stale job fenced by a rejoin Hello: {fenced}; {res:?}"
+    );
+    let o = GrayOutcome { back, during, worst, back_round, rounds: ROUNDS };
+    check_gray_outcome(&o, &res, &servers[1], job, STALL_BOUND);
+}

@@ -1,0 +1,353 @@
+//! A rank process: its rank, or `--ranks-per-process` rank threads, each
+//! joining the job, then timing and checking every mode and size, rank 0
+//! printing a `RESULT` row for each (see [`crate::bench::report`]).
+use super::plan::{check_busy, plan, ranks_per_process, resolve_poll, AllreduceArgs};
+use super::timing::{last_rank_times, mono_ns, OpTimes, GATHER_STAMPS};
+use super::verify::{check, fill};
+use crate::bench::report::{Row, LOOP_LINES_ENV};
+use crate::collnet_driver;
+use std::time::{Duration, Instant};
+use tally_engine::bootstrap::Bootstrap;
+use tally_engine::client::{Client, ClientConfig};
+use tally_engine::host::limits;
+use tally_engine::host::units::parse_size;
+use tally_engine::ring::{Ring, RingConfig};
+
+/// How long an adaptive rank sleeps on its CQ at most, unless `--sleep-ms`.
+/// A sleeping rank wakes on traffic (tcp: the CQ's descriptor), so this only
+/// paces the wake-ups of ranks with nothing to do: at 1 ms, 128 rank threads
+/// on 2 cores woke 128,000 times a second, a few system calls each, and the
+/// server's lcores got what was left: a 4 KiB all-reduce took 31 ms, 4.6 ms
+/// at 20 ms (and 4.5 at 100).
+const THREAD_SLEEP_MS: u32 = 20;
+
+/// Descriptors a rank needs at most: its endpoint (tcp;ofi_rxm: a listening
+/// socket, an epoll set, wait fds, a connection per server lcore), its
+/// control and bootstrap connections. Measured: about 15 per rank thread
+/// over tcp to one server of 2 lcores; this leaves room for more lcores.
+const FDS_PER_RANK: u64 = 24;
+
+/// Raises this process's soft descriptor limit to `need` when it is lower
+/// (up to the hard limit; the default soft limit is often 1024): a process
+/// of many rank threads, or rank 0 with its bootstrap connection to every
+/// rank, needs more.
+pub(super) fn ensure_fds(need: u64) -> Result<(), String> {
+    let before = limits::open_files().map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+    let now = limits::raise_open_files(need).map_err(|e| format!("setrlimit(RLIMIT_NOFILE, {need}): {e}"))?;
+    if now.soft < need {
+        return Err(format!(
+            "this needs about {need} file descriptors, above the hard limit of {} (ulimit -Hn): raise it, or use fewer ranks",
+            now.hard
+        ));
+    }
+    if now.soft > before.soft {
+        log::info!("raised the open file limit from {} to {} (ranks' endpoints and connections)", before.soft, now.soft);
+    }
+    Ok(())
+}
+
+/// Puts this thread, and the threads it starts afterwards, in SCHED_IDLE
+/// (no privilege needed to lower one's own priority).
+fn idle_priority() -> Result<(), String> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; one sched_param we own.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(format!("sched_setscheduler(SCHED_IDLE): {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// This process's ranks: one, or `--ranks-per-process` threads from `--rank`.
+pub(super) fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
+    let first = args.rank.unwrap();
+    let per = ranks_per_process(args);
+    let last = (first + per).min(args.ranks);
+    if first >= args.ranks {
+        return Err(format!("--rank {first}: there are {} ranks", args.ranks));
+    }
+    // A rank started by hand may leave `--poll auto`; the launcher passes busy or adaptive.
+    let mut resolved = args.clone();
+    resolved.poll.poll = resolve_poll(args, (last - first) as usize)?;
+    let args = &resolved;
+    check_busy(args, (last - first) as usize, &format!("{} rank threads", last - first))?;
+    // Rank 0 also holds a bootstrap connection to every other rank.
+    let star = if first == 0 { args.ranks as u64 } else { 0 };
+    ensure_fds((last - first) as u64 * FDS_PER_RANK + star + 64)?;
+    if last - first == 1 {
+        return run_one(args, first);
+    }
+    // The rank threads stand in for other hosts: they must not take the
+    // server's cores. At normal priority 1024 of them, spinning while their
+    // connections to an lcore were set up, left that lcore 1.5% of a core:
+    // it did not poll for 5 s and the watchdog failed the job. In SCHED_IDLE
+    // they run only when the server's lcores (and anything else) wait.
+    idle_priority()?;
+    let threads: Vec<_> = (first..last)
+        .map(|rank| {
+            let args = args.clone();
+            std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn(move || run_one(&args, rank).map_err(|e| format!("rank {rank}: {e}")))
+                .map_err(|e| format!("cannot start the thread of rank {rank}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let errors: Vec<String> = threads
+        .into_iter()
+        .filter_map(|t| match t.join() {
+            Ok(r) => r.err(),
+            Err(_) => Some("a rank thread panicked".into()),
+        })
+        .collect();
+    match errors.len() {
+        0 => Ok(()),
+        n => {
+            // One rank's error is the cause, the others mostly its echo (the
+            // server failed the job for every rank): show one that is not an echo.
+            let cause = errors.iter().find(|e| !e.contains("job failed")).unwrap_or(&errors[0]);
+            Err(format!("{n} of {} ranks failed; {}: {cause}", last - first, if n > 1 { "cause" } else { "error" }))
+        }
+    }
+}
+
+/// The rails an agg rank runs: --rails, else TALLY_RAILS, else auto.
+fn rails_of(args: &AllreduceArgs, provider: &str) -> usize {
+    let asked = args.rails.unwrap_or_else(|| ClientConfig::new(Vec::new(), 0, 0, 1).rails);
+    tally_engine::client::rails::resolve_rails(asked, provider, args.servers.len())
+}
+
+/// Warm-up all-reduces of `bytes` for an agg job of `streams` streams:
+/// `asked`, but at least enough to reach every stream once when an
+/// operation is too small to spread over all of them (`min_piece` apiece).
+/// rxm connects to a peer on its first message, so without this the first
+/// timed operations of a small size paid a connection set-up each (4 KiB
+/// over 16 streams, 10 timed: a p50 of 13-29 ms on the device, against 60 us
+/// once connected). `--warmup 0` stays 0.
+pub fn warmup_ops(asked: usize, streams: usize, bytes: usize, min_piece: usize) -> usize {
+    if asked == 0 || streams == 0 {
+        return asked;
+    }
+    let spread = bytes.div_ceil(min_piece.max(1)).clamp(1, streams);
+    asked.max(streams.div_ceil(spread))
+}
+
+/// One rank: join, then for every mode and size time and check.
+fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
+    let p = plan(args)?;
+    let rails = rails_of(args, &p.provider);
+    let mut rail_cores = Vec::new();
+    if let Some(rc) = &args.cores.cores {
+        let cores = tally_engine::host::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
+        let cores = cores.as_slice();
+        // A block per rank: its own core, then its rails' (wrapping).
+        let block = if rails > 1 { 1 + rails } else { 1 };
+        let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
+        rail_cores = (1..block).map(at).collect();
+        let core = at(0);
+        tally_engine::host::cpuset::pin_current_thread(core).map_err(|e| format!("rank {rank}: cannot pin to core {core}: {e}"))?;
+    }
+    let n = args.ranks;
+    let addr = args.bootstrap.as_deref().ok_or("--rank needs --bootstrap")?;
+    // Barriers wait for the slowest rank's all-reduce, so they are bounded
+    // by the same --timeout (plus start-up slack), never longer.
+    let boot_timeout = Duration::from_secs(args.timeout.max(1) + 30);
+    let mut boot = Bootstrap::new(addr, rank, n, boot_timeout).map_err(|e| e.to_string())?;
+    let max = *p.sizes.iter().max().unwrap_or(&0);
+    let dsize = p.dtype.size();
+    let max_count = max / dsize;
+    let mut send = vec![0u8; max_count * dsize];
+    fill(p.dtype, p.op, rank, &mut send);
+    let mut recv = vec![0u8; max_count * dsize];
+    let busy = args.poll.poll.is_busy();
+    let loop_lines = rank == 0 && loop_lines_wanted();
+    for mode in &args.mode.mode {
+        let mut agg = None;
+        let mut min_piece = dsize;
+        let mut ring = None;
+        let mut plugin = None;
+        if mode == "agg-plugin" {
+            let lib = args.plugin.clone().unwrap_or_else(collnet_driver::default_library);
+            // The plugin's client reads its rails from the environment; this
+            // thread may be pinned to one core already, which auto would see.
+            // Set before the plugin's first client, as NCCL's user would.
+            std::env::set_var("TALLY_RAILS", rails.to_string());
+            if !rail_cores.is_empty() {
+                std::env::set_var("TALLY_RAIL_CORES", rail_cores.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
+            }
+            let d = collnet_driver::CollNetDriver::open(
+                &lib,
+                &args.servers,
+                &p.provider,
+                args.fabric_addr.as_deref(),
+                &mut boot,
+                args.job_id ^ 0x706c_7567,
+                parse_size(&args.plugin_piece).map_err(|e| format!("--plugin-piece: {e}"))? as usize,
+                args.plugin_in_flight,
+                p.chunk,
+                Duration::from_secs(args.timeout.max(1)),
+            )?;
+            plugin = Some(d);
+        } else if mode == "agg" {
+            let mut cfg = ClientConfig::new(args.servers.clone(), args.job_id, rank, n);
+            cfg.provider = Some(p.provider.clone());
+            cfg.chunk_bytes = p.chunk;
+            cfg.window = args.window.window;
+            cfg.fabric_addr = args.fabric_addr.clone();
+            cfg.timeout = Duration::from_secs(args.timeout.max(1));
+            cfg.send_credits = args.send_credits;
+            cfg.rails = rails;
+            cfg.rail_cores = rail_cores.clone();
+            cfg.spin_polls = if busy { u32::MAX } else { tally_engine::dataplane::lcore::adaptive_spin() };
+            cfg.sleep_ms = args.sleep_ms.unwrap_or(if ranks_per_process(args) > 1 { THREAD_SLEEP_MS } else { cfg.sleep_ms });
+            min_piece = cfg.min_piece.max(dsize);
+            let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+            c.join(p.dtype, p.op).map_err(|e| e.to_string())?;
+            agg = Some(c);
+        } else {
+            let mut cfg = RingConfig::new(&p.provider);
+            cfg.chunk_bytes = p.chunk;
+            cfg.window = args.window.window as usize;
+            cfg.poll_busy = busy;
+            cfg.node = args.fabric_addr.clone().or_else(|| p.provider.starts_with("tcp").then(|| "127.0.0.1".to_string()));
+            ring = Some(Ring::new(&cfg, &mut boot).map_err(|e| e.to_string())?);
+        }
+        for &size in &p.sizes {
+            let count = size / dsize;
+            let bytes = count * dsize;
+            let warm = match &agg {
+                Some(c) => warmup_ops(args.loops.warmup, c.streams(), bytes, min_piece),
+                None => args.loops.warmup,
+            };
+            let mut one = |recv: &mut [u8]| -> Result<(), String> {
+                match (&mut agg, &mut ring, &mut plugin) {
+                    (Some(c), _, _) => c.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
+                    (_, Some(r), _) => r.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
+                    (_, _, Some(d)) => d.allreduce(&send[..bytes], recv, p.dtype, p.op),
+                    _ => unreachable!("one mode is set"),
+                }
+            };
+            for _ in 0..warm {
+                one(&mut recv[..bytes])?;
+            }
+            let iters = args.loops.iters.max(1);
+            let mut times = Vec::with_capacity(iters);
+            let mut stamps: Vec<u8> = Vec::with_capacity(8 * (iters + 1));
+            let mean;
+            // The process's CPU time over the timed loop only (with --sync
+            // its barriers too), read after any LOOP line is out.
+            let cpu0;
+            if args.sync {
+                announce_loop(loop_lines, mode, bytes);
+                cpu0 = process_cpu_s();
+                for _ in 0..iters {
+                    boot.barrier().map_err(|e| e.to_string())?;
+                    let t0 = Instant::now();
+                    one(&mut recv[..bytes])?;
+                    times.push(t0.elapsed().as_secs_f64());
+                }
+                mean = times.iter().sum::<f64>() / iters as f64;
+            } else {
+                // Back to back: the barrier only before the loop; each
+                // operation's time runs from the previous one's completion.
+                boot.barrier().map_err(|e| e.to_string())?;
+                announce_loop(loop_lines, mode, bytes);
+                cpu0 = process_cpu_s();
+                let t0 = Instant::now();
+                let mut prev = t0;
+                stamps.extend_from_slice(&mono_ns().to_le_bytes());
+                for _ in 0..iters {
+                    one(&mut recv[..bytes])?;
+                    let now = Instant::now();
+                    stamps.extend_from_slice(&mono_ns().to_le_bytes());
+                    times.push((now - prev).as_secs_f64());
+                    prev = now;
+                }
+                mean = (prev - t0).as_secs_f64() / iters as f64;
+            }
+            let cpu_s = process_cpu_s() - cpu0;
+            let rank0 = OpTimes::of(&mut times);
+            // Every rank takes the same branch (same arguments).
+            let gathered = !args.sync && n as usize * (iters + 1) <= GATHER_STAMPS;
+            let stats = match gathered {
+                true => {
+                    let parts = boot.allgather(&stamps).map_err(|e| e.to_string())?;
+                    OpTimes::of(&mut last_rank_times(&parts, iters)?)
+                }
+                false => rank0,
+            };
+            let t = if args.sync { stats.p50 } else { mean };
+            let wrong = check(p.dtype, p.op, n, &recv[..bytes]);
+            let total_wrong = boot.reduce_sum_u64(wrong).map_err(|e| e.to_string())?;
+            if rank == 0 {
+                let algbw = bytes as f64 / t / 1e9;
+                let row = Row {
+                    mode: mode.clone(),
+                    bytes,
+                    count,
+                    dtype: p.dtype.name().into(),
+                    op: p.op.name().into(),
+                    time_us: t * 1e6,
+                    method: if args.sync { "sync" } else { "back-to-back" }.into(),
+                    iters,
+                    mean_us: mean * 1e6,
+                    p50_us: stats.p50 * 1e6,
+                    p99_us: stats.p99 * 1e6,
+                    max_us: stats.max * 1e6,
+                    per_op: if gathered { "every rank" } else { "rank 0" }.into(),
+                    rank0_p50_us: rank0.p50 * 1e6,
+                    algbw_gbps: algbw,
+                    busbw_gbps: algbw * 2.0 * (n as f64 - 1.0) / n as f64,
+                    wrong: total_wrong,
+                    cpu_s,
+                };
+                println!("RESULT {}", serde_json::to_string(&row).unwrap());
+            }
+        }
+        boot.barrier().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Whether [`LOOP_LINES_ENV`] asks for `LOOP` lines; read once per rank,
+/// so that the usual output is unchanged without it.
+fn loop_lines_wanted() -> bool {
+    std::env::var_os(LOOP_LINES_ENV).is_some_and(|v| v == "1")
+}
+
+/// Prints `LOOP <mode> <bytes>` (stdout is line-buffered: it leaves now)
+/// when `enabled`; called after the barrier, before the loop's clocks start.
+fn announce_loop(enabled: bool, mode: &str, bytes: usize) {
+    if enabled {
+        println!("LOOP {mode} {bytes}");
+    }
+}
+
+/// This process's CPU seconds so far, user + system, every thread (its
+/// client's rail threads included), by getrusage(RUSAGE_SELF); 0 if that
+/// fails (it cannot with these arguments). Read only outside timed loops.
+fn process_cpu_s() -> f64 {
+    // SAFETY: rusage is plain data; getrusage writes one into the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF and a valid pointer to an rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_sizes_warm_up_every_stream() {
+        // 4 KiB pieces: a 4 KiB all-reduce reaches one of 16 streams, 16 KiB four.
+        assert_eq!(warmup_ops(3, 16, 4096, 4096), 16);
+        assert_eq!(warmup_ops(3, 16, 16384, 4096), 4);
+        // Large ones reach every stream each: the warm-up asked for.
+        assert_eq!(warmup_ops(3, 16, 64 << 20, 4096), 3);
+        // None asked, none done; a job without streams (ring) as asked.
+        assert_eq!(warmup_ops(0, 16, 4096, 4096), 0);
+        assert_eq!(warmup_ops(2, 0, 4096, 4096), 2);
+    }
+}

@@ -1,0 +1,99 @@
+//! The flags of `tally bench cluster`, and the set `tally demo` runs it with.
+use crate::cli_args::{DtypeArg, IprouteArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, WindowArg};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Server hosts and worker hosts (N + N namespaces).
+    #[arg(long, default_value_t = 4)]
+    pub hosts: u32,
+    /// Link rates in Gbit/s, comma-separated (default: one rate this machine's
+    /// cores carry, see `default_rate`).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
+    /// Sizes per rank (K/M/G), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16M,64M")]
+    pub sizes: Vec<String>,
+    #[command(flatten)]
+    pub mode: ModeArg,
+    #[command(flatten)]
+    pub loops: LoopArgs,
+    #[command(flatten)]
+    pub dtype: DtypeArg,
+    /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin 512 KiB
+    /// iallreduce pieces, as NCCL does), or auto
+    /// (32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s: `auto_chunk`).
+    #[arg(long, default_value = "auto")]
+    pub chunk: String,
+    #[command(flatten)]
+    pub window: WindowArg,
+    /// agg: sends in flight per server per worker (pacing for TCP-like links; 0: window-bound).
+    #[arg(long, default_value_t = 1)]
+    pub send_credits: u32,
+    /// Lcores per server (default: 2 where the host has 4 cores per host pair, else 1 where
+    /// it has 2, else every server's 2 lcores on cores 0-1).
+    #[arg(long)]
+    pub server_lcores: Option<u32>,
+    #[command(flatten)]
+    pub poll: PollArg,
+    /// Link MTU (jumbo frames, as EFA-class fabrics have).
+    #[arg(long, default_value_t = 9000)]
+    pub mtu: u32,
+    /// tbf bucket size (tc's units, e.g. 512kb), or auto: the bytes of 2 ms at
+    /// the link rate, at least 64 KiB. A bucket that holds a large part of an
+    /// all-reduce lets it pass at veth speed and inflates the figure.
+    #[arg(long, default_value = "auto")]
+    pub tbf_burst: String,
+    /// tbf queue latency; a short queue keeps rxm's rendezvous handshakes from
+    /// waiting behind a backlog of bulk data.
+    #[arg(long, default_value = "50ms")]
+    pub tbf_latency: String,
+    #[command(flatten)]
+    pub iproute: IprouteArg,
+    /// Seconds the whole run may take per rate before it is stopped.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    #[command(flatten)]
+    pub json: JsonArg,
+    #[command(flatten)]
+    pub plot: PlotArg,
+    /// Send server and worker log lines to this file (warnings and errors still reach the terminal).
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    /// Run this shell command in every worker namespace (one process each)
+    /// instead of tally's benchmark, once per rate; worker 0's stdout is
+    /// passed through. Its environment: TALLY_CLUSTER_RANK, _WORLD, _MASTER
+    /// (worker 0's address), _IFNAME, _RATE_GBIT, and TALLY_SERVERS,
+    /// TALLY_PROVIDER, TALLY_FABRIC_ADDR. Fails if any worker fails.
+    #[arg(long, value_name = "CMD")]
+    pub workers_run: Option<String>,
+}
+
+impl ClusterArgs {
+    /// The defaults `tally demo` uses.
+    pub fn demo(rate: Option<f64>) -> ClusterArgs {
+        ClusterArgs {
+            hosts: 4,
+            rates: rate.into_iter().collect(),
+            sizes: ["1M", "4M", "16M"].iter().map(|s| s.to_string()).collect(),
+            mode: ModeArg::default(),
+            loops: LoopArgs::default(),
+            dtype: DtypeArg::default(),
+            chunk: "auto".into(),
+            window: WindowArg::default(),
+            send_credits: 1,
+            server_lcores: None,
+            poll: PollArg::default(),
+            mtu: 9000,
+            tbf_burst: "auto".into(),
+            tbf_latency: "50ms".into(),
+            iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
+            timeout: 300,
+            json: JsonArg::default(),
+            plot: PlotArg::default(),
+            log: None,
+            workers_run: None,
+        }
+    }
+}

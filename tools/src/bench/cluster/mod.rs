@@ -1,0 +1,194 @@
+//! `tally bench cluster`: an emulated cluster on one machine.
+//!
+//! N server hosts and N worker hosts, each a network namespace with one veth
+//! link to a bridge, shaped with tc tbf to rate R in both directions (egress
+//! on both ends of each veth). Addresses from 198.18.0.0/15 (the range set
+//! aside for benchmarking), provider tcp;ofi_rxm, adaptive polling. Workers
+//! run agg (through the servers) and ring all-reduce; the table gives
+//! algbw, busbw, the link-rate bound, the fraction of it reached and
+//! agg/ring. This is where reduction servers win: each worker sends and
+//! receives its buffer once, where a ring moves 2(n-1)/n of it each way.
+//!
+//! Each row also gives the CPU time that the timed loop cost, per GB
+//! all-reduced, workers and servers apart (what sizes reduction servers in
+//! cores per 100 Gbit/s): worker 0 reports its own process's (`cpu_s`), and
+//! announces each loop (`LOOP <mode> <bytes>`) so that this process reads
+//! the servers' from /proc over the same interval.
+//!
+//! Everything it makes (namespaces, links, processes) is removed when it
+//! ends, and namespaces left by a run that was killed are swept at the next
+//! start. Every step is bounded in time.
+//!
+//! With `--workers-run CMD` the same testbed runs a command of the caller's
+//! in every worker namespace instead of tally's own benchmark (one process
+//! per worker, `sh -c CMD`), with the environment a multi-node job there
+//! needs: `TALLY_CLUSTER_RANK`, `TALLY_CLUSTER_WORLD`, `TALLY_CLUSTER_MASTER`
+//! (worker 0's address), `TALLY_CLUSTER_IFNAME` (the link's interface),
+//! `TALLY_SERVERS`, `TALLY_PROVIDER=tcp` and `TALLY_FABRIC_ADDR` (the worker's
+//! address), so that, e.g., PyTorch + NCCL ranks reach each other and the
+//! servers only through shaped links (tests/nccl/cluster_proof.sh).
+//!
+//! `ip` and `tc` come from PATH, or from a folder holding Debian's iproute2
+//! unpacked with `dpkg -x` (`--iproute DIR`, `TALLY_IPROUTE`): hosts without
+//! iproute2 (the GPU device image) run it that way, with the folder's
+//! libraries on LD_LIBRARY_PATH for `ip` and `tc` only.
+//!
+//! [`args`]: the flags; [`netns`]: namespaces and links; [`shaping`]: rates
+//! and tbf; [`placement`]: cores; [`workers`]: one rate's run;
+//! [`server_cpu`]: the servers' CPU time; [`table`]: what is reported.
+pub mod args;
+pub mod netns;
+pub mod placement;
+pub mod server_cpu;
+pub mod shaping;
+pub mod table;
+pub mod workers;
+
+use crate::logfile;
+use crate::progress::Progress;
+use args::ClusterArgs;
+use netns::{addr, build_network, sweep_stale, unavailable, Iproute, Testbed};
+use placement::place;
+use shaping::{default_rate, shape};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use table::{cpu_note, format_cluster_header, format_cluster_row, print_header, write_plot, ClusterOutcome};
+use workers::{run_command, run_rate, Servers};
+
+/// Runs the emulated cluster and prints its table (unless `--json`).
+pub fn run(args: &ClusterArgs) -> Result<(), String> {
+    if let Some(path) = &args.log {
+        logfile::redirect_to(path)?;
+    }
+    let out = launch(args)?;
+    if let Some(path) = &args.plot.plot {
+        write_plot(&out, path)?;
+        if !args.json.json {
+            println!("# plot: {}", path.display());
+        }
+    }
+    if args.json.json {
+        println!("{}", serde_json::to_string(&out).map_err(|e| e.to_string())?);
+    }
+    if let Some(path) = &args.log {
+        if !args.json.json {
+            println!("# server and worker logs: {}", path.display());
+        }
+    }
+    match out.wrong() {
+        0 => Ok(()),
+        w => Err(format!("{w} wrong elements")),
+    }
+}
+
+/// Gives the servers and ranks this process starts a shared fresh token
+/// (TALLY_TOKEN, which they inherit) unless one is set, as a deployment
+/// would have. Call before any thread starts.
+pub fn ensure_job_token() {
+    if std::env::var_os("TALLY_TOKEN").is_none() {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let token = format!("{:x}", (nanos ^ u128::from(std::process::id()) << 64) as u64);
+        // Order matters: set_var races with threads that read the
+        // environment, and none run yet (see the callers).
+        std::env::set_var("TALLY_TOKEN", token);
+    }
+}
+
+pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
+    if args.hosts < 2 || args.hosts > 64 {
+        return Err("--hosts: between 2 and 64".into());
+    }
+    if let Some(m) = args.mode.mode.iter().find(|m| !matches!(m.as_str(), "agg" | "agg-plugin" | "ring")) {
+        return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
+    }
+    if let Some(why) = unavailable(args.iproute.iproute.as_deref()) {
+        return Err(format!("the emulated cluster cannot run here: {why}"));
+    }
+    let tools = Iproute::find(args.iproute.iproute.as_deref())?;
+    ensure_job_token();
+    sweep_stale(&tools);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rates = if args.rates.is_empty() { vec![default_rate(args.hosts, cores)] } else { args.rates.clone() };
+    if let Some(r) = rates.iter().find(|r| !(**r > 0.0 && **r <= 400.0)) {
+        return Err(format!("--rates: {r} Gbit/s is not a link rate"));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let prefix = format!("tly{}x", std::process::id());
+    let mut bed = Testbed { tools, prefix: prefix.clone(), children: Vec::new() };
+    let hosts: Vec<(char, u32)> = (0..args.hosts).flat_map(|i| [('s', i), ('w', i)]).collect();
+    let ns = |k: char, i: u32| format!("{prefix}{k}{i}");
+    let sw = format!("{prefix}sw");
+    build_network(&bed.tools, &sw, &hosts, &ns, args.mtu)?;
+
+    let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
+    // `place` gives server lcores cores of their own where it leaves any to
+    // the workers, so auto is busy exactly when every worker has one too.
+    let worker_core_count = worker_cores.as_ref().and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok()).map_or(0, |l| l.len());
+    let poll = args.poll.poll.resolve(args.hosts as usize, worker_core_count).as_str();
+    let placement = format!("{placement}; {poll} polling");
+    let log_level = if logfile::redirected() { "info" } else { "warn" };
+    let mut servers = Vec::new();
+    // The servers' own pids: `ip netns exec` (and `env`) exec the command, keeping the pid.
+    let mut server_pids = Vec::new();
+    let mut ready = Vec::new();
+    for i in 0..args.hosts {
+        let a = format!("{}:7400", addr('s', i));
+        let mut c = bed.tools.exec_in(&ns('s', i), &exe);
+        c.args(["server", "--listen", &a, "--lcores", &server_lcores[i as usize], "--provider", "tcp", "--poll", poll]);
+        c.args(["--slab-size", "128M"]).env("TALLY_LOG", log_level).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| format!("cannot start server {i}: {e}"))?;
+        let (tx, rx) = mpsc::channel();
+        logfile::forward_stdout(child.stdout.take().expect("piped"), format!("[server {i}]"), tx);
+        logfile::forward(child.stderr.take().expect("piped"), format!("[server {i}]"));
+        server_pids.push(child.id());
+        bed.children.push(child);
+        ready.push(rx);
+        servers.push(a);
+    }
+    for (i, rx) in ready.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.starts_with("tally server ready") => break,
+                Ok(_) => continue,
+                Err(_) => return Err(format!("server {i} did not start within 15 s (see its log lines above or in the log file)")),
+            }
+        }
+    }
+
+    let steps = rates.len() * args.mode.mode.len() * args.sizes.len();
+    let mut progress = Progress::new(steps, args.json.json);
+    let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new() };
+    if let Some(cmd) = &args.workers_run {
+        for &rate in &rates {
+            shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
+            if !args.json.json {
+                println!(
+                    "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers; placement: {placement}; running in each worker: {cmd}",
+                    args.hosts, args.hosts
+                );
+            }
+            run_command(&mut bed, args, rate, cmd, &servers, &ns)?;
+        }
+        drop(bed);
+        return Ok(out);
+    }
+    for &rate in &rates {
+        shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
+        let first = out.rows.len();
+        let running = Servers { addrs: &servers, pids: &server_pids };
+        run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
+        progress.finish();
+        if !args.json.json {
+            print_header(args, rate, &placement, worker_cores.as_deref());
+            println!("{}", format_cluster_header());
+            for r in &out.rows[first..] {
+                println!("{}", format_cluster_row(&out, r));
+            }
+            println!("{}", cpu_note());
+        }
+    }
+    drop(bed);
+    Ok(out)
+}

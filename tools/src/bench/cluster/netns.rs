@@ -1,0 +1,197 @@
+//! The testbed's network: a namespace per host and one for the switch (a
+//! bridge), a veth link from each host to it, and the `ip` and `tc` that
+//! make them. `Testbed` removes what a run made when it is dropped;
+//! `sweep_stale` what a killed run left.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// Why the emulated cluster cannot run here, if it cannot.
+pub fn unavailable(iproute: Option<&Path>) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("it needs root (network namespaces, tc)".into());
+    }
+    let tools = match Iproute::find(iproute) {
+        Ok(t) => t,
+        Err(e) => return Some(e),
+    };
+    let probe = format!("tlyprobe{}", std::process::id());
+    match tools.ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = tools.ip(&["netns", "del", &probe]);
+            None
+        }
+        Err(e) => Some(format!("network namespaces are not available: {e}")),
+    }
+}
+
+/// `ip` and `tc`, from PATH or an unpacked iproute2 folder.
+pub(super) struct Iproute {
+    ip: PathBuf,
+    tc: PathBuf,
+    lib: Option<String>,
+}
+
+impl Iproute {
+    pub(super) fn find(dir: Option<&Path>) -> Result<Iproute, String> {
+        if let Some(d) = dir {
+            let pick = |name: &str| ["sbin", "bin", "usr/sbin", "usr/bin"].iter().map(|s| d.join(s).join(name)).find(|p| p.is_file());
+            let (Some(ip), Some(tc)) = (pick("ip"), pick("tc")) else {
+                return Err(format!("{} holds no ip and tc (unpack Debian's iproute2 there with dpkg -x)", d.display()));
+            };
+            let lib = [
+                "lib/x86_64-linux-gnu",
+                "usr/lib/x86_64-linux-gnu",
+                "lib/aarch64-linux-gnu",
+                "usr/lib/aarch64-linux-gnu",
+                "lib",
+                "usr/lib",
+            ]
+            .iter()
+            .map(|s| d.join(s))
+            .filter(|p| p.is_dir())
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+            return Ok(Iproute { ip, tc, lib: Some(lib) });
+        }
+        let which = |name: &str| {
+            std::env::var_os("PATH")
+                .into_iter()
+                .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .chain(["/usr/sbin", "/sbin"].iter().map(PathBuf::from))
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        };
+        match (which("ip"), which("tc")) {
+            (Some(ip), Some(tc)) => Ok(Iproute { ip, tc, lib: None }),
+            _ => Err("iproute2 (ip, tc) is not installed (make deps installs it; or --iproute DIR with Debian's iproute2 unpacked)".into()),
+        }
+    }
+
+    fn command(&self, prog: &Path) -> Command {
+        let mut c = Command::new(prog);
+        if let Some(lib) = &self.lib {
+            c.env("LD_LIBRARY_PATH", lib);
+        }
+        c
+    }
+
+    fn run(&self, prog: &Path, args: &[&str]) -> Result<(), String> {
+        let out = self.command(prog).args(args).stdin(Stdio::null()).output().map_err(|e| format!("{}: {e}", prog.display()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{} {}: {}", prog.display(), args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<(), String> {
+        self.run(&self.ip, args)
+    }
+
+    pub(super) fn tc_in(&self, ns: &str, args: &[&str]) -> Result<(), String> {
+        let tc = self.tc.display().to_string();
+        let mut all = vec!["netns", "exec", ns, &tc];
+        all.extend_from_slice(args);
+        self.ip(&all)
+    }
+
+    /// A command run inside namespace `ns` with the caller's LD_LIBRARY_PATH
+    /// (not the one `ip` got for iproute2's libraries). Dropping it, as
+    /// this once did, made servers and workers on the device load the host's
+    /// own libfabric (1.20) instead of the one carried for them.
+    pub(super) fn exec_in(&self, ns: &str, prog: &Path) -> Command {
+        let mut c = self.command(&self.ip);
+        c.args(["netns", "exec", ns]);
+        if self.lib.is_some() {
+            match std::env::var_os("LD_LIBRARY_PATH") {
+                Some(orig) => {
+                    let mut kv = std::ffi::OsString::from("LD_LIBRARY_PATH=");
+                    kv.push(orig);
+                    c.arg("env").arg(kv);
+                }
+                None => {
+                    c.args(["env", "-u", "LD_LIBRARY_PATH"]);
+                }
+            }
+        }
+        c.arg(prog);
+        c
+    }
+
+    fn namespaces(&self) -> Vec<String> {
+        let out = self.command(&self.ip).args(["netns", "list"]).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The namespaces and processes of one run; removed on drop.
+pub(super) struct Testbed {
+    pub(super) tools: Iproute,
+    pub(super) prefix: String,
+    pub(super) children: Vec<Child>,
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+        }
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+        for ns in self.tools.namespaces() {
+            if ns.starts_with(&self.prefix) {
+                let _ = self.tools.ip(&["netns", "del", &ns]);
+            }
+        }
+    }
+}
+
+/// Removes namespaces of earlier runs whose process is gone (`tly<pid>x...`).
+pub(super) fn sweep_stale(tools: &Iproute) {
+    for ns in tools.namespaces() {
+        let Some(pid) = ns.strip_prefix("tly").and_then(|r| r.split('x').next()).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            log::info!("removing network namespace {ns} of a run that is gone");
+            let _ = tools.ip(&["netns", "del", &ns]);
+        }
+    }
+}
+
+/// Server i at 198.18.0.(10+i), worker i at 198.18.1.(10+i), all in one /16.
+pub(super) fn addr(kind: char, i: u32) -> String {
+    format!("198.18.{}.{}", if kind == 's' { 0 } else { 1 }, 10 + i)
+}
+
+pub(super) fn build_network(
+    tools: &Iproute,
+    sw: &str,
+    hosts: &[(char, u32)],
+    ns: &dyn Fn(char, u32) -> String,
+    mtu: u32,
+) -> Result<(), String> {
+    let mtu = mtu.to_string();
+    tools.ip(&["netns", "add", sw])?;
+    tools.ip(&["-n", sw, "link", "add", "br0", "type", "bridge"])?;
+    tools.ip(&["-n", sw, "link", "set", "br0", "mtu", &mtu, "up"])?;
+    tools.ip(&["-n", sw, "link", "set", "lo", "up"])?;
+    for &(k, i) in hosts {
+        let name = ns(k, i);
+        // The switch-side end carries the host's namespace name (<= 15 chars).
+        let port = format!("{k}{i}p{}", std::process::id() % 100_000);
+        tools.ip(&["netns", "add", &name])?;
+        tools.ip(&["link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &name])?;
+        tools.ip(&["link", "set", &port, "netns", sw])?;
+        tools.ip(&["-n", sw, "link", "set", &port, "master", "br0", "mtu", &mtu, "up"])?;
+        tools.ip(&["-n", &name, "link", "set", "eth0", "mtu", &mtu])?;
+        tools.ip(&["-n", &name, "addr", "add", &format!("{}/16", addr(k, i)), "dev", "eth0"])?;
+        tools.ip(&["-n", &name, "link", "set", "eth0", "up"])?;
+        tools.ip(&["-n", &name, "link", "set", "lo", "up"])?;
+    }
+    Ok(())
+}

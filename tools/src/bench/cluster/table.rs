@@ -1,0 +1,202 @@
+//! What a cluster run reports: a row per rate, mode and size with its link
+//! bound, the fraction reached, agg/ring and the CPU cost per GB; the table,
+//! its header lines and the plot.
+use super::args::ClusterArgs;
+use super::placement::worker_rails;
+use super::shaping::{auto_chunk, tbf_auto_burst};
+use crate::bench::plot;
+use crate::bench::report::{method_line, Row};
+use serde::Serialize;
+use std::path::Path;
+use tally_engine::host::units::format_size;
+
+/// One result row with its link rate and bound.
+#[derive(Serialize, Debug, Clone)]
+pub struct ClusterRow {
+    pub link_gbit: f64,
+    #[serde(rename = "bound_GBps")]
+    pub bound_gbps: f64,
+    /// algbw / bound.
+    pub fraction: f64,
+    /// Worker 0's process CPU seconds (user + system, every thread) over
+    /// the timed loop (the row's `cpu_s`); None where the worker reported none.
+    pub worker_cpu_s: Option<f64>,
+    /// Every server's CPU seconds together over the same loop (from its
+    /// `LOOP` line to its result, `/proc/<pid>/stat`); None where a server
+    /// could not be read (no /proc, or it exited). With busy polling every
+    /// lcore's whole time; for the ring, servers idling.
+    pub server_cpu_s: Option<f64>,
+    /// worker_cpu_s per GB this worker all-reduced (bytes x iters).
+    pub worker_cpu_s_per_gb: Option<f64>,
+    /// server_cpu_s per GB of input the servers together received
+    /// (hosts x bytes x iters); None for the ring, which sends them nothing.
+    pub server_cpu_s_per_gb: Option<f64>,
+    #[serde(flatten)]
+    pub row: Row,
+}
+
+impl ClusterRow {
+    /// A worker's row at link `rate` (Gbit/s) among `hosts` workers, with
+    /// the servers' CPU seconds over its loop.
+    pub(super) fn new(rate: f64, hosts: u32, row: Row, server_cpu_s: Option<f64>) -> ClusterRow {
+        let link = rate / 8.0;
+        let n = hosts as f64;
+        let bound_gbps = if row.mode == "ring" { link * n / (2.0 * (n - 1.0)) } else { link };
+        // GB this worker all-reduced in the loop; none in rows without iters.
+        let gb = (row.bytes * row.iters) as f64 / 1e9;
+        let per_gb = |s: f64, gb: f64| (gb > 0.0).then(|| s / gb);
+        let worker_cpu_s = (row.cpu_s > 0.0).then_some(row.cpu_s);
+        let served = if row.mode == "ring" { 0.0 } else { n * gb };
+        ClusterRow {
+            link_gbit: rate,
+            bound_gbps,
+            fraction: row.algbw_gbps / bound_gbps,
+            worker_cpu_s,
+            server_cpu_s,
+            worker_cpu_s_per_gb: worker_cpu_s.and_then(|s| per_gb(s, gb)),
+            server_cpu_s_per_gb: server_cpu_s.and_then(|s| per_gb(s, served)),
+            row,
+        }
+    }
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ClusterOutcome {
+    pub hosts: u32,
+    pub placement: String,
+    pub rows: Vec<ClusterRow>,
+}
+
+impl ClusterOutcome {
+    pub fn wrong(&self) -> u64 {
+        self.rows.iter().map(|r| r.row.wrong).sum()
+    }
+
+    /// agg algbw / ring algbw at the same rate and size.
+    pub fn agg_over_ring(&self, r: &ClusterRow) -> Option<f64> {
+        let ring = self.rows.iter().find(|x| x.row.mode == "ring" && x.row.bytes == r.row.bytes && x.link_gbit == r.link_gbit)?;
+        (r.row.mode != "ring").then(|| r.row.algbw_gbps / ring.row.algbw_gbps)
+    }
+}
+
+/// busbw against size for every mode and rate, with each bound in busbw terms.
+pub fn write_plot(out: &ClusterOutcome, path: &Path) -> Result<(), String> {
+    let n = out.hosts as f64;
+    let mut rates: Vec<f64> = out.rows.iter().map(|r| r.link_gbit).collect();
+    rates.dedup();
+    let (mut series, mut bounds) = (Vec::new(), Vec::new());
+    for &rate in &rates {
+        let rows: Vec<Row> = out.rows.iter().filter(|r| r.link_gbit == rate).map(|r| r.row.clone()).collect();
+        let suffix = if rates.len() > 1 { format!(" {rate} Gbit/s") } else { String::new() };
+        series.extend(plot::series_by_mode(&rows, &suffix));
+        let link = rate / 8.0;
+        bounds.push(plot::Bound { label: format!("agg bound{suffix}: R x 2(n-1)/n"), busbw_gbps: link * 2.0 * (n - 1.0) / n });
+        bounds.push(plot::Bound { label: format!("ring bound{suffix}: R"), busbw_gbps: link });
+    }
+    let title =
+        format!("emulated cluster: {} servers + {} workers, links {} Gbit/s, tcp;ofi_rxm", out.hosts, out.hosts, rates_text(&rates));
+    plot::busbw_svg(path, &title, &series, &bounds)
+}
+
+fn rates_text(rates: &[f64]) -> String {
+    rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores: Option<&str>) {
+    let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
+    println!(
+        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), tcp;ofi_rxm",
+        args.hosts, args.hosts, args.mtu
+    );
+    println!("# placement: {placement}");
+    println!(
+        "# chunk {}, window {}, send credits {}, rails per worker {}; {}",
+        if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
+        args.window.window,
+        args.send_credits,
+        {
+            let (n, why) = worker_rails(args.hosts, worker_cores);
+            format!("{n} ({why})")
+        },
+        method_line(args.loops.iters, args.loops.warmup, false)
+    );
+    println!(
+        "# bounds: agg <= R (servers together have the workers' bandwidth), ring <= R x n/(2(n-1)); ideal agg/ring = 2(n-1)/n = {:.2}",
+        2.0 * (args.hosts as f64 - 1.0) / args.hosts as f64
+    );
+}
+
+pub fn format_cluster_header() -> String {
+    format!(
+        "{:>7} {:>10} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>12} {:>7}",
+        "Gbit/s",
+        "mode",
+        "size",
+        "time(ms)",
+        "algbw GB/s",
+        "busbw GB/s",
+        "bound GB/s",
+        "fraction",
+        "agg/ring",
+        "wkr cpu s/GB",
+        "srv cpu s/GB",
+        "#wrong"
+    )
+}
+
+pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
+    let ratio = out.agg_over_ring(r).map(|x| format!("{x:.2}")).unwrap_or_default();
+    let cpu = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
+    format!(
+        "{:>7} {:>10} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>12} {:>12} {:>7}",
+        r.link_gbit,
+        r.row.mode,
+        format_size(r.row.bytes as u64),
+        r.row.time_us / 1e3,
+        r.row.algbw_gbps,
+        r.row.busbw_gbps,
+        r.bound_gbps,
+        r.fraction,
+        ratio,
+        cpu(r.worker_cpu_s_per_gb),
+        cpu(r.server_cpu_s_per_gb),
+        r.row.wrong
+    )
+}
+
+/// The lines under the table that say what the CPU columns are.
+pub fn cpu_note() -> &'static str {
+    "# wkr/srv cpu s/GB: CPU seconds (user + system, every thread) over the timed loop per GB all-reduced: wkr = worker 0's\n\
+     #   process, per GB of its buffer (size x iters); srv = every server together, per GB of input they received\n\
+     #   (hosts x size x iters; \"-\" for ring, which does not use them). Cores per 100 Gbit/s = cpu s/GB x 12.5.\n\
+     #   With busy polling (placement line) srv is every lcore's whole time, as a busy poller spins; --poll adaptive\n\
+     #   gives the work itself."
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_per_gb_counts_what_each_side_moved() {
+        let row = |mode: &str, cpu_s: f64| {
+            let mut r: Row = serde_json::from_str(&format!(
+                r#"{{"mode":"{mode}","bytes":16000000,"count":4000000,"dtype":"f32","op":"sum","time_us":1.0,
+                    "algbw_GBps":1.0,"busbw_GBps":1.5,"wrong":0}}"#
+            ))
+            .expect("a row without cpu_s or iters (older versions) parses");
+            assert_eq!(r.cpu_s, 0.0);
+            r.iters = 20;
+            r.cpu_s = cpu_s;
+            r
+        };
+        // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28));
+        assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
+        assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
+        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0));
+        assert!((r.worker_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9 && r.server_cpu_s_per_gb.is_none(), "{r:?}");
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), None);
+        assert!(r.worker_cpu_s.is_none() && r.worker_cpu_s_per_gb.is_none() && r.server_cpu_s_per_gb.is_none(), "{r:?}");
+    }
+}

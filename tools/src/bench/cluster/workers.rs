@@ -1,0 +1,190 @@
+//! The workers of one link rate: `tally bench allreduce` ranks in every
+//! worker namespace (or the caller's `--workers-run` command), worker 0's
+//! rows read back with the servers' CPU time over each timed loop, every
+//! wait bounded.
+use super::args::ClusterArgs;
+use super::netns::{addr, Testbed};
+use super::placement::worker_rails;
+use super::server_cpu::{server_cpu_over, servers_cpu_ticks};
+use super::shaping::chunk_for;
+use super::table::{ClusterOutcome, ClusterRow};
+use crate::bench::report::{format_row, Row, LOOP_LINES_ENV};
+use crate::logfile;
+use crate::progress::Progress;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The running servers: their addresses and their processes' pids.
+pub(super) struct Servers<'a> {
+    pub(super) addrs: &'a [String],
+    pub(super) pids: &'a [u32],
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_rate(
+    bed: &mut Testbed,
+    args: &ClusterArgs,
+    rate: f64,
+    servers: &Servers,
+    worker_cores: Option<&str>,
+    poll: &str,
+    exe: &Path,
+    ns: &dyn Fn(char, u32) -> String,
+    progress: &mut Progress,
+    out: &mut ClusterOutcome,
+) -> Result<(), String> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let job = (nanos ^ u64::from(std::process::id()).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let boot = format!("{}:{}", addr('w', 0), 29000 + nanos % 1000);
+    let log_level = if logfile::redirected() { "info" } else { "warn" };
+    let first_child = bed.children.len();
+    let mut results = None;
+    for i in 0..args.hosts {
+        let mut c = bed.tools.exec_in(&ns('w', i), exe);
+        c.args(["bench", "allreduce", "--rank", &i.to_string(), "--ranks", &args.hosts.to_string(), "--bootstrap", &boot]);
+        c.args(["--job-id", &job.to_string(), "--servers", &servers.addrs.join(","), "--provider", "tcp", "--fabric-addr", &addr('w', i)]);
+        c.args(["--mode", &args.mode.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.loops.iters.to_string()]);
+        c.args([
+            "--warmup",
+            &args.loops.warmup.to_string(),
+            "--dtype",
+            &args.dtype.dtype,
+            "--chunk",
+            &chunk_for(args, rate),
+            "--window",
+            &args.window.window.to_string(),
+        ]);
+        c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.min(120).to_string()]);
+        if let Some(wc) = worker_cores {
+            c.args(["--cores", wc]);
+        }
+        c.args(["--rails", &worker_rails(args.hosts, worker_cores).0.to_string()]);
+        c.args(["--poll", poll]);
+        // agg-plugin: the plugin's own client reads its pacing from the environment.
+        c.env("TALLY_SEND_CREDITS", args.send_credits.to_string());
+        c.env("TALLY_LOG", log_level).stdin(Stdio::null()).stderr(Stdio::piped());
+        c.stdout(if i == 0 { Stdio::piped() } else { Stdio::null() });
+        if i == 0 {
+            // LOOP lines: the servers' CPU time is read over each timed loop.
+            c.env(LOOP_LINES_ENV, "1");
+        }
+        let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
+        logfile::forward(child.stderr.take().expect("piped"), format!("[worker {i}]"));
+        if let Some(o) = child.stdout.take() {
+            results = Some(o);
+        }
+        bed.children.push(child);
+    }
+    let steps: Vec<String> = args.mode.mode.iter().flat_map(|m| args.sizes.iter().map(move |s| format!("{rate} Gbit/s {m} {s}"))).collect();
+    progress.working_on(steps[0].clone());
+    // Rank 0's RESULT lines arrive on a thread so that the wait is bounded.
+    let (tx, rx) = mpsc::channel();
+    let reader = results.expect("worker 0 stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let mut got = 0;
+    // The loop worker 0 announced last, with the servers' CPU ticks then.
+    let mut started: Option<(String, Option<u64>)> = None;
+    while got < steps.len() {
+        let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => l,
+            Err(mpsc::RecvTimeoutError::Timeout) => return Err(format!("link rate {rate} Gbit/s: no result within {} s", args.timeout)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        if let Some(step) = line.strip_prefix("LOOP ") {
+            started = Some((step.to_string(), servers_cpu_ticks(servers.pids)));
+            continue;
+        }
+        let Some(j) = line.strip_prefix("RESULT ") else { continue };
+        let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
+        let server_cpu_s = server_cpu_over(started.take(), &row, servers.pids);
+        log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
+        out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s));
+        got += 1;
+        progress.step();
+        if let Some(s) = steps.get(got) {
+            progress.working_on(s.clone());
+        }
+    }
+    let mut failed = Vec::new();
+    for (i, c) in bed.children[first_child..].iter_mut().enumerate() {
+        let st = wait_until(c, deadline);
+        if !matches!(st, Some(s) if s.success()) {
+            failed.push(format!("worker {i} {}", st.map_or("did not finish in time".into(), |s| format!("exited with {s}"))));
+        }
+    }
+    if !failed.is_empty() || got < steps.len() {
+        return Err(format!("link rate {rate} Gbit/s: {} ({got} of {} results)", failed.join("; "), steps.len()));
+    }
+    Ok(())
+}
+
+/// `--workers-run`: the caller's command in every worker namespace, with the
+/// job's environment; bounded by `--timeout`.
+pub(super) fn run_command(
+    bed: &mut Testbed,
+    args: &ClusterArgs,
+    rate: f64,
+    cmd: &str,
+    servers: &[String],
+    ns: &dyn Fn(char, u32) -> String,
+) -> Result<(), String> {
+    let first_child = bed.children.len();
+    for i in 0..args.hosts {
+        let mut c = bed.tools.exec_in(&ns('w', i), Path::new("/bin/sh"));
+        c.args(["-c", cmd]);
+        c.env("TALLY_CLUSTER_RANK", i.to_string())
+            .env("TALLY_CLUSTER_WORLD", args.hosts.to_string())
+            .env("TALLY_CLUSTER_MASTER", addr('w', 0))
+            .env("TALLY_CLUSTER_IFNAME", "eth0")
+            .env("TALLY_CLUSTER_RATE_GBIT", rate.to_string())
+            .env("TALLY_SERVERS", servers.join(","))
+            .env("TALLY_PROVIDER", "tcp")
+            .env("TALLY_FABRIC_ADDR", addr('w', i))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped());
+        c.stdout(if i == 0 { Stdio::inherit() } else { Stdio::piped() });
+        let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
+        logfile::forward(child.stderr.take().expect("piped"), format!("[worker {i}]"));
+        if let Some(o) = child.stdout.take() {
+            logfile::forward(o, format!("[worker {i}]"));
+        }
+        bed.children.push(child);
+    }
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let mut failed = Vec::new();
+    for (i, c) in bed.children[first_child..].iter_mut().enumerate() {
+        let st = wait_until(c, deadline);
+        if !matches!(st, Some(s) if s.success()) {
+            failed.push(format!("worker {i} {}", st.map_or("did not finish in time".into(), |s| format!("exited with {s}"))));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("link rate {rate} Gbit/s: {}", failed.join("; ")))
+    }
+}
+
+fn wait_until(c: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        match c.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+        }
+    }
+}
