@@ -18,8 +18,8 @@ use abi::{CollNetV11, NcclLogger, NetCommConfig, NetV11, NCCL_NET_HANDLE_MAXSIZE
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tally_engine::bootstrap::Bootstrap;
 use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::ring::bootstrap::Bootstrap;
 
 /// The plugin logs with format "%s" and one string argument (ffi-plugin's
 /// log.rs): this fixed-argument function reads exactly that.
