@@ -44,8 +44,9 @@
 //! `handle`, `publish`); `join.rs` admits jobs, `jobs.rs` follows them to
 //! their end, `drain.rs` drains, `failover.rs` is the servers' part of a
 //! failover (lost reports, rejoins, fencing), `liveness.rs` watches the
-//! lcores and sends heartbeats; `conn.rs` the connections, `admission.rs`
-//! the limits on them, `budget.rs` and `alloc.rs` the slab.
+//! lcores and sends heartbeats; `conn/` the connections, `admission.rs`
+//! the limits on them, `budget.rs` and `alloc.rs` the slab; `error.rs` why
+//! the control plane could not be set up.
 pub mod alloc;
 pub mod budget;
 

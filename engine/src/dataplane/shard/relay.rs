@@ -1,8 +1,8 @@
 //! Relay: a two-rank job's small pieces are not reduced here. Each goes on
 //! to the other rank as it comes, which reduces the two itself (the rule is
-//! `JobSpec::relays`, in `wire/small.rs`); a slot's round ends when both
-//! pieces went on. A piece goes on to a rank only once that rank was heard
-//! from (see `Job::heard`).
+//! `JobSpec::relays`, the bound `RELAY_MAX` in `wire/small.rs`); a slot's
+//! round ends when both pieces went on. A piece goes on to a rank only once
+//! that rank was heard from (see `Job::heard`).
 use super::*;
 
 impl ShardWorker {
