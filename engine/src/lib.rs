@@ -12,7 +12,8 @@
 //!   bytes: libfabric (`dataplane::fabric`), hugepage slabs, the pinned
 //!   lcores and their shards, the metrics they publish;
 //! - `control`: admits, runs and ends jobs, never touching those bytes;
-//! - the roles: `server` (assembles the two), `client`, `ring`, `bootstrap`.
+//! - the roles: `server` (assembles the two), `client`, `ring` (with
+//!   `ring::bootstrap`, the ranks' TCP rendezvous).
 //!
 //! See ARCHITECTURE.md at the repository root for how the pieces fit together.
 #![cfg_attr(not(feature = "std"), no_std)]
@@ -26,8 +27,6 @@ pub mod host;
 #[cfg(feature = "std")]
 pub mod settings;
 
-#[cfg(feature = "fabric")]
-pub mod bootstrap;
 #[cfg(feature = "fabric")]
 pub mod client;
 #[cfg(feature = "fabric")]

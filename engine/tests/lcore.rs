@@ -45,7 +45,7 @@ fn lcores_pin_count_sleep_and_stop() {
     let (set, pinned) = launch(&cores, PollMode::ADAPTIVE, move |info| {
         let ep = Endpoint::open(&EndpointConfig::new("shm")).map_err(|e| e.to_string())?;
         let on = cpuset::current_core().map_err(|e| e.to_string())?;
-        Ok((Poller { ep, dropped: d2.clone(), shut: s2.clone() }, (info.core, on)))
+        Ok::<_, String>((Poller { ep, dropped: d2.clone(), shut: s2.clone() }, (info.core, on)))
     })
     .expect("launch");
     for (want, on) in &pinned {

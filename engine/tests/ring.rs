@@ -14,8 +14,8 @@ use half::{bf16, f16};
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
-use tally_engine::bootstrap::{Bootstrap, BootstrapError};
 use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::ring::bootstrap::{Bootstrap, BootstrapError};
 use tally_engine::ring::{Ring, RingConfig, RingError};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -25,7 +25,8 @@ use crate::collnet::{self, CollComm, CollCtx, CollListen, CollMr, CollRequest};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::log;
-use crate::net::{self, Conn, ListenComm, Mr, NetCtx, Request};
+use crate::net::conn::{Conn, Mr, Request};
+use crate::net::{self, ListenComm, NetCtx};
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -353,7 +354,7 @@ pub unsafe extern "C" fn net_iflush(
 pub unsafe extern "C" fn net_test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
     guard("test", || {
         non_null(done, "done")?;
-        // SAFETY: requests are slots of live comms (net::Request).
+        // SAFETY: requests are slots of live comms (net::conn::Request).
         let r: &Request = unsafe { obj(request, "request")? };
         // SAFETY: a slot's owner is the comm whose Box holds it.
         let c: &Conn = unsafe { obj(r.owner as *mut c_void, "request owner")? };

@@ -35,9 +35,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_e2e::{client, join_all, sum_job, ServerProcess};
-use tally_engine::bootstrap::Bootstrap;
 use tally_engine::client::Client;
 use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::ring::bootstrap::Bootstrap;
 
 /// The bound on an error arriving after a fault.
 const ERROR_BOUND: Duration = Duration::from_secs(10);

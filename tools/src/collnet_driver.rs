@@ -24,8 +24,8 @@ use abi::{CollNetV11, NcclLogger, NetCommConfig, NetV11, NCCL_NET_HANDLE_MAXSIZE
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tally_engine::bootstrap::Bootstrap;
 use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::ring::bootstrap::Bootstrap;
 
 /// A listen handle, as ranks exchange them before the collective connect.
 pub type Handle = [u8; NCCL_NET_HANDLE_MAXSIZE];

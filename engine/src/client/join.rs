@@ -338,7 +338,7 @@ pub(crate) fn keepalive(s: &TcpStream) {
 pub(super) fn say_hello(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
     let err = |e: String| ClientError::Connect { server: server.to_string(), error: e };
     let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
-    let mut s = connect_retry(&addr, timeout).map_err(err)?;
+    let mut s = connect_retry(&addr, timeout).map_err(|e| err(e.to_string()))?;
     let _ = s.set_nodelay(true);
     s.write_all(bytemuck::bytes_of(hello)).map_err(|e| err(e.to_string()))?;
     Ok(s)
@@ -349,12 +349,14 @@ pub(super) fn hello_again(server: &str, hello: &Hello, timeout: Duration) -> Res
     say_hello(server, hello, timeout.max(Duration::from_millis(100)))
 }
 
-pub(super) fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> Result<TcpStream, String> {
+/// A TCP connection to `addr`, retried until `timeout`; the error is the
+/// last attempt's.
+pub(super) fn connect_retry(addr: &std::net::SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
     let deadline = Instant::now() + timeout;
     loop {
         match TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
             Ok(s) => return Ok(s),
-            Err(e) if Instant::now() >= deadline => return Err(e.to_string()),
+            Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }

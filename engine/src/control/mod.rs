@@ -44,13 +44,14 @@
 //! `handle`, `publish`); `join.rs` admits jobs, `jobs.rs` follows them to
 //! their end, `drain.rs` drains, `failover.rs` is the servers' part of a
 //! failover (lost reports, rejoins, fencing), `liveness.rs` watches the
-//! lcores and sends heartbeats; `conn.rs` the connections, `admission.rs`
-//! the limits on them, `budget.rs` and `alloc.rs` the slab.
+//! lcores and sends heartbeats; `conn/` the connections, `admission.rs`
+//! the limits on them, `budget.rs` and `alloc.rs` the slab; `error.rs` why
+//! the control plane could not be set up.
 pub mod alloc;
 pub mod budget;
 
 use crate::dataplane::fabric::EndpointName;
-use crate::dataplane::metrics::{ControlCounters, MetricsTable, ServerHealth, ServerPhase};
+use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsTable, ServerHealth, ServerPhase};
 use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard, SplitOn};
 use crate::dataplane::split::SplitShared;
 use crate::host::config::ServerConfig;
@@ -58,6 +59,7 @@ use crate::wire::{self, Accept, Boundary, Drain, Header, JobSpec, Kind, Limits, 
 use alloc::{RangeAlloc, REGION_ALIGN};
 use bytemuck::Zeroable;
 use conn::{ConnEvent, Connections, Joining, Rules};
+use error::SetupError;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,13 +70,12 @@ use std::time::{Duration, Instant};
 pub mod admission;
 pub mod conn;
 mod drain;
+pub mod error;
 mod failover;
 mod join;
 use join::{accept_latency_lcores, refuse};
 mod jobs;
 mod liveness;
-
-pub use crate::dataplane::metrics::JobInfo;
 
 /// A rank's control connection, as the job logic knows it.
 struct Conn {
@@ -275,27 +276,27 @@ pub const LCORE_QUIET_AFTER: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(20);
 
 /// Reads the shared token: token_file if configured, else TALLY_TOKEN.
-fn load_token(cfg: &ServerConfig) -> Result<Option<[u8; TOKEN_BYTES]>, String> {
+fn load_token(cfg: &ServerConfig) -> Result<Option<[u8; TOKEN_BYTES]>, SetupError> {
     let text = match &cfg.token_file {
-        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| format!("token_file {f}: {e}"))?),
+        Some(f) => Some(std::fs::read_to_string(f).map_err(|source| SetupError::TokenFile { path: f.clone(), source })?),
         None => std::env::var("TALLY_TOKEN").ok().filter(|t| !t.is_empty()),
     };
     match text {
         None => Ok(None),
-        Some(t) => wire::token_bytes(&t).map(Some).ok_or_else(|| format!("the token is longer than {TOKEN_BYTES} bytes")),
+        Some(t) => wire::token_bytes(&t).map(Some).ok_or(SetupError::TokenTooLong),
     }
 }
 
 /// Binds the control port, with a backlog deep enough for a thousand ranks
 /// connecting in the same millisecond (std's is 128; past the backlog a
 /// connection waits out a SYN retransmit, a second or more).
-pub fn listen(addr: &str) -> Result<std::net::TcpListener, String> {
+pub fn listen(addr: &str) -> Result<std::net::TcpListener, SetupError> {
     use std::net::ToSocketAddrs;
     let at = addr
         .to_socket_addrs()
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?
+        .map_err(|source| SetupError::Listen { addr: addr.to_string(), source })?
         .next()
-        .ok_or_else(|| format!("cannot listen on {addr}: no address"))?;
+        .ok_or_else(|| SetupError::NoAddress { addr: addr.to_string() })?;
     let bind = || -> std::io::Result<std::net::TcpListener> {
         let s = socket2::Socket::new(socket2::Domain::for_address(at), socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
         s.set_reuse_address(true)?;
@@ -303,14 +304,14 @@ pub fn listen(addr: &str) -> Result<std::net::TcpListener, String> {
         s.listen(LISTEN_BACKLOG)?;
         Ok(s.into())
     };
-    bind().map_err(|e| format!("cannot listen on {addr}: {e}"))
+    bind().map_err(|source| SetupError::Listen { addr: addr.to_string(), source })
 }
 
 /// The kernel caps it at net.core.somaxconn (4096 on current kernels).
 const LISTEN_BACKLOG: i32 = 4096;
 
 /// What a handshake is checked against, from the configuration.
-pub fn rules(cfg: &ServerConfig) -> Result<Rules, String> {
+pub fn rules(cfg: &ServerConfig) -> Result<Rules, SetupError> {
     let token = load_token(cfg)?;
     if token.is_none() {
         log::warn!("no token configured (TALLY_TOKEN or token_file): any client that can reach this server may join jobs");
@@ -334,14 +335,14 @@ impl ControlPlane {
         counters: Arc<ControlCounters>,
         published: Arc<Mutex<Vec<JobInfo>>>,
         metrics: MetricsTable,
-    ) -> Result<ControlPlane, String> {
+    ) -> ControlPlane {
         let n = cfg.lcores.len();
         let allocs: Vec<RangeAlloc> = (0..n).map(|_| RangeAlloc::new(cfg.slab_size as usize, REGION_ALIGN)).collect();
         // The slab gauges hold from the start (`publish` keeps them current).
         for (l, a) in allocs.iter().enumerate() {
             metrics.gauges(l).slab_bytes.store(a.total() as u64, Ordering::Relaxed);
         }
-        Ok(ControlPlane {
+        ControlPlane {
             limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n as u32 },
             join_timeout: Duration::from_secs(cfg.join_timeout_s.max(1)),
             latency_lcores: cfg.latency_lcores.min(255) as u8,
@@ -374,7 +375,7 @@ impl ControlPlane {
             failed_joins: HashMap::new(),
             health: Arc::new(ServerHealth::new()),
             systemd_watchdog: None,
-        })
+        }
     }
 
     /// Publishes liveness and phase to `health`; with `watchdog_period`

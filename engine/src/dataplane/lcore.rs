@@ -186,11 +186,12 @@ pub struct LcoreSet {
 /// builds the worker and a value for the caller (e.g. the endpoint's name).
 /// Returns once every lcore has finished set-up, with those values in lcore
 /// order, or the first failure (after stopping the lcores that did start).
-pub fn launch<W, T, F>(cores: &CoreList, mode: PollMode, setup: F) -> Result<(LcoreSet, Vec<T>), LcoreError>
+pub fn launch<W, T, E, F>(cores: &CoreList, mode: PollMode, setup: F) -> Result<(LcoreSet, Vec<T>), LcoreError>
 where
     W: Worker + 'static,
     T: Send + 'static,
-    F: Fn(LcoreInfo) -> Result<(W, T), String> + Send + Sync + 'static,
+    E: std::fmt::Display,
+    F: Fn(LcoreInfo) -> Result<(W, T), E> + Send + Sync + 'static,
 {
     cores.validate_against_allowed().map_err(|e| LcoreError::Pin { core: cores.get(0).unwrap_or(0), reason: e.to_string() })?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -214,8 +215,8 @@ where
                         let _ = tx2.send((id, Ok(t)));
                         w
                     }
-                    Err(reason) => {
-                        let _ = tx2.send((id, Err(LcoreError::Setup { id, core, reason })));
+                    Err(e) => {
+                        let _ = tx2.send((id, Err(LcoreError::Setup { id, core, reason: e.to_string() })));
                         return;
                     }
                 };

@@ -25,15 +25,18 @@ use crate::dataplane::shard::{self, Command, Event};
 
 use crate::dataplane::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
 use crate::dataplane::lcore::{self, LcoreSet, PollMode, Snapshot};
-use crate::dataplane::metrics::{ControlCounters, MetricsServer, MetricsTable, ServerHealth, ServerPhase};
+use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsServer, MetricsTable, ServerHealth, ServerPhase};
 use crate::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
 use crate::host::config::ServerConfig;
-use crate::host::cpuset::CoreList;
+use crate::host::cpuset::{CoreList, CpusetError};
 use crate::reduce::Kernels;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
+
+pub mod error;
+use error::{LcoreSetupError, StartError};
 
 /// A running server.
 pub struct Server {
@@ -43,7 +46,7 @@ pub struct Server {
     local_addr: SocketAddr,
     provider: String,
     names: Vec<EndpointName>,
-    jobs: Arc<Mutex<Vec<control::JobInfo>>>,
+    jobs: Arc<Mutex<Vec<JobInfo>>>,
     metrics: Option<MetricsServer>,
     drain_requested: Arc<AtomicBool>,
     drained: Arc<AtomicBool>,
@@ -53,7 +56,7 @@ pub struct Server {
 impl Server {
     /// Starts lcores and the control plane; returns once every lcore is
     /// serving and the listener is bound.
-    pub fn start(cfg: &ServerConfig) -> Result<Server, String> {
+    pub fn start(cfg: &ServerConfig) -> Result<Server, StartError> {
         let listen_host = cfg.listen.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']'])).unwrap_or("");
         let loopback = matches!(listen_host, "127.0.0.1" | "localhost" | "::1");
         let provider = select_provider(cfg.provider.as_deref(), loopback);
@@ -62,25 +65,21 @@ impl Server {
             (None, true) if !listen_host.is_empty() && listen_host != "0.0.0.0" => Some(listen_host.to_string()),
             _ => None,
         };
-        let policy: HugepagePolicy = cfg.hugepages.parse().map_err(|e| format!("hugepages: {e}"))?;
-        let mode = PollMode::parse(&cfg.poll).ok_or("poll: expected busy or adaptive")?;
-        let kernels = Kernels::detect().map_err(|e| e.to_string())?;
+        let policy: HugepagePolicy = cfg.hugepages.parse().map_err(StartError::Hugepages)?;
+        let mode = PollMode::parse(&cfg.poll).ok_or(StartError::Poll)?;
+        let kernels = Kernels::detect().map_err(StartError::Kernels)?;
         let per_job = cfg.max_window * cfg.max_ranks * 2;
         let contexts = per_job as u64 * cfg.max_jobs as u64;
         if contexts > 1 << 22 {
-            return Err(format!(
-                "max_jobs x max_window x max_ranks x 2 = {contexts} operation contexts per lcore; keep it under {}",
-                1u64 << 22
-            ));
+            return Err(StartError::TooManyContexts(contexts));
         }
         let listener = control::listen(&cfg.listen)?;
-        let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let local_addr = listener.local_addr().map_err(StartError::Io)?;
         crate::host::limits::raise_for_server(cfg, &provider);
         // The control plane's epoll loop exists before the lcores, so that
         // their events can wake it.
         let counters = Arc::new(ControlCounters::default());
-        let net =
-            control::conn::Connections::new(listener, control::rules(cfg)?, counters.clone()).map_err(|e| format!("control plane: {e}"))?;
+        let net = control::conn::Connections::new(listener, control::rules(cfg)?, counters.clone()).map_err(StartError::ControlLoop)?;
         let waker = net.waker();
         let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
             let _ = waker.wake();
@@ -111,17 +110,18 @@ impl Server {
                 hints.domain = Some(nic.clone());
             }
             let ecfg = EndpointConfig { hints, cq_size: 0, contexts: contexts as u32, wait_object: mode.wants_wait_object() };
-            let mut ep = crate::dataplane::fabric::Endpoint::open(&ecfg).map_err(|e| format!("{setup_provider}: {e}"))?;
+            let mut ep = crate::dataplane::fabric::Endpoint::open(&ecfg)
+                .map_err(|source| LcoreSetupError::Endpoint { provider: setup_provider.clone(), source })?;
             let mut scfg = SlabConfig::new(format!("lcore {}", info.id), REGION_ALIGN, slab_size / REGION_ALIGN);
             scfg.policy = policy;
             scfg.page_aligned_slots = true;
-            let slab = Slab::new(&scfg).map_err(|e| e.to_string())?;
+            let slab = Slab::new(&scfg).map_err(LcoreSetupError::Slab)?;
             // SAFETY: the worker owns both; it declares `ep` before `slab`, so
             // the endpoint (and this registration) is closed before the slab
             // is unmapped.
-            let mh = unsafe { ep.register(slab.as_ptr(), slab.len()) }.map_err(|e| e.to_string())?;
-            let name = ep.name().map_err(|e| e.to_string())?;
-            let commands = cmd_rxs.lock().unwrap()[info.id].take().ok_or("lcore started twice")?;
+            let mh = unsafe { ep.register(slab.as_ptr(), slab.len()) }.map_err(LcoreSetupError::Fabric)?;
+            let name = ep.name().map_err(LcoreSetupError::Fabric)?;
+            let commands = cmd_rxs.lock().unwrap()[info.id].take().ok_or(LcoreSetupError::StartedTwice)?;
             let events = ev_for_lcores.lock().unwrap().clone();
             log::info!(
                 "lcore {} on core {}: provider {}, domain {}, {} polling, kernels {}",
@@ -145,12 +145,12 @@ impl Server {
                 metrics: table_for_lcores.clone(),
                 op_timeout,
             });
-            Ok((w, name))
+            Ok::<_, LcoreSetupError>((w, name))
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(StartError::Lcores)?;
 
         let stop = Arc::new(AtomicBool::new(false));
-        let jobs: Arc<Mutex<Vec<control::JobInfo>>> = Arc::new(Mutex::new(Vec::new()));
+        let jobs: Arc<Mutex<Vec<JobInfo>>> = Arc::new(Mutex::new(Vec::new()));
         let health = Arc::new(ServerHealth::new());
         let metrics = match &cfg.metrics {
             None => None,
@@ -163,7 +163,8 @@ impl Server {
                     let snaps: Vec<Snapshot> = stats.iter().map(|s| s.snapshot()).collect();
                     let infos = jobs2.lock().unwrap().clone();
                     crate::dataplane::metrics::render(&snaps, &table, &infos, &counters, &health2)
-                })?;
+                })
+                .map_err(StartError::Metrics)?;
                 log::info!("metrics on http://{}/metrics", m.local_addr());
                 Some(m)
             }
@@ -176,7 +177,7 @@ impl Server {
         // (ARCHITECTURE.md, "Provider facts"), and shm reaches 256 peers at
         // most anyway, so over shm every job gets a piece per rank.
         let plane_cfg = ServerConfig { stage_buffers: if provider.starts_with("shm") { 0 } else { cfg.stage_buffers }, ..cfg.clone() };
-        let plane = control::ControlPlane::new(&plane_cfg, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)?
+        let plane = control::ControlPlane::new(&plane_cfg, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)
             .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
             .with_drain(drain_requested.clone(), drained.clone());
         let watchdog = crate::host::sd_notify::watchdog_period();
@@ -186,7 +187,7 @@ impl Server {
         let plane = plane.with_health(health.clone(), watchdog);
         let stop2 = stop.clone();
         let control =
-            std::thread::Builder::new().name("tally-control".into()).spawn(move || plane.run(ev_rx, stop2)).map_err(|e| e.to_string())?;
+            std::thread::Builder::new().name("tally-control".into()).spawn(move || plane.run(ev_rx, stop2)).map_err(StartError::Io)?;
         log::info!("tally server listening on {local_addr}: {} lcores on cores {}, provider {provider}", cfg.lcores.len(), cfg.lcores);
         Ok(Server {
             lcores: Some(lcores),
@@ -230,7 +231,7 @@ impl Server {
     }
 
     /// Jobs the control plane knows about (pending, running, draining).
-    pub fn jobs(&self) -> Vec<control::JobInfo> {
+    pub fn jobs(&self) -> Vec<JobInfo> {
         self.jobs.lock().unwrap().clone()
     }
 
@@ -273,6 +274,6 @@ impl Drop for Server {
 }
 
 /// A core list from the configuration, for callers that build one in code.
-pub fn cores(list: &str) -> Result<CoreList, String> {
-    CoreList::parse(list).map_err(|e| e.to_string())
+pub fn cores(list: &str) -> Result<CoreList, CpusetError> {
+    CoreList::parse(list)
 }

@@ -138,7 +138,7 @@ pub fn run(args: &ServerArgs) -> Result<(), String> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let server = Server::start(&cfg)?;
+    let server = Server::start(&cfg).map_err(|e| e.to_string())?;
     println!("tally server ready on {} ({} lcores, provider {})", server.local_addr(), server.lcore_count(), server.provider());
     // On its own line after the ready line (whose format tests and scripts parse).
     if let Some(m) = server.metrics_addr() {

@@ -108,7 +108,8 @@ impl Client {
                 // the survivors at once (a reconnect storm): a refused or
                 // timed-out connect is tried again, for at most REDO_CONNECT_FOR
                 // (a survivor that stays unreachable that long is a second loss).
-                let mut c = crate::client::join::connect_retry(&addr, self.cfg.join_timeout.min(REDO_CONNECT_FOR)).map_err(err)?;
+                let mut c = crate::client::join::connect_retry(&addr, self.cfg.join_timeout.min(REDO_CONNECT_FOR))
+                    .map_err(|e| err(e.to_string()))?;
                 let _ = c.set_nodelay(true);
                 c.write_all(bytemuck::bytes_of(&hello)).map_err(|e| err(e.to_string()))?;
                 conns.push((si, c, hello));

@@ -17,6 +17,7 @@
 //!
 //! The stamps are milliseconds since the [`ServerHealth`] was made, so that
 //! an `Instant` fits one `AtomicU64`.
+use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
@@ -105,23 +106,69 @@ impl ServerHealth {
     }
 
     /// `/healthz` at `now`: Ok with a line saying so, or Err with the reason.
-    pub fn alive_at(&self, now: Instant) -> Result<String, String> {
+    pub fn alive_at(&self, now: Instant) -> Result<Healthy, Unhealthy> {
         let since = self.since_turn(now);
         if since <= ALIVE_WITHIN {
-            return Ok(format!("alive: the control loop turned {} ms ago\n", since.as_millis()));
+            return Ok(Healthy::Alive { since });
         }
-        let what = if self.phase() == ServerPhase::Starting { "has not started" } else { "has not turned" };
-        Err(format!("not alive: the control loop {what} for {:.1} s (limit {} s)\n", since.as_secs_f64(), ALIVE_WITHIN.as_secs()))
+        let started = self.phase() != ServerPhase::Starting;
+        Err(Unhealthy::NotAlive { started, since })
     }
 
     /// `/readyz` at `now`: Ok when it serves and is alive, else Err with
     /// the reason (starting, draining, stopping, or not alive).
-    pub fn ready_at(&self, now: Instant) -> Result<String, String> {
+    pub fn ready_at(&self, now: Instant) -> Result<Healthy, Unhealthy> {
         match self.phase() {
-            ServerPhase::Starting => Err("starting: the control loop has not turned yet\n".into()),
-            ServerPhase::Draining => Err("draining: admitting no new jobs, moving running ones to their other servers\n".into()),
-            ServerPhase::Stopping => Err("stopping\n".into()),
-            ServerPhase::Serving => self.alive_at(now).map(|_| "ready\n".into()),
+            ServerPhase::Starting => Err(Unhealthy::Starting),
+            ServerPhase::Draining => Err(Unhealthy::Draining),
+            ServerPhase::Stopping => Err(Unhealthy::Stopping),
+            ServerPhase::Serving => self.alive_at(now).map(|_| Healthy::Ready),
+        }
+    }
+}
+
+/// A probe that passes; its `Display` is the line the probe serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Healthy {
+    /// `/healthz`: the control loop turned `since` ago.
+    Alive { since: Duration },
+    /// `/readyz`: serving and alive.
+    Ready,
+}
+
+impl fmt::Display for Healthy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Healthy::Alive { since } => writeln!(f, "alive: the control loop turned {} ms ago", since.as_millis()),
+            Healthy::Ready => writeln!(f, "ready"),
+        }
+    }
+}
+
+/// Why a probe fails; its `Display` is the line the probe serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unhealthy {
+    /// The control loop has not turned within [`ALIVE_WITHIN`] (`started`:
+    /// it had turned before, so it is stuck rather than not started).
+    NotAlive {
+        started: bool,
+        since: Duration,
+    },
+    Starting,
+    Draining,
+    Stopping,
+}
+
+impl fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unhealthy::NotAlive { started, since } => {
+                let what = if *started { "has not turned" } else { "has not started" };
+                writeln!(f, "not alive: the control loop {what} for {:.1} s (limit {} s)", since.as_secs_f64(), ALIVE_WITHIN.as_secs())
+            }
+            Unhealthy::Starting => writeln!(f, "starting: the control loop has not turned yet"),
+            Unhealthy::Draining => writeln!(f, "draining: admitting no new jobs, moving running ones to their other servers"),
+            Unhealthy::Stopping => writeln!(f, "stopping"),
         }
     }
 }
@@ -136,12 +183,12 @@ mod tests {
         let t0 = h.born;
         assert!(h.alive_at(t0 + Duration::from_secs(1)).is_ok());
         // Never turned past the limit: "has not started".
-        let e = h.alive_at(t0 + Duration::from_secs(6)).unwrap_err();
+        let e = h.alive_at(t0 + Duration::from_secs(6)).unwrap_err().to_string();
         assert!(e.starts_with("not alive: the control loop has not started for 6.0 s"), "{e}");
         h.advance(ServerPhase::Serving);
         h.control_turned(t0 + Duration::from_secs(10));
-        assert!(h.alive_at(t0 + Duration::from_secs(12)).unwrap().starts_with("alive: the control loop turned 2000 ms ago"));
-        let e = h.alive_at(t0 + Duration::from_secs(16)).unwrap_err();
+        assert!(h.alive_at(t0 + Duration::from_secs(12)).unwrap().to_string().starts_with("alive: the control loop turned 2000 ms ago"));
+        let e = h.alive_at(t0 + Duration::from_secs(16)).unwrap_err().to_string();
         assert!(e.starts_with("not alive: the control loop has not turned for 6.0 s"), "{e}");
     }
 
@@ -149,21 +196,21 @@ mod tests {
     fn ready_only_while_serving_and_alive() {
         let h = ServerHealth::new();
         let t0 = h.born;
-        assert!(h.ready_at(t0).unwrap_err().starts_with("starting"));
+        assert!(h.ready_at(t0).unwrap_err().to_string().starts_with("starting"));
         assert!(!h.draining());
         h.advance(ServerPhase::Serving);
         h.control_turned(t0);
-        assert_eq!(h.ready_at(t0 + Duration::from_millis(100)).unwrap(), "ready\n");
+        assert_eq!(h.ready_at(t0 + Duration::from_millis(100)).unwrap().to_string(), "ready\n");
         // Serving but stuck: not ready either.
-        assert!(h.ready_at(t0 + Duration::from_secs(6)).unwrap_err().starts_with("not alive"));
+        assert!(h.ready_at(t0 + Duration::from_secs(6)).unwrap_err().to_string().starts_with("not alive"));
         h.advance(ServerPhase::Draining);
         assert!(h.draining());
-        assert!(h.ready_at(t0).unwrap_err().starts_with("draining"));
+        assert!(h.ready_at(t0).unwrap_err().to_string().starts_with("draining"));
         // The phase never goes back.
         h.advance(ServerPhase::Serving);
         assert_eq!(h.phase(), ServerPhase::Draining);
         h.advance(ServerPhase::Stopping);
-        assert!(h.ready_at(t0).unwrap_err().starts_with("stopping"));
+        assert!(h.ready_at(t0).unwrap_err().to_string().starts_with("stopping"));
         assert!(h.draining());
     }
 }

@@ -12,7 +12,8 @@
 //! uses); the accept loop stays hand-written because the servers of the
 //! crates around (tiny_http: a thread per busy connection, no read timeout)
 //! would give up those bounds (ARCHITECTURE.md, "Dependencies").
-use super::health::ServerHealth;
+use super::health::{Healthy, ServerHealth, Unhealthy};
+use std::fmt;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,16 +41,36 @@ pub struct MetricsServer {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Why the metrics endpoint did not start.
+#[derive(Debug)]
+pub enum MetricsError {
+    /// Its address cannot be bound.
+    Bind { listen: String, source: std::io::Error },
+    /// Setting up the bound socket or its thread failed.
+    Socket(std::io::Error),
+}
+
+impl fmt::Display for MetricsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetricsError::Bind { listen, source } => write!(f, "cannot serve metrics on {listen}: {source}"),
+            MetricsError::Socket(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for MetricsError {}
+
 impl MetricsServer {
     /// Binds `listen` and serves: `render()` on every scrape of `/metrics`,
     /// `health`'s answers on `/healthz` and `/readyz`.
-    pub fn start<F>(listen: &str, health: Arc<ServerHealth>, render: F) -> Result<MetricsServer, String>
+    pub fn start<F>(listen: &str, health: Arc<ServerHealth>, render: F) -> Result<MetricsServer, MetricsError>
     where
         F: Fn() -> String + Send + 'static,
     {
-        let listener = TcpListener::bind(listen).map_err(|e| format!("cannot serve metrics on {listen}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let listener = TcpListener::bind(listen).map_err(|source| MetricsError::Bind { listen: listen.to_string(), source })?;
+        let addr = listener.local_addr().map_err(MetricsError::Socket)?;
+        listener.set_nonblocking(true).map_err(MetricsError::Socket)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -68,7 +89,7 @@ impl MetricsServer {
                     }
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(MetricsError::Socket)?;
         Ok(MetricsServer { addr, stop, thread: Some(thread) })
     }
 
@@ -143,9 +164,9 @@ fn route(method: &str, target: &str, health: &ServerHealth, render: &dyn Fn() ->
         return Answer::text("405 Method Not Allowed", "only GET and HEAD are served\n");
     }
     let now = Instant::now();
-    let probe = |r: Result<String, String>| match r {
-        Ok(line) => Answer::text("200 OK", line),
-        Err(why) => Answer::text("503 Service Unavailable", why),
+    let probe = |r: Result<Healthy, Unhealthy>| match r {
+        Ok(line) => Answer::text("200 OK", line.to_string()),
+        Err(why) => Answer::text("503 Service Unavailable", why.to_string()),
     };
     match path {
         "/metrics" => Answer { status: "200 OK", content_type: EXPOSITION, body: render() },

@@ -57,22 +57,37 @@
 //! clock is read twice per slot round (first piece in, results posted) and
 //! twice around the kernel (staged: around the fold, for every piece in):
 //! `Instant::now` is a vDSO read, no system call.
+//!
+//! # Files
+//!
+//! This file holds the state and [`ShardWorker::poll_once`]. The per-chunk
+//! path: `complete.rs` takes a completion, checks and counts a piece and
+//! hands it to its slot's mode, one file each: `one_pass.rs`, `staged.rs`,
+//! `relay.rs`, `split_round.rs`; `post.rs` posts receives and results and
+//! ends a slot's round; `error.rs` says why a round failed its job.
+//! `jobs.rs` adds, drains and times out jobs (off the per-chunk path).
 use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
 use crate::dataplane::lcore::{bump, Counters, Worker};
 use crate::dataplane::metrics::MetricsTable;
 use crate::dataplane::slab::Slab;
 use crate::dataplane::split::SplitShared;
-use crate::reduce::{DataType, Kernels, MAX_INPUTS};
+use crate::reduce::{DataType, Kernels, ReduceError, MAX_INPUTS};
 use crate::wire::{self, JobSpec, Tag, SPLIT_MAX, SPLIT_MAX_RANKS};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
-mod chunk;
+mod complete;
+mod error;
 mod jobs;
+mod one_pass;
+mod post;
+mod relay;
 mod split_round;
 mod staged;
+
+use error::RoundError;
 
 /// Control plane to lcore.
 pub enum Command {
@@ -503,40 +518,7 @@ impl Worker for ShardWorker {
                 }
                 n + released
             }
-            Err(PollError::Completion(e)) => {
-                // Canceled operations of a draining job are how jobs end, not errors.
-                if !e.is_canceled() {
-                    bump(&stats.errors, 1);
-                }
-                match e.context {
-                    Some(ctx) if (ctx / self.per_job) < self.jobs.len() as u32 => {
-                        let ji = (ctx / self.per_job) as usize;
-                        if let Some(job) = self.jobs[ji].as_mut() {
-                            job.outstanding = job.outstanding.saturating_sub(1);
-                            // The provider says the rank's connection failed:
-                            // what is queued to it was dropped with it.
-                            if matches!(e.prov_errno, libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE | libc::ECONNREFUSED) {
-                                let n = job.on.spec.nranks;
-                                let rank = (((ctx % self.per_job) >> 1) % n) as usize;
-                                if job.gone.get(rank) == Some(&false) {
-                                    job.gone[rank] = true;
-                                    // The other lcores have connections of their own to it.
-                                    let _ = self.events.send(Event::RankGone { tag: job.on.tag, rank: rank as u32 });
-                                }
-                            }
-                            if job.state == State::Running {
-                                self.fail(ji, e.to_string());
-                            } else {
-                                self.maybe_finish_drain(ji);
-                            }
-                        }
-                    }
-                    _ => {
-                        let _ = self.events.send(Event::LcoreError { lcore: self.lcore, reason: e.to_string() });
-                    }
-                }
-                1
-            }
+            Err(PollError::Completion(e)) => self.on_failed_completion(e, stats),
             Err(PollError::Fabric(e)) => {
                 bump(&stats.errors, 1);
                 let _ = self.events.send(Event::LcoreError { lcore: self.lcore, reason: e.to_string() });

@@ -4,10 +4,50 @@
 use super::*;
 
 impl ShardWorker {
+    /// A piece of split slot `slot` is in (checked and counted): this
+    /// lcore's group only; once the group is in, its partial is folded, and
+    /// the last group in combines (see `dataplane::split`) and sends the
+    /// result to its group; the others wait for it (`check_split_waits`).
+    // Always inlined: a branch of `on_completion` (one function, inlined
+    // into `poll_once`, before the modes had files of their own).
+    #[inline(always)]
+    pub(super) fn split_piece(&mut self, ji: usize, slot: usize, elems: usize) {
+        let job = self.jobs[ji].as_ref().unwrap();
+        // A split slot: this lcore's group only; the last group in
+        // combines (see `dataplane::split`).
+        if job.slots[slot].arrived < job.expected(slot) {
+            return;
+        }
+        let sp = job.split.as_ref().unwrap();
+        let t0 = Instant::now();
+        if wire::split_folds_groups(sp.shared.groups(), job.on.spec.dtype) {
+            // The group's partial, before counting: the combiner reads
+            // it once the count says this group is in.
+            if let Err(e) = self.fold_group(ji, slot, elems) {
+                self.fail(ji, e.to_string());
+                return;
+            }
+        }
+        let job = self.jobs[ji].as_mut().unwrap();
+        let sp = job.split.as_ref().unwrap();
+        if !sp.shared.group_complete(slot - job.on.spec.window as usize) {
+            job.slots[slot].combine_wait = true;
+            self.split_waits += 1;
+            bump(&self.metrics.job(self.lcore, ji).reduce_ns, t0.elapsed().as_nanos() as u64);
+            return;
+        }
+        if let Err(e) = self.combine(ji, slot, elems) {
+            self.fail(ji, e.to_string());
+            return;
+        }
+        bump(&self.metrics.job(self.lcore, ji).reduce_ns, t0.elapsed().as_nanos() as u64);
+        self.send_results(ji, slot, Instant::now());
+    }
+
     /// Split slot `slot`'s group is in: folds its pieces in rank order (an
     /// average: summed) into its first rank's piece, the group's partial
     /// (see `dataplane::split`).
-    pub(super) fn fold_group(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), String> {
+    pub(super) fn fold_group(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), RoundError> {
         let job = self.jobs[ji].as_ref().unwrap();
         let sp = job.split.as_ref().unwrap();
         let j = slot - job.on.spec.window as usize;
@@ -25,7 +65,7 @@ impl ShardWorker {
         // this lcore's group, and out is exactly inputs[0], which reduce_raw
         // allows; no other lcore reads them before this group is counted.
         unsafe { self.kernels.reduce_raw(job.on.spec.dtype, op, inputs[0] as *mut u8, &inputs[..group.len()], elems) }
-            .map_err(|e| format!("reduce failed: {e}"))
+            .map_err(RoundError::Reduce)
     }
 
     /// Split slot `slot`'s groups are all in and this lcore is the last:
@@ -33,7 +73,7 @@ impl ShardWorker {
     /// `wire::split_folds_groups`, every rank's piece in rank order) into
     /// its own area's result buffer and publishes the round (see
     /// `dataplane::split`).
-    pub(super) fn combine(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), String> {
+    pub(super) fn combine(&mut self, ji: usize, slot: usize, elems: usize) -> Result<(), RoundError> {
         let job = self.jobs[ji].as_mut().unwrap();
         let sp = job.split.as_ref().unwrap();
         let (n, j) = (job.on.spec.nranks as usize, slot - job.on.spec.window as usize);
@@ -43,7 +83,7 @@ impl ShardWorker {
         let mut inputs = [core::ptr::null::<u8>(); SPLIT_MAX_RANKS as usize];
         let mut count = 0;
         for p in 0..sp.shared.groups() {
-            let area = sp.shared.area(p).ok_or_else(|| format!("split lcore {p} of the job has no area"))?;
+            let area = sp.shared.area(p).ok_or(RoundError::NoSplitArea(p))?;
             let ranks = sp.shared.ranks(p);
             for rank in if folded { ranks.start..ranks.start + 1 } else { ranks } {
                 // SAFETY: the offset is inside position p's area, which is
@@ -66,7 +106,7 @@ impl ShardWorker {
                 false => self.kernels.reduce_raw(dtype, op, out, &inputs[..count], elems),
             }
         };
-        r.map_err(|e| format!("reduce failed: {e}"))?;
+        r?;
         sp.shared.publish_result(j, job.slots[slot].seq, sp.position);
         job.slots[slot].from = sp.position;
         Ok(())

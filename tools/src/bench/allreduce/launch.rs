@@ -91,7 +91,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
             format_size_toml(p.chunk.max(4096))
         );
         let cfg = ServerFile::parse(&text).and_then(|f| f.resolve()).map_err(|e| e.to_string())?;
-        let s = Server::start(&cfg)?;
+        let s = Server::start(&cfg).map_err(|e| e.to_string())?;
         servers.push(s.local_addr().to_string());
         server = Some(s);
     }

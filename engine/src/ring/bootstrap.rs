@@ -101,23 +101,50 @@ impl Header {
     }
 
     /// Parses a header; the error says what was wrong with it.
-    fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
-        if b[0..4] != MAGIC {
-            return Err(format!("not a tally bootstrap frame (first bytes {:02x?}, expected {:02x?} \"TLYB\")", &b[0..4], MAGIC));
+    fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, HeaderError> {
+        let first: [u8; 4] = b[0..4].try_into().expect("4 bytes");
+        if first != MAGIC {
+            return Err(HeaderError::Magic(first));
         }
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let version = u16_at(4);
         if version != VERSION {
-            return Err(format!("bootstrap protocol version {version}, this build speaks {VERSION}"));
+            return Err(HeaderError::Version(version));
         }
-        let kind = Kind::from_u16(u16_at(6)).ok_or_else(|| format!("unknown frame kind {}", u16_at(6)))?;
+        let kind = Kind::from_u16(u16_at(6)).ok_or(HeaderError::Kind(u16_at(6)))?;
         let len = u64_at(24);
         if len > MAX_PAYLOAD {
-            return Err(format!("frame payload of {len} bytes exceeds the {MAX_PAYLOAD}-byte limit"));
+            return Err(HeaderError::TooLong(len));
         }
         Ok(Header { kind, rank: u32_at(8), nranks: u32_at(12), seq: u64_at(16), len })
+    }
+}
+
+/// What is wrong with a frame header that does not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeaderError {
+    /// Not the magic `TLYB`: these were the first bytes.
+    Magic([u8; 4]),
+    /// Another protocol version.
+    Version(u16),
+    /// A frame kind this build does not know.
+    Kind(u16),
+    /// A payload longer than [`MAX_PAYLOAD`].
+    TooLong(u64),
+}
+
+impl fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderError::Magic(first) => {
+                write!(f, "not a tally bootstrap frame (first bytes {first:02x?}, expected {MAGIC:02x?} \"TLYB\")")
+            }
+            HeaderError::Version(v) => write!(f, "bootstrap protocol version {v}, this build speaks {VERSION}"),
+            HeaderError::Kind(k) => write!(f, "unknown frame kind {k}"),
+            HeaderError::TooLong(len) => write!(f, "frame payload of {len} bytes exceeds the {MAX_PAYLOAD}-byte limit"),
+        }
     }
 }
 
@@ -232,7 +259,7 @@ impl Link {
         let what = || format!("waiting for {waiting_for} from rank {}", self.peer);
         let mut hb = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut hb).map_err(|e| io_error(e, what(), self.peer, timeout))?;
-        let h = Header::decode(&hb).map_err(|detail| BootstrapError::Protocol { peer: Some(self.peer), detail })?;
+        let h = Header::decode(&hb).map_err(|e| BootstrapError::Protocol { peer: Some(self.peer), detail: e.to_string() })?;
         let mut payload = vec![0u8; h.len as usize];
         self.stream.read_exact(&mut payload).map_err(|e| io_error(e, what(), self.peer, timeout))?;
         if h.kind == Kind::Reject {

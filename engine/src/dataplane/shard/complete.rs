@@ -1,0 +1,125 @@
+//! Taking a completion, where the per-chunk path starts. A send's
+//! completion is a rank taking its result; a receive's is a rank's piece
+//! in, which is checked (tag, sequence number, length), counted, and handed
+//! to its slot's mode: one-pass (`one_pass.rs`), staged (`staged.rs`),
+//! relay (`relay.rs`) or split (`split_round.rs`). A completion with an
+//! error fails its job, and a rank's connection that failed is told to the
+//! other lcores. Nothing here allocates, locks, makes a system call of its
+//! own or logs per chunk.
+use super::*;
+use crate::dataplane::fabric::CompletionError;
+
+impl ShardWorker {
+    /// A completion of this lcore's endpoint, decoded from its context id
+    /// alone (see the `shard` module doc).
+    pub(super) fn on_completion(&mut self, c: Completion, stats: &Counters) {
+        let (ji, local) = ((c.context / self.per_job) as usize, c.context % self.per_job);
+        let Some(job) = self.jobs.get_mut(ji).and_then(Option::as_mut) else {
+            bump(&stats.errors, 1);
+            return;
+        };
+        job.outstanding = job.outstanding.saturating_sub(1);
+        if job.state != State::Running {
+            self.maybe_finish_drain(ji);
+            return;
+        }
+        let n = job.on.spec.nranks;
+        let (piece, is_send) = (local >> 1, local & 1 == 1);
+        let (slot, rank) = ((piece / n) as usize, (piece % n) as usize);
+        if is_send {
+            bump(&stats.bytes_out, job.slots[slot].len as u64);
+            self.result_taken(ji, slot, rank);
+            return;
+        }
+        bump(&stats.bytes_in, c.len as u64);
+        bump(&self.metrics.job(self.lcore, ji).bytes_in, c.len as u64);
+        if let Some(p) = piece_problem(job, &c, slot) {
+            let s = job.slots[slot];
+            let msg = format!("{p} (rank {rank}, slot {slot}, tag {:#x}, expected seq {}, length {})", c.tag, s.seq, c.len);
+            self.fail(ji, msg);
+            return;
+        }
+        job.arrived_bits[slot * job.words_per_slot + rank / 64] |= 1 << (rank % 64);
+        if job.slots[slot].arrived == 0 {
+            if let Some(done) = job.finished {
+                self.fail(ji, finished_message(done));
+                return;
+            }
+        }
+        let s = &mut job.slots[slot];
+        s.len = c.len as u32;
+        if s.arrived == 0 {
+            s.first = Some(Instant::now());
+        }
+        s.arrived += 1;
+        let elems = c.len / job.on.spec.dtype.size();
+        if job.split_of(slot).is_some() {
+            self.split_piece(ji, slot, elems);
+        } else if job.on.spec.relays(c.len) {
+            self.relay_piece(ji, slot, rank);
+        } else if job.on.stage > 0 {
+            self.staged_piece(ji, slot, elems);
+        } else {
+            self.one_pass_piece(ji, slot, elems);
+        }
+    }
+
+    /// A completion that carries an error: its job fails (canceled
+    /// operations of a draining job are how jobs end, not errors); one
+    /// without a job of this lcore's is the lcore's error. Returns the
+    /// completions it stands for (1).
+    pub(super) fn on_failed_completion(&mut self, e: CompletionError, stats: &Counters) -> usize {
+        // Canceled operations of a draining job are how jobs end, not errors.
+        if !e.is_canceled() {
+            bump(&stats.errors, 1);
+        }
+        match e.context {
+            Some(ctx) if (ctx / self.per_job) < self.jobs.len() as u32 => {
+                let ji = (ctx / self.per_job) as usize;
+                if let Some(job) = self.jobs[ji].as_mut() {
+                    job.outstanding = job.outstanding.saturating_sub(1);
+                    // The provider says the rank's connection failed:
+                    // what is queued to it was dropped with it.
+                    if matches!(e.prov_errno, libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE | libc::ECONNREFUSED) {
+                        let n = job.on.spec.nranks;
+                        let rank = (((ctx % self.per_job) >> 1) % n) as usize;
+                        if job.gone.get(rank) == Some(&false) {
+                            job.gone[rank] = true;
+                            // The other lcores have connections of their own to it.
+                            let _ = self.events.send(Event::RankGone { tag: job.on.tag, rank: rank as u32 });
+                        }
+                    }
+                    if job.state == State::Running {
+                        self.fail(ji, e.to_string());
+                    } else {
+                        self.maybe_finish_drain(ji);
+                    }
+                }
+            }
+            _ => {
+                let _ = self.events.send(Event::LcoreError { lcore: self.lcore, reason: e.to_string() });
+            }
+        }
+        1
+    }
+}
+
+/// What is wrong with a piece received for `slot`, if anything: its tag
+/// names another job or slot, its sequence number is not the slot's
+/// round's, or its length is not whole elements or not the round's.
+#[inline]
+fn piece_problem(job: &Job, c: &Completion, slot: usize) -> Option<&'static str> {
+    let tag = Tag(c.tag);
+    let s = job.slots[slot];
+    if tag.job() != job.on.tag || tag.slot() as usize != slot {
+        Some("a chunk carried another job's or slot's tag")
+    } else if tag.seq() != s.seq {
+        Some("a chunk arrived with an unexpected sequence number")
+    } else if !c.len.is_multiple_of(job.on.spec.dtype.size()) {
+        Some("a chunk's length is not a whole number of elements")
+    } else if s.arrived > 0 && c.len as u32 != s.len {
+        Some("ranks sent chunks of different lengths")
+    } else {
+        None
+    }
+}
