@@ -7,10 +7,10 @@ use super::verify::{check, fill};
 use crate::bench::report::{Row, LOOP_LINES_ENV};
 use crate::collnet_driver;
 use std::time::{Duration, Instant};
-use tally_engine::ring::bootstrap::Bootstrap;
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::host::limits;
 use tally_engine::host::units::parse_size;
+use tally_engine::ring::bootstrap::Bootstrap;
 use tally_engine::ring::{Ring, RingConfig};
 
 /// How long an adaptive rank sleeps on its CQ at most, unless `--sleep-ms`.
