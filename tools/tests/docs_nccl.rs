@@ -811,7 +811,7 @@ fn quoted_figures_hold() {
 
     // Messages the page quotes, as the code writes them.
     // The control plane's texts: its job logic and its connections (handshake refusals).
-    let control = ["mod.rs", "conn.rs", "join.rs", "jobs.rs", "drain.rs", "failover.rs", "liveness.rs"]
+    let control = ["mod.rs", "conn/mod.rs", "conn/read.rs", "error.rs", "join.rs", "jobs.rs", "drain.rs", "failover.rs", "liveness.rs"]
         .iter()
         .map(|f| read(&format!("engine/src/control/{f}")))
         .collect::<String>();
