@@ -45,7 +45,33 @@ pub struct Outcome {
     pub lcore_stats: Vec<tally_engine::dataplane::lcore::Snapshot>,
 }
 
+/// A port for rank 0's bootstrap listener, which a rank process binds later.
+/// Not one the kernel hands out itself (`bind(0)`): between this check and
+/// rank 0's bind, that port may become the source port of any outgoing
+/// connection on the host (the ranks' own connections to the servers, a
+/// test beside this run), and rank 0's bind then fails with "address already
+/// in use". So a port below the ephemeral range (`ip_local_port_range`),
+/// picked at random and checked to be free, which only another listener
+/// could take in the meantime.
 fn free_port() -> Result<u16, String> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|w| w.parse::<u32>().ok()))
+        .unwrap_or(32768);
+    let (from, to) = (10_000u32, low.clamp(10_001, 65_535));
+    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        ^ (std::process::id() as u64) << 32;
+    for _ in 0..64 {
+        // xorshift64: spreads concurrent launchers over the range.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let port = (from + (seed % u64::from(to - from)) as u32) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    // Every try taken: fall back to one the kernel picks.
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
