@@ -251,38 +251,49 @@ impl Client {
                 let flight = *f;
                 self.reduce_relayed(sub, fi / window, flight)?;
             }
-            let s = &mut self.subs[sub];
-            let f = &mut s.flights[fi];
+            let f = &self.subs[sub].flights[fi];
             if f.send_done && f.recv_done {
-                let op_id = f.op;
-                let (chunk, seq) = (f.chunk, f.seq);
-                *f = Flight::default();
-                let st = fi / window;
-                let stream = &mut s.streams[st];
-                while stream.head_seq != stream.next_seq && s.flights[st * window + stream.head_slot as usize].op == 0 {
-                    stream.head_seq = stream.head_seq.wrapping_add(1);
-                    stream.head_slot = (stream.head_slot + 1) % window as u32;
-                }
-                if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
-                    if s.stage.is_some() {
-                        // One search for the operation serves both.
-                        failover::land(s, &self.ops[pos], st, seq, chunk, self.ops[pos].rail_copies(&self.rails));
-                    }
-                    self.ops[pos].done += 1;
-                    if self.ops[pos].done == self.ops[pos].chunks {
-                        if let Some(op) = self.ops.remove(pos) {
-                            self.note_if_slow(&op);
-                            self.spare_next.push(op.next);
-                            if self.subs[op.sub].retiring {
-                                self.retire(op.sub)?;
-                            }
-                        }
-                    }
-                }
+                self.finish_flight(sub, fi)?;
             }
         }
         if self.busy_polls.is_multiple_of(BUSY_CHECK_EVERY) {
             return self.check_controls();
+        }
+        Ok(())
+    }
+
+    /// A flight whose send and receive both completed: frees its slot, moves
+    /// the stream's head past the free slots, lands a staged result and counts
+    /// the chunk to its operation, which completes with its last chunk.
+    #[inline]
+    fn finish_flight(&mut self, sub: usize, fi: usize) -> Result<(), ClientError> {
+        let window = self.cfg.window as usize;
+        let s = &mut self.subs[sub];
+        let f = &mut s.flights[fi];
+        let op_id = f.op;
+        let (chunk, seq) = (f.chunk, f.seq);
+        *f = Flight::default();
+        let st = fi / window;
+        let stream = &mut s.streams[st];
+        while stream.head_seq != stream.next_seq && s.flights[st * window + stream.head_slot as usize].op == 0 {
+            stream.head_seq = stream.head_seq.wrapping_add(1);
+            stream.head_slot = (stream.head_slot + 1) % window as u32;
+        }
+        if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
+            if s.stage.is_some() {
+                // One search for the operation serves both.
+                failover::land(s, &self.ops[pos], st, seq, chunk, self.ops[pos].rail_copies(&self.rails));
+            }
+            self.ops[pos].done += 1;
+            if self.ops[pos].done == self.ops[pos].chunks {
+                if let Some(op) = self.ops.remove(pos) {
+                    self.note_if_slow(&op);
+                    self.spare_next.push(op.next);
+                    if self.subs[op.sub].retiring {
+                        self.retire(op.sub)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
