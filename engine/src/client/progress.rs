@@ -286,13 +286,22 @@ impl Client {
             }
             self.ops[pos].done += 1;
             if self.ops[pos].done == self.ops[pos].chunks {
-                if let Some(op) = self.ops.remove(pos) {
-                    self.note_if_slow(&op);
-                    self.spare_next.push(op.next);
-                    if self.subs[op.sub].retiring {
-                        self.retire(op.sub)?;
-                    }
-                }
+                self.complete_op(pos)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands back operation `pos`, all of whose chunks are done: its
+    /// slow-operation note, its cursor for reuse, and the end of a sub-job
+    /// that was retiring.
+    #[inline]
+    pub(in crate::client) fn complete_op(&mut self, pos: usize) -> Result<(), ClientError> {
+        if let Some(op) = self.ops.remove(pos) {
+            self.note_if_slow(&op);
+            self.spare_next.push(op.next);
+            if self.subs[op.sub].retiring {
+                self.retire(op.sub)?;
             }
         }
         Ok(())

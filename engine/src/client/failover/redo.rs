@@ -306,13 +306,7 @@ impl Client {
     /// Completes every operation whose chunks are all done.
     pub(in crate::client) fn finish_done_ops(&mut self) -> Result<(), ClientError> {
         while let Some(pos) = self.ops.iter().position(|o| o.planned && o.chunks > 0 && o.done >= o.chunks) {
-            if let Some(op) = self.ops.remove(pos) {
-                self.note_if_slow(&op);
-                self.spare_next.push(op.next);
-                if self.subs[op.sub].retiring {
-                    self.retire(op.sub)?;
-                }
-            }
+            self.complete_op(pos)?;
         }
         Ok(())
     }
