@@ -31,7 +31,7 @@ use bytemuck::Zeroable;
 use tally_engine::host::config::ServerFile;
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::wire::{
-    self, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, WireError, MAX_RANKS,
+    self, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, WireError, MAX_LANES, MAX_RANKS,
     MAX_WINDOW, NAME_BYTES,
 };
 
@@ -152,7 +152,8 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(h.shards == spec.shards || (h.shards == 0 && spec.shards == limits.lcores), "{}", ctx());
     assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
-    assert_eq!((h._pad0, h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE)), (0, [0; 6], 0), "{}", ctx());
+    assert!((h.lanes as usize) < MAX_LANES, "{}", ctx());
+    assert_eq!((h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE)), ([0; 6], 0), "{}", ctx());
     assert_eq!(spec.relay, h.flags & Hello::RELAY != 0, "{}", ctx());
     assert!(!spec.relay || spec.nranks == 2, "{}", ctx());
     assert_eq!(spec.split, h.flags & Hello::SPLIT != 0, "{}", ctx());
@@ -295,7 +296,7 @@ fn mutate_field(rng: &mut Rng, h: &mut Hello) {
         5 => h.window = v,
         6 => h.shards = v,
         7 => h.name_len = v as u16,
-        8 if rng.below(2) == 0 => h._pad0 = v as u8,
+        8 if rng.below(2) == 0 => h.lanes = v as u8,
         8 => h.flags = v as u8,
         9 => h._pad1[rng.below(6) as usize] = v as u8,
         10 => h.header.kind = v as u16,

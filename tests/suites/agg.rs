@@ -224,16 +224,18 @@ fn tcp_every_type_and_op_3_ranks() {
     every_type_and_op("tcp");
 }
 
-/// Ranks with rails (an endpoint and a thread per server, here on 2 cores
-/// where the default is none): three servers over two and three rails, in
-/// place and not, with failover's staging (results copied out by the rail
-/// threads) and without; eight types, odd sizes across chunk boundaries.
+/// Ranks with rails (an endpoint and a thread each, here on 2 cores where
+/// the default is none): three servers of two lcores over two rails (shared
+/// by servers), three (one each), six (lanes: each lcore a rail of its own)
+/// and four (server 0 on two lanes, the others on one); in place and not,
+/// with failover's staging (results copied out by the rail threads) and
+/// without; eight types, odd sizes across chunk boundaries.
 #[test]
 fn tcp_ranks_with_rails_every_element_right() {
     let srvs: Vec<_> = (0..3).map(|_| server("tcp")).collect();
     let addrs = srvs.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
     let s = seed();
-    for (id, (rails, in_place, failover)) in (700..).zip([(3, false, true), (2, true, true), (3, true, false), (2, false, false)]) {
+    for (id, (rails, in_place, failover)) in (700..).zip([(3, false, true), (2, true, true), (6, true, true), (4, false, false)]) {
         // At most 8 (type, op) pairs: a client's sub-jobs.
         let ops = DataType::ALL
             .iter()

@@ -127,9 +127,10 @@ fn sigterm_one_of_three_servers_with_two_lcores_each_tcp() {
 
 #[test]
 fn sigterm_one_of_three_servers_under_ranks_with_rails_tcp() {
-    // Three rails, one per server: the draining server's rail carries its
-    // streams until the switch, the others the rest.
-    drain_one_of_three("tcp", Shape { two_lcores: true, rails: Some(3), ..Shape::default() });
+    // Six rails, two lanes per server (each lcore a rail of its own): the
+    // draining server's lanes carry its streams until the switch, the
+    // others the rest.
+    drain_one_of_three("tcp", Shape { two_lcores: true, rails: Some(6), ..Shape::default() });
 }
 
 #[test]

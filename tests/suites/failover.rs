@@ -130,6 +130,14 @@ fn sigkill_one_of_three_servers_under_ranks_with_rails_tcp() {
     kill_one_of_three("tcp", Shape { two_lcores: true, rails: Some(2), ..Shape::default() });
 }
 
+#[test]
+fn sigkill_one_of_three_servers_under_ranks_with_lanes_tcp() {
+    // Five rails over three servers of two lcores: servers 0 and 1 have two
+    // lanes (rails 0, 3 and 1, 4: a rail per lcore), server 2 one (rail 2).
+    // The redo job's Hellos name each survivor's lane 0.
+    kill_one_of_three("tcp", Shape { two_lcores: true, rails: Some(5), ..Shape::default() });
+}
+
 /// A server dies after one rank got a result and completed its
 /// all-reduce, before another got it (here forced: rank 1 drops server 1's
 /// results from operation 30 on). Rank 0 gave its buffer back long ago, so

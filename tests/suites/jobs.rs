@@ -58,6 +58,16 @@ fn malformed_handshakes_are_refused_and_the_server_carries_on() {
         assert_eq!(r.code(), Some(RejectCode::BadField), "{field}: {r}");
         assert_eq!(r.field(), field, "{r}");
     }
+    // Lanes: too many names is refused before their records are read; an
+    // empty lane name once they are.
+    let mut many = good;
+    many.lanes = wire::MAX_LANES as u8;
+    let r = raw_handshake(&srv.addr, bytemuck::bytes_of(&many));
+    assert_eq!((r.code(), r.field()), (Some(RejectCode::BadField), "lanes"), "{r}");
+    let mut empty = wire::HelloMessage::new(&spec, 0, &[0; 32], &[b"name", b"lane1", b"lane2"]).unwrap();
+    empty.lanes[1].len = 0;
+    let r = raw_handshake(&srv.addr, empty.as_bytes());
+    assert_eq!((r.code(), r.field()), (Some(RejectCode::BadField), "lanes"), "{r}");
     // A client that connects and says nothing is dropped after the handshake timeout,
     // and meanwhile real jobs run.
     let idle = TcpStream::connect(&srv.addr).unwrap();

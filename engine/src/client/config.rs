@@ -74,10 +74,11 @@ pub struct ClientConfig {
     /// flag).
     pub split: bool,
     /// Endpoints the client moves bytes through, each driven by its own
-    /// thread, server `si` on rail `si mod rails` (see [`rails`]). 1: one
-    /// endpoint on the caller's thread, no thread of its own. 0: auto
-    /// ([`rails::auto_rails`]: one per server over tcp on hosts of 8 or
-    /// more cores). Default from TALLY_RAILS, else 0.
+    /// thread, server `si` on rail `si mod rails`, or on its lanes with more
+    /// rails than servers (see [`rails`]). 1: one endpoint on the caller's
+    /// thread, no thread of its own. 0: auto ([`rails::auto_rails`]: one per
+    /// server but at least 4, over tcp, for 2+ servers on hosts of 8 or more
+    /// cores). Default from TALLY_RAILS, else 0.
     pub rails: usize,
     /// Cores to pin the rail threads to, one each in order (empty: they
     /// keep the affinity of the thread that connects). From TALLY_RAIL_CORES.

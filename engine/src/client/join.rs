@@ -40,13 +40,9 @@ impl Client {
                 && self.cfg.servers.len() == 1
                 && (wire::SPLIT_MIN_RANKS..=wire::SPLIT_MAX_RANKS).contains(&self.cfg.nranks),
         };
-        // Each server's Hello names the rail that carries its streams.
-        let mut hellos = (0..self.cfg.servers.len())
-            .map(|si| Hello::new(&spec, self.cfg.rank, &self.token, self.rails.name(self.rails.rail_of(si)).as_bytes()))
-            .collect::<Option<Vec<Hello>>>()
-            .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
+        let mut hellos = (0..self.cfg.servers.len()).map(|si| self.hello_to(si, &spec)).collect::<Result<Vec<_>, _>>()?;
         if self.wants_heartbeats() {
-            hellos.iter_mut().for_each(|h| h.flags |= Hello::ALIVE);
+            hellos.iter_mut().for_each(|h| h.hello.flags |= Hello::ALIVE);
         }
         // Send every Hello first, then wait for the answers: servers admit
         // the job only when all ranks are in, on all servers at once. The
@@ -112,8 +108,9 @@ impl Client {
             let latency_lcores = g.latency.map_or(0, |(l, _)| l);
             small_lcores = if latency_lcores > 0 { latency_lcores } else { g.names.len() } as u32;
             for (k, n) in g.names.iter().enumerate() {
-                let addr = self.rails.insert_peer(self.rails.rail_of(si), n).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                streams.push(Stream { latency: k < latency_lcores, ..Stream::new(addr, si, g.tag) });
+                let rail = self.rails.rail_for(si, k);
+                let addr = self.rails.insert_peer(rail, n).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                streams.push(Stream { latency: k < latency_lcores, ..Stream::new(addr, si, rail, g.tag) });
             }
             keepalive(s);
             let _ = s.set_nonblocking(true);
@@ -126,7 +123,7 @@ impl Client {
         let groups = wire::split_lcores(self.cfg.nranks, small_lcores);
         let (split, split_max) = if spec.split && groups >= 2 {
             let p = wire::split_position(self.cfg.rank, self.cfg.nranks, groups) as usize;
-            let base = Stream::new(streams[p].addr, streams[p].server, streams[p].job_tag);
+            let base = Stream::new(streams[p].addr, streams[p].server, streams[p].rail, streams[p].job_tag);
             streams.push(Stream { split: true, slot_base: self.cfg.window as u16, ..base });
             (Some(streams.len() - 1), wire::SPLIT_MAX.min(chunk_elems * dtype.size()))
         } else {
@@ -185,6 +182,13 @@ impl Client {
         Ok(self.subs.len() - 1)
     }
 
+    /// The Hello to server `si`: it names the rails that carry its streams
+    /// (its lanes, `Rails::lanes`).
+    pub(super) fn hello_to(&self, si: usize, spec: &JobSpec) -> Result<HelloMessage, ClientError> {
+        let names: Vec<&[u8]> = self.rails.lanes(si).map(|r| self.rails.name(r).as_bytes()).collect();
+        HelloMessage::new(spec, self.cfg.rank, &self.token, &names).ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))
+    }
+
     /// Reads a server's answer to `hello` on `s`. A server that is busy
     /// (too many connections in their handshake, as in a join storm) says
     /// so at once: join again after a jittered backoff, until the join
@@ -201,7 +205,7 @@ impl Client {
     pub(super) fn collect_answers(
         &self,
         controls: &mut [Option<TcpStream>],
-        hellos: &[Hello],
+        hellos: &[HelloMessage],
         join_started: Instant,
     ) -> Result<Vec<Option<Result<Granted, Box<Reject>>>>, ClientError> {
         let n = controls.len();
@@ -219,7 +223,13 @@ impl Client {
                 let a = self.answer(server, s, &hellos[si], join_started, self.cfg.join_timeout, true)?;
                 if let Err(r) = &a {
                     if r.code() != Some(RejectCode::Draining) {
-                        return Err(ClientError::Refused { server: server.clone(), reject: r.to_string() });
+                        // A server from before lanes reads their count as padding.
+                        let hint = if hellos[si].hello.lanes > 0 && r.field() == "padding" {
+                            " (this server predates lanes, more rails than servers: upgrade it, or set TALLY_RAILS to at most the number of servers)"
+                        } else {
+                            ""
+                        };
+                        return Err(ClientError::Refused { server: server.clone(), reject: format!("{r}{hint}") });
                     }
                 }
                 answers[si] = Some(a);
@@ -247,7 +257,7 @@ impl Client {
         &self,
         server: &str,
         s: &mut TcpStream,
-        hello: &Hello,
+        hello: &HelloMessage,
         join_started: Instant,
         limit: Duration,
         rejoin_broken: bool,
@@ -335,17 +345,17 @@ pub(crate) fn keepalive(s: &TcpStream) {
 }
 
 /// A control connection to `server` (retried until `timeout`) that has sent `hello`.
-pub(super) fn say_hello(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
+pub(super) fn say_hello(server: &str, hello: &HelloMessage, timeout: Duration) -> Result<TcpStream, ClientError> {
     let err = |e: String| ClientError::Connect { server: server.to_string(), error: e };
     let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
     let mut s = connect_retry(&addr, timeout).map_err(|e| err(e.to_string()))?;
     let _ = s.set_nodelay(true);
-    s.write_all(bytemuck::bytes_of(hello)).map_err(|e| err(e.to_string()))?;
+    s.write_all(hello.as_bytes()).map_err(|e| err(e.to_string()))?;
     Ok(s)
 }
 
 /// A new control connection to `server` with the same Hello.
-pub(super) fn hello_again(server: &str, hello: &Hello, timeout: Duration) -> Result<TcpStream, ClientError> {
+pub(super) fn hello_again(server: &str, hello: &HelloMessage, timeout: Duration) -> Result<TcpStream, ClientError> {
     say_hello(server, hello, timeout.max(Duration::from_millis(100)))
 }
 

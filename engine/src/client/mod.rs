@@ -33,7 +33,9 @@ use crate::dataplane::fabric::{
     select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
 };
 use crate::reduce::{DataType, Kernels, ReduceOp};
-use crate::wire::{self, Accept, Boundary, Drain, Hello, JobSpec, Kind, NameRecord, Reject, RejectCode, SwitchAt, Tag, TOKEN_BYTES};
+use crate::wire::{
+    self, Accept, Boundary, Drain, Hello, HelloMessage, JobSpec, Kind, NameRecord, Reject, RejectCode, SwitchAt, Tag, TOKEN_BYTES,
+};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{Read, Write};
@@ -162,14 +164,15 @@ impl Client {
             }
             Rails::threaded(eps, cfg.spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize)
         }
-        .map_err(|e| ClientError::Fabric(e.to_string()))?;
+        .map_err(|e| ClientError::Fabric(e.to_string()))?
+        .serve(cfg.servers.len());
         if rails.count() > 1 {
-            log::info!(
-                "rank {}: {} rails (an endpoint and a thread each), server i on rail i mod {}",
-                cfg.rank,
-                rails.count(),
-                rails.count()
-            );
+            let how = if rails.count() <= cfg.servers.len() {
+                format!("server i on rail i mod {}", rails.count())
+            } else {
+                format!("server i's lcores spread over rails i, i + {0}, ... (lcore k on its lane k mod lanes)", cfg.servers.len())
+            };
+            log::info!("rank {}: {} rails (an endpoint and a thread each), {how}", cfg.rank, rails.count());
         }
         crate::dataplane::lcore::precise_naps();
         let watchdog = watchdog::Watchdog::start(

@@ -133,7 +133,7 @@ impl Client {
         let f = s.flights[fi];
         let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
         let stream = &s.streams[st];
-        let rail = self.rails.rail_of(stream.server);
+        let rail = stream.rail;
         let (chunk, seq) = (f.chunk, f.seq);
         let off = chunk * op.chunk_bytes;
         let len = op.chunk_bytes.min(op.bytes - off);

@@ -5,11 +5,16 @@
 //! (and, for eager messages, once more by rxm), on the thread that drives the
 //! endpoint's progress. With one endpoint that is the caller's thread, and it
 //! tops out near 4-5 GB/s of traffic in and out together: a worker on a 16
-//! Gbit/s link needs 2 GB/s each way, at 32 Gbit/s 4. So a client of several
-//! servers can run *rails*: one endpoint per rail, each on its own thread,
-//! and server `si`'s streams on rail `si mod R`. Each server then learns the
-//! rank's address from the Hello it gets, which names that server's rail, so
-//! nothing on the wire changes.
+//! Gbit/s link needs 2 GB/s each way, at 32 Gbit/s 4. So a client can run
+//! *rails*: one endpoint per rail, each on its own thread. With no more rails
+//! than servers, server `si`'s streams go on rail `si mod R`, and its Hello
+//! names that rail. With more (R > S servers), server `si` gets the rails
+//! `si, si + S, si + 2S, ...` below R as its *lanes*: its Hello names them
+//! all (`wire::HelloMessage`), and its lcore `k` talks to lane `k mod
+//! lanes` ([`Rails::rail_for`]), so that one server's lcores spread over
+//! several rails. Why: a rail carrying 2 GB/s each way is at one endpoint's
+//! ceiling, and failover's copy of the results it receives (see
+//! [`Rails::recv`]) then shows on the link (docs/measurements.md, Rails).
 //!
 //! A rail thread owns its endpoint (`FI_THREAD_DOMAIN`: nothing else touches
 //! it) and runs one loop: take the operations the client queued ([`Cmd`]),
@@ -62,12 +67,21 @@ pub const MAX_RAILS: usize = 8;
 /// sees `EAGAIN` and posts again later, as from a full provider queue.
 const RING: usize = 4096;
 
+/// Rails a client of several servers runs at least, when auto: with fewer,
+/// a rail of two servers carries 2 GB/s each way at 32 Gbit/s, one
+/// endpoint's ceiling (docs/measurements.md, Rails: 2 + 2 hosts at 32
+/// Gbit/s, 0.73-0.87 of the bound on two rails, 0.97-1.01 on four).
+pub const AUTO_MIN_RAILS: usize = 4;
+
 /// How many rails a client of `servers` servers over `provider` runs when
-/// its configuration says 0 (auto): one per server, up to [`MAX_RAILS`],
-/// over tcp and on a host with at least 8 cores; else one (no thread).
+/// its configuration says 0 (auto): one per server but at least
+/// [`AUTO_MIN_RAILS`] (so one server's lcores spread over lanes), up to
+/// [`MAX_RAILS`], over tcp, with two servers or more, on a host with at
+/// least 8 cores; else one (no thread: one server's small operations keep
+/// the caller's thread, without a hop to a rail).
 pub fn auto_rails(provider: &str, servers: usize, cores: usize) -> usize {
     if provider.starts_with("tcp") && servers >= 2 && cores >= 8 {
-        servers.min(MAX_RAILS)
+        servers.clamp(AUTO_MIN_RAILS, MAX_RAILS)
     } else {
         1
     }
@@ -81,11 +95,25 @@ pub fn wants_rail_threads(provider: &str, rails: usize) -> bool {
 }
 
 /// The rails a client runs when it asked for `asked` (0: [`auto_rails`],
-/// with this thread's cores), at most one per server and [`MAX_RAILS`].
+/// with this thread's cores), at most [`MAX_RAILS`]. More rails than
+/// servers spread each server's lcores over several (see the module doc).
 pub fn resolve_rails(asked: usize, provider: &str, servers: usize) -> usize {
     match asked {
         0 => auto_rails(provider, servers, std::thread::available_parallelism().map_or(1, |n| n.get())),
-        n => n.clamp(1, MAX_RAILS).min(servers.max(1)),
+        n => n.clamp(1, MAX_RAILS),
+    }
+}
+
+/// The rails that carry server `si`'s streams, its lanes in order, when
+/// `rails` rails serve `servers` servers: rail `si mod rails` alone, or,
+/// with more rails than servers, every rail `r` with `r mod servers == si`.
+pub fn lanes(rails: usize, servers: usize, si: usize) -> core::iter::StepBy<core::ops::Range<usize>> {
+    let (rails, servers) = (rails.max(1), servers.max(1));
+    if rails <= servers {
+        let r = si % rails;
+        (r..r + 1).step_by(1)
+    } else {
+        (si % servers..rails).step_by(servers)
     }
 }
 
@@ -217,6 +245,8 @@ enum Mode {
 /// The client's endpoints: one driven by the caller, or one per rail thread.
 pub struct Rails {
     mode: Mode,
+    /// The servers the rails serve (see [`lanes`]).
+    servers: usize,
     names: Vec<EndpointName>,
     provider: String,
     needs_local_mr: bool,
@@ -232,6 +262,7 @@ impl Rails {
     pub fn direct(ep: Endpoint) -> Result<Rails, FabricError> {
         let name = ep.name()?;
         Ok(Rails {
+            servers: 1,
             names: vec![name],
             provider: ep.provider().to_string(),
             needs_local_mr: ep.needs_local_mr(),
@@ -250,6 +281,7 @@ impl Rails {
         // Built up rail by rail: on an error, dropping it stops and joins
         // the threads already started.
         let mut made = Rails {
+            servers: 1,
             names: Vec::with_capacity(eps.len()),
             provider: eps.first().map_or_else(String::new, |e| e.provider().to_string()),
             needs_local_mr: false,
@@ -320,10 +352,22 @@ impl Rails {
         self.names.len()
     }
 
-    /// The rail that carries server `si`'s streams.
-    #[inline(always)]
-    pub fn rail_of(&self, si: usize) -> usize {
-        si % self.names.len()
+    /// Spreads the rails over `servers` servers (see [`lanes`]).
+    pub fn serve(mut self, servers: usize) -> Rails {
+        self.servers = servers.max(1);
+        self
+    }
+
+    /// The rails that carry server `si`'s streams (its lanes, in order).
+    pub fn lanes(&self, si: usize) -> impl Iterator<Item = usize> {
+        lanes(self.names.len(), self.servers, si)
+    }
+
+    /// The rail that carries the stream to lcore `k` of server `si`: its
+    /// lane `k mod lanes`, as the server's lcore `k` uses the name of.
+    pub fn rail_for(&self, si: usize, k: usize) -> usize {
+        let n = self.lanes(si).count();
+        self.lanes(si).nth(k % n).expect("a server has at least one lane")
     }
 
     /// The address of rail `r` (what the Hello to its servers names).
@@ -621,5 +665,33 @@ fn ask(sh: &Shared, c: Cmd) -> Result<Reply, FabricError> {
             return Err(FabricError { call: "rail: no answer in 5 s", code: libc::ETIMEDOUT });
         }
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(rails: usize, servers: usize) -> Vec<Vec<usize>> {
+        (0..servers).map(|si| lanes(rails, servers, si).collect()).collect()
+    }
+
+    #[test]
+    fn no_more_rails_than_servers_is_a_rail_per_server_shared_round_robin() {
+        assert_eq!(all(1, 3), [[0], [0], [0]]);
+        assert_eq!(all(2, 3), [[0], [1], [0]]);
+        assert_eq!(all(3, 3), [[0], [1], [2]]);
+    }
+
+    #[test]
+    fn more_rails_than_servers_spread_each_server_over_lanes_that_cover_every_rail_once() {
+        assert_eq!(all(8, 2), [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
+        assert_eq!(all(5, 3), [vec![0, 3], vec![1, 4], vec![2]]);
+        assert_eq!(all(4, 1), [vec![0, 1, 2, 3]]);
+        for (r, s) in [(8, 3), (7, 2), (8, 8), (6, 4)] {
+            let mut seen: Vec<usize> = all(r, s).concat();
+            seen.sort();
+            assert_eq!(seen, (0..r).collect::<Vec<_>>(), "{r} rails over {s} servers");
+        }
     }
 }

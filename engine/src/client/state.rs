@@ -24,6 +24,8 @@ pub(super) struct Stream {
     pub(super) addr: PeerAddr,
     /// Index of its server in the client's server list.
     pub(super) server: usize,
+    /// The rail it goes on (`Rails::rail_for` its server and lcore).
+    pub(super) rail: usize,
     pub(super) job_tag: u16,
     pub(super) next_seq: u32,
     /// Oldest sequence not yet complete. Slots are reused in sequence order,
@@ -37,7 +39,7 @@ pub(super) struct Stream {
 }
 
 impl Stream {
-    pub(super) fn new(addr: PeerAddr, server: usize, job_tag: u16) -> Stream {
+    pub(super) fn new(addr: PeerAddr, server: usize, rail: usize, job_tag: u16) -> Stream {
         Stream {
             lost: false,
             latency: false,
@@ -47,6 +49,7 @@ impl Stream {
             died: u64::MAX,
             addr,
             server,
+            rail,
             job_tag,
             next_seq: 0,
             head_seq: 0,

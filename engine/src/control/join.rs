@@ -6,7 +6,7 @@ use super::*;
 
 impl ControlPlane {
     pub(super) fn join(&mut self, j: Joining) {
-        let Joining { rejoin, heartbeats, conn, peer, spec, rank, name } = j;
+        let Joining { rejoin, heartbeats, conn, peer, spec, rank, names } = j;
         let c = Conn { id: conn, rank, peer, heartbeats };
         if self.draining.is_some() {
             log::info!("{peer}: rank {rank} of job {:#x} refused: the server is draining", spec.job_id);
@@ -55,7 +55,7 @@ impl ControlPlane {
             return;
         }
         if p.conns[rank as usize].is_some() {
-            if p.names[rank as usize].as_ref() != Some(&name) {
+            if p.names[rank as usize].as_ref() != Some(&names) {
                 log::warn!("{peer}: rank {rank} of job {:#x} joined twice", spec.job_id);
                 refuse(&mut self.net, &c, RejectCode::DuplicateRank, "rank", "this rank already joined the job");
                 return;
@@ -70,7 +70,7 @@ impl ControlPlane {
             self.net.close(old.id);
         }
         p.conns[rank as usize] = Some(c);
-        p.names[rank as usize] = Some(name);
+        p.names[rank as usize] = Some(names);
         p.joined += 1;
         self.conn_job.insert(conn, spec.job_id);
         log::debug!("job {:#x}: rank {rank} joined from {peer} ({}/{})", spec.job_id, p.joined, spec.nranks);
@@ -83,7 +83,7 @@ impl ControlPlane {
     pub(super) fn admit(&mut self, p: Pending) {
         let spec = p.spec;
         let mut conns: Vec<Conn> = p.conns.into_iter().map(|c| c.expect("all joined")).collect();
-        let names: Vec<EndpointName> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
+        let names: Vec<Vec<EndpointName>> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
         let Some(index) = (0..self.active.len()).find(|&i| self.active[i].is_none() && self.quarantined[i].is_none()) else {
             log::warn!("job {:#x} refused: already serving {} jobs", spec.job_id, self.active.len());
             self.refuse_all(
@@ -174,8 +174,9 @@ impl ControlPlane {
                 position: l as u32,
                 base: *off + len,
             });
-            let on =
-                JobOnShard { index: index as u16, tag, spec, base: *off, stride, stage: grant.stage, client_names: names.clone(), split };
+            // Each rank's name for this lcore: its lane l mod lanes.
+            let client_names = names.iter().map(|n| n[l % n.len()].clone()).collect();
+            let on = JobOnShard { index: index as u16, tag, spec, base: *off, stride, stage: grant.stage, client_names, split };
             let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
         }
         log::info!(

@@ -90,7 +90,8 @@ struct Pending {
     spec: JobSpec,
     rejoin: bool,
     conns: Vec<Option<Conn>>,
-    names: Vec<Option<EndpointName>>,
+    /// Per rank, its endpoint names (see [`conn::Joining::names`]).
+    names: Vec<Option<Vec<EndpointName>>>,
     joined: u32,
     first_join: Instant,
     deadline: Instant,

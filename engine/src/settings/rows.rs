@@ -119,7 +119,7 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_RAILS",
         "0",
-        "auto: one per server, at most 8, over tcp on hosts of 8 or more cores, else 1",
+        "auto: one per server but at least 4, at most 8, over tcp with 2+ servers on hosts of 8 or more cores, else 1",
         &[Client, Tools],
         "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread)",
     ),

@@ -1,7 +1,20 @@
-//! The handshake: a rank's `Hello`, the server's `Accept` (with the lcores'
-//! endpoint names, `NameRecord`) or `Reject` (a code and a reason), the job
-//! parameters every rank must agree on (`JobSpec`) and the token.
+//! The handshake: a rank's `Hello` (with its lanes' endpoint names,
+//! `HelloMessage`), the server's `Accept` (with the lcores' endpoint names,
+//! `NameRecord`) or `Reject` (a code and a reason), the job parameters every
+//! rank must agree on (`JobSpec`) and the token.
+//!
+//! Lanes: a rank names one endpoint in its Hello, and every lcore of the
+//! server sends to it; or, with `Hello::lanes` > 0, that many more as
+//! `NameRecord`s right after the Hello, and the server's lcore `k` uses name
+//! `k mod (1 + lanes)`. A rank with more rails than servers (each rail an
+//! endpoint and a thread, `client::rails`) so spreads one server's lcores
+//! over several rails. A server from before lanes refuses such a Hello (its
+//! `lanes` byte was padding that had to be zero); a rank with no more rails
+//! than servers sends none, and meets old and new servers alike.
 use super::*;
+
+/// The most endpoint names one Hello carries (its own and the lanes').
+pub const MAX_LANES: usize = 8;
 
 /// A client's request to join a job.
 #[repr(C)]
@@ -22,7 +35,9 @@ pub struct Hello {
     /// and takes this (restarted) server back at an operation boundary.
     /// [`Hello::RELAY`]: (two-rank jobs) relay small pieces, see the module doc.
     pub flags: u8,
-    pub _pad0: u8,
+    /// How many [`NameRecord`]s follow the Hello: more endpoint names of the
+    /// rank, below [`MAX_LANES`] (see the module doc).
+    pub lanes: u8,
     /// Elements per shard of a chunk: the size of one server slot piece.
     pub chunk_elems: u32,
     /// Chunks each lcore keeps in flight for this job.
@@ -391,7 +406,10 @@ impl Hello {
         if split && !(SPLIT_MIN_RANKS..=SPLIT_MAX_RANKS).contains(&self.nranks) {
             return bad("flags", "split is for jobs of 4 to 64 ranks");
         }
-        if self._pad0 != 0 || self._pad1 != [0; 6] {
+        if self.lanes as usize >= MAX_LANES {
+            return bad("lanes", "more endpoint names than a rank may send");
+        }
+        if self._pad1 != [0; 6] {
             return bad("padding", "reserved bytes must be zero");
         }
         let shards = if self.shards == 0 { limits.lcores } else { self.shards };
@@ -410,6 +428,58 @@ impl Hello {
 
     pub fn name(&self) -> &[u8] {
         &self.name[..(self.name_len as usize).min(NAME_BYTES)]
+    }
+
+    /// Bytes of the whole handshake message that starts with `prefix`: the
+    /// Hello alone until all of it is there, then with its lanes' records
+    /// (at most [`MAX_LANES`] - 1 of them, whatever the byte says: a larger
+    /// count is refused by [`Hello::check`] before the rest is read).
+    pub fn message_len(prefix: &[u8]) -> usize {
+        let hello = core::mem::size_of::<Hello>();
+        match read::<Hello>(prefix) {
+            Ok(h) => hello + (h.lanes as usize).min(MAX_LANES - 1) * core::mem::size_of::<NameRecord>(),
+            Err(_) => hello,
+        }
+    }
+}
+
+/// A Hello as it goes on the wire: the Hello, then `hello.lanes` name
+/// records (the rest of `lanes` is not sent).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct HelloMessage {
+    pub hello: Hello,
+    pub lanes: [NameRecord; MAX_LANES - 1],
+}
+
+impl HelloMessage {
+    /// A Hello naming `names[0]`, with the rest of `names` as its lanes;
+    /// None for no names, more than [`MAX_LANES`], or one empty or too long.
+    pub fn new(spec: &JobSpec, rank: u32, token: &[u8; TOKEN_BYTES], names: &[&[u8]]) -> Option<HelloMessage> {
+        let (first, rest) = names.split_first()?;
+        if rest.len() >= MAX_LANES {
+            return None;
+        }
+        let mut m = HelloMessage::zeroed();
+        m.hello = Hello::new(spec, rank, token, first)?;
+        m.hello.lanes = rest.len() as u8;
+        for (r, n) in m.lanes.iter_mut().zip(rest) {
+            *r = NameRecord::new(n)?;
+        }
+        Some(m)
+    }
+
+    /// The bytes to send: the Hello and its lanes' records.
+    pub fn as_bytes(&self) -> &[u8] {
+        let all = bytemuck::bytes_of(self);
+        &all[..core::mem::size_of::<Hello>() + self.hello.lanes as usize * core::mem::size_of::<NameRecord>()]
+    }
+
+    /// Lane `k`'s record (`1..=lanes`; the Hello itself names lane 0) in
+    /// a message of [`Hello::message_len`] bytes.
+    pub fn lane(msg: &[u8], k: usize) -> Result<NameRecord, WireError> {
+        let at = core::mem::size_of::<Hello>() + k.saturating_sub(1) * core::mem::size_of::<NameRecord>();
+        read(msg.get(at..).unwrap_or(&[]))
     }
 }
 

@@ -347,6 +347,7 @@ mod tests {
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
             ("padding", |h| h._pad1[3] = 1),
+            ("lanes", |h| h.lanes = MAX_LANES as u8),
             ("flags", |h| h.flags = 16),
             // Relay with four ranks.
             ("flags", |h| h.flags = Hello::RELAY),
@@ -356,6 +357,30 @@ mod tests {
             mutate(&mut h);
             assert_eq!(h.check(&LIMITS).unwrap_err().field, *field);
         }
+    }
+
+    #[test]
+    fn a_hello_with_lanes_carries_their_names_after_it() {
+        let names: [&[u8]; 3] = [b"rail0", b"rail2", b"rail4"];
+        let m = HelloMessage::new(&spec(), 1, &[0; 32], &names).unwrap();
+        let bytes = m.as_bytes();
+        assert_eq!(bytes.len(), core::mem::size_of::<Hello>() + 2 * core::mem::size_of::<NameRecord>());
+        // The length is known once the Hello is whole, not before.
+        assert_eq!(Hello::message_len(&bytes[..100]), core::mem::size_of::<Hello>());
+        assert_eq!(Hello::message_len(bytes), bytes.len());
+        let h: Hello = read(bytes).unwrap();
+        assert_eq!((h.check(&LIMITS).unwrap(), h.lanes, h.name()), (spec(), 2, &b"rail0"[..]));
+        for (k, want) in names.iter().enumerate().skip(1) {
+            assert_eq!(HelloMessage::lane(bytes, k).unwrap().name().unwrap(), *want);
+        }
+        // Cut short, the last lane is an error, not a read past the end.
+        assert!(HelloMessage::lane(&bytes[..bytes.len() - 1], 2).is_err());
+        // One name is a plain Hello, as a server from before lanes reads it.
+        let one = HelloMessage::new(&spec(), 1, &[0; 32], &names[..1]).unwrap();
+        assert_eq!(one.as_bytes(), bytemuck::bytes_of(&Hello::new(&spec(), 1, &[0; 32], b"rail0").unwrap()));
+        // Too many names, or none, is no message.
+        assert!(HelloMessage::new(&spec(), 1, &[0; 32], &[&b"x"[..]; MAX_LANES + 1]).is_none());
+        assert!(HelloMessage::new(&spec(), 1, &[0; 32], &[]).is_none());
     }
 
     /// A Hello of `s` carries exactly `flag` and reads back as `s`.

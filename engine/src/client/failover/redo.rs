@@ -98,8 +98,10 @@ impl Client {
             };
             let mut conns = Vec::new();
             for &si in &survivors {
-                // Named by the rail that carries this server's streams.
-                let hello = Hello::new(&spec, self.cfg.rank, &self.token, self.rails.name(self.rails.rail_of(si)).as_bytes())
+                // Named by the rail that carries lcore 0's stream (a redo
+                // job has one shard).
+                let rail = self.rails.rail_for(si, 0);
+                let hello = HelloMessage::new(&spec, self.cfg.rank, &self.token, &[self.rails.name(rail).as_bytes()])
                     .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
                 let server = &self.cfg.servers[si];
                 let err = |e: String| ClientError::Connect { server: server.clone(), error: e };
@@ -111,7 +113,7 @@ impl Client {
                 let mut c = crate::client::join::connect_retry(&addr, self.cfg.join_timeout.min(REDO_CONNECT_FOR))
                     .map_err(|e| err(e.to_string()))?;
                 let _ = c.set_nodelay(true);
-                c.write_all(bytemuck::bytes_of(&hello)).map_err(|e| err(e.to_string()))?;
+                c.write_all(hello.as_bytes()).map_err(|e| err(e.to_string()))?;
                 conns.push((si, c, hello));
             }
             let started = Instant::now();
@@ -129,9 +131,9 @@ impl Client {
                         log::warn!("server {server} grants the redo job pieces of {granted} elements, fewer than the job's {chunk_elems}: not used for it");
                     }
                     Ok(g) => {
-                        let addr =
-                            self.rails.insert_peer(self.rails.rail_of(si), &g.names[0]).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                        streams.push(Stream::new(addr, si, g.tag));
+                        let rail = self.rails.rail_for(si, 0);
+                        let addr = self.rails.insert_peer(rail, &g.names[0]).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                        streams.push(Stream::new(addr, si, rail, g.tag));
                         crate::client::join::keepalive(&c);
                         let _ = c.set_nonblocking(true);
                         controls.push(c);
@@ -227,21 +229,12 @@ impl Client {
             // piece, or the caller's input) that stay put until the send
             // completes: staged results of a lost stream are never
             // overwritten, and the operation cannot complete before its item.
-            unsafe { self.rails.send(self.rails.rail_of(stream.server), src, it.len, mh, stream.addr, tag, ctx) }
+            unsafe { self.rails.send(stream.rail, src, it.len, mh, stream.addr, tag, ctx) }
         } else {
             // SAFETY: the redo job's staging slot w of stream k, a whole
             // piece, the target of this receive only.
             unsafe {
-                self.rails.recv(
-                    self.rails.rail_of(stream.server),
-                    rj.stage.slot(k, w as u32),
-                    it.len,
-                    rj.stage.mh(k),
-                    Some(stream.addr),
-                    (tag, 0),
-                    ctx,
-                    None,
-                )
+                self.rails.recv(stream.rail, rj.stage.slot(k, w as u32), it.len, rj.stage.mh(k), Some(stream.addr), (tag, 0), ctx, None)
             }
         };
         match res {

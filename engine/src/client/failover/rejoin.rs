@@ -95,15 +95,14 @@ impl Client {
                 relay: self.subs[sub].relay.is_some(),
                 split: self.subs[sub].split.is_some(),
             };
-            let name = self.rails.name(self.rails.rail_of(si));
-            let Some(mut hello) = Hello::new(&spec, self.cfg.rank, &self.token, name.as_bytes()) else { continue };
-            hello.flags |= Hello::REJOIN;
+            let Ok(mut hello) = self.hello_to(si, &spec) else { continue };
+            hello.hello.flags |= Hello::REJOIN;
             if self.wants_heartbeats() {
-                hello.flags |= Hello::ALIVE;
+                hello.hello.flags |= Hello::ALIVE;
             }
             let _ = conn.set_nodelay(true);
             crate::client::join::keepalive(&conn);
-            if conn.write_all(bytemuck::bytes_of(&hello)).is_ok() && conn.set_nonblocking(true).is_ok() {
+            if conn.write_all(hello.as_bytes()).is_ok() && conn.set_nonblocking(true).is_ok() {
                 log::info!("server {} answers again: taking it back into job {:#x}", self.cfg.servers[si], spec.job_id);
                 self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept });
             } else {
@@ -235,9 +234,10 @@ impl Client {
                     let name = rec.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
                     let name =
                         crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?;
-                    let addr = self.rails.insert_peer(self.rails.rail_of(si), &name).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                    let rail = self.rails.rail_for(si, k);
+                    let addr = self.rails.insert_peer(rail, &name).map_err(|e| ClientError::Fabric(e.to_string()))?;
                     // It carries nothing until the switch names its first operation.
-                    added.push(Stream { born: u64::MAX, latency: k < latency_lcores, ..Stream::new(addr, si, a.job_tag) });
+                    added.push(Stream { born: u64::MAX, latency: k < latency_lcores, ..Stream::new(addr, si, rail, a.job_tag) });
                 }
                 let s = &mut self.subs[sub];
                 let n = added.len();

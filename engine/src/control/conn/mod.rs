@@ -25,7 +25,7 @@
 use super::admission::{Admission, Verdict};
 use crate::dataplane::fabric::EndpointName;
 use crate::dataplane::metrics::ControlCounters;
-use crate::wire::{self, Header, Hello, JobSpec, Kind, Limits, Reject, RejectCode, TOKEN_BYTES};
+use crate::wire::{self, Header, Hello, HelloMessage, JobSpec, Kind, Limits, Reject, RejectCode, TOKEN_BYTES};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token, Waker};
 use std::collections::VecDeque;
@@ -89,7 +89,9 @@ pub struct Joining {
     pub peer: SocketAddr,
     pub spec: JobSpec,
     pub rank: u32,
-    pub name: EndpointName,
+    /// The rank's endpoint names: its Hello's, then its lanes' (lcore `k`
+    /// of the job uses name `k mod len`).
+    pub names: Vec<EndpointName>,
 }
 
 /// What a handshake is checked against.

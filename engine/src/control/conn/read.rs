@@ -10,10 +10,11 @@ impl Connections {
         let mut buf = [0u8; 4096];
         loop {
             let Some(c) = self.slots[slot].as_mut() else { return };
-            // A handshake reads no further than its Hello: a peer cannot make
+            // A handshake reads no further than its Hello and the lanes'
+            // names it announces (at most MAX_LANES - 1): a peer cannot make
             // an unauthenticated connection buffer more.
             let want = match c.phase {
-                Phase::Handshake => core::mem::size_of::<Hello>() - c.input.len(),
+                Phase::Handshake => Hello::message_len(&c.input) - c.input.len(),
                 Phase::Rank | Phase::Refused => buf.len(),
             };
             if want == 0 {
@@ -102,11 +103,25 @@ impl Connections {
                 return false;
             }
         };
-        let Some(name) = EndpointName::from_bytes(hello.name()) else {
-            self.counters.refused(RejectCode::BadField);
-            self.refuse_handshake(id, RejectCode::BadField, "name", "the endpoint name is empty or too long");
-            return false;
-        };
+        // The lanes' names follow the Hello (wire::join's module doc).
+        if c.input.len() < Hello::message_len(&c.input) {
+            return true;
+        }
+        let c = self.slots[slot].as_ref().expect("live slot");
+        let mut names = Vec::with_capacity(1 + hello.lanes as usize);
+        for k in 0..=hello.lanes as usize {
+            let name = match k {
+                0 => EndpointName::from_bytes(hello.name()),
+                k => HelloMessage::lane(&c.input, k).ok().and_then(|r| r.name().ok().and_then(EndpointName::from_bytes)),
+            };
+            let Some(name) = name else {
+                self.counters.refused(RejectCode::BadField);
+                let field = if k == 0 { "name" } else { "lanes" };
+                self.refuse_handshake(id, RejectCode::BadField, field, "an endpoint name is empty or too long");
+                return false;
+            };
+            names.push(name);
+        }
         let c = self.slots[slot].as_mut().expect("live slot");
         c.phase = Phase::Rank;
         c.input.clear();
@@ -119,7 +134,7 @@ impl Connections {
             peer,
             spec,
             rank: hello.rank,
-            name,
+            names,
         })));
         true
     }

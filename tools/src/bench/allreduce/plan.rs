@@ -54,9 +54,10 @@ pub struct AllreduceArgs {
     pub hugepages: HugepagesArg,
     #[command(flatten)]
     pub cores: CoresArg,
-    /// agg: endpoints per rank, each on its own thread, one per server up
-    /// to this many (0: auto, one per server over tcp on 8+ cores; 1: no
-    /// rail threads). TALLY_RAILS sets the default.
+    /// agg: endpoints per rank, each on its own thread; more than servers
+    /// spread each server's lcores over several (0: auto, one per server
+    /// but at least 4, over tcp on 8+ cores; 1: no rail threads).
+    /// TALLY_RAILS sets the default.
     #[arg(long)]
     pub rails: Option<usize>,
     /// Bytes per chunk piece (agg) and per ring chunk.

@@ -43,7 +43,7 @@ pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>) -> (Vec<String>
 }
 
 /// The rails each worker runs, and why: TALLY_RAILS, else auto (one per
-/// server over tcp on 8+ cores), but no more than fit the worker's block of
+/// server, at least 4, over tcp on 8+ cores), but no more than fit the worker's block of
 /// the workers' cores with its own thread: every worker sees the whole host,
 /// and blocks that wrap put two busy pollers on one core (on 16 cores, 3
 /// workers of 1 + 3 threads on cores 6-15 stalled operations for 1.3 s).
