@@ -279,7 +279,7 @@ def nccl_knobs(o, knob, rc, ch):
             # Bounds (measuring.md): reduction servers R, the ring R n/(2(n-1)).
             n = r["world"]
             bound = rate / 8 if mode.startswith("collnet") else rate / 8 * n / (2 * (n - 1))
-            print(f"{knob:>40} {mode:>12} {rate:>4g} {r['bytes'] >> 20:>4}Mi fraction {r['algbw_GBps'] / bound:.2f}  p50 {r['p50_us'] / 1e3:.2f} ms  wrong {r['wrong']}  [{ch}] rc {rc}")
+            print(f"{knob:>40} {mode:>12} {r.get('dtype', ''):>5} {rate:>4g} {r['bytes'] >> 20:>4}Mi fraction {r['algbw_GBps'] / bound:.2f}  p50 {r['p50_us'] / 1e3:.2f} ms  wrong {r['wrong']}  [{ch}] rc {rc}")
 
 
 if __name__ == "__main__":
