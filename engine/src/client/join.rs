@@ -177,7 +177,7 @@ impl Client {
             split,
             split_max,
             fo: Fo::default(),
-            live: Liveness::default(),
+            live: Liveness::new(self.cfg.servers.len()),
         });
         Ok(self.subs.len() - 1)
     }

@@ -27,19 +27,23 @@
 use std::time::{Duration, Instant};
 
 /// When each server of a sub-job was last heard (None: not armed: no
-/// heartbeat from it yet, or it was lost and not taken back).
-#[derive(Default)]
+/// heartbeat from it yet, or it was lost and not taken back). Sized at the
+/// join: a heartbeat is read while an all-reduce runs, and allocates nothing.
 pub struct Liveness {
     heard: Vec<Option<Instant>>,
 }
 
 impl Liveness {
+    /// For a client of `servers` servers, none armed.
+    pub fn new(servers: usize) -> Liveness {
+        Liveness { heard: vec![None; servers] }
+    }
+
     /// A heartbeat from server `si`: it is armed from now on.
     pub fn alive(&mut self, si: usize, now: Instant) {
-        if self.heard.len() <= si {
-            self.heard.resize(si + 1, None);
+        if let Some(h) = self.heard.get_mut(si) {
+            *h = Some(now);
         }
-        self.heard[si] = Some(now);
     }
 
     /// Any other message from `si` is as good as a heartbeat once armed.
@@ -70,7 +74,7 @@ mod tests {
 
     #[test]
     fn only_a_server_that_sent_a_heartbeat_can_be_overdue() {
-        let mut l = Liveness::default();
+        let mut l = Liveness::new(2);
         let t0 = Instant::now();
         let limit = Duration::from_secs(2);
         l.heard(1, t0);
