@@ -339,8 +339,8 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         note: "",
         effect: "most pieces in flight per lcore a client may ask for (1 to 1024)",
     },
-    ConfigKey { key: "max_jobs", flag: "", default: "16", note: "", effect: "most jobs served at once (1 to 4096)" },
-    ConfigKey { key: "max_ranks", flag: "", default: "1024", note: "", effect: "most ranks in one job (1 to 1024)" },
+    ConfigKey { key: "max_jobs", flag: "--max-jobs", default: "16", note: "", effect: "most jobs served at once (1 to 4096)" },
+    ConfigKey { key: "max_ranks", flag: "--max-ranks", default: "1024", note: "", effect: "most ranks in one job (1 to 1024)" },
     ConfigKey {
         key: "token_file",
         flag: "",

@@ -63,6 +63,13 @@ pub struct ServerArgs {
     /// Seconds all ranks of a job have to join, from the first (default 120).
     #[arg(long, value_name = "SECONDS")]
     pub join_timeout: Option<u64>,
+    /// Most jobs served at once (default 16). With --max-ranks, it bounds the
+    /// descriptors the server may need, checked against the open-files limit.
+    #[arg(long, value_name = "N")]
+    pub max_jobs: Option<u32>,
+    /// Most ranks in one job (default and ceiling 1024).
+    #[arg(long, value_name = "N")]
+    pub max_ranks: Option<u32>,
     /// Most connections in their handshake at once (default 16384; when full, the
     /// oldest of the address holding the most is evicted).
     #[arg(long, value_name = "N")]
@@ -109,6 +116,8 @@ impl ServerArgs {
             idle_timeout_s: self.idle_timeout,
             handshake_timeout_s: self.handshake_timeout,
             join_timeout_s: self.join_timeout,
+            max_jobs: self.max_jobs,
+            max_ranks: self.max_ranks,
             max_handshakes: self.max_handshakes,
             max_handshakes_per_source: self.max_handshakes_per_source,
             drain_timeout_s: self.drain_timeout,

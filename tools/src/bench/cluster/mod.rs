@@ -136,7 +136,10 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         let a = format!("{}:7400", addr('s', i));
         let mut c = bed.tools.exec_in(&ns('s', i), &exe);
         c.args(["server", "--listen", &a, "--lcores", &server_lcores[i as usize], "--provider", "tcp", "--poll", poll]);
-        c.args(["--slab-size", "128M"]).env("TALLY_LOG", log_level).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Its jobs have one rank per worker host: saying so keeps the
+        // server's open-files check (sized for 16 jobs of 1024 ranks by
+        // default) from warning on every run.
+        c.args(["--slab-size", "128M", "--max-ranks", &args.hosts.to_string()]).env("TALLY_LOG", log_level).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = c.spawn().map_err(|e| format!("cannot start server {i}: {e}"))?;
         let (tx, rx) = mpsc::channel();
         logfile::forward_stdout(child.stdout.take().expect("piped"), format!("[server {i}]"), tx);
