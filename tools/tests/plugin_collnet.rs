@@ -231,12 +231,14 @@ fn suite(p: &Plugin, provider: &str) {
     run_job(p, 4, &net_name);
     eprintln!("{provider}: 4 ranks, 2 servers: {:?}", t0.elapsed());
     if provider == "tcp" {
-        // The plugin's clients with a rail (endpoint and thread) per server,
-        // as on a many-core worker; on 2 cores the default is one.
-        std::env::set_var("TALLY_RAILS", "2");
+        // The plugin's clients with four rails (an endpoint and a thread
+        // each) over two servers of two lcores, as the default is on a
+        // many-core worker: each server on two lanes, each lcore a rail of
+        // its own. On 2 cores the default is one.
+        std::env::set_var("TALLY_RAILS", "4");
         let t0 = Instant::now();
         run_job(p, 4, &net_name);
-        eprintln!("{provider}: 4 ranks, 2 servers, 2 rails: {:?}", t0.elapsed());
+        eprintln!("{provider}: 4 ranks, 2 servers, 4 rails (lanes): {:?}", t0.elapsed());
         std::env::remove_var("TALLY_RAILS");
     }
     std::env::remove_var("TALLY_SERVERS");
