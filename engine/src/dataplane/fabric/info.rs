@@ -12,10 +12,13 @@ use std::ptr;
 
 /// What a provider name on the command line means to libfabric.
 /// `tcp` alone is expanded to `tcp;ofi_rxm`: the plain tcp RDM endpoint has
-/// hung under other NCCL plugins (see platform.md).
+/// hung under other NCCL plugins (see platform.md). `tcp-rdm` asks for that
+/// plain endpoint (libfabric 1.18 and later; an experiment, see
+/// docs/measurements.md "Rails").
 pub fn canonical_provider(name: &str) -> String {
     match name.trim() {
         "tcp" | "rxm" | "tcp;ofi_rxm" | "ofi_rxm;tcp" => "tcp;ofi_rxm".to_string(),
+        "tcp-rdm" => "tcp".to_string(),
         other => other.to_string(),
     }
 }

@@ -8,6 +8,10 @@ pub struct ClusterArgs {
     /// Server hosts and worker hosts (N + N namespaces).
     #[arg(long, default_value_t = 4)]
     pub hosts: u32,
+    /// libfabric provider between the hosts: tcp (tcp;ofi_rxm) or tcp-rdm
+    /// (the tcp provider's own RDM endpoint, libfabric 1.18 and later).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "tcp-rdm"])]
+    pub provider: String,
     /// Link rates in Gbit/s, comma-separated (default: one rate this machine's
     /// cores carry, see `default_rate`).
     #[arg(long, value_delimiter = ',')]
@@ -75,6 +79,7 @@ impl ClusterArgs {
     pub fn demo(rate: Option<f64>) -> ClusterArgs {
         ClusterArgs {
             hosts: 4,
+            provider: "tcp".into(),
             rates: rate.into_iter().collect(),
             sizes: ["1M", "4M", "16M"].iter().map(|s| s.to_string()).collect(),
             mode: ModeArg::default(),

@@ -135,7 +135,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     for i in 0..args.hosts {
         let a = format!("{}:7400", addr('s', i));
         let mut c = bed.tools.exec_in(&ns('s', i), &exe);
-        c.args(["server", "--listen", &a, "--lcores", &server_lcores[i as usize], "--provider", "tcp", "--poll", poll]);
+        c.args(["server", "--listen", &a, "--lcores", &server_lcores[i as usize], "--provider", &args.provider, "--poll", poll]);
         // Its jobs have one rank per worker host: saying so keeps the
         // server's open-files check (sized for 16 jobs of 1024 ranks by
         // default) from warning on every run.

@@ -98,6 +98,14 @@ pub fn write_plot(out: &ClusterOutcome, path: &Path) -> Result<(), String> {
     plot::busbw_svg(path, &title, &series, &bounds)
 }
 
+/// What `--provider` means, as the header says it.
+pub fn provider_text(provider: &str) -> &'static str {
+    match provider {
+        "tcp-rdm" => "tcp (its own RDM endpoint, without ofi_rxm)",
+        _ => "tcp;ofi_rxm",
+    }
+}
+
 fn rates_text(rates: &[f64]) -> String {
     rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
 }
@@ -105,8 +113,11 @@ fn rates_text(rates: &[f64]) -> String {
 pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores: Option<&str>) {
     let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
     println!(
-        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), tcp;ofi_rxm",
-        args.hosts, args.hosts, args.mtu
+        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), {}",
+        args.hosts,
+        args.hosts,
+        args.mtu,
+        provider_text(&args.provider)
     );
     println!("# placement: {placement}");
     println!(
