@@ -288,3 +288,21 @@ fn a_large_context_table_costs_memory_only_when_used() {
         assert_eq!(dst, src);
     }
 }
+
+/// `tcp-rdm` is the tcp provider's own RDM endpoint (libfabric 1.18 and
+/// later), never rxm in its place: on an older libfabric it is an error
+/// that says so.
+#[test]
+fn tcp_rdm_is_tcps_own_rdm_endpoint_or_an_error_naming_the_version() {
+    let (major, minor) = tally_engine::dataplane::fabric::library_version();
+    match Endpoint::open(&EndpointConfig::new("tcp-rdm")) {
+        Ok(ep) => {
+            assert!((major, minor) >= (1, 18), "libfabric {major}.{minor} opened {}", ep.provider());
+            assert_eq!(ep.provider(), "tcp");
+        }
+        Err(e) => {
+            assert!((major, minor) < (1, 18), "libfabric {major}.{minor}: {e}");
+            assert!(e.to_string().contains("1.18 or later"), "{e}");
+        }
+    }
+}

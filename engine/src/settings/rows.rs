@@ -21,7 +21,7 @@ pub static ENV: &[EnvVar] = &[
         "",
         "efa where an EFA device exists, else shm when every peer is on this host, else tcp",
         &[Server, Client, Plugin, Tools],
-        "libfabric provider: `efa`, `shm` or `tcp` (`tcp;ofi_rxm`); clients must use the servers' (a server's `provider` key wins)",
+        "libfabric provider: `efa`, `shm` or `tcp` (`tcp;ofi_rxm`; `tcp-rdm`: libfabric 1.18+'s own tcp RDM endpoint, for measuring); clients must use the servers' (a server's `provider` key wins)",
     ),
     var(
         "TALLY_TOKEN",
@@ -301,7 +301,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         flag: "--provider",
         default: "",
         note: "`TALLY_PROVIDER`, else efa where a device exists, else shm on loopback, else tcp",
-        effect: "libfabric provider: `efa`, `shm` or `tcp`",
+        effect: "libfabric provider: `efa`, `shm`, `tcp` or `tcp-rdm`",
     },
     ConfigKey {
         key: "fabric_addr",

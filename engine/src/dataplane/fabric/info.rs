@@ -99,10 +99,19 @@ pub const MR_MODE_WANTED: u32 = sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::F
 
 impl InfoList {
     pub fn get(h: &Hints) -> Result<InfoList, FabricError> {
-        match Self::get_once(h, h.manual_progress) {
+        let list = match Self::get_once(h, h.manual_progress) {
             Err(e) if h.manual_progress && e.code == sys::FI_ENODATA as i32 => Self::get_once(h, false),
             r => r,
+        }?;
+        // Asked for tcp's own RDM endpoint (`tcp-rdm`), libfabric before 1.18
+        // answers with rxm layered over tcp's MSG endpoint: not what was asked.
+        if h.provider == "tcp" && list.provider_name() != "tcp" {
+            return Err(FabricError {
+                call: "fi_getinfo (tcp-rdm: this libfabric offers tcp's RDM endpoint only through ofi_rxm; it needs 1.18 or later)",
+                code: sys::FI_ENODATA as i32,
+            });
         }
+        Ok(list)
     }
 
     fn get_once(h: &Hints, manual: bool) -> Result<InfoList, FabricError> {

@@ -139,7 +139,11 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         // Its jobs have one rank per worker host: saying so keeps the
         // server's open-files check (sized for 16 jobs of 1024 ranks by
         // default) from warning on every run.
-        c.args(["--slab-size", "128M", "--max-ranks", &args.hosts.to_string()]).env("TALLY_LOG", log_level).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.args(["--slab-size", "128M", "--max-ranks", &args.hosts.to_string()])
+            .env("TALLY_LOG", log_level)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = c.spawn().map_err(|e| format!("cannot start server {i}: {e}"))?;
         let (tx, rx) = mpsc::channel();
         logfile::forward_stdout(child.stdout.take().expect("piped"), format!("[server {i}]"), tx);

@@ -45,7 +45,16 @@ pub(super) fn run_rate(
     for i in 0..args.hosts {
         let mut c = bed.tools.exec_in(&ns('w', i), exe);
         c.args(["bench", "allreduce", "--rank", &i.to_string(), "--ranks", &args.hosts.to_string(), "--bootstrap", &boot]);
-        c.args(["--job-id", &job.to_string(), "--servers", &servers.addrs.join(","), "--provider", &args.provider, "--fabric-addr", &addr('w', i)]);
+        c.args([
+            "--job-id",
+            &job.to_string(),
+            "--servers",
+            &servers.addrs.join(","),
+            "--provider",
+            &args.provider,
+            "--fabric-addr",
+            &addr('w', i),
+        ]);
         c.args(["--mode", &args.mode.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.loops.iters.to_string()]);
         c.args([
             "--warmup",
