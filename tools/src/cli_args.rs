@@ -73,7 +73,7 @@ pub struct PollArg {
 /// `--provider`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ProviderArg {
-    /// libfabric provider: efa, shm or tcp (tcp;ofi_rxm). Default: TALLY_PROVIDER,
+    /// libfabric provider: efa, shm, tcp (tcp;ofi_rxm) or tcp-rdm (libfabric 1.18+: tcp's own RDM endpoint). Default: TALLY_PROVIDER,
     /// else efa if present, else shm when every peer is on this machine, else tcp.
     #[arg(long)]
     pub provider: Option<String>,

@@ -27,7 +27,7 @@ pub struct ServerArgs {
     /// Cores for the lcores, DPDK syntax, e.g. 2-9,12 (default 0-1).
     #[arg(long)]
     pub lcores: Option<String>,
-    /// libfabric provider: efa, shm or tcp (default: TALLY_PROVIDER, else efa if present, else shm on loopback, else tcp).
+    /// libfabric provider: efa, shm, tcp or tcp-rdm (default: TALLY_PROVIDER, else efa if present, else shm on loopback, else tcp).
     #[arg(long)]
     pub provider: Option<String>,
     /// busy or adaptive polling (default adaptive; production: busy on isolated cores).
