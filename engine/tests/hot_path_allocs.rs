@@ -8,14 +8,18 @@
 //! thread where it was. Each shape takes a path of its own: one server and
 //! two ranks (the relay of small pieces), one server and four (the split),
 //! two servers and two ranks (failover's staging of every result and the
-//! copy out of it). libfabric's own allocations (malloc) are not counted:
-//! the rule is tally's.
+//! copy out of it); and the ring (`ring/`, the baseline), three ranks over
+//! tcp. libfabric's own allocations (malloc) are not counted: the rule is
+//! tally's.
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
+use std::time::Duration;
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::host::config::ServerFile;
 use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::ring::bootstrap::Bootstrap;
+use tally_engine::ring::{Ring, RingConfig};
 use tally_engine::server::Server;
 
 const SLOTS: usize = 1024;
@@ -163,4 +167,54 @@ fn the_per_chunk_path_allocates_nothing_on_servers_or_ranks() {
     no_allocations(&[&a, &b], 2, 0xa110e);
     a.stop();
     b.stop();
+}
+
+#[test]
+fn the_rings_per_chunk_path_allocates_nothing() {
+    const N: u32 = 3;
+    const ROUNDS: usize = 30;
+    let listener = Bootstrap::listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().to_string();
+    let boot = |rank: u32| match rank {
+        0 => unreachable!("rank 0 accepts"),
+        r => Bootstrap::connect(&addr, r, N, Duration::from_secs(30)).unwrap(),
+    };
+    let counted = std::thread::scope(|s| {
+        let run = |mut b: Bootstrap| {
+            let cfg =
+                RingConfig { provider: "tcp".into(), node: Some("127.0.0.1".into()), chunk_bytes: 64 << 10, window: 3, poll_busy: false };
+            let rank = b.rank();
+            let mut ring = Ring::new(&cfg, &mut b).unwrap();
+            // Several chunks per segment, and a ragged tail.
+            let input = input(rank, 300_001);
+            let mut out = vec![0f32; input.len()];
+            let mut round = |ring: &mut Ring| {
+                ring.allreduce(bytemuck::cast_slice(&input), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum).unwrap();
+            };
+            for _ in 0..3 {
+                round(&mut ring);
+            }
+            b.barrier().unwrap();
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            let before = allocations_of(tid);
+            for _ in 0..ROUNDS {
+                round(&mut ring);
+            }
+            let n = allocations_of(tid) - before;
+            b.barrier().unwrap(); // before the ring is dropped: see Ring's docs
+            for (k, v) in out.iter().enumerate() {
+                let want: f32 = (0..N).map(|r| ((k as u32 * 7 + r) % 13) as f32).sum();
+                assert_eq!(*v, want, "rank {rank}, element {k}");
+            }
+            (rank, n)
+        };
+        let first = s.spawn(move || run(listener.accept(N, Duration::from_secs(30)).unwrap()));
+        let mut all: Vec<_> = (1..N).map(|r| s.spawn(move || run(boot(r)))).collect();
+        all.insert(0, first);
+        all.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (rank, n) in counted {
+        assert_eq!(n, 0, "ring rank {rank} allocated {n} times in {ROUNDS} all-reduces");
+    }
 }
