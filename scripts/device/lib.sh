@@ -45,6 +45,16 @@ run_part() { # NAME [FILE]
 # summarise KIND ARG...: summarise.py's table for a part, onto the summary
 # (an error too: the summary then says why a row is missing).
 summarise() { python3 "$DEVICE_DIR/summarise.py" "$@" 2>&1 | tee -a "$S"; }
+# host_state: the load and the kernel's pressure figures (share of the last
+# 10 s some task waited for CPU, memory, io), one line: to tell a slow call
+# from a slow configuration (the same settings moved 0.77 -> 0.97 between calls).
+host_state() {
+    local psi=""
+    for r in cpu memory io; do
+        [ -r "/proc/pressure/$r" ] && psi+=" $r $(awk '/^some/ {sub("avg10=", "", $2); print $2; exit}' "/proc/pressure/$r")%"
+    done
+    echo "load $(cut -d' ' -f1 /proc/loadavg);${psi:- no /proc/pressure}"
+}
 probe() { python3 "$DEVICE_DIR/probes.py" "$@"; }
 
 # wait_ready FILE [TENTHS]: until a server's stdout says ready (10 s default).

@@ -8,12 +8,14 @@
 # carry more variables after '@' and bench cluster arguments after '+',
 # comma-separated (e.g. rails-c256@TALLY_WINDOW=8+--chunk=256K). LR_MODES
 # (agg,ring), LR_ITERS (bench cluster's default). Writes
-# cluster-ROUND-NAME.{json,log}, cluster.err.
+# cluster-ROUND-NAME.{json,log}, cluster.err. Each round opens with the
+# host's load and pressure (lib.sh host_state).
 say ""
 say "## emulated cluster ${LR_HOSTS:-4} + ${LR_HOSTS:-4} hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
 rounds="${LR_ROUNDS:-2}"
 configs="${LR_CONFIGS:-rails1 rails rails-fo0}"
 for round in $(seq 1 "$rounds"); do
+    say "# round $round, host before it: $(host_state)"
     for cfg in $configs; do
         # name[@VAR=v,VAR=v][+--arg=v,--arg=v]
         name="${cfg%%[@+]*}"
