@@ -57,7 +57,7 @@ pub fn round_bytes(round: usize) -> usize {
     SIZES[round % SIZES.len()]
 }
 
-/// How the ranks of [`loop_job_with`] run.
+/// How the ranks of [`loop_job`] run.
 #[derive(Clone, Copy, Default)]
 pub struct Shape {
     /// Odd rounds are f32 max instead of sum: a second sub-job (server job).
@@ -80,21 +80,11 @@ pub struct Shape {
     pub fabric_addr: Option<&'static str>,
 }
 
-pub fn loop_job(
-    provider: &str,
-    addrs: &[String],
-    job: u64,
-    n: u32,
-    rounds: usize,
-    progress: Arc<AtomicUsize>,
-) -> Vec<std::thread::JoinHandle<Result<FailoverStats, String>>> {
-    loop_job_with(provider, addrs, job, n, rounds, progress, Shape::default())
-}
-
 /// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
 /// (or maxima) of `round_bytes(round)` (rank r's element i is r + i mod 97 +
-/// round: exact), every element checked; `progress` counts rank 0's rounds done.
-pub fn loop_job_with(
+/// round: exact), every element checked; `progress` counts rank 0's rounds done;
+/// `shape` the servers' and ranks' settings (`Shape::default()`: the plain job).
+pub fn loop_job(
     provider: &str,
     addrs: &[String],
     job: u64,

@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_e2e::jobloop::{loop_job, loop_job_with, results, server, sigterm, wait_exit, wait_for_round, Shape};
+use tally_e2e::jobloop::{loop_job, results, server, sigterm, wait_exit, wait_for_round, Shape};
 use tally_e2e::{client, ServerProcess};
 use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
@@ -41,7 +41,7 @@ fn drain_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str])
     let progress = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
     let shape = Shape { pause: shape.pause.map(|(_, d)| (KILL_AT, d)), ..shape };
-    let ranks = loop_job_with(provider, &addrs, 0xd1, n, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job(provider, &addrs, 0xd1, n, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, KILL_AT, &ranks);
     if shape.pause.is_some() {
         // Rank 0 finished round KILL_AT and sleeps: let the others reach it too.
@@ -138,7 +138,7 @@ fn a_second_sigterm_stops_a_draining_server_at_once() {
     let mut lone = server("shm", &["--drain-timeout", "60"]);
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job("shm", &addrs, 0x71, 2, 1_000_000, progress.clone());
+    let ranks = loop_job("shm", &addrs, 0x71, 2, 1_000_000, progress.clone(), Shape::default());
     wait_for_round(&progress, 5, &ranks);
     sigterm(&lone);
     assert!(lone.wait_log("the job stays here", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());
@@ -178,7 +178,7 @@ fn a_job_without_another_server_stays_until_it_ends_and_new_jobs_are_refused() {
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
     // Two ranks, 150 rounds: long enough to outlive the checks below.
-    let ranks = loop_job("shm", &addrs, 0x51, 2, 150, progress.clone());
+    let ranks = loop_job("shm", &addrs, 0x51, 2, 150, progress.clone(), Shape::default());
     wait_for_round(&progress, 20, &ranks);
     sigterm(&lone);
     assert!(lone.wait_log("draining: 1 running jobs", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());
@@ -191,7 +191,7 @@ fn a_job_without_another_server_stays_until_it_ends_and_new_jobs_are_refused() {
     // A new job over the draining server and another runs on the other one.
     let both = vec![lone.addr.clone(), other.addr.clone()];
     let p2 = Arc::new(AtomicUsize::new(0));
-    let moved = results(loop_job("shm", &both, 0x53, 2, 12, p2));
+    let moved = results(loop_job("shm", &both, 0x53, 2, 12, p2, Shape::default()));
     assert!(moved.iter().all(Result::is_ok), "{moved:?}");
     assert!(other.wait_log("job 0x53: every rank finished", Duration::from_secs(5)));
     // The lone job ran on to its end without an error; the server exits then.
@@ -212,7 +212,7 @@ fn a_split_job_without_another_server_stays_until_it_ends() {
     let mut lone = server("shm", &["--drain-timeout", "30", "--lcores", "0-1"]);
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job("shm", &addrs, 0x55, 4, 120, progress.clone());
+    let ranks = loop_job("shm", &addrs, 0x55, 4, 120, progress.clone(), Shape::default());
     wait_for_round(&progress, 20, &ranks);
     sigterm(&lone);
     let res = results(ranks);
@@ -230,7 +230,7 @@ fn a_job_still_there_at_the_drain_timeout_is_ended_saying_so() {
     let mut lone = server("shm", &["--drain-timeout", "1"]);
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job("shm", &addrs, 0x61, 2, 1_000_000, progress.clone());
+    let ranks = loop_job("shm", &addrs, 0x61, 2, 1_000_000, progress.clone(), Shape::default());
     wait_for_round(&progress, 5, &ranks);
     let t = Instant::now();
     sigterm(&lone);

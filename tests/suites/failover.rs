@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_e2e::jobloop::{loop_job_with, multi, results, server, server_on, wait_for_round, Shape};
+use tally_e2e::jobloop::{loop_job, multi, results, server, server_on, wait_for_round, Shape};
 use tally_e2e::ServerProcess;
 use tally_engine::client::Client;
 use tally_engine::reduce::{DataType, ReduceOp};
@@ -55,7 +55,7 @@ fn kill_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) 
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let ranks = loop_job_with(provider, &addrs, 0xf1, n, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job(provider, &addrs, 0xf1, n, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, KILL_AT, &ranks);
     let killed_round = progress.load(Ordering::Relaxed);
     let killed = Instant::now();
@@ -149,7 +149,7 @@ fn a_result_one_rank_lacks_is_relayed_from_a_rank_that_has_it() {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let shape = Shape { drop_results: Some((1, 1, 30)), ..Shape::default() };
-    let ranks = loop_job_with("tcp", &addrs, 0xf5, 3, 80, progress.clone(), shape);
+    let ranks = loop_job("tcp", &addrs, 0xf5, 3, 80, progress.clone(), shape);
     // Rank 1 waits in the first operation from 30 on with a piece on server
     // 1, for the result it dropped; rank 0 completed that one and waits in
     // the next for rank 1. Wait until the loop stands still.
@@ -182,7 +182,7 @@ fn two_servers_killed_one_after_the_other_leave_the_job_on_the_last() {
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job_with("tcp", &addrs, 0xf2, 3, 240, progress.clone(), Shape::default());
+    let ranks = loop_job("tcp", &addrs, 0xf2, 3, 240, progress.clone(), Shape::default());
     wait_for_round(&progress, 40, &ranks);
     let first = progress.load(Ordering::Relaxed);
     sigkill(&mut servers[0]); // the first server: the leader changes too
@@ -234,7 +234,7 @@ fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>) {
     // the loop once ended within the 2 s the storm holds the restarted
     // server busy, before any rank could rejoin it.
     let shape = Shape { pace: Some(Duration::from_millis(4)), rails, ..Shape::default() };
-    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, 40, &ranks);
     sigkill(&mut servers[1]);
     let killed_round = progress.load(Ordering::Relaxed);
@@ -275,7 +275,7 @@ fn every_server_killed_fails_each_rank_with_a_clear_error_and_no_hang() {
     let mut servers: Vec<ServerProcess> = (0..2).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job_with("tcp", &addrs, 0xf3, 2, 1_000_000, progress.clone(), Shape::default());
+    let ranks = loop_job("tcp", &addrs, 0xf3, 2, 1_000_000, progress.clone(), Shape::default());
     wait_for_round(&progress, 20, &ranks);
     let t = Instant::now();
     for s in &mut servers {

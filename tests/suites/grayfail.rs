@@ -20,7 +20,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_e2e::jobloop::{check_gray_outcome, loop_job_with, results, server, GrayOutcome, Shape, StallMeter};
+use tally_e2e::jobloop::{check_gray_outcome, loop_job, results, server, GrayOutcome, Shape, StallMeter};
 use tally_e2e::ServerProcess;
 
 fn signal(s: &ServerProcess, sig: i32) {
@@ -53,7 +53,7 @@ fn sigstop_one_of_three(job: u64, rails: Option<usize>) {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let shape = Shape { pace: Some(Duration::from_millis(4)), rails, ..Shape::default() };
-    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     tally_e2e::jobloop::wait_for_round(&progress, 40, &ranks);
     let meter = StallMeter::start(progress.clone());
     let stopped_round = progress.load(Ordering::Relaxed);
@@ -241,7 +241,7 @@ fn a_server_lcore_stuck_in_the_provider_withholds_heartbeats_and_the_ranks_fail_
     let progress = Arc::new(AtomicUsize::new(0));
     let shape = Shape { pace: Some(Duration::from_millis(4)), ..Shape::default() };
     const ROUNDS: usize = 1500;
-    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     tally_e2e::jobloop::wait_for_round(&progress, 10, &ranks);
     let meter = StallMeter::start(progress.clone());
     let stalled = servers[1].wait_log("fault injection (TALLY_FAULT_STALL)", Duration::from_secs(20));
@@ -338,6 +338,7 @@ fn a_rank_killed_while_a_frozen_server_holds_the_join_fails_the_others_at_once_t
         3,
         20,
         Arc::new(AtomicUsize::new(0)),
+        Shape::default(),
     );
     for r in results(next) {
         assert!(r.is_ok(), "the next job failed: {r:?}");

@@ -21,7 +21,7 @@ use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_e2e::jobloop::{loop_job, results, server, sigterm, wait_exit, wait_for_round};
+use tally_e2e::jobloop::{loop_job, results, server, sigterm, wait_exit, wait_for_round, Shape};
 use tally_e2e::{get, scrape, ServerProcess};
 
 /// Datagrams on `sock` until `done` holds for what was heard (bounded).
@@ -115,7 +115,7 @@ fn healthz_readyz_and_the_draining_gauge_through_a_drain() {
     // A job on this server alone: it stays while the server drains.
     let addrs = vec![srv.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job("shm", &addrs, 0x4ea1, 2, 1_000_000, progress.clone());
+    let ranks = loop_job("shm", &addrs, 0x4ea1, 2, 1_000_000, progress.clone(), Shape::default());
     wait_for_round(&progress, 5, &ranks);
     assert!(ranks.iter().all(|r| !r.is_finished()), "the job ended early: {:?}", results(ranks));
     sigterm(&srv);

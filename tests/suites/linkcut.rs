@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tally_e2e::jobloop::{check_gray_outcome, loop_job_with, results, wait_for_round, GrayOutcome, Shape, StallMeter};
+use tally_e2e::jobloop::{check_gray_outcome, loop_job, results, wait_for_round, GrayOutcome, Shape, StallMeter};
 use tally_e2e::netns::{available, Switch};
 use tally_e2e::ServerProcess;
 
@@ -51,7 +51,7 @@ fn a_servers_link_cut_then_restored_fails_over_and_takes_it_back_tcp() {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let shape = Shape { pace: Some(Duration::from_millis(4)), fabric_addr: Some(RANKS_ADDR), ..Shape::default() };
-    let ranks = loop_job_with("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    let ranks = loop_job("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, 40, &ranks);
     let meter = StallMeter::start(progress.clone());
     let cut_round = progress.load(Ordering::Relaxed);
