@@ -9,7 +9,8 @@
 # Parts (default: cluster p2p), run in this order; each is a file of parts/
 # (named after the colon below) whose header says what it measures, its knobs
 # and the files it writes:
-#   cluster:configs        configurations alternated at 16-32 Gbit/s (LR_CONFIGS, LR_ROUNDS, LR_RATES, ...)
+#   cluster:configs        configurations alternated at 16-32 Gbit/s (LR_CONFIGS, LR_ROUNDS, LR_RATES,
+#                          LR_THREADS=1 for each thread's CPU, threads.py; a config's TALLY=path for another build)
 #   cpu                    CPU seconds per GB, adaptive polling (LR_CPU_RATES)
 #   libs                   the cluster part once per libfabric build (LR_LIBS, LR_LIB_CONFIGS)
 #   p2p:tcp-ceiling        tcp p2p ceiling beside plain TCP sockets

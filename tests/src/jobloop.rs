@@ -78,10 +78,17 @@ pub struct Shape {
     /// The ranks' fabric address (`ClientConfig::fabric_addr`): where the
     /// servers sit in network namespaces (see `netns`).
     pub fabric_addr: Option<&'static str>,
+    /// Every third round (0, 3, ...) is [`LARGE_ROUND`] bytes instead.
+    pub large: bool,
 }
 
+/// A large round: 2 MiB and 12 bytes, 33 pieces of 64 KiB, 11 a stream over
+/// three: more than a window, so that under failover most results go
+/// straight into the caller's buffer (`Op::direct` in the client).
+pub const LARGE_ROUND: usize = (2 << 20) + 12;
+
 /// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
-/// (or maxima) of `round_bytes(round)` (rank r's element i is r + i mod 97 +
+/// (or maxima) of `round_bytes(round)` (or [`LARGE_ROUND`]: `Shape::large`) (rank r's element i is r + i mod 97 +
 /// round: exact), every element checked; `progress` counts rank 0's rounds done;
 /// `shape` the servers' and ranks' settings (`Shape::default()`: the plain job).
 pub fn loop_job(
@@ -114,7 +121,8 @@ pub fn loop_job(
                     c.join(DataType::Float32, ReduceOp::Max).map_err(|e| e.to_string())?;
                 }
                 for round in 0..rounds {
-                    let count = round_bytes(round) / 4;
+                    let bytes = if shape.large && round % 3 == 0 { LARGE_ROUND } else { round_bytes(round) };
+                    let count = bytes / 4;
                     let max = shape.mixed && round % 2 == 1;
                     let op = if max { ReduceOp::Max } else { ReduceOp::Sum };
                     let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();

@@ -131,6 +131,14 @@ fn sigkill_one_of_three_servers_under_ranks_with_rails_tcp() {
 }
 
 #[test]
+fn sigkill_one_of_three_servers_under_large_all_reduces_tcp() {
+    // Most results of the 2 MiB rounds go straight into the ranks' buffers
+    // (more pieces a stream than a window): the kill lands in one of them
+    // about one time in two.
+    kill_one_of_three("tcp", Shape { large: true, ..Shape::default() });
+}
+
+#[test]
 fn sigkill_one_of_three_servers_under_ranks_with_lanes_tcp() {
     // Five rails over three servers of two lcores: servers 0 and 1 have two
     // lanes (rails 0, 3 and 1, 4: a rail per lcore), server 2 one (rail 2).
@@ -145,10 +153,24 @@ fn sigkill_one_of_three_servers_under_ranks_with_lanes_tcp() {
 /// with -0.0 from the others) and rank 1 gets exactly that result.
 #[test]
 fn a_result_one_rank_lacks_is_relayed_from_a_rank_that_has_it() {
+    relay_what_one_rank_lacks(false);
+}
+
+/// As above, in a 2 MiB all-reduce: the first window of server 1's
+/// results went straight into rank 0's buffer (later pieces of the same
+/// all-reduce follow on that stream), and rank 0 is still inside that
+/// all-reduce, waiting for the pieces rank 1's stall holds back. The
+/// recovery stages them from rank 0's buffer and relays them.
+#[test]
+fn a_result_in_a_callers_buffer_that_one_rank_lacks_is_relayed_from_there() {
+    relay_what_one_rank_lacks(true);
+}
+
+fn relay_what_one_rank_lacks(large: bool) {
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let shape = Shape { drop_results: Some((1, 1, 30)), ..Shape::default() };
+    let shape = Shape { drop_results: Some((1, 1, 30)), large, ..Shape::default() };
     let ranks = loop_job("tcp", &addrs, 0xf5, 3, 80, progress.clone(), shape);
     // Rank 1 waits in the first operation from 30 on with a piece on server
     // 1, for the result it dropped; rank 0 completed that one and waits in

@@ -50,8 +50,10 @@ pub struct ClientConfig {
     /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`].
     pub min_piece: usize,
     /// Survive the loss of a server when the job has others (see
-    /// [`failover`]): results land in a staging area first and are copied
-    /// out, which costs one copy of every result. Default on; TALLY_FAILOVER=0
+    /// [`failover`]): results another rank may still need after the
+    /// operation completes here (each stream's last window of pieces, every
+    /// piece in place) land in a staging area first and are copied out.
+    /// Default on; TALLY_FAILOVER=0
     /// turns it off (a lost server then fails the job, as before).
     pub failover: bool,
     /// Fault injection, for tests of failover: results from server

@@ -62,7 +62,8 @@ impl Client {
                     let op = &self.ops[oi];
                     let relayed =
                         self.subs[sub].relay.is_some() && op.chunk_bytes.min(op.bytes - chunk * op.chunk_bytes) <= wire::RELAY_MAX;
-                    self.subs[sub].flights[fi] = Flight { op: op.id, chunk, seq, relayed, ..Flight::default() };
+                    let direct = !relayed && self.subs[sub].stage.is_some() && op.direct(chunk, nstreams, window as usize);
+                    self.subs[sub].flights[fi] = Flight { op: op.id, chunk, seq, relayed, direct, ..Flight::default() };
                     self.ops[oi].next[st] += nstreams;
                     self.ops[oi].posted += 1;
                     let base = sub as u32 * self.per_sub + (fi as u32) * 2;
@@ -168,7 +169,7 @@ impl Client {
             // and is the target of this receive only (slots cycle over twice
             // the window); it lives as long as the sub-job.
             unsafe { self.rails.recv(rail, relay.slot(st, seq), len, relay.mh(st), Some(stream.addr), (tag, 0), ctx, None) }
-        } else if let Some(stage) = &s.stage {
+        } else if let Some(stage) = s.stage.as_ref().filter(|_| !f.direct) {
             // Where the result goes once whole: a rail copies it there, else `land` does.
             // SAFETY: off + len <= bytes, inside the caller's buffer.
             let copy_to = op.rail_copies(&self.rails).then(|| unsafe { op.recv.add(off) });
@@ -180,6 +181,7 @@ impl Client {
             unsafe { self.rails.recv(rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, copy_to) }
         } else {
             // SAFETY: as above; each chunk's range of `recv` has one receive.
+            // (Under failover, a `direct` chunk's: see `Op::direct`.)
             unsafe { self.rails.recv(rail, op.recv.add(off), len, op.mh_recv, Some(stream.addr), (tag, 0), ctx, None) }
         };
         match r {
@@ -271,7 +273,7 @@ impl Client {
         let s = &mut self.subs[sub];
         let f = &mut s.flights[fi];
         let op_id = f.op;
-        let (chunk, seq) = (f.chunk, f.seq);
+        let (chunk, seq, direct) = (f.chunk, f.seq, f.direct);
         *f = Flight::default();
         let st = fi / window;
         let stream = &mut s.streams[st];
@@ -282,7 +284,8 @@ impl Client {
         if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
             if s.stage.is_some() {
                 // One search for the operation serves both.
-                failover::land(s, &self.ops[pos], st, seq, chunk, self.ops[pos].rail_copies(&self.rails));
+                let how = failover::Landed::of(direct, self.ops[pos].rail_copies(&self.rails));
+                failover::land(s, &self.ops[pos], st, seq, chunk, how);
             }
             self.ops[pos].done += 1;
             if self.ops[pos].done == self.ops[pos].chunks {

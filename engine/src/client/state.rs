@@ -71,6 +71,9 @@ pub(super) struct Flight {
     /// in the sub-job's relay slot, `got` bytes of it.
     pub(super) relayed: bool,
     pub(super) got: u32,
+    /// Failover on, but the result is received straight into the caller's
+    /// buffer, not a staging slot (see [`Op::direct`]).
+    pub(super) direct: bool,
 }
 
 /// Where a sub-job stands with one of its servers.
@@ -268,5 +271,23 @@ impl Op {
     /// a result the rank has not seen), so `failover::land` copies it then.
     pub(super) fn rail_copies(&self, rails: &Rails) -> bool {
         rails.copies_results() && !std::ptr::eq(self.send, self.recv.cast_const())
+    }
+
+    /// Whether chunk `chunk`, on a stream that carries every `stride`-th
+    /// chunk of this operation, skips the staging area under failover: the
+    /// buffers do not overlap (a result cut off half way then spoils no
+    /// input), and the same stream carries a chunk of this operation a
+    /// window later, `window` sequence numbers on. That later result cannot
+    /// arrive before every rank holds this one (failover's module doc), and
+    /// this operation cannot complete before it arrives: so no rank can need
+    /// this result from here after the caller took the buffer back, and
+    /// until then the caller's buffer keeps it (a recovery stages it from
+    /// there: `failover::stage_direct`). Only a stream's last `window`
+    /// pieces of each operation, which outlive it, are staged.
+    #[inline]
+    pub(super) fn direct(&self, chunk: usize, stride: usize, window: usize) -> bool {
+        let (send, recv) = (self.send as usize, self.recv as usize);
+        let apart = send + self.bytes <= recv || recv + self.bytes <= send;
+        apart && chunk + window * stride < self.chunks
     }
 }

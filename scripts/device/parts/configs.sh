@@ -9,7 +9,10 @@
 # comma-separated (e.g. rails-c256@TALLY_WINDOW=8+--chunk=256K). LR_MODES
 # (agg,ring), LR_ITERS (bench cluster's default). Writes
 # cluster-ROUND-NAME.{json,log}, cluster.err. Each round opens with the
-# host's load and pressure (lib.sh host_state).
+# host's load and pressure (lib.sh host_state). A config's TALLY=path runs
+# another build (e.g. the last commit's, beside this one). LR_THREADS=1
+# samples every tally thread's CPU during each run (threads.py) into
+# threads-ROUND-NAME.txt and says the busiest five.
 say ""
 say "## emulated cluster ${LR_HOSTS:-4} + ${LR_HOSTS:-4} hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
 rounds="${LR_ROUNDS:-2}"
@@ -30,9 +33,20 @@ for round in $(seq 1 "$rounds"); do
         [[ "$name" == *-fo0 ]] && vars+=(TALLY_FAILOVER=0)
         j="$OUT/cluster-$round-$name.json"
         vars+=(TALLY_LR_CONFIG="$cfg")
-        env "${vars[@]}" timeout -k 5 240 "$TALLY" bench cluster --hosts "${LR_HOSTS:-4}" --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
+        exe="$TALLY"
+        for v in "${vars[@]}"; do [[ "$v" == TALLY=* ]] && exe="${v#TALLY=}"; done
+        sampler=""
+        if [ "${LR_THREADS:-0}" = 1 ]; then
+            python3 "$DEVICE_DIR/threads.py" "$OUT/threads-$round-$name.txt" 1 &
+            sampler=$!
+        fi
+        env "${vars[@]}" timeout -k 5 240 "$exe" bench cluster --hosts "${LR_HOSTS:-4}" --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
             ${LR_ITERS:+--iters "$LR_ITERS"} --timeout 120 --mode "${LR_MODES:-agg,ring}" "${extra[@]}" --json --log "$OUT/cluster-$round-$name.log" >"$j" 2>>"$OUT/cluster.err" \
-            || { say "FAILED $cfg (round $round)"; continue; }
+            || { say "FAILED $cfg (round $round)"; [ -n "$sampler" ] && kill "$sampler"; continue; }
+        if [ -n "$sampler" ]; then
+            kill "$sampler" && wait "$sampler"
+            say "# threads, $cfg r$round (peak % of a core over 1 s windows): $(awk 'NR > 3 && NR <= 8 {printf "%s %s %s; ", $1, $4, $5}' "$OUT/threads-$round-$name.txt")"
+        fi
         [ "$round" = 1 ] && [ "$cfg" = "${configs%% *}" ] && say "# placement: $(python3 "$DEVICE_DIR/summarise.py" placement "$j")"
         summarise configs "$j" "$cfg r$round"
     done

@@ -1,7 +1,7 @@
 //! Where results land before they are copied out ([`Stage`]), and what each
 //! staging slot holds, so that a recovery can relay a result this rank has
-//! and a slower one lacks (the module above says why every result is
-//! staged).
+//! and a slower one lacks (the module above says which results are staged
+//! and why).
 use super::*;
 
 /// Where a sub-job's results land before they are copied out: per stream,
@@ -36,11 +36,18 @@ impl Drop for Block {
 #[derive(Clone, Copy, Default)]
 pub(in crate::client) struct Held {
     pub(in crate::client) valid: bool,
+    /// The result went straight into the caller's buffer of operation
+    /// `op_index`, still in progress here while a rank may lack it
+    /// (`Op::direct`): the slot itself is empty until [`stage_direct`].
+    pub(in crate::client) direct: bool,
     pub(in crate::client) seq: u32,
     pub(in crate::client) len: u32,
     pub(in crate::client) chunk: u32,
     pub(in crate::client) op_index: u64,
 }
+
+/// A transparent huge page on x86-64, and on aarch64 with 4 KiB base pages.
+const THP_SIZE: usize = 2 << 20;
 
 impl Stage {
     /// Slots for `streams` streams; registered on `rails` if the provider
@@ -54,11 +61,24 @@ impl Stage {
     /// Slots for `n` more streams.
     pub fn add(&mut self, n: usize, ep: &mut Rails) -> Result<(), ClientError> {
         for _ in 0..n {
-            let layout = std::alloc::Layout::from_size_align((self.slots * self.piece).max(64), 64).expect("staging layout");
+            let size = (self.slots * self.piece).max(64);
+            // Blocks of 2 MiB or more start on a 2 MiB boundary and ask for
+            // transparent huge pages: every staged result goes through the
+            // kernel's receive copy and a rail's copy out, and on 4 KiB pages
+            // a 2 MiB block is 512 translations. (Advice only: 4 KiB pages
+            // where THP is off.)
+            let huge = size >= THP_SIZE;
+            let layout = std::alloc::Layout::from_size_align(size, if huge { THP_SIZE } else { 64 }).expect("staging layout");
             // SAFETY: the layout has a non-zero size.
             let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
             if ptr.is_null() {
                 std::alloc::handle_alloc_error(layout);
+            }
+            if huge {
+                // SAFETY: [ptr, ptr + size rounded down to 2 MiB) lies in this
+                // fresh allocation, 2 MiB aligned; advice changes no data, and
+                // a kernel without THP refuses it, which changes nothing.
+                let _ = unsafe { libc::madvise(ptr.cast(), size / THP_SIZE * THP_SIZE, libc::MADV_HUGEPAGE) };
             }
             prefault(ptr, layout.size());
             let mut block = Block { ptr, layout, mh: None };
@@ -111,19 +131,86 @@ pub(in crate::client) fn prefault(ptr: *mut u8, len: usize) {
     }
 }
 
+/// Where a completed flight's result is, for [`land`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(in crate::client) enum Landed {
+    /// In its staging slot: copy it into the caller's buffer.
+    Staged,
+    /// In its staging slot, and a rail thread copied it out already.
+    Copied,
+    /// Straight in the caller's buffer (`Op::direct`).
+    Direct,
+}
+
+impl Landed {
+    #[inline(always)]
+    pub(in crate::client) fn of(direct: bool, rail_copied: bool) -> Landed {
+        match (direct, rail_copied) {
+            (true, _) => Landed::Direct,
+            (false, true) => Landed::Copied,
+            (false, false) => Landed::Staged,
+        }
+    }
+}
+
 /// A completed flight's result: copy it out of the staging slot into the
-/// caller's buffer (unless a rail thread `copied` it already) and remember
-/// what the slot holds.
+/// caller's buffer where it is still to be copied, and remember what the
+/// slot stands for.
 #[inline]
-pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize, copied: bool) {
+pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize, how: Landed) {
     let Some(stage) = s.stage.as_mut() else { return };
     let off = chunk * op.chunk_bytes;
     let len = op.chunk_bytes.min(op.bytes - off);
-    if !copied {
+    if how == Landed::Staged {
         // SAFETY: the slot holds the whole result (its receive completed); the
         // caller's buffer holds `bytes` (contract of `start`), off + len <= bytes.
         unsafe { std::ptr::copy_nonoverlapping(stage.slot(st, seq), op.recv.add(off), len) };
     }
     let i = st * stage.slots + seq as usize % stage.slots;
-    stage.meta[i] = Held { valid: true, seq, len: len as u32, chunk: chunk as u32, op_index: op.index };
+    stage.meta[i] = Held { valid: true, direct: how == Landed::Direct, seq, len: len as u32, chunk: chunk as u32, op_index: op.index };
+}
+
+/// A recovery needs a result this rank received straight into the caller's
+/// buffer of `op` (still in progress: `Op::direct` says why): copies it into
+/// its staging slot, which no receive targets (a receive of `seq + 2W`
+/// would mean every rank holds `seq`), so that it is relayed like any other.
+pub(in crate::client) fn stage_direct(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize) {
+    let Some(stage) = s.stage.as_mut() else { return };
+    let off = chunk * op.chunk_bytes;
+    let len = op.chunk_bytes.min(op.bytes - off);
+    // SAFETY: the caller's buffer holds the whole result at off (its receive
+    // completed, and the operation is still the client's); the slot holds a
+    // whole piece and nothing is being received into it.
+    unsafe { std::ptr::copy_nonoverlapping(op.recv.add(off), stage.slot(st, seq), len) };
+    let i = st * stage.slots + seq as usize % stage.slots;
+    stage.meta[i] = Held { valid: true, direct: false, seq, len: len as u32, chunk: chunk as u32, op_index: op.index };
+}
+
+impl Client {
+    /// Before a recovery lists what this rank holds of lost streams `lost`:
+    /// stages each result it received straight into a caller's buffer that
+    /// some rank may lack (at or after `lo`, per stream), so that it is
+    /// relayed from its slot like a staged one. Its operation is still in
+    /// progress here (`Op::direct`); if it is not, that reasoning failed,
+    /// and the recovery stops with an error rather than relay a buffer the
+    /// caller took back.
+    pub(super) fn stage_direct_results(&mut self, sub: usize, lost: &[usize], lo: &[u32]) -> Result<(), ClientError> {
+        let Some(slots) = self.subs[sub].stage.as_ref().map(|g| g.slots) else { return Ok(()) };
+        for &st in lost {
+            for k in 0..slots {
+                let h = self.subs[sub].stage.as_ref().map_or(Held::default(), |g| g.meta[st * slots + k]);
+                if !h.valid || !h.direct || !seq_ge(h.seq, lo[st]) {
+                    continue;
+                }
+                let Some(op) = self.ops.iter().find(|o| o.sub == sub && o.index == h.op_index) else {
+                    return Err(ClientError::Fabric(format!(
+                        "recovery: result {} of stream {st} was received into all-reduce {}'s buffer, which is no longer the client's",
+                        h.seq, h.op_index
+                    )));
+                };
+                stage_direct(&mut self.subs[sub], op, st, h.seq, h.chunk as usize);
+            }
+        }
+        Ok(())
+    }
 }
