@@ -165,13 +165,46 @@ impl Default for DtypeArg {
 #[derive(Args, Debug, Clone)]
 pub struct WindowArg {
     /// Chunks in flight per server lcore (agg) or per direction (ring).
-    #[arg(long, default_value_t = 4)]
+    /// 0: auto (the client library's: 4, or 2 where chunks of 512 KiB and up
+    /// would put more than 1 MiB in flight per server lcore; the ring: 4).
+    #[arg(long, default_value_t = 0)]
     pub window: u32,
 }
 
 impl Default for WindowArg {
     fn default() -> Self {
-        WindowArg { window: 4 }
+        WindowArg { window: 0 }
+    }
+}
+
+/// The ring's window where `--window` is left to auto.
+pub const RING_AUTO_WINDOW: u32 = 4;
+
+impl WindowArg {
+    /// The agg client's window for chunks of `chunk` bytes.
+    pub fn agg(&self, chunk: usize) -> u32 {
+        if self.window == 0 {
+            tally_engine::client::auto_window(chunk)
+        } else {
+            self.window
+        }
+    }
+
+    /// The ring's window.
+    pub fn ring(&self) -> u32 {
+        if self.window == 0 {
+            RING_AUTO_WINDOW
+        } else {
+            self.window
+        }
+    }
+
+    /// For a header line: "4", or "auto (agg 2, ring 4)".
+    pub fn text(&self, chunk: usize) -> String {
+        match self.window {
+            0 => format!("auto (agg {}, ring {})", self.agg(chunk), self.ring()),
+            w => w.to_string(),
+        }
     }
 }
 

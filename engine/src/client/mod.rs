@@ -53,7 +53,7 @@ mod progress;
 pub mod rails;
 mod state;
 pub mod watchdog;
-pub use config::{ClientConfig, DEFAULT_LIVENESS_MS};
+pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS};
 pub use error::ClientError;
 use failover::{Fo, Stage};
 use liveness::Liveness;
@@ -129,7 +129,10 @@ unsafe impl Send for Client {}
 
 impl Client {
     /// Opens the fabric endpoint. Jobs are joined on first use (or with [`Client::join`]).
-    pub fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
+    pub fn connect(mut cfg: ClientConfig) -> Result<Client, ClientError> {
+        if cfg.window == 0 {
+            cfg.window = config::auto_window(cfg.chunk_bytes);
+        }
         if cfg.servers.is_empty() {
             return Err(ClientError::Config("no servers given (TALLY_SERVERS)".into()));
         }
@@ -461,7 +464,18 @@ impl Drop for Client {
 
 #[cfg(test)]
 mod tests {
-    use super::{op_chunk_bytes, MIN_SPREAD_PIECE};
+    use super::{auto_window, op_chunk_bytes, MIN_SPREAD_PIECE};
+
+    #[test]
+    fn the_auto_window_keeps_a_stream_within_a_mebibyte_but_two_chunks() {
+        assert_eq!(auto_window(32 << 10), 4);
+        assert_eq!(auto_window(256 << 10), 4);
+        assert_eq!(auto_window(300 << 10), 3);
+        assert_eq!(auto_window(512 << 10), 2);
+        assert_eq!(auto_window(4 << 20), 2);
+        assert_eq!(auto_window(0), 4);
+    }
+
     #[test]
     fn small_operations_spread_over_every_stream() {
         const M: usize = MIN_SPREAD_PIECE;

@@ -80,7 +80,7 @@ pub static ENV: &[EnvVar] = &[
         &[Client, Plugin],
         "bytes per piece sent to one server lcore (K/M/G), the same on every rank",
     ),
-    var("TALLY_WINDOW", "4", "", &[Client], "pieces in flight per server lcore (1 to 64), the same on every rank"),
+    var("TALLY_WINDOW", "auto", "", &[Client], "pieces in flight per server lcore (1 to 64), the same on every rank; auto: 4, or 2 where pieces of 512 KiB and up would put more than 1 MiB in flight"),
     var(
         "TALLY_SEND_CREDITS",
         "0",

@@ -293,7 +293,8 @@ fn quoted_figures_hold() {
     // The plugin's clients: ClientConfig's defaults (TALLY_CHUNK, TALLY_WINDOW
     // unset; the plugin itself sets only the timeout and the smallest piece).
     let c = tally_engine::client::ClientConfig::new(vec![], 1, 0, 1);
-    assert_eq!((c.chunk_bytes, c.window), (256 << 10, 4));
+    assert_eq!((c.chunk_bytes, c.window), (256 << 10, 0));
+    assert_eq!(tally_engine::client::auto_window(c.chunk_bytes), 4, "the window auto gives 256 KiB pieces");
     assert!(md.contains("256 KiB pieces and a window of 4"), "the page's piece/window figures");
     assert_eq!(c.timeout, std::time::Duration::from_secs(30));
     assert!(md.contains("`TALLY_TIMEOUT_S` on the workers (default 30)"));

@@ -86,7 +86,7 @@ pub fn print_header(p: &Plan, args: &AllreduceArgs) {
         p.dtype,
         p.op,
         format_size(p.chunk as u64),
-        args.window.window,
+        args.window.text(p.chunk),
         args.poll.poll
     );
     println!("# {}", method_line(args.loops.iters, args.loops.warmup, args.sync));

@@ -190,7 +190,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             let mut cfg = ClientConfig::new(args.servers.clone(), args.job_id, rank, n);
             cfg.provider = Some(p.provider.clone());
             cfg.chunk_bytes = p.chunk;
-            cfg.window = args.window.window;
+            cfg.window = args.window.agg(p.chunk);
             cfg.fabric_addr = args.fabric_addr.clone();
             cfg.timeout = Duration::from_secs(args.timeout.max(1));
             cfg.send_credits = args.send_credits;
@@ -205,7 +205,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
         } else {
             let mut cfg = RingConfig::new(&p.provider);
             cfg.chunk_bytes = p.chunk;
-            cfg.window = args.window.window as usize;
+            cfg.window = args.window.ring() as usize;
             cfg.poll_busy = busy;
             cfg.node = args.fabric_addr.clone().or_else(|| p.provider.starts_with("tcp").then(|| "127.0.0.1".to_string()));
             ring = Some(Ring::new(&cfg, &mut boot).map_err(|e| e.to_string())?);

@@ -123,7 +123,11 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
     println!(
         "# chunk {}, window {}, send credits {}, rails per worker {}; {}",
         if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
-        args.window.window,
+        args.window.text(if args.chunk == "auto" {
+            auto_chunk(rate)
+        } else {
+            tally_engine::host::units::parse_size(&args.chunk).unwrap_or(0)
+        } as usize),
         args.send_credits,
         {
             let (n, why) = worker_rails(args.hosts, worker_cores);
