@@ -17,6 +17,7 @@
 #   perf:cluster-perf      perf of the whole host during a 32 Gbit/s run (LR_PERF_AFTER)
 #   nccl, nccl-sync:nccl   real NCCL (tests/nccl/cluster_proof.sh; LR_NCCL_*)
 #   nccl-knobs             NCCL settings one at a time (LR_NCCL_KNOBS, ...)
+#   nccl-perf              perf of the host during real NCCL CollNet at 32 Gbit/s
 #   demo                   `tally demo` as a user runs it
 # Environment: TALLY (default target/release/tally), DEVLIB (devlib), OUT (./out).
 set -uo pipefail
@@ -25,6 +26,6 @@ cd "$(dirname "$0")/../.." || exit 1
 . scripts/device/lib.sh
 session_begin linerate "line-rate session" "cluster p2p" "$@"
 say "# $("$TALLY" --version); libfabric $(fabric_version) (what fi_version() says; the file name's number is libtool's, 1.20.0 for 1.17)"
-for part in cluster:configs cpu libs p2p:tcp-ceiling perf:cluster-perf nccl nccl-sync:nccl nccl-knobs demo; do
+for part in cluster:configs cpu libs p2p:tcp-ceiling perf:cluster-perf nccl nccl-sync:nccl nccl-knobs nccl-perf demo; do
     run_part "${part%%:*}" "${part#*:}"
 done

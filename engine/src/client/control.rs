@@ -218,6 +218,7 @@ impl Client {
             }
         }
         self.retire(sub)?;
+        self.pump_due = true;
         self.pump()
     }
 

@@ -22,7 +22,10 @@ impl Client {
             }
         }
         let window = self.cfg.window;
-        for oi in 0..self.ops.len() {
+        // Nothing changed since the last look: every operation is still
+        // fully posted, held, or waiting for a window (see `pump_due`).
+        let ops = if std::mem::take(&mut self.pump_due) { self.ops.len() } else { 0 };
+        for oi in 0..ops {
             if self.ops[oi].posted == self.ops[oi].chunks || !self.ops[oi].planned {
                 // The common case while waiting for results: nothing to do.
                 // (Or held uncut while a drain's switch is agreed.)
@@ -275,6 +278,7 @@ impl Client {
         let op_id = f.op;
         let (chunk, seq, direct) = (f.chunk, f.seq, f.direct);
         *f = Flight::default();
+        self.pump_due = true;
         let st = fi / window;
         let stream = &mut s.streams[st];
         while stream.head_seq != stream.next_seq && s.flights[st * window + stream.head_slot as usize].op == 0 {
@@ -301,6 +305,7 @@ impl Client {
     #[inline]
     pub(in crate::client) fn complete_op(&mut self, pos: usize) -> Result<(), ClientError> {
         if let Some(op) = self.ops.remove(pos) {
+            self.pump_due = true;
             self.note_if_slow(&op);
             self.spare_next.push(op.next);
             if self.subs[op.sub].retiring {

@@ -488,6 +488,7 @@ impl Client {
                 }
             }
         }
+        self.pump_due = true;
         self.pump()
     }
 
