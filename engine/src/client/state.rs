@@ -282,7 +282,7 @@ impl Op {
     /// this operation cannot complete before it arrives: so no rank can need
     /// this result from here after the caller took the buffer back, and
     /// until then the caller's buffer keeps it (a recovery stages it from
-    /// there: `failover::stage_direct`). Only a stream's last `window`
+    /// there: `stage_direct_results`). Only a stream's last `window`
     /// pieces of each operation, which outlive it, are staged.
     #[inline]
     pub(super) fn direct(&self, chunk: usize, stride: usize, window: usize) -> bool {
