@@ -162,19 +162,13 @@ impl Default for DtypeArg {
 }
 
 /// `--window` (bench allreduce, bench cluster).
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, Default)]
 pub struct WindowArg {
     /// Chunks in flight per server lcore (agg) or per direction (ring).
     /// 0: auto (the client library's: 4, or 2 where chunks of 512 KiB and up
     /// would put more than 1 MiB in flight per server lcore; the ring: 4).
     #[arg(long, default_value_t = 0)]
     pub window: u32,
-}
-
-impl Default for WindowArg {
-    fn default() -> Self {
-        WindowArg { window: 0 }
-    }
 }
 
 /// The ring's window where `--window` is left to auto.
