@@ -283,7 +283,6 @@ impl Client {
             mh_recv,
             started: Instant::now(),
         });
-        self.pump_due = true;
         self.last_progress = Instant::now();
         if !self.subs[sub].holding() {
             let oi = self.ops.len() - 1;

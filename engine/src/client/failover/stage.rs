@@ -159,15 +159,31 @@ impl Landed {
 #[inline]
 pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize, how: Landed) {
     let Some(stage) = s.stage.as_mut() else { return };
-    let off = chunk * op.chunk_bytes;
-    let len = op.chunk_bytes.min(op.bytes - off);
+    let (off, len) = piece(op, chunk);
     if how == Landed::Staged {
         // SAFETY: the slot holds the whole result (its receive completed); the
         // caller's buffer holds `bytes` (contract of `start`), off + len <= bytes.
         unsafe { std::ptr::copy_nonoverlapping(stage.slot(st, seq), op.recv.add(off), len) };
     }
-    let i = st * stage.slots + seq as usize % stage.slots;
-    stage.meta[i] = Held { valid: true, direct: how == Landed::Direct, seq, len: len as u32, chunk: chunk as u32, op_index: op.index };
+    stage.hold(op, st, seq, chunk, how == Landed::Direct);
+}
+
+/// Chunk `chunk`'s offset and length in `op`'s buffers.
+#[inline(always)]
+fn piece(op: &Op, chunk: usize) -> (usize, usize) {
+    let off = chunk * op.chunk_bytes;
+    (off, op.chunk_bytes.min(op.bytes - off))
+}
+
+impl Stage {
+    /// Notes that the slot of (`st`, `seq`) stands for chunk `chunk` of
+    /// `op` (in the caller's buffer where `direct`).
+    #[inline(always)]
+    fn hold(&mut self, op: &Op, st: usize, seq: u32, chunk: usize, direct: bool) {
+        let len = piece(op, chunk).1 as u32;
+        self.meta[st * self.slots + seq as usize % self.slots] =
+            Held { valid: true, direct, seq, len, chunk: chunk as u32, op_index: op.index };
+    }
 }
 
 /// A recovery needs a result this rank received straight into the caller's
@@ -176,14 +192,12 @@ pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chun
 /// would mean every rank holds `seq`), so that it is relayed like any other.
 pub(in crate::client) fn stage_direct(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize) {
     let Some(stage) = s.stage.as_mut() else { return };
-    let off = chunk * op.chunk_bytes;
-    let len = op.chunk_bytes.min(op.bytes - off);
+    let (off, len) = piece(op, chunk);
     // SAFETY: the caller's buffer holds the whole result at off (its receive
     // completed, and the operation is still the client's); the slot holds a
     // whole piece and nothing is being received into it.
     unsafe { std::ptr::copy_nonoverlapping(op.recv.add(off), stage.slot(st, seq), len) };
-    let i = st * stage.slots + seq as usize % stage.slots;
-    stage.meta[i] = Held { valid: true, direct: false, seq, len: len as u32, chunk: chunk as u32, op_index: op.index };
+    stage.hold(op, st, seq, chunk, false);
 }
 
 impl Client {
@@ -198,7 +212,7 @@ impl Client {
         let Some(slots) = self.subs[sub].stage.as_ref().map(|g| g.slots) else { return Ok(()) };
         for &st in lost {
             for k in 0..slots {
-                let h = self.subs[sub].stage.as_ref().map_or(Held::default(), |g| g.meta[st * slots + k]);
+                let Some(h) = self.subs[sub].stage.as_ref().map(|g| g.meta[st * slots + k]) else { break };
                 if !h.valid || !h.direct || !seq_ge(h.seq, lo[st]) {
                     continue;
                 }
