@@ -48,6 +48,9 @@ pub fn multi(provider: &str, addrs: &[String], job: u64, rank: u32, n: u32) -> C
     let mut c = client(provider, &addrs[0], job, rank, n);
     c.servers = addrs.to_vec();
     c.chunk_bytes = 64 << 10;
+    // Seals from 1 MiB (the default is 8 MiB): the loops' 1 MiB and large
+    // rounds are sealed, the smaller ones staged, so kills meet both.
+    c.seal_min = 1 << 20;
     c
 }
 
@@ -80,11 +83,14 @@ pub struct Shape {
     pub fabric_addr: Option<&'static str>,
     /// Every third round (0, 3, ...) is [`LARGE_ROUND`] bytes instead.
     pub large: bool,
+    /// `ClientConfig::seal_min` instead of [`multi`]'s 1 MiB (0: no seals).
+    pub seal_min: Option<usize>,
 }
 
 /// A large round: 2 MiB and 12 bytes, 33 pieces of 64 KiB, 11 a stream over
 /// three: more than a window, so that under failover most results go
-/// straight into the caller's buffer (`Op::direct` in the client).
+/// straight into the caller's buffer (`Op::direct` in the client), all of
+/// them where it is sealed (`Shape::seal_min`).
 pub const LARGE_ROUND: usize = (2 << 20) + 12;
 
 /// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
@@ -107,6 +113,9 @@ pub fn loop_job(
                 cfg.rails = r;
             }
             cfg.fabric_addr = shape.fabric_addr.map(String::from);
+            if let Some(m) = shape.seal_min {
+                cfg.seal_min = m;
+            }
             if let Some((r, si, from)) = shape.drop_results {
                 if r == rank {
                     cfg.fault_drop_results = Some((si, from));

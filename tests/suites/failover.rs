@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_e2e::jobloop::{loop_job, multi, results, server, server_on, wait_for_round, Shape};
 use tally_e2e::ServerProcess;
+use tally_engine::client::failover::FailoverStats;
 use tally_engine::client::Client;
 use tally_engine::reduce::{DataType, ReduceOp};
 
@@ -153,28 +154,39 @@ fn sigkill_one_of_three_servers_under_ranks_with_lanes_tcp() {
 /// with -0.0 from the others) and rank 1 gets exactly that result.
 #[test]
 fn a_result_one_rank_lacks_is_relayed_from_a_rank_that_has_it() {
-    relay_what_one_rank_lacks(false);
+    relay_what_one_rank_lacks(None);
 }
 
-/// As above, in a 2 MiB all-reduce: the first window of server 1's
-/// results went straight into rank 0's buffer (later pieces of the same
+/// As above, in a 2 MiB all-reduce, not sealed: the first window of server
+/// 1's results went straight into rank 0's buffer (later pieces of the same
 /// all-reduce follow on that stream), and rank 0 is still inside that
 /// all-reduce, waiting for the pieces rank 1's stall holds back. The
 /// recovery stages them from rank 0's buffer and relays them.
 #[test]
 fn a_result_in_a_callers_buffer_that_one_rank_lacks_is_relayed_from_there() {
-    relay_what_one_rank_lacks(true);
+    relay_what_one_rank_lacks(Some(0));
 }
 
-fn relay_what_one_rank_lacks(large: bool) {
+/// As above, sealed (`ClientConfig::seal_min`): every one of server 1's
+/// results went into rank 0's buffer, and rank 0 waits for the seals rank 1
+/// does not send.
+#[test]
+fn a_sealed_result_that_one_rank_lacks_is_relayed_from_a_callers_buffer() {
+    relay_what_one_rank_lacks(Some(1 << 20));
+}
+
+/// `large`: `Some(seal_min)` for 2 MiB rounds, None for the small ones only.
+fn relay_what_one_rank_lacks(large: Option<usize>) {
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let shape = Shape { drop_results: Some((1, 1, 30)), large, ..Shape::default() };
+    let shape = Shape { drop_results: Some((1, 1, 30)), large: large.is_some(), seal_min: large, ..Shape::default() };
     let ranks = loop_job("tcp", &addrs, 0xf5, 3, 80, progress.clone(), shape);
     // Rank 1 waits in the first operation from 30 on with a piece on server
     // 1, for the result it dropped; rank 0 completed that one and waits in
-    // the next for rank 1. Wait until the loop stands still.
+    // the next for rank 1 (or, where it is a sealed 2 MiB one, holds its
+    // results in its buffer and waits for rank 1's seal). Wait until the
+    // loop stands still.
     wait_for_round(&progress, 30, &ranks);
     let mut last = (progress.load(Ordering::Relaxed), Instant::now());
     while last.1.elapsed() < Duration::from_millis(300) {
@@ -346,6 +358,89 @@ fn failover_is_on_over_tcp_and_off_over_shm() {
             assert_eq!(h.join().unwrap(), Ok(want), "{provider}");
         }
     }
+}
+
+/// Large out-of-place all-reduces are sealed (`Op::sealed`): each stream's
+/// share ends in an empty piece whose result says every rank holds the
+/// share, so no result goes through the staging area. An in-place one
+/// still stages every result (its input must stay intact for a recompute),
+/// and one below `ClientConfig::seal_min` (1 MiB here, `multi`) has no seal
+/// and stages its last pieces. Every element of every one is checked.
+#[test]
+fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
+    let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let hs: Vec<_> = (0..2u32)
+        .map(|rank| {
+            let cfg = multi("tcp", &addrs, 0xf8, rank, 2);
+            std::thread::spawn(move || -> Result<Vec<FailoverStats>, String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                let mut seen = Vec::new();
+                // 4 MiB + 12 bytes (sealed, a short last chunk), then 64 KiB (not).
+                for elems in [(1 << 20) + 3, 1 << 14] {
+                    let input: Vec<f32> = (0..elems).map(|i| (i % 1000) as f32 + rank as f32).collect();
+                    let want = |i: usize| 2.0 * (i % 1000) as f32 + 1.0;
+                    let mut out = vec![0f32; elems];
+                    for _ in 0..3 {
+                        out.fill(0.0);
+                        c.allreduce(bytemuck::cast_slice(&input), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                            .map_err(|e| e.to_string())?;
+                        if let Some(i) = (0..elems).find(|&i| out[i] != want(i)) {
+                            return Err(format!("{elems} elements out of place: element {i} is {}, not {}", out[i], want(i)));
+                        }
+                    }
+                    seen.push(c.failover_stats());
+                    let mut buf = input.clone();
+                    c.allreduce_in_place(bytemuck::cast_slice_mut(&mut buf), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| e.to_string())?;
+                    if let Some(i) = (0..elems).find(|&i| buf[i] != want(i)) {
+                        return Err(format!("{elems} elements in place: element {i} is {}, not {}", buf[i], want(i)));
+                    }
+                    seen.push(c.failover_stats());
+                }
+                Ok(seen)
+            })
+        })
+        .collect();
+    for h in hs {
+        let seen = h.join().unwrap().unwrap();
+        let [large, large_in_place, small, _] = seen[..] else { panic!("{seen:?}") };
+        assert!(large.seals > 0 && large.staged == 0 && large.direct > 0, "large out of place: {large:?}");
+        assert!(large_in_place.seals > large.seals, "an in-place one is sealed too: {large_in_place:?}");
+        assert!(large_in_place.staged > 0, "an in-place one stages its results: {large_in_place:?}");
+        assert_eq!(small.seals, large_in_place.seals, "64 KiB is below the seal: {small:?}");
+        assert!(small.staged > large_in_place.staged, "64 KiB stages its last pieces: {small:?}");
+    }
+}
+
+/// Seals make failover part of the job's spec (`JobSpec::seal_shift`, 0
+/// without failover): ranks that disagree on it are refused at the join,
+/// naming the field, instead of sending pieces the other ranks do not.
+#[test]
+fn ranks_that_disagree_on_failover_are_refused_at_the_join() {
+    let servers: Vec<ServerProcess> = (0..2).map(|_| server("tcp", &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let hs: Vec<_> = (0..2u32)
+        .map(|rank| {
+            let mut cfg = multi("tcp", &addrs, 0xf9, rank, 2);
+            cfg.failover = rank == 0;
+            cfg.join_timeout = Duration::from_secs(3);
+            if rank == 1 {
+                // Rank 0's Hellos first, so that rank 1 is the one refused.
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            std::thread::spawn(move || -> Result<(), String> {
+                // Sub-jobs are joined at their first all-reduce.
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                let mut buf = vec![1f32; 1024];
+                c.allreduce_in_place(bytemuck::cast_slice_mut(&mut buf), DataType::Float32, ReduceOp::Sum).map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let res: Vec<Result<(), String>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let refused = res[1].as_ref().expect_err("rank 1 joined a job whose other rank fails over");
+    assert!(refused.contains("seal_shift"), "{refused}");
+    assert!(res[0].is_err(), "rank 0 joined alone");
 }
 
 fn failover_off_fails(provider: &'static str, failover: bool) {

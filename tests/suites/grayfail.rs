@@ -105,6 +105,7 @@ fn spec(job_id: u64, nranks: u32) -> tally_engine::wire::JobSpec {
         shards: 0,
         relay: false,
         split: false,
+        seal_shift: 0,
     }
 }
 

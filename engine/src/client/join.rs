@@ -22,6 +22,13 @@ impl Client {
         if self.subs.len() == MAX_SUBJOBS {
             return Err(ClientError::BadArgument(format!("more than {MAX_SUBJOBS} (dtype, op) pairs in one job")));
         }
+        // Failover needs another server to move to and a window the report's
+        // per-stream bitmap covers.
+        let can_fail_over = self.cfg.failover
+            && self.cfg.servers.len() > 1
+            && self.cfg.servers.len() <= 64
+            && self.cfg.window <= 32
+            && !self.rails.in_order_sends();
         let mut chunk_elems = (self.cfg.chunk_bytes / dtype.size()).max(1);
         let spec = JobSpec {
             job_id: self.job_id_for(dtype, op),
@@ -39,6 +46,10 @@ impl Client {
             split: self.cfg.split
                 && self.cfg.servers.len() == 1
                 && (wire::SPLIT_MIN_RANKS..=wire::SPLIT_MAX_RANKS).contains(&self.cfg.nranks),
+            // A job that can fail over seals its large all-reduces, so that
+            // their results need no staging (`failover`); every rank must
+            // then agree on failover and the threshold, which the server checks.
+            seal_shift: if can_fail_over { seal_shift(self.cfg.seal_min) } else { 0 },
         };
         let mut hellos = (0..self.cfg.servers.len()).map(|si| self.hello_to(si, &spec)).collect::<Result<Vec<_>, _>>()?;
         if self.wants_heartbeats() {
@@ -137,13 +148,6 @@ impl Client {
             )));
         }
         let flights = vec![Flight::default(); streams.len() * self.cfg.window as usize];
-        // Failover needs another server to move to and a window the report's
-        // per-stream bitmap covers.
-        let can_fail_over = self.cfg.failover
-            && self.cfg.servers.len() > 1
-            && self.cfg.servers.len() <= 64
-            && self.cfg.window <= 32
-            && !self.rails.in_order_sends();
         if self.cfg.failover && self.cfg.servers.len() > 1 && !can_fail_over && self.subs.is_empty() {
             log::info!("failover is off for this client: {} completes sends in order", self.rails.provider());
         }
@@ -176,6 +180,7 @@ impl Client {
             relay,
             split,
             split_max,
+            seal_shift: spec.seal_shift,
             fo: Fo::default(),
             live: Liveness::new(self.cfg.servers.len()),
         });
@@ -422,5 +427,14 @@ pub(super) fn read_answer(s: &mut TcpStream) -> Result<Granted, Answer> {
             Ok(Granted { tag: a.job_tag, names, piece_elems: a.piece_elems, latency: a.latency_split() })
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
+    }
+}
+
+/// The job spec's `seal_shift` for seals from `seal_min` bytes: its power
+/// of two at or below, 0 (no seals) for 0.
+fn seal_shift(seal_min: usize) -> u8 {
+    match seal_min {
+        0 => 0,
+        m => (m.ilog2() as u8).clamp(1, wire::MAX_SEAL_SHIFT),
     }
 }

@@ -53,7 +53,7 @@ mod progress;
 pub mod rails;
 mod state;
 pub mod watchdog;
-pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS};
+pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, DEFAULT_SEAL_MIN};
 pub use error::ClientError;
 use failover::{Fo, Stage};
 use liveness::Liveness;
@@ -277,6 +277,8 @@ impl Client {
             chunks: 0,
             first: 0,
             next,
+            sealed: false,
+            seals: 0,
             posted: 0,
             done: 0,
             mh_send,
@@ -328,10 +330,16 @@ impl Client {
         let op = &mut self.ops[oi];
         op.next.clear();
         op.next.resize(s.streams.len(), usize::MAX);
+        // Every rank decides alike: the threshold is the job's (`JobSpec::seal_shift`).
+        let sealed = s.seal_shift > 0 && bytes >= 1usize << s.seal_shift;
         for (pos, &st) in set.iter().enumerate() {
-            op.next[st] = (pos + n - first) % n;
+            let k = (pos + n - first) % n;
+            // A stream without a chunk of it gets no seal either.
+            op.next[st] = if sealed && k >= chunks { usize::MAX } else { k };
         }
+        let seals = if sealed { n.min(chunks) } else { 0 };
         (op.gen, op.chunk_bytes, op.chunks, op.first, op.planned) = (gen, chunk_bytes, chunks, first, true);
+        (op.sealed, op.seals) = (sealed, seals);
         self.pump_due = true;
         if self.subs[sub].fo.round.as_ref().is_some_and(|r| index < r.switch_op) {
             // Cut over the old set, which still has the lost servers: their

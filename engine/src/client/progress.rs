@@ -26,7 +26,7 @@ impl Client {
         // fully posted, held, or waiting for a window (see `pump_due`).
         let ops = if std::mem::take(&mut self.pump_due) { self.ops.len() } else { 0 };
         for oi in 0..ops {
-            if self.ops[oi].posted == self.ops[oi].chunks || !self.ops[oi].planned {
+            if self.ops[oi].posted == self.ops[oi].pieces() || !self.ops[oi].planned {
                 // The common case while waiting for results: nothing to do.
                 // (Or held uncut while a drain's switch is agreed.)
                 continue;
@@ -42,7 +42,7 @@ impl Client {
                     let st = self.subs[sub].gens[gen].set[(first + k) % nstreams];
                     let op = &self.ops[oi];
                     let stream = &self.subs[sub].streams[st];
-                    if op.next[st] >= op.chunks || stream.next_seq.wrapping_sub(stream.head_seq) >= window {
+                    if !op.left_on(st) || stream.next_seq.wrapping_sub(stream.head_seq) >= window {
                         continue;
                     }
                     if self.subs[sub].lost_stream(st) {
@@ -50,11 +50,15 @@ impl Client {
                         continue;
                     }
                     // Earlier ops on the same sub-job must have posted all of
-                    // this stream's chunks first, to keep sequence order.
-                    if self.ops.iter().take(oi).any(|o| o.sub == sub && o.planned && o.next.get(st).is_some_and(|&n| n < o.chunks)) {
+                    // this stream's chunks (and seal) first, to keep sequence order.
+                    if self.ops.iter().take(oi).any(|o| o.sub == sub && o.planned && o.left_on(st)) {
                         continue;
                     }
                     progress = true;
+                    if op.next[st] >= op.chunks {
+                        self.take_seal(oi, sub, st)?;
+                        continue;
+                    }
                     let chunk = op.next[st];
                     let s = &mut self.subs[sub].streams[st];
                     let seq = s.next_seq;
@@ -88,6 +92,37 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Takes the sequence number after operation `oi`'s last chunk on stream
+    /// `st` for its seal (see [`Op::sealed`]), and posts the seal if
+    /// every earlier sequence of the stream completed already; else
+    /// `finish_flight` posts it once they have.
+    fn take_seal(&mut self, oi: usize, sub: usize, st: usize) -> Result<(), ClientError> {
+        let window = self.cfg.window;
+        let s = &mut self.subs[sub].streams[st];
+        let seq = s.next_seq;
+        s.next_seq = seq.wrapping_add(1);
+        let slot = s.next_slot as usize;
+        s.next_slot = (s.next_slot + 1) % window;
+        let now = s.head_seq == seq;
+        let fi = st * window as usize + slot;
+        self.subs[sub].flights[fi] = Flight { op: self.ops[oi].id, seq, seal: true, ..Flight::default() };
+        self.ops[oi].next[st] = usize::MAX;
+        self.ops[oi].posted += 1;
+        if now {
+            self.post_seal(sub, fi)?;
+        }
+        Ok(())
+    }
+
+    /// Posts the seal of flight `fi`: every earlier sequence of its stream
+    /// completed here, so this rank holds every result the seal stands for.
+    fn post_seal(&mut self, sub: usize, fi: usize) -> Result<(), ClientError> {
+        self.subs[sub].flights[fi].seal_posted = true;
+        let base = sub as u32 * self.per_sub + (fi as u32) * 2;
+        self.post(base)?;
+        self.issue_send(base + 1)
     }
 
     /// Posts a chunk's send now if its server has a send credit, else queues it.
@@ -139,10 +174,12 @@ impl Client {
         let stream = &s.streams[st];
         let rail = stream.rail;
         let (chunk, seq) = (f.chunk, f.seq);
-        let off = chunk * op.chunk_bytes;
-        let len = op.chunk_bytes.min(op.bytes - off);
+        // A seal is empty, at the buffers' start.
+        let (off, len) = if f.seal { (0, 0) } else { (chunk * op.chunk_bytes, op.chunk_bytes.min(op.bytes - chunk * op.chunk_bytes)) };
         let tag = Tag::new(stream.job_tag, stream.slot_base + slot as u16, seq).0;
-        if is_send && len <= self.rails.inject_size() && self.cfg.send_credits == 0 {
+        // (Rails on threads inject nothing: their inject size is 0, which a
+        // seal's empty piece would still meet.)
+        if is_send && len <= self.rails.inject_size() && self.rails.inject_size() > 0 && self.cfg.send_credits == 0 {
             // Small pieces go by inject: no send completion to wait for.
             // (Not with pacing, whose credits are returned by completions.)
             let addr = stream.addr;
@@ -172,7 +209,7 @@ impl Client {
             // and is the target of this receive only (slots cycle over twice
             // the window); it lives as long as the sub-job.
             unsafe { self.rails.recv(rail, relay.slot(st, seq), len, relay.mh(st), Some(stream.addr), (tag, 0), ctx, None) }
-        } else if let Some(stage) = s.stage.as_ref().filter(|_| !f.direct) {
+        } else if let Some(stage) = s.stage.as_ref().filter(|_| !f.direct && !f.seal) {
             // Where the result goes once whole: a rail copies it there, else `land` does.
             // SAFETY: off + len <= bytes, inside the caller's buffer.
             let copy_to = op.rail_copies(&self.rails).then(|| unsafe { op.recv.add(off) });
@@ -276,7 +313,7 @@ impl Client {
         let s = &mut self.subs[sub];
         let f = &mut s.flights[fi];
         let op_id = f.op;
-        let (chunk, seq, direct) = (f.chunk, f.seq, f.direct);
+        let (chunk, seq, direct, seal) = (f.chunk, f.seq, f.direct, f.seal);
         *f = Flight::default();
         self.pump_due = true;
         let st = fi / window;
@@ -285,14 +322,26 @@ impl Client {
             stream.head_seq = stream.head_seq.wrapping_add(1);
             stream.head_slot = (stream.head_slot + 1) % window as u32;
         }
+        let head = st * window + stream.head_slot as usize;
+        if stream.head_seq != stream.next_seq && s.flights[head].seal && !s.flights[head].seal_posted {
+            // Every result before this seal is in: it may go.
+            self.post_seal(sub, head)?;
+        }
+        let s = &mut self.subs[sub];
         if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
-            if s.stage.is_some() {
+            if seal {
+                self.stats.seals += 1;
+            } else if s.stage.is_some() {
                 // One search for the operation serves both.
                 let how = failover::Landed::of(direct, self.ops[pos].rail_copies(&self.rails));
                 failover::land(s, &self.ops[pos], st, seq, chunk, how);
+                match how {
+                    failover::Landed::Direct => self.stats.direct += 1,
+                    _ => self.stats.staged += 1,
+                }
             }
             self.ops[pos].done += 1;
-            if self.ops[pos].done == self.ops[pos].chunks {
+            if self.ops[pos].done == self.ops[pos].pieces() {
                 self.complete_op(pos)?;
             }
         }

@@ -74,6 +74,12 @@ pub(super) struct Flight {
     /// Failover on, but the result is received straight into the caller's
     /// buffer, not a staging slot (see [`Op::direct`]).
     pub(super) direct: bool,
+    /// The operation's seal on this stream (see [`Op::sealed`]): an empty
+    /// piece, its sequence number taken after the operation's last chunk
+    /// here, sent only once every earlier sequence of the stream completed
+    /// (`seal_posted`: it was).
+    pub(super) seal: bool,
+    pub(super) seal_posted: bool,
 }
 
 /// Where a sub-job stands with one of its servers.
@@ -144,6 +150,9 @@ pub(super) struct SubJob {
     /// carries every operation of at most `split_max` bytes (None: not split).
     pub(super) split: Option<usize>,
     pub(super) split_max: usize,
+    /// Its operations of at least `1 << seal_shift` bytes are sealed (0:
+    /// none; `JobSpec::seal_shift`, agreed at the join).
+    pub(super) seal_shift: u8,
     /// Failover state: lost servers, the recovery round in progress.
     pub(super) fo: Fo,
     /// When each server was last heard from (see [`liveness`]).
@@ -248,8 +257,18 @@ pub(super) struct Op {
     /// Recycled through `Client::spare_next`, so starting an operation
     /// allocates nothing once the first few have run.
     pub(super) next: Vec<usize>,
-    /// Chunks posted so far (all of them: nothing left for `pump`).
+    /// Its results need no staging under failover: each stream's share of
+    /// it ends in a seal (an empty piece, see [`Flight::seal`]) that a
+    /// rank sends only once it holds every result of that share, so the
+    /// seal's result says every rank holds them, and the operation
+    /// completes only after it. Every operation of at least
+    /// [`wire::SEAL_MIN_BYTES`] of a job that can fail over.
+    pub(super) sealed: bool,
+    /// Seals: one per stream that carries a chunk of it (0 unless sealed).
+    pub(super) seals: usize,
+    /// Chunks and seals posted so far (all [`Op::pieces`]: nothing left for `pump`).
     pub(super) posted: usize,
+    /// Chunks and seals done.
     pub(super) done: usize,
     pub(super) mh_send: Option<MemoryHandle>,
     pub(super) mh_recv: Option<MemoryHandle>,
@@ -264,6 +283,20 @@ pub(super) struct Op {
 pub(super) const SLOW_OP: Duration = Duration::from_secs(3);
 
 impl Op {
+    /// Chunks and seals: what it posts and completes.
+    #[inline(always)]
+    pub(super) fn pieces(&self) -> usize {
+        self.chunks + self.seals
+    }
+
+    /// Whether it still has a chunk or its seal to post on stream `st`.
+    /// (`next` is `usize::MAX` for a stream outside its set, and once a
+    /// sealed operation's seal there is posted.)
+    #[inline(always)]
+    pub(super) fn left_on(&self, st: usize) -> bool {
+        self.next.get(st).is_some_and(|&n| n < self.chunks || (self.sealed && n != usize::MAX))
+    }
+
     /// Whether a rail thread copies this operation's staged results into
     /// its output as they arrive (`copy_to` of [`Rails::recv`]). Not in place:
     /// there the output is the input, which must stay intact until the main
@@ -283,11 +316,12 @@ impl Op {
     /// this result from here after the caller took the buffer back, and
     /// until then the caller's buffer keeps it (a recovery stages it from
     /// there: `stage_direct_results`). Only a stream's last `window`
-    /// pieces of each operation, which outlive it, are staged.
+    /// pieces of each operation, which outlive it, are staged; none of a
+    /// sealed operation, whose seals prove the same of every piece.
     #[inline]
     pub(super) fn direct(&self, chunk: usize, stride: usize, window: usize) -> bool {
         let (send, recv) = (self.send as usize, self.recv as usize);
         let apart = send + self.bytes <= recv || recv + self.bytes <= send;
-        apart && chunk + window * stride < self.chunks
+        apart && (self.sealed || chunk + window * stride < self.chunks)
     }
 }

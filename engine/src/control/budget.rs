@@ -186,6 +186,7 @@ mod tests {
             shards: 1,
             relay: false,
             split: false,
+            seal_shift: 0,
         }
     }
 

@@ -290,6 +290,8 @@ pub(super) fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
         "window"
     } else if a.relay != b.relay || a.split != b.split {
         "flags"
+    } else if a.seal_shift != b.seal_shift {
+        "seal_shift"
     } else {
         "shards"
     }

@@ -103,6 +103,13 @@ pub static ENV: &[EnvVar] = &[
         "0: a job whose server is lost fails, instead of redoing that server's work on its other servers",
     ),
     var(
+        "TALLY_SEAL_MIN",
+        "8M",
+        "",
+        &[Client],
+        "under failover, all-reduces from this size (K/M/G, a power of two; 0: none) end in a seal instead of a copy of their last results, the same on every rank",
+    ),
+    var(
         "TALLY_RELAY",
         "1",
         "",

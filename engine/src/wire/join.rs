@@ -34,6 +34,7 @@ pub struct Hello {
     /// [`Hello::REJOIN`]: the rank runs this job already, on other servers,
     /// and takes this (restarted) server back at an operation boundary.
     /// [`Hello::RELAY`]: (two-rank jobs) relay small pieces, see the module doc.
+    /// [`Hello::SPLIT`], [`Hello::ALIVE`]: see each.
     pub flags: u8,
     /// How many [`NameRecord`]s follow the Hello: more endpoint names of the
     /// rank, below [`MAX_LANES`] (see the module doc).
@@ -45,7 +46,11 @@ pub struct Hello {
     /// How many of the server's lcores the job uses (0: all).
     pub shards: u32,
     pub name_len: u16,
-    pub _pad1: [u8; 6],
+    /// All-reduces of at least `1 << seal_shift` bytes are sealed (0: none
+    /// is); see [`JobSpec::seal_shift`]. A byte that was padding: a server
+    /// from before seals refuses a job that seals.
+    pub seal_shift: u8,
+    pub _pad1: [u8; 5],
     /// The client's fabric endpoint name (first `name_len` bytes).
     pub name: [u8; NAME_BYTES],
 }
@@ -242,6 +247,9 @@ impl fmt::Debug for Reject {
     }
 }
 
+/// The largest [`JobSpec::seal_shift`]: seals from 1 TiB.
+pub const MAX_SEAL_SHIFT: u8 = 40;
+
 /// What a server will accept; the rest of a Hello is checked against these.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -269,6 +277,13 @@ pub struct JobSpec {
     pub relay: bool,
     /// Small pieces are split by rank over the lcores (see the module doc).
     pub split: bool,
+    /// The ranks close each stream's share of an all-reduce of at least
+    /// `1 << seal_shift` bytes with an empty piece, the seal, sent once a
+    /// rank holds every result of that share; the seal's (empty) result
+    /// tells a rank that every rank holds them (`client::failover`). 0: no
+    /// seals. To the server a seal is a piece like any other, of length 0,
+    /// but every rank must cut alike, so the threshold is part of the spec.
+    pub seal_shift: u8,
 }
 
 impl JobSpec {
@@ -326,6 +341,7 @@ impl Hello {
         h.chunk_elems = spec.chunk_elems;
         h.window = spec.window;
         h.shards = spec.shards;
+        h.seal_shift = spec.seal_shift;
         if spec.relay {
             h.flags |= Hello::RELAY;
         }
@@ -409,7 +425,10 @@ impl Hello {
         if self.lanes as usize >= MAX_LANES {
             return bad("lanes", "more endpoint names than a rank may send");
         }
-        if self._pad1 != [0; 6] {
+        if self.seal_shift > MAX_SEAL_SHIFT {
+            return bad("seal_shift", "seals above 1 TiB");
+        }
+        if self._pad1 != [0; 5] {
             return bad("padding", "reserved bytes must be zero");
         }
         let shards = if self.shards == 0 { limits.lcores } else { self.shards };
@@ -423,6 +442,7 @@ impl Hello {
             shards,
             relay,
             split,
+            seal_shift: self.seal_shift,
         })
     }
 

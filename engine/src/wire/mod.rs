@@ -312,6 +312,7 @@ mod tests {
             shards: 2,
             relay: false,
             split: false,
+            seal_shift: 0,
         }
     }
     const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };
@@ -347,8 +348,9 @@ mod tests {
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
             ("padding", |h| h._pad1[3] = 1),
+            ("seal_shift", |h| h.seal_shift = MAX_SEAL_SHIFT + 1),
             ("lanes", |h| h.lanes = MAX_LANES as u8),
-            ("flags", |h| h.flags = 16),
+            ("flags", |h| h.flags = 32),
             // Relay with four ranks.
             ("flags", |h| h.flags = Hello::RELAY),
         ];

@@ -24,6 +24,17 @@
 //!   (`stage_direct_results`). Only each stream's last W pieces of an
 //!   all-reduce, and every piece of an in-place one, are staged: at 64 MiB
 //!   over 16 streams of 256 KiB pieces, a quarter.
+//! - **Or the operation is sealed** (`Op::sealed`: at least the job's
+//!   `ClientConfig::seal_min`, 8 MiB by default): each stream's share ends in an empty piece,
+//!   the seal, which a rank sends only once every earlier sequence of the
+//!   stream completed here. Its result comes back once every rank sent it,
+//!   so once every rank holds the whole share, and the operation completes
+//!   only after every seal: then no result of it need outlive it here, and
+//!   none is staged unless it is in place. A recovery treats a lost
+//!   stream's seal as done (its items stand for the results the seal stood
+//!   for); and a rank that completed a sealed operation had every rank's
+//!   seal, so every rank's head is past its pieces on that stream and none
+//!   of them becomes an item.
 //!
 //! The recovery, for one lost server X (or several lost together):
 //!
@@ -150,6 +161,13 @@ pub struct FailoverStats {
     pub last_recovery: Duration,
     /// Lost servers taken back into the job.
     pub rejoins: u32,
+    /// Results that went through the staging area (received into a slot and
+    /// copied out), and those received straight into the caller's buffer
+    /// (`Op::direct`), while failover was on.
+    pub staged: u64,
+    pub direct: u64,
+    /// Seals completed (see `Op::sealed`).
+    pub seals: u64,
 }
 
 /// One recovery in progress.
@@ -425,6 +443,12 @@ impl Client {
                 }
                 self.subs[sub].flights[st * window + w] = Flight::default();
                 let Some(pos) = self.ops.iter().position(|o| o.id == f.op) else { continue };
+                if f.seal {
+                    // Nothing to redo: a seal stands for results, which are
+                    // items here or with the ranks that lack them.
+                    self.ops[pos].done += 1;
+                    continue;
+                }
                 let op = &self.ops[pos];
                 let off = f.chunk * op.chunk_bytes;
                 let len = op.chunk_bytes.min(op.bytes - off);

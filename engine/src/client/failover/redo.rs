@@ -59,6 +59,13 @@ impl Client {
                 r.items.push(Item { op_index: index, chunk, st, seq, len, op: id, off, holder: None, done: false });
                 added = true;
             }
+            if self.ops[oi].left_on(st) {
+                // Its seal, never taken: the recovery's items stand for it.
+                let op = &mut self.ops[oi];
+                op.next[st] = usize::MAX;
+                op.posted += 1;
+                op.done += 1;
+            }
         }
         if added && !self.subs[sub].fo.round.as_ref().unwrap().jobs.is_empty() {
             // The round is running: these come after everything queued.
@@ -95,6 +102,8 @@ impl Client {
                 // Redo chunks are whole results, whatever their size.
                 relay: false,
                 split: false,
+                // Its own flights, every result staged: no seals.
+                seal_shift: 0,
             };
             let mut conns = Vec::new();
             for &si in &survivors {
@@ -298,7 +307,7 @@ impl Client {
 
     /// Completes every operation whose chunks are all done.
     pub(in crate::client) fn finish_done_ops(&mut self) -> Result<(), ClientError> {
-        while let Some(pos) = self.ops.iter().position(|o| o.planned && o.chunks > 0 && o.done >= o.chunks) {
+        while let Some(pos) = self.ops.iter().position(|o| o.planned && o.chunks > 0 && o.done >= o.pieces()) {
             self.complete_op(pos)?;
         }
         Ok(())

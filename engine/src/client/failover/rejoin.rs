@@ -94,6 +94,7 @@ impl Client {
                 shards: self.cfg.shards,
                 relay: self.subs[sub].relay.is_some(),
                 split: self.subs[sub].split.is_some(),
+                seal_shift: self.subs[sub].seal_shift,
             };
             let Ok(mut hello) = self.hello_to(si, &spec) else { continue };
             hello.hello.flags |= Hello::REJOIN;
