@@ -154,7 +154,9 @@ def configs(path, config):
         rf = f"{ring[0]['fraction']:.2f}" if ring else "-"
         size = f"{r['bytes']>>20}Mi" if r['bytes'] >= 1 << 20 else f"{r['bytes']>>10}Ki"
         extra = f"  p50 {r['p50_us']:.0f} us (ring {ring[0]['p50_us']:.0f})" if r['bytes'] < 1 << 20 and ring else ""
-        print(f"{config:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{extra}")
+        # TCP's retransmission timeouts over the loop (tally bench cluster's tcp_loss), where counted.
+        rto = f"  rto {r['tcp_timeouts']}" if r.get("tcp_timeouts") is not None else ""
+        print(f"{config:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{rto}{extra}")
 
 
 def cpu16(path, hosts, poll, lcores):

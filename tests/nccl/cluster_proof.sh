@@ -100,6 +100,10 @@ run() { # mode rate
         >"$OUT/$name.out" 2>&1
     local rc=$?
     if [ $rc -eq 0 ]; then verdict[$name]="ok ($((SECONDS - t0)) s)"; else verdict[$name]="FAILED rc=$rc ($((SECONDS - t0)) s)"; fi
+    # What the shaped links lost meanwhile (bench cluster's last line per rate).
+    local loss
+    loss=$(sed -n 's/^# loss on the links at [0-9.]* Gbit\/s: \(.*\) (per row.*/\1/p' "$OUT/$name.out" | tail -1)
+    [ -n "$loss" ] && verdict[$name]+="; $loss"
     say "$name: ${verdict[$name]}"
     [ $rc -eq 0 ] || tail -20 "$OUT/$name.out" | tee -a "$summary" >/dev/null
 }

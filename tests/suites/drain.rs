@@ -177,8 +177,10 @@ fn a_job_without_another_server_stays_until_it_ends_and_new_jobs_are_refused() {
     let other = server("shm", &[]);
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
-    // Two ranks, 150 rounds: long enough to outlive the checks below.
-    let ranks = loop_job("shm", &addrs, 0x51, 2, 150, progress.clone(), Shape::default());
+    // Two ranks, 400 rounds: long enough to outlive the checks below, and
+    // for the ranks to answer the drain before they finish even on a
+    // loaded machine (150 once ran out first there: no rank said it stays).
+    let ranks = loop_job("shm", &addrs, 0x51, 2, 400, progress.clone(), Shape::default());
     wait_for_round(&progress, 20, &ranks);
     sigterm(&lone);
     assert!(lone.wait_log("draining: 1 running jobs", Duration::from_secs(5)), "{:?}", lone.log.lock().unwrap());

@@ -130,12 +130,18 @@ impl Default for ModeArg {
     }
 }
 
-/// `--iters` and `--warmup` of the all-reduce benchmarks (bench allreduce, bench cluster).
+/// `--iters`, `--min-bytes` and `--warmup` of the all-reduce benchmarks
+/// (bench allreduce, bench cluster).
 #[derive(Args, Debug, Clone)]
 pub struct LoopArgs {
     /// Timed all-reduces per size: a back-to-back loop (mean, p50, p99 and max per operation).
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
+    /// More timed all-reduces at small sizes: each size runs at least this
+    /// many bytes per rank (K/M/G), at most MAX_LOOP_ITERS all-reduces
+    /// (`LoopArgs::iters_for`). bench cluster sets it from --min-time.
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    pub min_bytes: u64,
     /// Untimed all-reduces per size before the timed loop (agg: at least one per stream).
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
@@ -143,8 +149,25 @@ pub struct LoopArgs {
 
 impl Default for LoopArgs {
     fn default() -> Self {
-        LoopArgs { iters: 20, warmup: 3 }
+        LoopArgs { iters: 20, min_bytes: 0, warmup: 3 }
     }
+}
+
+/// The most timed all-reduces `--min-bytes` asks of one size.
+pub const MAX_LOOP_ITERS: usize = 2000;
+
+impl LoopArgs {
+    /// Timed all-reduces of `bytes` each: `--iters`, or as many as move
+    /// `--min-bytes` (at most [`MAX_LOOP_ITERS`]). Every rank derives it
+    /// from the same arguments, so every rank runs the same loop.
+    pub fn iters_for(&self, bytes: usize) -> usize {
+        let fill = (self.min_bytes as usize).div_ceil(bytes.max(1)).min(MAX_LOOP_ITERS);
+        self.iters.max(fill).max(1)
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    tally_engine::host::units::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// `--dtype` (bench allreduce, bench cluster).
@@ -230,5 +253,15 @@ mod tests {
         // Asked for, a mode is kept: commands refuse busy pollers past their cores themselves.
         assert_eq!(PollMode::Busy.resolve(6, 2), PollMode::Busy);
         assert_eq!(PollMode::Adaptive.resolve(1, 16), PollMode::Adaptive);
+    }
+
+    #[test]
+    fn min_bytes_raises_the_iterations_of_small_sizes_only() {
+        let l = LoopArgs { iters: 20, min_bytes: 2 << 30, warmup: 3 };
+        assert_eq!(l.iters_for(64 << 20), 32);
+        assert_eq!(l.iters_for(1 << 30), 20);
+        assert_eq!(l.iters_for(4096), MAX_LOOP_ITERS);
+        assert_eq!(LoopArgs::default().iters_for(1), 20);
+        assert_eq!(LoopArgs { iters: 0, ..LoopArgs::default() }.iters_for(1 << 20), 1);
     }
 }

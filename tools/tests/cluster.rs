@@ -44,6 +44,8 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
     let out = tally()
         .args(["bench", "cluster", "--hosts", "2", "--rates", "1,0.5", "--sizes", "1M,4M", "--iters", "3", "--json"])
         .args(["--chunk", "256K", "--timeout", "120", "--mode", "agg,agg-plugin,ring"])
+        // --min-time off; --min-bytes 8M gives 1M eight iterations, 4M the three of --iters.
+        .args(["--min-time", "0", "--min-bytes", "8M"])
         .arg("--plot")
         .arg(&svg)
         .arg("--log")
@@ -60,6 +62,8 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
     for r in rows {
         assert_eq!(r["wrong"], 0, "{r}");
         assert_eq!(r["method"], "back-to-back", "{r}");
+        let bytes = r["bytes"].as_u64().unwrap();
+        assert_eq!(r["iters"].as_u64(), Some(if bytes == 1 << 20 { 8 } else { 3 }), "{r}");
         let (rate, mode) = (r["link_gbit"].as_f64().unwrap(), r["mode"].as_str().unwrap());
         let link = rate / 8.0;
         let bound = if mode.starts_with("agg") { link } else { link * 2.0 / 2.0 };

@@ -86,7 +86,17 @@ pub fn format_row(r: &Row) -> String {
 }
 
 /// The method line every table carries (measuring.md).
-pub fn method_line(iters: usize, warmup: usize, sync: bool) -> String {
+pub fn method_line(loops: &crate::cli_args::LoopArgs, sync: bool) -> String {
+    let warmup = loops.warmup;
+    let iters = match loops.min_bytes {
+        0 => loops.iters.to_string(),
+        m => format!(
+            "{} (or as many as move {} per size, at most {}: the rows' iters)",
+            loops.iters,
+            tally_engine::host::units::format_size(m),
+            crate::cli_args::MAX_LOOP_ITERS
+        ),
+    };
     if sync {
         format!(
             "time: median of {iters} all-reduces after {warmup} warm-up (agg: at least one per stream), each started after a barrier (--sync); \
@@ -94,7 +104,7 @@ pub fn method_line(iters: usize, warmup: usize, sync: bool) -> String {
         )
     } else {
         format!(
-            "time: {iters} back-to-back all-reduces after {warmup} warm-up (agg: at least one per stream) and one barrier: time = loop time / {iters}, \
+            "time: {iters} back-to-back all-reduces after {warmup} warm-up (agg: at least one per stream) and one barrier: time = loop time / iterations, \
              p50/p99/max of per-operation times (an operation ends when the last rank has its result); algbw = size/time; \
              busbw = algbw x 2(n-1)/n; every element checked"
         )

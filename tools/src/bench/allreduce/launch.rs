@@ -89,7 +89,7 @@ pub fn print_header(p: &Plan, args: &AllreduceArgs) {
         args.window.text(p.chunk),
         args.poll.poll
     );
-    println!("# {}", method_line(args.loops.iters, args.loops.warmup, args.sync));
+    println!("# {}", method_line(&args.loops, args.sync));
     println!("{}", report::table_header());
 }
 
@@ -147,6 +147,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         }
         c.args(["--ranks", &args.ranks.to_string(), "--provider", &p.provider, "--dtype", &args.dtype.dtype, "--op", &args.op]);
         c.args(["--iters", &args.loops.iters.to_string(), "--warmup", &args.loops.warmup.to_string(), "--chunk", &args.chunk]);
+        c.args(["--min-bytes", &args.loops.min_bytes.to_string()]);
         c.args(["--window", &args.window.window.to_string(), "--poll", args.poll.poll.as_str(), "--mode", &args.mode.mode.join(",")]);
         c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.to_string()]);
         if args.sync {

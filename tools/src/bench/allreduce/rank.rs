@@ -228,7 +228,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             for _ in 0..warm {
                 one(&mut recv[..bytes])?;
             }
-            let iters = args.loops.iters.max(1);
+            let iters = args.loops.iters_for(bytes);
             let mut times = Vec::with_capacity(iters);
             let mut stamps: Vec<u8> = Vec::with_capacity(8 * (iters + 1));
             let mean;

@@ -23,6 +23,12 @@ pub struct ClusterArgs {
     pub mode: ModeArg,
     #[command(flatten)]
     pub loops: LoopArgs,
+    /// Time each size for at least about this long (ms) at the link's agg
+    /// bound: it sets --min-bytes per rate (the larger of the two wins), so
+    /// that small sizes at fast links are not timed over a few ms, where one
+    /// hiccup moves the figure. 0: --iters alone.
+    #[arg(long, default_value_t = 500)]
+    pub min_time: u64,
     #[command(flatten)]
     pub dtype: DtypeArg,
     /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin 512 KiB
@@ -84,6 +90,7 @@ impl ClusterArgs {
             sizes: ["1M", "4M", "16M"].iter().map(|s| s.to_string()).collect(),
             mode: ModeArg::default(),
             loops: LoopArgs::default(),
+            min_time: 500,
             dtype: DtypeArg::default(),
             chunk: "auto".into(),
             window: WindowArg::default(),
@@ -101,4 +108,11 @@ impl ClusterArgs {
             workers_run: None,
         }
     }
+}
+
+/// The loop arguments of the workers at `rate` Gbit/s: `--min-bytes` raised
+/// to what the agg bound (`rate` / 8 GB/s per worker) moves in `--min-time`.
+pub fn loops_at(args: &ClusterArgs, rate: f64) -> LoopArgs {
+    let by_time = (rate / 8.0 * 1e9 * args.min_time as f64 / 1000.0) as u64;
+    LoopArgs { min_bytes: args.loops.min_bytes.max(by_time), ..args.loops.clone() }
 }

@@ -42,6 +42,7 @@ pub mod placement;
 pub mod server_cpu;
 pub mod shaping;
 pub mod table;
+pub mod tcp_loss;
 pub mod workers;
 
 use crate::logfile;
@@ -54,6 +55,7 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use table::{cpu_note, format_cluster_header, format_cluster_row, print_header, write_plot, ClusterOutcome};
+use tcp_loss::{tbf_drops, LinkLoss, TcpLoss};
 use workers::{run_command, run_rate, Servers};
 
 /// Runs the emulated cluster and prints its table (unless `--json`).
@@ -166,10 +168,21 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
 
     let steps = rates.len() * args.mode.mode.len() * args.sizes.len();
     let mut progress = Progress::new(steps, args.json.json);
-    let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new() };
+    let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new(), links: Vec::new() };
+    // Loss is counted in every host's namespace (TCP) and every one's, the
+    // switch's too, tbf (both ends of each link are shaped).
+    let host_names: Vec<String> = hosts.iter().map(|&(k, i)| ns(k, i)).collect();
+    let all_names: Vec<String> = host_names.iter().cloned().chain([sw.clone()]).collect();
+    let loss_before = |bed: &Testbed| (TcpLoss::of_namespaces(&bed.tools, &host_names), tbf_drops(&bed.tools, &all_names));
+    let loss_over = |bed: &Testbed, rate: f64, (tcp, tbf): (Option<TcpLoss>, Option<u64>)| {
+        let tcp = TcpLoss::of_namespaces(&bed.tools, &host_names).zip(tcp).map(|(now, then)| now.since(then));
+        let tbf = tbf_drops(&bed.tools, &all_names).zip(tbf).map(|(now, then)| now.saturating_sub(then));
+        LinkLoss { link_gbit: rate, tcp_retrans: tcp.map(|l| l.retrans), tcp_timeouts: tcp.map(|l| l.timeouts), tbf_drops: tbf }
+    };
     if let Some(cmd) = &args.workers_run {
         for &rate in &rates {
             shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
+            let before = loss_before(&bed);
             if !args.json.json {
                 println!(
                     "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers; placement: {placement}; running in each worker: {cmd}",
@@ -177,16 +190,24 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                 );
             }
             run_command(&mut bed, args, rate, cmd, &servers, &ns)?;
+            let links = loss_over(&bed, rate, before);
+            if !args.json.json {
+                println!("{}", links.note());
+            }
+            out.links.push(links);
         }
         drop(bed);
         return Ok(out);
     }
     for &rate in &rates {
         shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
+        let before = loss_before(&bed);
         let first = out.rows.len();
         let running = Servers { addrs: &servers, pids: &server_pids };
         run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
         progress.finish();
+        let links = loss_over(&bed, rate, before);
+        out.links.push(links);
         if !args.json.json {
             print_header(args, rate, &placement, worker_cores.as_deref());
             println!("{}", format_cluster_header());
@@ -194,6 +215,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                 println!("{}", format_cluster_row(&out, r));
             }
             println!("{}", cpu_note());
+            println!("{}", links.note());
         }
     }
     drop(bed);

@@ -97,6 +97,27 @@ impl Iproute {
         self.ip(&all)
     }
 
+    /// What `tc args` prints inside namespace `ns`.
+    pub(super) fn tc_out_in(&self, ns: &str, args: &[&str]) -> Result<String, String> {
+        let tc = self.tc.display().to_string();
+        let mut all = vec!["netns", "exec", ns, &tc];
+        all.extend_from_slice(args);
+        self.output(&self.ip, &all)
+    }
+
+    /// File `path` as a process inside namespace `ns` reads it (/proc/net/...).
+    pub(super) fn read_in(&self, ns: &str, path: &str) -> Result<String, String> {
+        self.output(&self.ip, &["netns", "exec", ns, "cat", path])
+    }
+
+    fn output(&self, prog: &Path, args: &[&str]) -> Result<String, String> {
+        let out = self.command(prog).args(args).stdin(Stdio::null()).output().map_err(|e| format!("{}: {e}", prog.display()))?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            false => Err(format!("{} {}: {}", prog.display(), args.join(" "), String::from_utf8_lossy(&out.stderr).trim())),
+        }
+    }
+
     /// A command run inside namespace `ns` with the caller's LD_LIBRARY_PATH
     /// (not the one `ip` got for iproute2's libraries). Dropping it, as
     /// this once did, made servers and workers on the device load the host's

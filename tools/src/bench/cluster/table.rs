@@ -1,9 +1,10 @@
 //! What a cluster run reports: a row per rate, mode and size with its link
 //! bound, the fraction reached, agg/ring and the CPU cost per GB; the table,
 //! its header lines and the plot.
-use super::args::ClusterArgs;
+use super::args::{loops_at, ClusterArgs};
 use super::placement::worker_rails;
 use super::shaping::{auto_chunk, tbf_auto_burst};
+use super::tcp_loss::{LinkLoss, TcpLoss};
 use crate::bench::plot;
 use crate::bench::report::{method_line, Row};
 use serde::Serialize;
@@ -31,6 +32,11 @@ pub struct ClusterRow {
     /// server_cpu_s per GB of input the servers together received
     /// (hosts x bytes x iters); None for the ring, which sends them nothing.
     pub server_cpu_s_per_gb: Option<f64>,
+    /// Over the same loop, in every host's namespace: TCP segments
+    /// retransmitted and retransmission timeouts (`tcp_loss`); None where
+    /// a namespace could not be read.
+    pub tcp_retrans: Option<u64>,
+    pub tcp_timeouts: Option<u64>,
     #[serde(flatten)]
     pub row: Row,
 }
@@ -38,7 +44,7 @@ pub struct ClusterRow {
 impl ClusterRow {
     /// A worker's row at link `rate` (Gbit/s) among `hosts` workers, with
     /// the servers' CPU seconds over its loop.
-    pub(super) fn new(rate: f64, hosts: u32, row: Row, server_cpu_s: Option<f64>) -> ClusterRow {
+    pub(super) fn new(rate: f64, hosts: u32, row: Row, server_cpu_s: Option<f64>, loss: Option<TcpLoss>) -> ClusterRow {
         let link = rate / 8.0;
         let n = hosts as f64;
         let bound_gbps = if row.mode == "ring" { link * n / (2.0 * (n - 1.0)) } else { link };
@@ -55,6 +61,8 @@ impl ClusterRow {
             server_cpu_s,
             worker_cpu_s_per_gb: worker_cpu_s.and_then(|s| per_gb(s, gb)),
             server_cpu_s_per_gb: server_cpu_s.and_then(|s| per_gb(s, served)),
+            tcp_retrans: loss.map(|l| l.retrans),
+            tcp_timeouts: loss.map(|l| l.timeouts),
             row,
         }
     }
@@ -65,6 +73,8 @@ pub struct ClusterOutcome {
     pub hosts: u32,
     pub placement: String,
     pub rows: Vec<ClusterRow>,
+    /// Per rate: what TCP and tbf saw over its loops (`tcp_loss`).
+    pub links: Vec<LinkLoss>,
 }
 
 impl ClusterOutcome {
@@ -133,7 +143,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
             let (n, why) = worker_rails(args.hosts, worker_cores);
             format!("{n} ({why})")
         },
-        method_line(args.loops.iters, args.loops.warmup, false)
+        method_line(&loops_at(args, rate), false)
     );
     println!(
         "# bounds: agg <= R (servers together have the workers' bandwidth), ring <= R x n/(2(n-1)); ideal agg/ring = 2(n-1)/n = {:.2}",
@@ -206,12 +216,17 @@ mod tests {
             r
         };
         // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
-        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28));
+        let loss = TcpLoss { retrans: 3, timeouts: 1 };
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28), Some(loss));
+        assert_eq!((r.tcp_retrans, r.tcp_timeouts), (Some(3), Some(1)));
         assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
         assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
-        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0));
+        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0), None);
         assert!((r.worker_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9 && r.server_cpu_s_per_gb.is_none(), "{r:?}");
-        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), None);
-        assert!(r.worker_cpu_s.is_none() && r.worker_cpu_s_per_gb.is_none() && r.server_cpu_s_per_gb.is_none(), "{r:?}");
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), None, None);
+        assert!(
+            r.tcp_timeouts.is_none() && r.worker_cpu_s.is_none() && r.worker_cpu_s_per_gb.is_none() && r.server_cpu_s_per_gb.is_none(),
+            "{r:?}"
+        );
     }
 }

@@ -2,12 +2,13 @@
 //! worker namespace (or the caller's `--workers-run` command), worker 0's
 //! rows read back with the servers' CPU time over each timed loop, every
 //! wait bounded.
-use super::args::ClusterArgs;
+use super::args::{loops_at, ClusterArgs};
 use super::netns::{addr, Testbed};
 use super::placement::worker_rails;
 use super::server_cpu::{server_cpu_over, servers_cpu_ticks};
 use super::shaping::chunk_for;
 use super::table::{ClusterOutcome, ClusterRow};
+use super::tcp_loss::TcpLoss;
 use crate::bench::report::{format_row, Row, LOOP_LINES_ENV};
 use crate::logfile;
 use crate::progress::Progress;
@@ -56,6 +57,7 @@ pub(super) fn run_rate(
             &addr('w', i),
         ]);
         c.args(["--mode", &args.mode.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.loops.iters.to_string()]);
+        c.args(["--min-bytes", &loops_at(args, rate).min_bytes.to_string()]);
         c.args([
             "--warmup",
             &args.loops.warmup.to_string(),
@@ -101,8 +103,12 @@ pub(super) fn run_rate(
     });
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let mut got = 0;
-    // The loop worker 0 announced last, with the servers' CPU ticks then.
+    // The loop worker 0 announced last, with the servers' CPU ticks and
+    // the hosts' TCP counters then (through the servers and workers, one
+    // process in each host's namespace).
     let mut started: Option<(String, Option<u64>)> = None;
+    let mut loss_then: Option<TcpLoss> = None;
+    let hosts_pids: Vec<u32> = servers.pids.iter().copied().chain(bed.children[first_child..].iter().map(|c| c.id())).collect();
     while got < steps.len() {
         let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(l) => l,
@@ -111,13 +117,15 @@ pub(super) fn run_rate(
         };
         if let Some(step) = line.strip_prefix("LOOP ") {
             started = Some((step.to_string(), servers_cpu_ticks(servers.pids)));
+            loss_then = TcpLoss::of(&hosts_pids);
             continue;
         }
         let Some(j) = line.strip_prefix("RESULT ") else { continue };
         let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
         let server_cpu_s = server_cpu_over(started.take(), &row, servers.pids);
+        let loss = loss_then.take().and_then(|then| Some(TcpLoss::of(&hosts_pids)?.since(then)));
         log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
-        out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s));
+        out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s, loss));
         got += 1;
         progress.step();
         if let Some(s) = steps.get(got) {

@@ -1,0 +1,138 @@
+//! Loss on the emulated links: TCP's retransmissions and retransmission
+//! timeouts in the hosts' namespaces over each timed loop, and what the tbf
+//! qdiscs dropped over each rate.
+//!
+//! A shaped link drops a packet when its tbf queue holds more than
+//! `--tbf-latency` of traffic; TCP then retransmits, and where the loss
+//! leaves nothing to trigger a fast retransmit it waits out its
+//! retransmission timeout, 200 ms at least. One such wait in a loop of
+//! 4 ms all-reduces moves the figure by far more than anything tally does,
+//! so the rows say how many there were (`tcp_timeouts`), read beside the
+//! figure, not guessed at.
+//!
+//! Each namespace has its own counters (`/proc/<pid>/net/snmp` and
+//! `.../netstat` show those of `pid`'s namespace), read through one process
+//! that lives in it (a server, a worker): no process is started per loop.
+use super::netns::Iproute;
+use serde::Serialize;
+
+/// TCP's loss counters, summed over the namespaces read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpLoss {
+    /// Segments retransmitted (`Tcp: RetransSegs`).
+    pub retrans: u64,
+    /// Retransmission timeouts that fired (`TcpExt: TCPTimeouts`).
+    pub timeouts: u64,
+}
+
+impl TcpLoss {
+    /// The counters of the namespaces `pids` live in, summed; None if one
+    /// cannot be read (the process exited).
+    pub fn of(pids: &[u32]) -> Option<TcpLoss> {
+        let mut sum = TcpLoss::default();
+        for pid in pids {
+            let snmp = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).ok()?;
+            let netstat = std::fs::read_to_string(format!("/proc/{pid}/net/netstat")).ok()?;
+            sum = sum.plus(TcpLoss::parse(&snmp, &netstat)?);
+        }
+        Some(sum)
+    }
+
+    /// The counters of namespaces `names`, summed, read by a `cat` in each
+    /// (between loops, where no process of the namespace may be left).
+    pub(super) fn of_namespaces(tools: &Iproute, names: &[String]) -> Option<TcpLoss> {
+        let mut sum = TcpLoss::default();
+        for ns in names {
+            let snmp = tools.read_in(ns, "/proc/net/snmp").ok()?;
+            let netstat = tools.read_in(ns, "/proc/net/netstat").ok()?;
+            sum = sum.plus(TcpLoss::parse(&snmp, &netstat)?);
+        }
+        Some(sum)
+    }
+
+    fn parse(snmp: &str, netstat: &str) -> Option<TcpLoss> {
+        Some(TcpLoss { retrans: counter(snmp, "Tcp:", "RetransSegs")?, timeouts: counter(netstat, "TcpExt:", "TCPTimeouts")? })
+    }
+
+    fn plus(self, o: TcpLoss) -> TcpLoss {
+        TcpLoss { retrans: self.retrans + o.retrans, timeouts: self.timeouts + o.timeouts }
+    }
+
+    /// What happened between `before` and `self`.
+    pub fn since(self, before: TcpLoss) -> TcpLoss {
+        TcpLoss { retrans: self.retrans.saturating_sub(before.retrans), timeouts: self.timeouts.saturating_sub(before.timeouts) }
+    }
+}
+
+/// Counter `name` of a /proc/net/snmp-style table: a header line and a
+/// value line, both starting with `prefix`.
+fn counter(table: &str, prefix: &str, name: &str) -> Option<u64> {
+    let mut lines = table.lines().filter(|l| l.starts_with(prefix));
+    while let (Some(head), Some(values)) = (lines.next(), lines.next()) {
+        if let Some(i) = head.split_whitespace().position(|h| h == name) {
+            return values.split_whitespace().nth(i)?.parse().ok();
+        }
+    }
+    None
+}
+
+/// What one rate's loops saw on every link (`ClusterOutcome::links`).
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct LinkLoss {
+    pub link_gbit: f64,
+    /// Over the hosts' namespaces: segments retransmitted and retransmission timeouts.
+    pub tcp_retrans: Option<u64>,
+    pub tcp_timeouts: Option<u64>,
+    /// Packets every tbf (both ends of every link) dropped.
+    pub tbf_drops: Option<u64>,
+}
+
+/// Packets the tbf qdiscs of namespaces `names` dropped so far.
+pub(super) fn tbf_drops(tools: &Iproute, names: &[String]) -> Option<u64> {
+    names.iter().map(|ns| tools.tc_out_in(ns, &["-s", "qdisc", "show"]).ok().map(|o| qdisc_drops(&o))).sum()
+}
+
+/// Packets `tc -s qdisc show` says were dropped, summed over its output.
+pub(super) fn qdisc_drops(tc_output: &str) -> u64 {
+    tc_output.split("(dropped ").skip(1).filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()).sum()
+}
+
+impl LinkLoss {
+    /// The line a rate's table ends with.
+    pub fn note(&self) -> String {
+        let tcp = match (self.tcp_retrans, self.tcp_timeouts) {
+            (Some(r), Some(t)) => format!("{r} TCP segments retransmitted, {t} retransmission timeouts (each a wait of 200 ms or more)"),
+            _ => "TCP's counters unreadable".into(),
+        };
+        let tbf = self.tbf_drops.map_or("tbf's drops unreadable".into(), |d| format!("tbf dropped {d} packets"));
+        format!("# loss on the links at {} Gbit/s: {tcp}; {tbf} (per row: tcp_retrans, tcp_timeouts in --json)", self.link_gbit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_found_by_name_in_their_table() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin RetransSegs InErrs\nTcp: 1 200 1068 4\n";
+        assert_eq!(counter(snmp, "Tcp:", "RetransSegs"), Some(1068));
+        assert_eq!(counter(snmp, "Tcp:", "Nothing"), None);
+        let netstat = "TcpExt: SyncookiesSent TCPTimeouts\nTcpExt: 0 37\nIpExt: InNoRoutes\nIpExt: 0\n";
+        assert_eq!(counter(netstat, "TcpExt:", "TCPTimeouts"), Some(37));
+        // This process's namespace, read as the cluster's are.
+        assert!(TcpLoss::of(&[std::process::id()]).is_some());
+        assert_eq!(TcpLoss::of(&[u32::MAX]), None);
+    }
+
+    #[test]
+    fn drops_are_summed_over_every_qdisc() {
+        let tc =
+            "qdisc tbf 8001: root refcnt 2 rate 32Gbit burst 8Mb lat 50ms\n Sent 1 bytes 2 pkt (dropped 12, overlimits 3 requeues 0)\n\
+                  qdisc tbf 8002: root\n Sent 5 bytes 6 pkt (dropped 30, overlimits 0 requeues 0)\n";
+        assert_eq!(qdisc_drops(tc), 42);
+        assert_eq!(qdisc_drops(""), 0);
+        let after = TcpLoss { retrans: 10, timeouts: 2 };
+        assert_eq!(after.since(TcpLoss { retrans: 4, timeouts: 2 }), TcpLoss { retrans: 6, timeouts: 0 });
+    }
+}
