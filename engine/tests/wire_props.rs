@@ -300,7 +300,8 @@ fn mutate_field(rng: &mut Rng, h: &mut Hello) {
         7 => h.name_len = v as u16,
         8 if rng.below(2) == 0 => h.lanes = v as u8,
         8 => h.flags = v as u8,
-        9 => h._pad1[rng.below(6) as usize] = v as u8,
+        9 if rng.below(2) == 0 => h.seal_shift = v as u8,
+        9 => h._pad1[rng.below(5) as usize] = v as u8,
         10 => h.header.kind = v as u16,
         _ => h.header.version = v as u16,
     }

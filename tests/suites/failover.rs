@@ -439,7 +439,7 @@ fn ranks_that_disagree_on_failover_are_refused_at_the_join() {
         .collect();
     let res: Vec<Result<(), String>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
     let refused = res[1].as_ref().expect_err("rank 1 joined a job whose other rank fails over");
-    assert!(refused.contains("seal_shift"), "{refused}");
+    assert!(refused.contains("seal_shift") && refused.contains("TALLY_FAILOVER"), "{refused}");
     assert!(res[0].is_err(), "rank 0 joined alone");
 }
 

@@ -228,11 +228,17 @@ impl Client {
                 let a = self.answer(server, s, &hellos[si], join_started, self.cfg.join_timeout, true)?;
                 if let Err(r) = &a {
                     if r.code() != Some(RejectCode::Draining) {
-                        // A server from before lanes reads their count as padding.
-                        let hint = if hellos[si].hello.lanes > 0 && r.field() == "padding" {
-                            " (this server predates lanes, more rails than servers: upgrade it, or set TALLY_RAILS to at most the number of servers)"
-                        } else {
-                            ""
+                        // A server from before lanes or seals reads their byte as padding.
+                        let h = &hellos[si].hello;
+                        let hint = match r.field() {
+                            "padding" if h.lanes > 0 => {
+                                " (this server predates lanes, more rails than servers: upgrade it, or set TALLY_RAILS to at most the number of servers)"
+                            }
+                            "padding" if h.seal_shift > 0 => {
+                                " (this server predates seals: upgrade it, or set TALLY_SEAL_MIN=0 on every rank)"
+                            }
+                            "seal_shift" => " (set TALLY_FAILOVER and TALLY_SEAL_MIN alike on every rank of the job)",
+                            _ => "",
                         };
                         return Err(ClientError::Refused { server: server.clone(), reject: format!("{r}{hint}") });
                     }
