@@ -169,8 +169,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let steps = rates.len() * args.mode.mode.len() * args.sizes.len();
     let mut progress = Progress::new(steps, args.json.json);
     let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new(), links: Vec::new() };
-    // Loss is counted in every host's namespace (TCP) and every one's, the
-    // switch's too, tbf (both ends of each link are shaped).
+    // TCP's loss is counted in the hosts' namespaces, tbf's drops in theirs
+    // and the switch's (both ends of each link are shaped).
     let host_names: Vec<String> = hosts.iter().map(|&(k, i)| ns(k, i)).collect();
     let all_names: Vec<String> = host_names.iter().cloned().chain([sw.clone()]).collect();
     let loss_before = |bed: &Testbed| (TcpLoss::of_namespaces(&bed.tools, &host_names), tbf_drops(&bed.tools, &all_names));
