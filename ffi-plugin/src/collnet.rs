@@ -173,18 +173,7 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
     }
     let local = listen.servers.iter().all(|s| s.starts_with("127.") || s.starts_with("localhost:") || s.starts_with("[::1]"));
     if tally_engine::dataplane::fabric::select_provider(None, local).starts_with("tcp") {
-        // Over tcp;ofi_rxm a piece above the eager limit (32 KiB, set by
-        // fabric::defaults) costs a rendezvous round trip, and uploads that
-        // share a link fairly hold every result back until all are in. On
-        // shaped links (tally bench cluster, 2-8 Gbit/s) 32 KiB pieces with
-        // one send in flight per server reached 0.98-0.99 of the link; real
-        // NCCL over 4 emulated nodes with the 256 KiB default, 0.55-0.73.
-        if std::env::var_os("TALLY_CHUNK").is_none() {
-            cfg.chunk_bytes = 32 << 10;
-        }
-        if std::env::var_os("TALLY_SEND_CREDITS").is_none() {
-            cfg.send_credits = 1;
-        }
+        tcp_defaults(&mut cfg);
     }
     if std::env::var_os("TALLY_MIN_PIECE").is_none() {
         // NCCL hands CollNet an all-reduce in steps (512 KiB each by
@@ -196,11 +185,15 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
     }
     let mut client = Client::connect(cfg).map_err(client_error)?;
     client.join(DataType::Float32, ReduceOp::Sum).map_err(client_error)?;
+    let c = client.config();
+    let credits = if c.send_credits == 0 { "no limit on sends".to_string() } else { format!("{} sends in flight per server", c.send_credits) };
     log::info_init(&format!(
-        "CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams)",
+        "CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams; pieces of at most {} bytes, window {}, {credits})",
         listen.servers.join(","),
         client.provider(),
-        client.streams()
+        client.streams(),
+        c.chunk_bytes,
+        c.window,
     ));
     let mut c = Box::new(CollComm {
         state: Mutex::new(State { client, slots: vec![None; MAX_REQUESTS], joined: vec![(DataType::Float32, ReduceOp::Sum)] }),
@@ -214,6 +207,48 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         r.owner = owner;
     }
     Ok(c)
+}
+
+/// Pieces in flight per server lcore over tcp unless TALLY_WINDOW says
+/// otherwise: the servers' default `max_window`, and room for all of NCCL's
+/// 8 steps in flight where a step gives each stream a piece or two.
+pub const TCP_WINDOW: u32 = 16;
+
+/// Sends in flight per server over tcp unless TALLY_SEND_CREDITS says
+/// otherwise.
+pub const TCP_SEND_CREDITS: u32 = 4;
+
+/// The client's settings over tcp;ofi_rxm where the user set none.
+///
+/// - 32 KiB pieces (TALLY_CHUNK): a piece above the eager limit (32 KiB,
+///   fabric::defaults) costs a rendezvous round trip. On shaped links (2-8
+///   Gbit/s) real NCCL over 4 emulated nodes reached 0.55-0.73 of the link
+///   with 256 KiB pieces, 0.98-0.99 with these.
+/// - [`TCP_SEND_CREDITS`]: NCCL's steps (512 KiB at 16 MiB, 1 MiB from 64
+///   MiB, over 4 channels) reach each stream as a piece or two of 32 KiB,
+///   and a credit comes back only once the rail's send completion has
+///   passed through NCCL's proxy thread (its `test`), so one credit per
+///   server held each server to a piece per round trip of that hop: at 32
+///   Gbit/s CollNet reached 0.65-0.78 of the link with one. Some pacing
+///   stays, as one credit had it, so that a server's pieces go up in order.
+/// - [`TCP_WINDOW`]: with the auto window (4 pieces of 32 KiB) two servers
+///   held two of NCCL's 8 steps in flight.
+///
+/// Real NCCL on 2 GPUs at 32 Gbit/s (`linerate.sh nccl-knobs`, one host,
+/// alternated; docs/measurements.md): one credit and window 4 gave 0.65-0.78
+/// of the link at 16 and 64 MiB; no credits 0.78 and 0.95 (window 4) and
+/// 0.90-0.99 (window 16); 4 credits and window 16, 0.95 and 0.98. At 4-16
+/// Gbit/s every setting gave 0.96-1.00.
+fn tcp_defaults(cfg: &mut ClientConfig) {
+    if std::env::var_os("TALLY_CHUNK").is_none() {
+        cfg.chunk_bytes = 32 << 10;
+    }
+    if std::env::var_os("TALLY_SEND_CREDITS").is_none() {
+        cfg.send_credits = TCP_SEND_CREDITS;
+    }
+    if std::env::var_os("TALLY_WINDOW").is_none() {
+        cfg.window = TCP_WINDOW;
+    }
 }
 
 impl CollComm {

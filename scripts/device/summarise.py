@@ -156,7 +156,16 @@ def configs(path, config):
         extra = f"  p50 {r['p50_us']:.0f} us (ring {ring[0]['p50_us']:.0f})" if r['bytes'] < 1 << 20 and ring else ""
         # TCP's retransmission timeouts over the loop (tally bench cluster's tcp_loss), where counted.
         rto = f"  rto {r['tcp_timeouts']}" if r.get("tcp_timeouts") is not None else ""
-        print(f"{config:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{rto}{extra}")
+        print(f"{config:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{rto}{_host(r.get('host_cpu'))}{extra}")
+
+
+def _host(h):
+    """The machine's CPU over a loop (bench cluster's host_cpu, timing.py's
+    host): cores busy, and the share of the time some task waited for one."""
+    if not h or "busy_cores" not in h:
+        return ""
+    wait = f" wait {h['cpu_wait'] * 100:.0f}%" if h.get("cpu_wait") is not None else ""
+    return f"  busy {h['busy_cores']:.1f}/{h['cores']}{wait}"
 
 
 def cpu16(path, hosts, poll, lcores):
@@ -281,7 +290,7 @@ def nccl_knobs(o, knob, rc, ch):
             # Bounds (measuring.md): reduction servers R, the ring R n/(2(n-1)).
             n = r["world"]
             bound = rate / 8 if mode.startswith("collnet") else rate / 8 * n / (2 * (n - 1))
-            print(f"{knob:>40} {mode:>12} {r.get('dtype', ''):>5} {rate:>4g} {r['bytes'] >> 20:>4}Mi fraction {r['algbw_GBps'] / bound:.2f}  p50 {r['p50_us'] / 1e3:.2f} ms  wrong {r['wrong']}  [{ch}] rc {rc}")
+            print(f"{knob:>40} {mode:>12} {r.get('dtype', ''):>5} {rate:>4g} {r['bytes'] >> 20:>4}Mi fraction {r['algbw_GBps'] / bound:.2f}  p50 {r['p50_us'] / 1e3:.2f} ms  wrong {r['wrong']}{_host(r.get('host'))}  [{ch}] rc {rc}")
 
 
 if __name__ == "__main__":

@@ -164,6 +164,7 @@ def main():
                 "busbw_GBps": algbw * 2 * (world - 1) / world,
                 "wrong": wrong,
                 "off_correct_rounding": off,
+                "host": tm.get("host", {}),
             }
             if rank == 0:
                 print(json.dumps(rec), flush=True)

@@ -19,7 +19,9 @@
 # 256 MiB, every element checked, ITERS back to back (tests/nccl/timing.py). The summary gives algbw,
 # busbw, the link bound (ring <= R x G / (2(G-1)), reduction servers <= R),
 # the fraction of it, CollNet / best ring, bf16 elements not correctly
-# rounded, and the NCCL log lines that show who carried the traffic.
+# rounded, the machine's cores busy and the share of the time some task
+# waited for a CPU over each timed loop (every node shares the machine), and
+# the NCCL log lines that show who carried the traffic.
 #
 #   PLUGIN=/abs/libnccl-net-tally.so TALLY_BIN=/abs/tally OUT=/tmp/c TALLY_IPROUTE=/abs/iproute \
 #       tests/nccl/cluster_proof.sh
@@ -35,7 +37,7 @@
 #
 # Environment (all optional): G (ranks; default: one per GPU), RATE (Gbit/s, default
 # 8; R/2 runs too), SIZES (1M,4M,16M,64M,256M), DTYPES (f32,bf16), ITERS
-# (20), MODES, PYTHON (python3), STEP_TIMEOUT (s per run, 900), DRYRUN,
+# (20), MODES, PYTHON (python3), STEP_TIMEOUT (s per run, 900), HALF (0: R only), DRYRUN,
 # PER_OP_SYNC=1 (the old method, labelled: a synchronize around every timed
 # all-reduce, which adds the ranks' launch skew to each).
 set -u -o pipefail
@@ -122,7 +124,9 @@ if [ "$DRYRUN" = 1 ]; then
         [ $rc -eq 0 ] && verdict[tally-$rate]=ok || verdict[tally-$rate]="FAILED rc=$rc"
     done
 else
-    for rate in "$RATE" "$half"; do
+    rates="$RATE $half"
+    [ "${HALF:-1}" = 0 ] && rates="$RATE"
+    for rate in $rates; do
         for m in $MODES; do run "$m" "$rate"; done
     done
     say ""
@@ -137,7 +141,13 @@ def fmt(n):
         if n >= s and n % s == 0:
             return f"{n // s}{u}"
     return str(n)
-print(f"{'Gbit/s':>6} {'mode':>13} {'dtype':>5} {'size':>5} {'algbw':>8} {'busbw':>8} {'bound':>7} {'fraction':>8} {'coll/ring':>9} {'p50 ms':>7} {'p99 ms':>7} {'wrong':>6} {'bf16 off':>8}")
+print(f"{'Gbit/s':>6} {'mode':>13} {'dtype':>5} {'size':>5} {'algbw':>8} {'busbw':>8} {'bound':>7} {'fraction':>8} {'coll/ring':>9} {'p50 ms':>7} {'p99 ms':>7} {'wrong':>6} {'bf16 off':>8} {'host busy,wait':>14}")
+def host(r):
+    h = r.get("host") or {}
+    if "busy_cores" not in h:
+        return "-"
+    w = f"{h['cpu_wait'] * 100:.0f}%" if "cpu_wait" in h else "-"
+    return f"{h['busy_cores']:.1f}/{h['cores']},{w}"
 for rate in rates:
     rows = {}
     for m in modes:
@@ -152,11 +162,11 @@ for rate in rates:
         best_ring = max((rows[(x, d, b)]["algbw_GBps"] for x in ("ring-socket", "ring-tally") if (x, d, b) in rows), default=0)
         q = f"{r['algbw_GBps'] / best_ring:.2f}" if m.startswith("collnet") and best_ring else ""
         off = r["off_correct_rounding"] if d == "bf16" else ""
-        print(f"{rate:>6g} {m:>13} {d:>5} {fmt(b):>5} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} {bound:>7.3f} {r['algbw_GBps'] / bound:>8.2f} {q:>9} {r.get('p50_us', 0) / 1e3:>7.2f} {r.get('p99_us', 0) / 1e3:>7.2f} {r['wrong']:>6} {off:>8}")
+        print(f"{rate:>6g} {m:>13} {d:>5} {fmt(b):>5} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} {bound:>7.3f} {r['algbw_GBps'] / bound:>8.2f} {q:>9} {r.get('p50_us', 0) / 1e3:>7.2f} {r.get('p99_us', 0) / 1e3:>7.2f} {r['wrong']:>6} {off:>8} {host(r):>14}")
 EOF
     say ""
     say "=== proof from the NCCL logs (rank 0's file of each run)"
-    for rate in "$RATE" "$half"; do
+    for rate in $rates; do
         for m in $MODES; do
             # Rank 0 logs each collective's algorithm; the others do not.
             f=$(grep -l " -> Algo " "$OUT/$m-$rate".nccl.*.log 2>/dev/null | head -1)

@@ -9,9 +9,46 @@ the operations (no synchronize) give each one's time for p50, p99 and max.
 
 `per_op_sync=True` keeps the old method, a synchronize before and after each
 operation, for when that is what is asked; callers label it.
+
+Over the back-to-back loop the machine's CPU is read too (`host_cpu`): cores
+busy and the share of the time some task waited for a CPU
+(/proc/pressure/cpu), as `tally bench cluster` gives per row, since every
+emulated node of tests/nccl/cluster_proof.sh shares one machine.
 """
+import os
 import statistics
 import time
+
+
+def host_cpu():
+    """(busy ticks, all ticks, microseconds some task waited for a CPU or
+    None, perf_counter) of the whole machine, or None without /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    v += [0] * (8 - len(v))
+    busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+    wait = None
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = next(line for line in f if line.startswith("some "))
+            wait = int(some.split("total=")[1].split()[0])
+    except (OSError, StopIteration, IndexError, ValueError):
+        pass
+    return busy, busy + v[3] + v[4], wait, time.perf_counter()
+
+
+def host_load(before, after):
+    """{busy_cores, cores, cpu_wait} between two host_cpu() readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return {}
+    cores = os.cpu_count() or 1
+    out = {"busy_cores": (after[0] - before[0]) / (after[1] - before[1]) * cores, "cores": cores}
+    if before[2] is not None and after[2] is not None and after[3] > before[3]:
+        out["cpu_wait"] = min(1.0, (after[2] - before[2]) / 1e6 / (after[3] - before[3]))
+    return out
 
 
 def percentile(sorted_values, q):
@@ -25,7 +62,8 @@ def percentile(sorted_values, q):
 def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
     """Runs `op` (one all-reduce, enqueued on the current CUDA stream's
     device) `warmup` times, then `iters` timed times. Returns a dict: t (s
-    per operation), p50, p99, max (s, per operation), method (a label)."""
+    per operation), p50, p99, max (s, per operation), method (a label), and
+    for the back-to-back loop host (host_load over it)."""
     import torch
 
     for _ in range(warmup):
@@ -50,6 +88,7 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
             "method": "median of operations each bracketed by synchronize",
         }
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    cpu0 = host_cpu()
     t0 = time.perf_counter()
     for k in range(iters):
         events[k].record()
@@ -57,6 +96,7 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
     events[iters].record()
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    host = host_load(cpu0, host_cpu())
     each = sorted(events[k].elapsed_time(events[k + 1]) / 1e3 for k in range(iters))
     return {
         "t": wall / iters,
@@ -64,4 +104,5 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
         "p99": percentile(each, 0.99),
         "max": each[-1],
         "method": "back-to-back loop, barrier before it only (wall / iterations)",
+        "host": host,
     }

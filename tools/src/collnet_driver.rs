@@ -7,7 +7,9 @@
 //! exchange of every rank's handle (NCCL's bootstrap allgather; here tally's
 //! bootstrap), the collective connect, regMr of the user buffers, and per
 //! all-reduce several iallreduce pieces in flight, each tested until done, as
-//! NCCL's proxy pipelines a CollNet all-reduce. On drop: deregMr, closeColl,
+//! NCCL's proxy pipelines a CollNet all-reduce: pieces of NCCL's size for the
+//! all-reduce's size over the plugin's default channels, and NCCL's steps in
+//! flight ([`nccl_collnet_step`]). On drop: deregMr, closeColl,
 //! finalize. The plugin finds the servers in `TALLY_SERVERS`, which this
 //! sets from `--servers` before the library is loaded. This is as close to
 //! NCCL's own use as a host without GPUs gets.
@@ -275,6 +277,44 @@ impl Drop for CollNet {
     }
 }
 
+/// The CollNet channels NCCL runs where the plugin sets its default
+/// (`NCCL_MIN_NCHANNELS=4`, ffi-plugin's `device::COLLNET_NCCL_DEFAULTS`).
+pub const NCCL_COLLNET_CHANNELS: usize = 4;
+
+/// NCCL's steps in flight per group of channels (`NCCL_STEPS`).
+pub const NCCL_STEPS: usize = 8;
+
+/// The bytes of one iallreduce that NCCL's CollNet chain (one GPU per node,
+/// the default 4 MiB buffer) hands the plugin for an all-reduce of `bytes`
+/// over `channels` channels. These are facts read in NCCL 2.28
+/// (src/enqueue.cc, the CollNet chain's chunk; src/transport/coll_net.cc,
+/// the proxy's groups), not its code:
+/// - each channel's chunk starts at 256 KiB (at most one 512 KiB step of
+///   the buffer) and halves while the all-reduce gives each channel fewer
+///   than 64 chunks (down to 128 KiB), then fewer than 8 (down to 64 KiB),
+///   then less than one (down to 32 KiB);
+/// - the send proxy posts one iallreduce per step for a group of up to 8
+///   channels, covering the group's chunks of that step, and keeps up to
+///   [`NCCL_STEPS`] of them in flight.
+///
+/// So 16 MiB over 4 channels goes as 512 KiB iallreduces (4 x 128 KiB), 64
+/// MiB as 1 MiB ones.
+pub fn nccl_collnet_step(bytes: usize, channels: usize) -> usize {
+    let channels = channels.clamp(1, 8);
+    let per_channel = |chunk: usize| bytes / (channels * chunk);
+    let mut chunk = 256usize << 10;
+    while per_channel(chunk) < 64 && chunk > 128 << 10 {
+        chunk /= 2;
+    }
+    while per_channel(chunk) < 8 && chunk > 64 << 10 {
+        chunk /= 2;
+    }
+    while per_channel(chunk) < 1 && chunk > 32 << 10 {
+        chunk /= 2;
+    }
+    channels * chunk
+}
+
 /// `--mode agg-plugin`'s all-reduce: the net context, one [`CollNet`], and
 /// NCCL's pipeline of iallreduce pieces.
 pub struct CollNetDriver {
@@ -282,7 +322,8 @@ pub struct CollNetDriver {
     net_ctx: *mut c_void,
     /// Dropped (closed) before the net context is finalized.
     coll: Option<CollNet>,
-    piece: usize,
+    /// Bytes per iallreduce; None: NCCL's own ([`nccl_collnet_step`]).
+    piece: Option<usize>,
     in_flight: usize,
     timeout: Duration,
 }
@@ -297,9 +338,9 @@ impl CollNetDriver {
         fabric_addr: Option<&str>,
         boot: &mut Bootstrap,
         job_id: u64,
-        piece: usize,
+        piece: Option<usize>,
         in_flight: usize,
-        chunk: usize,
+        chunk: Option<usize>,
         timeout: Duration,
     ) -> Result<CollNetDriver, String> {
         if servers.is_empty() {
@@ -313,9 +354,12 @@ impl CollNetDriver {
             std::env::set_var("TALLY_FABRIC_ADDR", a);
         }
         std::env::set_var("TALLY_TIMEOUT_S", timeout.as_secs().max(1).to_string());
-        // The plugin's client cuts each iallreduce into chunks of this size,
-        // as `--mode agg` does (TALLY_CHUNK is what a user sets for NCCL).
-        std::env::set_var("TALLY_CHUNK", chunk.to_string());
+        // Where asked, the plugin's client cuts each iallreduce into chunks
+        // of this size (TALLY_CHUNK is what a user sets for NCCL); else it
+        // keeps its own default, as under NCCL.
+        if let Some(chunk) = chunk {
+            std::env::set_var("TALLY_CHUNK", chunk.to_string());
+        }
         let tables = load(lib)?;
         let (rank, n) = (boot.rank() as usize, boot.nranks() as usize);
         // NCCL initialises the net first: CollNet's device rides on net device 0.
@@ -323,8 +367,14 @@ impl CollNetDriver {
         let mut cfg = NetCommConfig { traffic_class: -1 };
         // SAFETY: live out-pointers; the logger takes NCCL's calling convention.
         check("net init", unsafe { (tables.net.init)(&mut net_ctx, job_id, &mut cfg, logger(), std::ptr::null_mut()) })?;
-        let mut driver =
-            CollNetDriver { net: tables.net, net_ctx, coll: None, piece: piece.max(1), in_flight: in_flight.clamp(1, 32), timeout };
+        let mut driver = CollNetDriver {
+            net: tables.net,
+            net_ctx,
+            coll: None,
+            piece: piece.map(|p| p.max(1)),
+            in_flight: in_flight.clamp(1, 32),
+            timeout,
+        };
         let mut coll = CollNet::init(tables.coll, job_id, logger())?;
         if coll.devices()? < 1 {
             return Err("the plugin offers no CollNet device (is TALLY_SERVERS reachable?)".into());
@@ -338,12 +388,14 @@ impl CollNetDriver {
     }
 
     /// One all-reduce of `send` into `recv`, cut into pieces of at most
-    /// `piece` bytes with up to `in_flight` of them outstanding.
+    /// `piece` bytes (NCCL's step where none was given) with up to
+    /// `in_flight` of them outstanding.
     pub fn allreduce(&mut self, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<(), String> {
         let coll = self.coll.as_mut().expect("connected in open");
         let (es, len) = (dtype.size(), send.len());
         let (smh, rmh) = (coll.reg_mr(send.as_ptr(), len)?, coll.reg_mr(recv.as_ptr(), len)?);
-        let piece = (self.piece / es).max(1) * es;
+        let piece = self.piece.unwrap_or_else(|| nccl_collnet_step(len, NCCL_COLLNET_CHANNELS));
+        let piece = (piece / es).max(1) * es;
         let pieces = len.div_ceil(piece);
         // The engine's types and ops carry NCCL's codes as discriminants.
         let (dt, rop) = (dtype as c_int, op as c_int);
@@ -393,5 +445,28 @@ impl Drop for CollNetDriver {
         drop(self.coll.take());
         // SAFETY: the net context of this driver, finalized once.
         let _ = unsafe { (self.net.finalize)(self.net_ctx) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_follow_nccls_collnet_chain_steps() {
+        const K: usize = 1 << 10;
+        const M: usize = 1 << 20;
+        // 4 channels: 128 KiB chunks up to 32 MiB, 256 KiB from 64 MiB.
+        assert_eq!(nccl_collnet_step(16 * M, 4), 512 * K);
+        assert_eq!(nccl_collnet_step(64 * M, 4), M);
+        assert_eq!(nccl_collnet_step(256 * M, 4), M);
+        // Fewer than 8 chunks a channel: 64 KiB; less than one: 32 KiB.
+        assert_eq!(nccl_collnet_step(8 * M, 4), 512 * K);
+        assert_eq!(nccl_collnet_step(2 * M, 4), 4 * 64 * K);
+        assert_eq!(nccl_collnet_step(M, 4), 4 * 64 * K);
+        assert_eq!(nccl_collnet_step(128 * K, 4), 4 * 32 * K);
+        // Two channels, and a group holds 8 at most.
+        assert_eq!(nccl_collnet_step(16 * M, 2), 2 * 128 * K);
+        assert_eq!(nccl_collnet_step(64 * M, 16), 8 * 128 * K);
     }
 }

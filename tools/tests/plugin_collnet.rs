@@ -258,6 +258,12 @@ fn collnet_allreduce_through_tally_servers() {
     assert_eq!(unsafe { (p.coll11.devices)(&mut ndev) }, NCCL_SUCCESS);
     assert_eq!(ndev, 0);
     suite(&p, "tcp");
+    // Over tcp the plugin's own pacing (ffi-plugin tcp_defaults), as its
+    // join line says: 32 KiB pieces, a window of 16, four sends per server.
+    assert!(
+        logged("pieces of at most 32768 bytes, window 16, 4 sends in flight per server"),
+        "the tcp defaults are what the plugin's clients run"
+    );
     suite(&p, "shm");
     assert!(logged("joined job"), "connect logs the job it joined");
 }

@@ -220,6 +220,11 @@ impl Client {
         self.rails.provider()
     }
 
+    /// The settings this client runs with (its window resolved from auto).
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
     /// Streams (server, lcore pairs) of the first joined sub-job.
     pub fn streams(&self) -> usize {
         self.subs.first().map_or(0, |s| s.streams.len())

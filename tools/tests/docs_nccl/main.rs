@@ -299,10 +299,14 @@ fn quoted_figures_hold() {
     assert_eq!(c.timeout, std::time::Duration::from_secs(30));
     assert!(md.contains("`TALLY_TIMEOUT_S` on the workers (default 30)"));
     let plugin = read("ffi-plugin/src/collnet.rs");
-    assert!(plugin.contains("ClientConfig::new(") && !plugin.contains("cfg.window ="));
-    // Over tcp the plugin picks 32 KiB pieces and one send in flight per server.
-    assert!(plugin.contains("cfg.chunk_bytes = 32 << 10;") && plugin.contains("cfg.send_credits = 1;"));
-    assert!(md.contains("over `tcp`: 32 KiB pieces and one send in flight per server"), "the tcp defaults on the page");
+    assert!(plugin.contains("ClientConfig::new("));
+    // Over tcp the plugin picks 32 KiB pieces, four sends in flight per
+    // server and a window of 16 (and sets the window nowhere else).
+    assert_eq!(plugin.matches("cfg.window =").count(), 1, "the window is set in tcp_defaults only");
+    assert!(plugin.contains("cfg.chunk_bytes = 32 << 10;") && plugin.contains("cfg.send_credits = TCP_SEND_CREDITS;"));
+    assert!(plugin.contains("pub const TCP_SEND_CREDITS: u32 = 4;") && plugin.contains("pub const TCP_WINDOW: u32 = 16;"));
+    assert!(md.contains("over `tcp`: 32 KiB pieces, four sends in flight per server and a window of 16"), "the tcp defaults on the page");
+    assert!(md.contains("(over `tcp`: 32 KiB pieces and a window of 16, 512 KiB per rank)"), "the tcp memory figure");
     assert!(plugin.contains("TALLY_TIMEOUT_S"));
 
     // c7gn: hugepages = lcores x slab_size, the <SIZE> example and the table.
@@ -321,7 +325,7 @@ fn quoted_figures_hold() {
     // Log lines the page quotes from the plugin, and what gpu_proof.sh greps for.
     let ffi = read("ffi-plugin/src/ffi.rs");
     assert!(ffi.contains("TALLY_SERVERS is not set, no CollNet device") && md.contains("TALLY_SERVERS is not set, no CollNet device"));
-    assert!(plugin.contains("CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams)"));
+    assert!(plugin.contains("CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams;"));
     assert!(read("ffi-plugin/src/log.rs").contains("format!(\"NET/Tally: {msg}\")"));
     let proof = read("tests/nccl/gpu_proof.sh");
     for p in ["Loaded net plugin Tally", "Loaded collnet plugin Tally", "via NET/Tally", "CollNet rank .* joined job"] {

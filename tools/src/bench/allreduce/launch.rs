@@ -157,6 +157,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
             c.arg("--plugin").arg(pl);
         }
         c.args(["--plugin-piece", &args.plugin_piece, "--plugin-in-flight", &args.plugin_in_flight.to_string()]);
+        c.args(["--plugin-chunk", &args.plugin_chunk]);
         if let Some(rc) = &args.cores.cores {
             c.args(["--cores", rc]);
         }

@@ -82,14 +82,18 @@ pub struct AllreduceArgs {
     /// agg-plugin: the NCCL plugin library (default: libnccl-net-tally.so next to this binary).
     #[arg(long)]
     pub plugin: Option<std::path::PathBuf>,
-    /// agg-plugin: bytes per iallreduce (NCCL hands CollNet an all-reduce in steps of its
-    /// buffer; 512 KiB is one step of the default 4 MiB).
-    #[arg(long, default_value = "512K")]
+    /// agg-plugin: bytes per iallreduce, or auto: what NCCL's CollNet hands the plugin for
+    /// each size over the plugin's 4 channels (512 KiB at 16 MiB, 1 MiB from 64 MiB).
+    #[arg(long, default_value = "auto")]
     pub plugin_piece: String,
     /// agg-plugin: iallreduces in flight (NCCL keeps up to NCCL_STEPS = 8 steps of a
-    /// channel outstanding).
+    /// group of channels outstanding).
     #[arg(long, default_value_t = 8)]
     pub plugin_in_flight: usize,
+    /// agg-plugin: the plugin's chunk (TALLY_CHUNK), or auto: the plugin's own default, as
+    /// under NCCL (--chunk is agg's and the ring's).
+    #[arg(long, default_value = "auto")]
+    pub plugin_chunk: String,
     #[command(flatten)]
     pub plot: PlotArg,
     /// Run as this rank (set by the launcher, or for multi-host runs by hand); with

@@ -180,9 +180,9 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 args.fabric_addr.as_deref(),
                 &mut boot,
                 args.job_id ^ 0x706c_7567,
-                parse_size(&args.plugin_piece).map_err(|e| format!("--plugin-piece: {e}"))? as usize,
+                auto_or_size(&args.plugin_piece).map_err(|e| format!("--plugin-piece: {e}"))?,
                 args.plugin_in_flight,
-                p.chunk,
+                auto_or_size(&args.plugin_chunk).map_err(|e| format!("--plugin-chunk: {e}"))?,
                 Duration::from_secs(args.timeout.max(1)),
             )?;
             plugin = Some(d);
@@ -333,6 +333,15 @@ fn process_cpu_s() -> f64 {
     }
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// `auto` (None) or a size (`512K`).
+fn auto_or_size(s: &str) -> Result<Option<usize>, String> {
+    if s == "auto" {
+        Ok(None)
+    } else {
+        parse_size(s).map(|v| Some(v as usize)).map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]

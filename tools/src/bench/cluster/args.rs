@@ -31,16 +31,17 @@ pub struct ClusterArgs {
     pub min_time: u64,
     #[command(flatten)]
     pub dtype: DtypeArg,
-    /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin 512 KiB
-    /// iallreduce pieces, as NCCL does), or auto
+    /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin NCCL's
+    /// iallreduce pieces, which its client cuts as under NCCL), or auto
     /// (32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s: `auto_chunk`).
     #[arg(long, default_value = "auto")]
     pub chunk: String,
     #[command(flatten)]
     pub window: WindowArg,
-    /// agg: sends in flight per server per worker (pacing for TCP-like links; 0: window-bound).
-    #[arg(long, default_value_t = 1)]
-    pub send_credits: u32,
+    /// Sends in flight per server per worker (pacing for TCP-like links; 0: window-bound).
+    /// Default: 1 for agg; agg-plugin keeps the plugin's own (TALLY_SEND_CREDITS), as under NCCL.
+    #[arg(long)]
+    pub send_credits: Option<u32>,
     /// Lcores per server (default: 2 where the host has 4 cores per host pair, else 1 where
     /// it has 2, else every server's 2 lcores on cores 0-1).
     #[arg(long)]
@@ -81,6 +82,11 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
+    /// agg's send credits: `--send-credits`, else 1.
+    pub fn agg_send_credits(&self) -> u32 {
+        self.send_credits.unwrap_or(1)
+    }
+
     /// The defaults `tally demo` uses.
     pub fn demo(rate: Option<f64>) -> ClusterArgs {
         ClusterArgs {
@@ -94,7 +100,7 @@ impl ClusterArgs {
             dtype: DtypeArg::default(),
             chunk: "auto".into(),
             window: WindowArg::default(),
-            send_credits: 1,
+            send_credits: None,
             server_lcores: None,
             poll: PollArg::default(),
             mtu: 9000,

@@ -35,8 +35,11 @@
 //!
 //! [`args`]: the flags; [`netns`]: namespaces and links; [`shaping`]: rates
 //! and tbf; [`placement`]: cores; [`workers`]: one rate's run;
-//! [`server_cpu`]: the servers' CPU time; [`table`]: what is reported.
+//! [`server_cpu`]: the servers' CPU time; [`tcp_loss`]: loss on the links;
+//! [`host_cpu`]: the machine's CPU, busy and waited for; [`table`]: what
+//! is reported.
 pub mod args;
+pub mod host_cpu;
 pub mod netns;
 pub mod placement;
 pub mod server_cpu;
@@ -48,6 +51,7 @@ pub mod workers;
 use crate::logfile;
 use crate::progress::Progress;
 use args::ClusterArgs;
+use host_cpu::{HostCpu, HostLoad, RateLoad};
 use netns::{addr, build_network, sweep_stale, unavailable, Iproute, Testbed};
 use placement::place;
 use shaping::{default_rate, shape};
@@ -168,7 +172,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
 
     let steps = rates.len() * args.mode.mode.len() * args.sizes.len();
     let mut progress = Progress::new(steps, args.json.json);
-    let mut out = ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new(), links: Vec::new() };
+    let mut out =
+        ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new(), links: Vec::new(), host_cpu: Vec::new() };
     // TCP's loss is counted in the hosts' namespaces, tbf's drops in theirs
     // and the switch's (both ends of each link are shaped).
     let host_names: Vec<String> = hosts.iter().map(|&(k, i)| ns(k, i)).collect();
@@ -189,12 +194,18 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                     args.hosts, args.hosts
                 );
             }
+            let host_before = HostCpu::now();
             run_command(&mut bed, args, rate, cmd, &servers, &ns)?;
+            let host = HostLoad::over(host_before);
             let links = loss_over(&bed, rate, before);
             if !args.json.json {
                 println!("{}", links.note());
+                if let Some(h) = host {
+                    println!("{}", h.note(rate, "over the whole command, its start included"));
+                }
             }
             out.links.push(links);
+            out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
         }
         drop(bed);
         return Ok(out);
@@ -204,10 +215,13 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         let before = loss_before(&bed);
         let first = out.rows.len();
         let running = Servers { addrs: &servers, pids: &server_pids };
+        let host_before = HostCpu::now();
         run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
         progress.finish();
+        let host = HostLoad::over(host_before);
         let links = loss_over(&bed, rate, before);
         out.links.push(links);
+        out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
         if !args.json.json {
             print_header(args, rate, &placement, worker_cores.as_deref());
             println!("{}", format_cluster_header());
@@ -216,6 +230,9 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             }
             println!("{}", cpu_note());
             println!("{}", links.note());
+            if let Some(h) = host {
+                println!("{}", h.note(rate, "over all its loops and set-ups"));
+            }
         }
     }
     drop(bed);

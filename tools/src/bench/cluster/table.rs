@@ -2,6 +2,7 @@
 //! bound, the fraction reached, agg/ring and the CPU cost per GB; the table,
 //! its header lines and the plot.
 use super::args::{loops_at, ClusterArgs};
+use super::host_cpu::{HostLoad, RateLoad};
 use super::placement::worker_rails;
 use super::shaping::{auto_chunk, tbf_auto_burst};
 use super::tcp_loss::{LinkLoss, TcpLoss};
@@ -37,6 +38,9 @@ pub struct ClusterRow {
     /// a namespace could not be read.
     pub tcp_retrans: Option<u64>,
     pub tcp_timeouts: Option<u64>,
+    /// The machine's CPU over the same loop (`host_cpu`): every emulated
+    /// host shares it.
+    pub host_cpu: Option<HostLoad>,
     #[serde(flatten)]
     pub row: Row,
 }
@@ -44,7 +48,14 @@ pub struct ClusterRow {
 impl ClusterRow {
     /// A worker's row at link `rate` (Gbit/s) among `hosts` workers, with
     /// the servers' CPU seconds over its loop.
-    pub(super) fn new(rate: f64, hosts: u32, row: Row, server_cpu_s: Option<f64>, loss: Option<TcpLoss>) -> ClusterRow {
+    pub(super) fn new(
+        rate: f64,
+        hosts: u32,
+        row: Row,
+        server_cpu_s: Option<f64>,
+        loss: Option<TcpLoss>,
+        host_cpu: Option<HostLoad>,
+    ) -> ClusterRow {
         let link = rate / 8.0;
         let n = hosts as f64;
         let bound_gbps = if row.mode == "ring" { link * n / (2.0 * (n - 1.0)) } else { link };
@@ -63,6 +74,7 @@ impl ClusterRow {
             server_cpu_s_per_gb: server_cpu_s.and_then(|s| per_gb(s, served)),
             tcp_retrans: loss.map(|l| l.retrans),
             tcp_timeouts: loss.map(|l| l.timeouts),
+            host_cpu,
             row,
         }
     }
@@ -75,6 +87,8 @@ pub struct ClusterOutcome {
     pub rows: Vec<ClusterRow>,
     /// Per rate: what TCP and tbf saw over its loops (`tcp_loss`).
     pub links: Vec<LinkLoss>,
+    /// Per rate: the machine's CPU over all its loops (`host_cpu`).
+    pub host_cpu: Vec<RateLoad>,
 }
 
 impl ClusterOutcome {
@@ -138,7 +152,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         } else {
             tally_engine::host::units::parse_size(&args.chunk).unwrap_or(0)
         } as usize),
-        args.send_credits,
+        args.send_credits.map_or_else(|| "1 (agg; agg-plugin: the plugin's own)".to_string(), |c| c.to_string()),
         {
             let (n, why) = worker_rails(args.hosts, worker_cores);
             format!("{n} ({why})")
@@ -153,7 +167,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
 
 pub fn format_cluster_header() -> String {
     format!(
-        "{:>7} {:>10} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>12} {:>7}",
+        "{:>7} {:>10} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>12} {:>11} {:>7}",
         "Gbit/s",
         "mode",
         "size",
@@ -165,6 +179,7 @@ pub fn format_cluster_header() -> String {
         "agg/ring",
         "wkr cpu s/GB",
         "srv cpu s/GB",
+        "host busy,wt",
         "#wrong"
     )
 }
@@ -172,8 +187,12 @@ pub fn format_cluster_header() -> String {
 pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
     let ratio = out.agg_over_ring(r).map(|x| format!("{x:.2}")).unwrap_or_default();
     let cpu = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
+    let host = r.host_cpu.map_or_else(
+        || "-".to_string(),
+        |h| format!("{:.1},{}", h.busy_cores, h.cpu_wait.map_or_else(|| "-".into(), |w| format!("{:.0}%", w * 100.0))),
+    );
     format!(
-        "{:>7} {:>10} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>12} {:>12} {:>7}",
+        "{:>7} {:>10} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>12} {:>12} {:>12} {:>7}",
         r.link_gbit,
         r.row.mode,
         format_size(r.row.bytes as u64),
@@ -185,6 +204,7 @@ pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
         ratio,
         cpu(r.worker_cpu_s_per_gb),
         cpu(r.server_cpu_s_per_gb),
+        host,
         r.row.wrong
     )
 }
@@ -195,7 +215,8 @@ pub fn cpu_note() -> &'static str {
      #   process, per GB of its buffer (size x iters); srv = every server together, per GB of input they received\n\
      #   (hosts x size x iters; \"-\" for ring, which does not use them). Cores per 100 Gbit/s = cpu s/GB x 12.5.\n\
      #   With busy polling (placement line) srv is every lcore's whole time, as a busy poller spins; --poll adaptive\n\
-     #   gives the work itself."
+     #   gives the work itself. host busy,wt: the machine's cores busy over the loop, and the share of its time some\n\
+     #   task waited for a CPU (/proc/pressure/cpu): every emulated host shares this machine."
 }
 
 #[cfg(test)]
@@ -217,13 +238,13 @@ mod tests {
         };
         // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
         let loss = TcpLoss { retrans: 3, timeouts: 1 };
-        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28), Some(loss));
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28), Some(loss), None);
         assert_eq!((r.tcp_retrans, r.tcp_timeouts), (Some(3), Some(1)));
         assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
         assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
-        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0), None);
+        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0), None, None);
         assert!((r.worker_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9 && r.server_cpu_s_per_gb.is_none(), "{r:?}");
-        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), None, None);
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), None, None, None);
         assert!(
             r.tcp_timeouts.is_none() && r.worker_cpu_s.is_none() && r.worker_cpu_s_per_gb.is_none() && r.server_cpu_s_per_gb.is_none(),
             "{r:?}"

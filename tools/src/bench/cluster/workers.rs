@@ -1,8 +1,9 @@
 //! The workers of one link rate: `tally bench allreduce` ranks in every
 //! worker namespace (or the caller's `--workers-run` command), worker 0's
 //! rows read back with the servers' CPU time over each timed loop, every
-//! wait bounded.
+//! wait bounded, and the TCP counters and the machine's CPU over each loop.
 use super::args::{loops_at, ClusterArgs};
+use super::host_cpu::{HostCpu, HostLoad};
 use super::netns::{addr, Testbed};
 use super::placement::worker_rails;
 use super::server_cpu::{server_cpu_over, servers_cpu_ticks};
@@ -68,14 +69,17 @@ pub(super) fn run_rate(
             "--window",
             &args.window.window.to_string(),
         ]);
-        c.args(["--send-credits", &args.send_credits.to_string(), "--timeout", &args.timeout.min(120).to_string()]);
+        c.args(["--send-credits", &args.agg_send_credits().to_string(), "--timeout", &args.timeout.min(120).to_string()]);
         if let Some(wc) = worker_cores {
             c.args(["--cores", wc]);
         }
         c.args(["--rails", &worker_rails(args.hosts, worker_cores).0.to_string()]);
         c.args(["--poll", poll]);
-        // agg-plugin: the plugin's own client reads its pacing from the environment.
-        c.env("TALLY_SEND_CREDITS", args.send_credits.to_string());
+        // agg-plugin: the plugin's own client reads its pacing from the
+        // environment; where none was asked for, it keeps its default.
+        if let Some(credits) = args.send_credits {
+            c.env("TALLY_SEND_CREDITS", credits.to_string());
+        }
         c.env("TALLY_LOG", log_level).stdin(Stdio::null()).stderr(Stdio::piped());
         c.stdout(if i == 0 { Stdio::piped() } else { Stdio::null() });
         if i == 0 {
@@ -108,6 +112,7 @@ pub(super) fn run_rate(
     // process in each host's namespace).
     let mut started: Option<(String, Option<u64>)> = None;
     let mut loss_then: Option<TcpLoss> = None;
+    let mut host_then: Option<HostCpu> = None;
     let hosts_pids: Vec<u32> = servers.pids.iter().copied().chain(bed.children[first_child..].iter().map(|c| c.id())).collect();
     while got < steps.len() {
         let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -118,14 +123,16 @@ pub(super) fn run_rate(
         if let Some(step) = line.strip_prefix("LOOP ") {
             started = Some((step.to_string(), servers_cpu_ticks(servers.pids)));
             loss_then = TcpLoss::of(&hosts_pids);
+            host_then = HostCpu::now();
             continue;
         }
         let Some(j) = line.strip_prefix("RESULT ") else { continue };
         let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
         let server_cpu_s = server_cpu_over(started.take(), &row, servers.pids);
         let loss = loss_then.take().and_then(|then| Some(TcpLoss::of(&hosts_pids)?.since(then)));
+        let host_cpu = HostLoad::over(host_then.take());
         log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
-        out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s, loss));
+        out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s, loss, host_cpu));
         got += 1;
         progress.step();
         if let Some(s) = steps.get(got) {
