@@ -229,8 +229,9 @@ pub const TCP_SEND_CREDITS: u32 = 4;
 ///   and a credit comes back only once the rail's send completion has
 ///   passed through NCCL's proxy thread (its `test`), so one credit per
 ///   server held each server to a piece per round trip of that hop: at 32
-///   Gbit/s CollNet reached 0.65-0.78 of the link with one. Some pacing
-///   stays, as one credit had it, so that a server's pieces go up in order.
+///   Gbit/s CollNet reached 0.65-0.78 of the link with one. Four keep some
+///   pacing: across runs they were steadier than none (0.95-0.99 where
+///   none gave 0.87-0.99, `tally bench cluster --mode agg-plugin`).
 /// - [`TCP_WINDOW`]: with the auto window (4 pieces of 32 KiB) two servers
 ///   held two of NCCL's 8 steps in flight.
 ///
