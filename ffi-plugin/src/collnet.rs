@@ -186,7 +186,8 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
     let mut client = Client::connect(cfg).map_err(client_error)?;
     client.join(DataType::Float32, ReduceOp::Sum).map_err(client_error)?;
     let c = client.config();
-    let credits = if c.send_credits == 0 { "no limit on sends".to_string() } else { format!("{} sends in flight per server", c.send_credits) };
+    let credits =
+        if c.send_credits == 0 { "no limit on sends".to_string() } else { format!("{} sends in flight per server", c.send_credits) };
     log::info_init(&format!(
         "CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams; pieces of at most {} bytes, window {}, {credits})",
         listen.servers.join(","),

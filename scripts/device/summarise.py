@@ -156,6 +156,8 @@ def configs(path, config):
         extra = f"  p50 {r['p50_us']:.0f} us (ring {ring[0]['p50_us']:.0f})" if r['bytes'] < 1 << 20 and ring else ""
         # TCP's retransmission timeouts over the loop (tally bench cluster's tcp_loss), where counted.
         rto = f"  rto {r['tcp_timeouts']}" if r.get("tcp_timeouts") is not None else ""
+        # Packets the hosts' interfaces dropped over the loop (retransmissions without a tbf drop).
+        rto += f" drops {r['dev_drops']}" if r.get("dev_drops") else ""
         print(f"{config:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{rto}{_host(r.get('host_cpu'))}{extra}")
 
 

@@ -59,7 +59,7 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use table::{cpu_note, format_cluster_header, format_cluster_row, print_header, write_plot, ClusterOutcome};
-use tcp_loss::{tbf_drops, LinkLoss, TcpLoss};
+use tcp_loss::{tbf_drops, LinkLoss, NetLoss};
 use workers::{run_command, run_rate, Servers};
 
 /// Runs the emulated cluster and prints its table (unless `--json`).
@@ -174,15 +174,22 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let mut progress = Progress::new(steps, args.json.json);
     let mut out =
         ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new(), links: Vec::new(), host_cpu: Vec::new() };
-    // TCP's loss is counted in the hosts' namespaces, tbf's drops in theirs
-    // and the switch's (both ends of each link are shaped).
+    // Loss is counted in the hosts' namespaces and the switch's (both ends of
+    // each link are shaped; the switch holds the bridge), where TCP's
+    // counters stay 0.
     let host_names: Vec<String> = hosts.iter().map(|&(k, i)| ns(k, i)).collect();
     let all_names: Vec<String> = host_names.iter().cloned().chain([sw.clone()]).collect();
-    let loss_before = |bed: &Testbed| (TcpLoss::of_namespaces(&bed.tools, &host_names), tbf_drops(&bed.tools, &all_names));
-    let loss_over = |bed: &Testbed, rate: f64, (tcp, tbf): (Option<TcpLoss>, Option<u64>)| {
-        let tcp = TcpLoss::of_namespaces(&bed.tools, &host_names).zip(tcp).map(|(now, then)| now.since(then));
+    let loss_before = |bed: &Testbed| (NetLoss::of_namespaces(&bed.tools, &all_names), tbf_drops(&bed.tools, &all_names));
+    let loss_over = |bed: &Testbed, rate: f64, (net, tbf): (Option<NetLoss>, Option<u64>)| {
+        let net = NetLoss::of_namespaces(&bed.tools, &all_names).zip(net).map(|(now, then)| now.since(then));
         let tbf = tbf_drops(&bed.tools, &all_names).zip(tbf).map(|(now, then)| now.saturating_sub(then));
-        LinkLoss { link_gbit: rate, tcp_retrans: tcp.map(|l| l.retrans), tcp_timeouts: tcp.map(|l| l.timeouts), tbf_drops: tbf }
+        LinkLoss {
+            link_gbit: rate,
+            tcp_retrans: net.map(|l| l.retrans),
+            tcp_timeouts: net.map(|l| l.timeouts),
+            tbf_drops: tbf,
+            dev_drops: net.map(|l| l.dev_drops),
+        }
     };
     if let Some(cmd) = &args.workers_run {
         for &rate in &rates {

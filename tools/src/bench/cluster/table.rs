@@ -5,7 +5,7 @@ use super::args::{loops_at, ClusterArgs};
 use super::host_cpu::{HostLoad, RateLoad};
 use super::placement::worker_rails;
 use super::shaping::{auto_chunk, tbf_auto_burst};
-use super::tcp_loss::{LinkLoss, TcpLoss};
+use super::tcp_loss::{LinkLoss, NetLoss};
 use crate::bench::plot;
 use crate::bench::report::{method_line, Row};
 use serde::Serialize;
@@ -38,6 +38,9 @@ pub struct ClusterRow {
     /// a namespace could not be read.
     pub tcp_retrans: Option<u64>,
     pub tcp_timeouts: Option<u64>,
+    /// Packets the hosts' interfaces dropped over the loop (the switch's
+    /// are in the rate's line only).
+    pub dev_drops: Option<u64>,
     /// The machine's CPU over the same loop (`host_cpu`): every emulated
     /// host shares it.
     pub host_cpu: Option<HostLoad>,
@@ -53,7 +56,7 @@ impl ClusterRow {
         hosts: u32,
         row: Row,
         server_cpu_s: Option<f64>,
-        loss: Option<TcpLoss>,
+        loss: Option<NetLoss>,
         host_cpu: Option<HostLoad>,
     ) -> ClusterRow {
         let link = rate / 8.0;
@@ -74,6 +77,7 @@ impl ClusterRow {
             server_cpu_s_per_gb: server_cpu_s.and_then(|s| per_gb(s, served)),
             tcp_retrans: loss.map(|l| l.retrans),
             tcp_timeouts: loss.map(|l| l.timeouts),
+            dev_drops: loss.map(|l| l.dev_drops),
             host_cpu,
             row,
         }
@@ -237,9 +241,9 @@ mod tests {
             r
         };
         // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
-        let loss = TcpLoss { retrans: 3, timeouts: 1 };
+        let loss = NetLoss { retrans: 3, timeouts: 1, dev_drops: 2 };
         let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28), Some(loss), None);
-        assert_eq!((r.tcp_retrans, r.tcp_timeouts), (Some(3), Some(1)));
+        assert_eq!((r.tcp_retrans, r.tcp_timeouts, r.dev_drops), (Some(3), Some(1), Some(2)));
         assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
         assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
         let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0), None, None);

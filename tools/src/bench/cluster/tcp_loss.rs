@@ -10,58 +10,84 @@
 //! so the rows say how many there were (`tcp_timeouts`), read beside the
 //! figure, not guessed at.
 //!
-//! Each namespace has its own counters (`/proc/<pid>/net/snmp` and
-//! `.../netstat` show those of `pid`'s namespace), read through one process
+//! TCP also retransmits where no tbf dropped anything, when a packet is lost
+//! elsewhere on the way: a veth's or the bridge's backlog (`dev_drops`, the
+//! drop columns of every interface's receive and transmit counters), so the
+//! rows count those too.
+//!
+//! Each namespace has its own counters (`/proc/<pid>/net/snmp`, `.../netstat`
+//! and `.../dev` show those of `pid`'s namespace), read through one process
 //! that lives in it (a server, a worker): no process is started per loop.
 use super::netns::Iproute;
 use serde::Serialize;
 
-/// TCP's loss counters, summed over the namespaces read.
+/// What the namespaces' network counters say was lost, summed over the
+/// namespaces read: TCP's retransmissions and timeouts, the interfaces' drops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TcpLoss {
+pub struct NetLoss {
     /// Segments retransmitted (`Tcp: RetransSegs`).
     pub retrans: u64,
     /// Retransmission timeouts that fired (`TcpExt: TCPTimeouts`).
     pub timeouts: u64,
+    /// Packets the interfaces dropped, receiving or sending (`/proc/net/dev`).
+    pub dev_drops: u64,
 }
 
-impl TcpLoss {
+impl NetLoss {
     /// The counters of the namespaces `pids` live in, summed; None if one
     /// cannot be read (the process exited).
-    pub fn of(pids: &[u32]) -> Option<TcpLoss> {
-        let mut sum = TcpLoss::default();
+    pub fn of(pids: &[u32]) -> Option<NetLoss> {
+        let mut sum = NetLoss::default();
         for pid in pids {
-            let snmp = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).ok()?;
-            let netstat = std::fs::read_to_string(format!("/proc/{pid}/net/netstat")).ok()?;
-            sum = sum.plus(TcpLoss::parse(&snmp, &netstat)?);
+            let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok();
+            sum = sum.plus(NetLoss::parse(&read("snmp")?, &read("netstat")?, &read("dev")?)?);
         }
         Some(sum)
     }
 
     /// The counters of namespaces `names`, summed, read by a `cat` in each
     /// (between loops, where no process of the namespace may be left).
-    pub(super) fn of_namespaces(tools: &Iproute, names: &[String]) -> Option<TcpLoss> {
-        let mut sum = TcpLoss::default();
+    pub(super) fn of_namespaces(tools: &Iproute, names: &[String]) -> Option<NetLoss> {
+        let mut sum = NetLoss::default();
         for ns in names {
-            let snmp = tools.read_in(ns, "/proc/net/snmp").ok()?;
-            let netstat = tools.read_in(ns, "/proc/net/netstat").ok()?;
-            sum = sum.plus(TcpLoss::parse(&snmp, &netstat)?);
+            let read = |f: &str| tools.read_in(ns, &format!("/proc/net/{f}")).ok();
+            sum = sum.plus(NetLoss::parse(&read("snmp")?, &read("netstat")?, &read("dev")?)?);
         }
         Some(sum)
     }
 
-    fn parse(snmp: &str, netstat: &str) -> Option<TcpLoss> {
-        Some(TcpLoss { retrans: counter(snmp, "Tcp:", "RetransSegs")?, timeouts: counter(netstat, "TcpExt:", "TCPTimeouts")? })
+    fn parse(snmp: &str, netstat: &str, dev: &str) -> Option<NetLoss> {
+        Some(NetLoss {
+            retrans: counter(snmp, "Tcp:", "RetransSegs")?,
+            timeouts: counter(netstat, "TcpExt:", "TCPTimeouts")?,
+            dev_drops: dev_drops(dev)?,
+        })
     }
 
-    fn plus(self, o: TcpLoss) -> TcpLoss {
-        TcpLoss { retrans: self.retrans + o.retrans, timeouts: self.timeouts + o.timeouts }
+    fn plus(self, o: NetLoss) -> NetLoss {
+        NetLoss { retrans: self.retrans + o.retrans, timeouts: self.timeouts + o.timeouts, dev_drops: self.dev_drops + o.dev_drops }
     }
 
     /// What happened between `before` and `self`.
-    pub fn since(self, before: TcpLoss) -> TcpLoss {
-        TcpLoss { retrans: self.retrans.saturating_sub(before.retrans), timeouts: self.timeouts.saturating_sub(before.timeouts) }
+    pub fn since(self, before: NetLoss) -> NetLoss {
+        NetLoss {
+            retrans: self.retrans.saturating_sub(before.retrans),
+            timeouts: self.timeouts.saturating_sub(before.timeouts),
+            dev_drops: self.dev_drops.saturating_sub(before.dev_drops),
+        }
     }
+}
+
+/// Receive and transmit drops of every interface in a /proc/net/dev table
+/// (after `name:`, the 4th and the 12th numbers); None if a line is short.
+fn dev_drops(dev: &str) -> Option<u64> {
+    dev.lines()
+        .filter_map(|l| l.split_once(':').map(|(_, v)| v))
+        .map(|v| {
+            let n: Vec<&str> = v.split_whitespace().collect();
+            Some(n.get(3)?.parse::<u64>().ok()? + n.get(11)?.parse::<u64>().ok()?)
+        })
+        .sum()
 }
 
 /// Counter `name` of a /proc/net/snmp-style table: a header line and a
@@ -85,6 +111,8 @@ pub struct LinkLoss {
     pub tcp_timeouts: Option<u64>,
     /// Packets every tbf (both ends of every link) dropped.
     pub tbf_drops: Option<u64>,
+    /// Packets the interfaces of every namespace (hosts and switch) dropped.
+    pub dev_drops: Option<u64>,
 }
 
 /// Packets the tbf qdiscs of namespaces `names` dropped so far.
@@ -105,7 +133,11 @@ impl LinkLoss {
             _ => "TCP's counters unreadable".into(),
         };
         let tbf = self.tbf_drops.map_or("tbf's drops unreadable".into(), |d| format!("tbf dropped {d} packets"));
-        format!("# loss on the links at {} Gbit/s: {tcp}; {tbf} (per row: tcp_retrans, tcp_timeouts in --json)", self.link_gbit)
+        let dev = self.dev_drops.map_or("the interfaces' drops unreadable".into(), |d| format!("the interfaces dropped {d}"));
+        format!(
+            "# loss on the links at {} Gbit/s: {tcp}; {tbf}, {dev} (per row: tcp_retrans, tcp_timeouts, dev_drops in --json)",
+            self.link_gbit
+        )
     }
 }
 
@@ -120,9 +152,14 @@ mod tests {
         assert_eq!(counter(snmp, "Tcp:", "Nothing"), None);
         let netstat = "TcpExt: SyncookiesSent TCPTimeouts\nTcpExt: 0 37\nIpExt: InNoRoutes\nIpExt: 0\n";
         assert_eq!(counter(netstat, "TcpExt:", "TCPTimeouts"), Some(37));
+        let dev =
+            "Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes packets errs drop\n\
+                       lo: 10 1 0 0 0 0 0 0 10 1 0 0 0 0 0 0\n  eth0: 900 9 0 5 0 0 0 0 800 8 0 2 0 0 0 0\n";
+        assert_eq!(dev_drops(dev), Some(7));
+        assert_eq!(dev_drops("  eth0: 1 2 3\n"), None);
         // This process's namespace, read as the cluster's are.
-        assert!(TcpLoss::of(&[std::process::id()]).is_some());
-        assert_eq!(TcpLoss::of(&[u32::MAX]), None);
+        assert!(NetLoss::of(&[std::process::id()]).is_some());
+        assert_eq!(NetLoss::of(&[u32::MAX]), None);
     }
 
     #[test]
@@ -132,7 +169,7 @@ mod tests {
                   qdisc tbf 8002: root\n Sent 5 bytes 6 pkt (dropped 30, overlimits 0 requeues 0)\n";
         assert_eq!(qdisc_drops(tc), 42);
         assert_eq!(qdisc_drops(""), 0);
-        let after = TcpLoss { retrans: 10, timeouts: 2 };
-        assert_eq!(after.since(TcpLoss { retrans: 4, timeouts: 2 }), TcpLoss { retrans: 6, timeouts: 0 });
+        let after = NetLoss { retrans: 10, timeouts: 2, dev_drops: 5 };
+        assert_eq!(after.since(NetLoss { retrans: 4, timeouts: 2, dev_drops: 1 }), NetLoss { retrans: 6, timeouts: 0, dev_drops: 4 });
     }
 }

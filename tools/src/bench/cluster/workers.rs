@@ -9,7 +9,7 @@ use super::placement::worker_rails;
 use super::server_cpu::{server_cpu_over, servers_cpu_ticks};
 use super::shaping::chunk_for;
 use super::table::{ClusterOutcome, ClusterRow};
-use super::tcp_loss::TcpLoss;
+use super::tcp_loss::NetLoss;
 use crate::bench::report::{format_row, Row, LOOP_LINES_ENV};
 use crate::logfile;
 use crate::progress::Progress;
@@ -111,7 +111,7 @@ pub(super) fn run_rate(
     // the hosts' TCP counters then (through the servers and workers, one
     // process in each host's namespace).
     let mut started: Option<(String, Option<u64>)> = None;
-    let mut loss_then: Option<TcpLoss> = None;
+    let mut loss_then: Option<NetLoss> = None;
     let mut host_then: Option<HostCpu> = None;
     let hosts_pids: Vec<u32> = servers.pids.iter().copied().chain(bed.children[first_child..].iter().map(|c| c.id())).collect();
     while got < steps.len() {
@@ -122,14 +122,14 @@ pub(super) fn run_rate(
         };
         if let Some(step) = line.strip_prefix("LOOP ") {
             started = Some((step.to_string(), servers_cpu_ticks(servers.pids)));
-            loss_then = TcpLoss::of(&hosts_pids);
+            loss_then = NetLoss::of(&hosts_pids);
             host_then = HostCpu::now();
             continue;
         }
         let Some(j) = line.strip_prefix("RESULT ") else { continue };
         let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
         let server_cpu_s = server_cpu_over(started.take(), &row, servers.pids);
-        let loss = loss_then.take().and_then(|then| Some(TcpLoss::of(&hosts_pids)?.since(then)));
+        let loss = loss_then.take().and_then(|then| Some(NetLoss::of(&hosts_pids)?.since(then)));
         let host_cpu = HostLoad::over(host_then.take());
         log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
         out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s, loss, host_cpu));
