@@ -413,6 +413,23 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
     }
 }
 
+/// `tally bench allreduce --agg-in-flight 4` over three servers, failover
+/// on: sealed (9 MiB), staged (1 MiB + 12 bytes) and small all-reduces, four
+/// in flight at once, each into a result buffer of its own; the bench checks
+/// every element of every buffer (`tally_e2e::bench` asserts none wrong).
+#[test]
+fn overlapping_all_reduces_through_the_bench_are_right_sealed_or_staged() {
+    let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
+    let addrs = servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
+    let sizes = format!("4K,{},9M", (1 << 20) + 12);
+    let rows = tally_e2e::bench(&addrs, &["--ranks", "2", "--agg-in-flight", "4", "--sizes", &sizes, "--iters", "6", "--warmup", "1"]);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["method"], "back-to-back, 4 in flight", "{r}");
+        assert_eq!(r["iters"], 6, "{r}");
+    }
+}
+
 /// Seals make failover part of the job's spec (`JobSpec::seal_shift`, 0
 /// without failover): ranks that disagree on it are refused at the join,
 /// naming the field, instead of sending pieces the other ranks do not.

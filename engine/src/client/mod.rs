@@ -418,7 +418,12 @@ impl Client {
         self.wait(req)
     }
 
-    fn wait(&mut self, req: Request) -> Result<(), ClientError> {
+    /// Blocks until `req` completes, driving every queued all-reduce (a
+    /// caller keeping several in flight waits for the oldest), spinning
+    /// `spin_polls` idle polls and then sleeping on the endpoints. On a
+    /// failure it cancels every operation before it returns, so that no
+    /// receive still targets a caller's buffer.
+    pub fn wait(&mut self, req: Request) -> Result<(), ClientError> {
         let mut empty = 0u32;
         loop {
             let before = self.last_progress;

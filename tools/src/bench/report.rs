@@ -18,7 +18,7 @@ pub struct Row {
     pub op: String,
     /// Per-operation time: the back-to-back loop's mean, or with `--sync` the median.
     pub time_us: f64,
-    /// "back-to-back" or "sync".
+    /// "back-to-back", "back-to-back, K in flight" (agg, `--agg-in-flight`) or "sync".
     #[serde(default)]
     pub method: String,
     #[serde(default)]
@@ -86,6 +86,15 @@ pub fn format_row(r: &Row) -> String {
 }
 
 /// The method line every table carries (measuring.md).
+/// What `--agg-in-flight K` adds to the method line (nothing for 1).
+pub fn in_flight_note(k: usize) -> String {
+    if k > 1 {
+        format!("; agg: {k} all-reduces in flight, each into a result buffer of its own (--agg-in-flight), every buffer checked")
+    } else {
+        String::new()
+    }
+}
+
 pub fn method_line(loops: &crate::cli_args::LoopArgs, sync: bool) -> String {
     let warmup = loops.warmup;
     let iters = match loops.min_bytes {

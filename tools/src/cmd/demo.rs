@@ -136,6 +136,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         fabric_addr: None,
         json: args.json.clone(),
         sync: false,
+        agg_in_flight: 1,
         plot: PlotArg::default(),
         plugin: None,
         plugin_piece: "auto".into(),

@@ -89,7 +89,7 @@ pub fn print_header(p: &Plan, args: &AllreduceArgs) {
         args.window.text(p.chunk),
         args.poll.poll
     );
-    println!("# {}", method_line(&args.loops, args.sync));
+    println!("# {}{}", method_line(&args.loops, args.sync), report::in_flight_note(args.agg_in_flight));
     println!("{}", report::table_header());
 }
 
@@ -157,7 +157,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
             c.arg("--plugin").arg(pl);
         }
         c.args(["--plugin-piece", &args.plugin_piece, "--plugin-in-flight", &args.plugin_in_flight.to_string()]);
-        c.args(["--plugin-chunk", &args.plugin_chunk]);
+        c.args(["--plugin-chunk", &args.plugin_chunk, "--agg-in-flight", &args.agg_in_flight.to_string()]);
         if let Some(rc) = &args.cores.cores {
             c.args(["--cores", rc]);
         }

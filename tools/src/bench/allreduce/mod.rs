@@ -29,9 +29,11 @@
 //! servers' CPU time over the same interval.
 //!
 //! [`plan`]: the flags and what they resolve to; [`launch`]: the launcher;
-//! [`rank`]: a rank process; [`timing`] and [`verify`]: what a rank
+//! [`rank`]: a rank process; [`overlap`]: agg with several all-reduces in
+//! flight (`--agg-in-flight`); [`timing`] and [`verify`]: what a rank
 //! measures and checks.
 pub mod launch;
+pub mod overlap;
 pub mod plan;
 pub mod rank;
 pub mod timing;

@@ -43,6 +43,10 @@ pub struct AllreduceArgs {
     /// (the method before back-to-back loops; adds the barrier's release skew).
     #[arg(long)]
     pub sync: bool,
+    /// agg: all-reduces in flight at once (1 to 8), each into a result buffer of its own,
+    /// as a training step overlaps its buckets' all-reduces; 1: one after another.
+    #[arg(long, default_value_t = 1)]
+    pub agg_in_flight: usize,
     /// Use these servers (host:port, comma-separated) instead of starting one. With
     /// them, --poll auto is adaptive: their lcores may share this machine's cores.
     #[arg(long, value_delimiter = ',')]
@@ -137,6 +141,12 @@ pub(super) fn plan(args: &AllreduceArgs) -> Result<Plan, String> {
         if m != "agg" && m != "ring" && m != "agg-plugin" {
             return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
         }
+    }
+    if !(1..=super::overlap::MAX_IN_FLIGHT).contains(&args.agg_in_flight) {
+        return Err(format!("--agg-in-flight: between 1 and {}", super::overlap::MAX_IN_FLIGHT));
+    }
+    if args.agg_in_flight > 1 && args.sync {
+        return Err("--agg-in-flight: overlapping all-reduces are timed back to back, not with --sync".into());
     }
     if args.ranks == 0 || args.ranks > wire::MAX_RANKS {
         return Err(format!("--ranks: between 1 and {}", wire::MAX_RANKS));

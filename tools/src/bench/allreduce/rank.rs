@@ -1,6 +1,7 @@
 //! A rank process: its rank, or `--ranks-per-process` rank threads, each
 //! joining the job, then timing and checking every mode and size, rank 0
 //! printing a `RESULT` row for each (see [`crate::bench::report`]).
+use super::overlap;
 use super::plan::{check_busy, plan, ranks_per_process, resolve_poll, AllreduceArgs};
 use super::timing::{last_rank_times, mono_ns, OpTimes, GATHER_STAMPS};
 use super::verify::{check, fill};
@@ -157,6 +158,9 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     let mut send = vec![0u8; max_count * dsize];
     fill(p.dtype, p.op, rank, &mut send);
     let mut recv = vec![0u8; max_count * dsize];
+    // --agg-in-flight K: K result buffers for agg's overlapping all-reduces.
+    let agg_k = if args.mode.mode.iter().any(|m| m == "agg") { args.agg_in_flight } else { 1 };
+    let mut recvs: Vec<Vec<u8>> = if agg_k > 1 { (0..agg_k).map(|_| vec![0u8; max_count * dsize]).collect() } else { Vec::new() };
     let busy = args.poll.poll.is_busy();
     let loop_lines = rank == 0 && loop_lines_wanted();
     for mode in &args.mode.mode {
@@ -217,6 +221,8 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 Some(c) => warmup_ops(args.loops.warmup, c.streams(), bytes, min_piece),
                 None => args.loops.warmup,
             };
+            // agg with --agg-in-flight above 1: its timed loop overlaps.
+            let overlapping = agg.is_some() && !recvs.is_empty();
             let mut one = |recv: &mut [u8]| -> Result<(), String> {
                 match (&mut agg, &mut ring, &mut plugin) {
                     (Some(c), _, _) => c.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
@@ -254,12 +260,20 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 let t0 = Instant::now();
                 let mut prev = t0;
                 stamps.extend_from_slice(&mono_ns().to_le_bytes());
-                for _ in 0..iters {
-                    one(&mut recv[..bytes])?;
+                let mut completed = || {
                     let now = Instant::now();
                     stamps.extend_from_slice(&mono_ns().to_le_bytes());
                     times.push((now - prev).as_secs_f64());
                     prev = now;
+                };
+                if overlapping {
+                    let c = agg.as_mut().expect("agg's client");
+                    overlap::pipelined(c, &send[..bytes], &mut recvs, iters, p.dtype, p.op, &mut completed)?;
+                } else {
+                    for _ in 0..iters {
+                        one(&mut recv[..bytes])?;
+                        completed();
+                    }
                 }
                 mean = (prev - t0).as_secs_f64() / iters as f64;
             }
@@ -275,7 +289,12 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 false => rank0,
             };
             let t = if args.sync { stats.p50 } else { mean };
-            let wrong = check(p.dtype, p.op, n, &recv[..bytes]);
+            // Every result buffer the loop wrote (overlapping agg), else the one.
+            let wrong = if overlapping {
+                recvs.iter().take(iters).map(|r| check(p.dtype, p.op, n, &r[..bytes])).sum()
+            } else {
+                check(p.dtype, p.op, n, &recv[..bytes])
+            };
             let total_wrong = boot.reduce_sum_u64(wrong).map_err(|e| e.to_string())?;
             if rank == 0 {
                 let algbw = bytes as f64 / t / 1e9;
@@ -286,7 +305,11 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                     dtype: p.dtype.name().into(),
                     op: p.op.name().into(),
                     time_us: t * 1e6,
-                    method: if args.sync { "sync" } else { "back-to-back" }.into(),
+                    method: match (args.sync, overlapping) {
+                        (true, _) => "sync".into(),
+                        (false, true) => format!("back-to-back, {agg_k} in flight"),
+                        (false, false) => "back-to-back".into(),
+                    },
                     iters,
                     mean_us: mean * 1e6,
                     p50_us: stats.p50 * 1e6,

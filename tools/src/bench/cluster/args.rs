@@ -38,6 +38,10 @@ pub struct ClusterArgs {
     pub chunk: String,
     #[command(flatten)]
     pub window: WindowArg,
+    /// agg: all-reduces in flight at once (1 to 8), each into a result buffer of its own,
+    /// as a training step overlaps its buckets' all-reduces; 1: one after another.
+    #[arg(long, default_value_t = 1)]
+    pub agg_in_flight: usize,
     /// Sends in flight per server per worker (pacing for TCP-like links; 0: window-bound).
     /// Default: 1 for agg; agg-plugin keeps the plugin's own (TALLY_SEND_CREDITS), as under NCCL.
     #[arg(long)]
@@ -100,6 +104,7 @@ impl ClusterArgs {
             dtype: DtypeArg::default(),
             chunk: "auto".into(),
             window: WindowArg::default(),
+            agg_in_flight: 1,
             send_credits: None,
             server_lcores: None,
             poll: PollArg::default(),

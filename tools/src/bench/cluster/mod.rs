@@ -105,6 +105,9 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     if args.hosts < 2 || args.hosts > 64 {
         return Err("--hosts: between 2 and 64".into());
     }
+    if !(1..=crate::bench::allreduce::overlap::MAX_IN_FLIGHT).contains(&args.agg_in_flight) {
+        return Err(format!("--agg-in-flight: between 1 and {}", crate::bench::allreduce::overlap::MAX_IN_FLIGHT));
+    }
     if let Some(m) = args.mode.mode.iter().find(|m| !matches!(m.as_str(), "agg" | "agg-plugin" | "ring")) {
         return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
     }

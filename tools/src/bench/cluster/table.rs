@@ -149,7 +149,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
     );
     println!("# placement: {placement}");
     println!(
-        "# chunk {}, window {}, send credits {}, rails per worker {}; {}",
+        "# chunk {}, window {}, send credits {}, rails per worker {}; {}{}",
         if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
         args.window.text(if args.chunk == "auto" {
             auto_chunk(rate)
@@ -161,7 +161,8 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
             let (n, why) = worker_rails(args.hosts, worker_cores);
             format!("{n} ({why})")
         },
-        method_line(&loops_at(args, rate), false)
+        method_line(&loops_at(args, rate), false),
+        crate::bench::report::in_flight_note(args.agg_in_flight)
     );
     println!(
         "# bounds: agg <= R (servers together have the workers' bandwidth), ring <= R x n/(2(n-1)); ideal agg/ring = 2(n-1)/n = {:.2}",

@@ -70,6 +70,7 @@ pub(super) fn run_rate(
             &args.window.window.to_string(),
         ]);
         c.args(["--send-credits", &args.agg_send_credits().to_string(), "--timeout", &args.timeout.min(120).to_string()]);
+        c.args(["--agg-in-flight", &args.agg_in_flight.to_string()]);
         if let Some(wc) = worker_cores {
             c.args(["--cores", wc]);
         }
