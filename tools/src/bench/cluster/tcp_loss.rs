@@ -106,7 +106,8 @@ fn counter(table: &str, prefix: &str, name: &str) -> Option<u64> {
 #[derive(Serialize, Debug, Clone, Copy)]
 pub struct LinkLoss {
     pub link_gbit: f64,
-    /// Over the hosts' namespaces: segments retransmitted and retransmission timeouts.
+    /// Over every namespace (the hosts'; the switch's counts no TCP): segments
+    /// retransmitted and retransmission timeouts.
     pub tcp_retrans: Option<u64>,
     pub tcp_timeouts: Option<u64>,
     /// Packets every tbf (both ends of every link) dropped.
