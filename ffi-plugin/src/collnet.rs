@@ -186,8 +186,11 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
     let mut client = Client::connect(cfg).map_err(client_error)?;
     client.join(DataType::Float32, ReduceOp::Sum).map_err(client_error)?;
     let c = client.config();
-    let credits =
-        if c.send_credits == 0 { "no limit on sends".to_string() } else { format!("{} sends in flight per server", c.send_credits) };
+    let credits = if c.send_credits == 0 {
+        "sends as the window allows".to_string()
+    } else {
+        format!("{} sends in flight per server", c.send_credits)
+    };
     log::info_init(&format!(
         "CollNet rank {rank}/{nranks}: joined job {job_id:#x} on {} over {} ({} streams; pieces of at most {} bytes, window {}, {credits})",
         listen.servers.join(","),
@@ -215,38 +218,32 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
 /// 8 steps in flight where a step gives each stream a piece or two.
 pub const TCP_WINDOW: u32 = 16;
 
-/// Sends in flight per server over tcp unless TALLY_SEND_CREDITS says
-/// otherwise.
-pub const TCP_SEND_CREDITS: u32 = 4;
-
 /// The client's settings over tcp;ofi_rxm where the user set none.
 ///
 /// - 32 KiB pieces (TALLY_CHUNK): a piece above the eager limit (32 KiB,
 ///   fabric::defaults) costs a rendezvous round trip. On shaped links (2-8
 ///   Gbit/s) real NCCL over 4 emulated nodes reached 0.55-0.73 of the link
 ///   with 256 KiB pieces, 0.98-0.99 with these.
-/// - [`TCP_SEND_CREDITS`]: NCCL's steps (512 KiB at 16 MiB, 1 MiB from 64
-///   MiB, over 4 channels) reach each stream as a piece or two of 32 KiB,
-///   and a credit comes back only once the rail's send completion has
-///   passed through NCCL's proxy thread (its `test`), so one credit per
-///   server held each server to a piece per round trip of that hop: at 32
-///   Gbit/s CollNet reached 0.65-0.78 of the link with one. Four keep some
-///   pacing: across runs they were steadier than none (0.95-0.99 where
-///   none gave 0.87-0.99, `tally bench cluster --mode agg-plugin`).
+/// - No send credits (TALLY_SEND_CREDITS unset is 0, as for the client
+///   library): NCCL's steps (512 KiB at 16 MiB, 1 MiB from 64 MiB, over 4
+///   channels) reach each stream as a piece or two of 32 KiB and pace
+///   themselves, up to 8 in flight; a credit comes back only once the
+///   rail's send completion has passed through NCCL's proxy thread (its
+///   `test`). One credit per server held CollNet at 32 Gbit/s to 0.65-0.78
+///   of the link; four still cost CollNet on 4 GPUs: none won 9 of 10
+///   pairs alternated on two hosts, 0.81-0.93 of the link against
+///   0.59-0.85 at 16 MiB, 0.83-0.94 against 0.71-0.89 at 64 MiB.
 /// - [`TCP_WINDOW`]: with the auto window (4 pieces of 32 KiB) two servers
 ///   held two of NCCL's 8 steps in flight.
 ///
-/// Real NCCL on 2 GPUs at 32 Gbit/s (`linerate.sh nccl-knobs`, one host,
-/// alternated; docs/measurements.md): one credit and window 4 gave 0.65-0.78
-/// of the link at 16 and 64 MiB; no credits 0.78 and 0.95 (window 4) and
-/// 0.90-0.99 (window 16); 4 credits and window 16, 0.95 and 0.98. At 4-16
-/// Gbit/s every setting gave 0.96-1.00.
+/// Real NCCL at 32 Gbit/s (`linerate.sh nccl-knobs`, alternated in one call
+/// each; docs/measurements.md): on 2 GPUs one credit and window 4 gave
+/// 0.65-0.78 of the link at 16 and 64 MiB, no credits and window 16
+/// 0.90-0.99; on 4 GPUs the figures above. At 4-16 Gbit/s every setting
+/// gave 0.96-1.00.
 fn tcp_defaults(cfg: &mut ClientConfig) {
     if std::env::var_os("TALLY_CHUNK").is_none() {
         cfg.chunk_bytes = 32 << 10;
-    }
-    if std::env::var_os("TALLY_SEND_CREDITS").is_none() {
-        cfg.send_credits = TCP_SEND_CREDITS;
     }
     if std::env::var_os("TALLY_WINDOW").is_none() {
         cfg.window = TCP_WINDOW;
@@ -339,7 +336,10 @@ impl CollComm {
     /// for the other ranks at once rather than by timeout).
     pub fn close(self: Box<Self>) -> Result<()> {
         let CollComm { state, rank, .. } = *self;
-        let st = state.into_inner()?;
+        let mut st = state.into_inner()?;
+        if let Some(r) = st.client.take_piece_times() {
+            log::info(&format!("CollNet rank {rank}: {r}"));
+        }
         let in_flight = st.slots.iter().flatten().count();
         if in_flight > 0 {
             log::info(&format!("CollNet rank {rank}: closed with {in_flight} all-reduce(s) in flight"));

@@ -14,7 +14,7 @@
 #   cpu                    CPU seconds per GB, adaptive polling (LR_CPU_RATES)
 #   libs                   the cluster part once per libfabric build (LR_LIBS, LR_LIB_CONFIGS)
 #   p2p:tcp-ceiling        tcp p2p ceiling beside plain TCP sockets
-#   perf:cluster-perf      perf of the whole host during a 32 Gbit/s run (LR_PERF_AFTER)
+#   perf:cluster-perf      perf of the whole host during a 32 Gbit/s run (LR_PERF_MODE, LR_PERF_CONFIGS)
 #   nccl, nccl-sync:nccl   real NCCL (tests/nccl/cluster_proof.sh; LR_NCCL_*)
 #   nccl-knobs             NCCL settings one at a time (LR_NCCL_KNOBS, ...)
 #   nccl-perf              perf of the host during real NCCL CollNet at 32 Gbit/s

@@ -413,6 +413,57 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
     }
 }
 
+/// `TALLY_PIECE_TIMES` (`ClientConfig::piece_times`): a rank with rails
+/// times one piece in 16 from its send to its result and the rails' copies
+/// of staged results (every result of a 64 KiB all-reduce is staged with
+/// failover on); with failover off nothing is copied, and off the report
+/// is None. Every element is checked.
+#[test]
+fn piece_times_count_round_trips_and_the_rails_copies_of_staged_results() {
+    let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    for (job, failover, timed) in [(0xf9u64, true, true), (0xfa, false, true), (0xfb, true, false)] {
+        let hs: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let mut cfg = multi("tcp", &addrs, job, rank, 2);
+                cfg.rails = 3;
+                cfg.failover = failover;
+                cfg.piece_times = timed;
+                std::thread::spawn(move || -> Result<_, String> {
+                    let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                    let input: Vec<f32> = (0..16384).map(|i| (i % 100) as f32 + rank as f32).collect();
+                    let mut out = vec![0f32; input.len()];
+                    for _ in 0..40 {
+                        out.fill(0.0);
+                        c.allreduce(bytemuck::cast_slice(&input), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                            .map_err(|e| e.to_string())?;
+                        if let Some(i) = (0..out.len()).find(|&i| out[i] != 2.0 * (i % 100) as f32 + 1.0) {
+                            return Err(format!("element {i} is {}", out[i]));
+                        }
+                    }
+                    Ok((c.piece_times(), c.failover_stats()))
+                })
+            })
+            .collect();
+        for h in hs {
+            let (report, stats) = h.join().unwrap().unwrap();
+            let Some(r) = report else {
+                assert!(!timed, "timed, yet no report");
+                continue;
+            };
+            assert!(timed, "a report though not timed: {r}");
+            assert!(r.sampled > 0 && r.p50 > Duration::ZERO && r.mean > Duration::ZERO && r.p99 >= r.p50, "{r}");
+            if failover {
+                assert!(stats.staged > 0, "64 KiB stages its results: {stats:?}");
+                assert_eq!(r.copies, stats.staged, "the rails copied every staged result out: {r}");
+                assert!(r.copy_mean > Duration::ZERO, "{r}");
+            } else {
+                assert_eq!((r.copies, stats.staged), (0, 0), "failover off copies nothing: {r}");
+            }
+        }
+    }
+}
+
 /// `tally bench allreduce --agg-in-flight 4` over three servers, failover
 /// on: sealed (9 MiB), staged (1 MiB + 12 bytes) and small all-reduces, four
 /// in flight at once, each into a result buffer of its own; the bench checks

@@ -22,7 +22,9 @@
 #[path = "../../ffi-plugin/src/abi.rs"]
 pub mod abi;
 
-use abi::{CollNetV11, NcclLogger, NetCommConfig, NetV11, NCCL_NET_HANDLE_MAXSIZE, NCCL_PTR_HOST, NCCL_SUCCESS};
+use abi::{
+    CollNetV11, NcclLogger, NetCommConfig, NetV11, NCCL_LOG_INFO, NCCL_LOG_WARN, NCCL_NET_HANDLE_MAXSIZE, NCCL_PTR_HOST, NCCL_SUCCESS,
+};
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -40,9 +42,10 @@ unsafe extern "C" fn nccl_log(level: c_int, _flags: c_ulong, _file: *const c_cha
     }
     // SAFETY: the plugin passes a NUL-terminated message.
     let m = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
+    // NCCL's levels (NONE 0, VERSION 1, WARN 2, INFO 3, ...).
     match level {
-        1 => log::warn!("{m}"),
-        2 => log::info!("{m}"),
+        NCCL_LOG_WARN => log::warn!("{m}"),
+        NCCL_LOG_INFO => log::info!("{m}"),
         _ => log::debug!("{m}"),
     }
 }

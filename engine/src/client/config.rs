@@ -103,6 +103,10 @@ pub struct ClientConfig {
     /// returned for this long is reported (see [`watchdog`]). Default from
     /// TALLY_PROVIDER_WATCHDOG_S, else 10 s; zero: not watched.
     pub provider_watchdog: Duration,
+    /// Time one piece in 16 from its send to its result, and the copies of
+    /// staged results (see [`super::piece_times`]); logged when the client
+    /// closes. Default from TALLY_PIECE_TIMES (`1`), else off.
+    pub piece_times: bool,
 }
 
 impl ClientConfig {
@@ -143,6 +147,7 @@ impl ClientConfig {
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
             ),
             provider_watchdog: watchdog::limit_from_env(),
+            piece_times: std::env::var("TALLY_PIECE_TIMES").is_ok_and(|v| v.trim() == "1"),
         }
     }
 }

@@ -49,6 +49,7 @@ pub mod failover;
 mod join;
 mod join_wait;
 pub mod liveness;
+pub mod piece_times;
 mod progress;
 pub mod rails;
 mod state;
@@ -120,6 +121,10 @@ pub struct Client {
     batch: [Completion; 32],
     /// What failover did so far.
     stats: failover::FailoverStats,
+    /// Sampled pieces' round trips (`ClientConfig::piece_times`), and the
+    /// caller thread's copies of staged results (count, ns) where no rail copies.
+    piece_times: piece_times::PieceTimes,
+    caller_copies: (u64, u64),
     /// Reports a provider call that does not return (None: off).
     watchdog: Option<watchdog::Watchdog>,
     /// Reduces a relay job's pieces (the best kernels this CPU has).
@@ -173,7 +178,7 @@ impl Client {
             for _ in 1..want {
                 eps.push(open()?);
             }
-            Rails::threaded(eps, cfg.spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize)
+            Rails::threaded(eps, cfg.spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize, cfg.piece_times)
         }
         .map_err(|e| ClientError::Fabric(e.to_string()))?
         .serve(cfg.servers.len());
@@ -208,6 +213,8 @@ impl Client {
             last_progress: Instant::now(),
             failed: false,
             stats: failover::FailoverStats::default(),
+            piece_times: piece_times::PieceTimes::default(),
+            caller_copies: (0, 0),
             kernels: Kernels::best(),
             idle_polls: 0,
             busy_polls: 0,
@@ -223,6 +230,23 @@ impl Client {
     /// The settings this client runs with (its window resolved from auto).
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
+    }
+
+    /// The sampled pieces' round trips and the copies of staged results so
+    /// far, where `ClientConfig::piece_times` is on (else None).
+    pub fn piece_times(&self) -> Option<piece_times::PieceReport> {
+        let rails = self.rails.copy_times();
+        let copies = (rails.0 + self.caller_copies.0, rails.1 + self.caller_copies.1);
+        self.cfg.piece_times.then(|| self.piece_times.report(copies))
+    }
+
+    /// [`Client::piece_times`], for a caller that logs it itself (the NCCL
+    /// plugin, with its rank, through NCCL's logger): the client then does
+    /// not log it when it closes.
+    pub fn take_piece_times(&mut self) -> Option<piece_times::PieceReport> {
+        let r = self.piece_times();
+        self.cfg.piece_times = false;
+        r
     }
 
     /// Streams (server, lcore pairs) of the first joined sub-job.
@@ -477,6 +501,9 @@ impl Drop for Client {
         // the other ranks hear of it at once. Canceling first means no
         // receive still targets a caller's buffer.
         let clean = self.ops.is_empty() && !self.failed;
+        if let Some(r) = self.piece_times() {
+            log::info!("rank {}: {r}", self.cfg.rank);
+        }
         self.rails.cancel_all();
         if clean {
             let bye = wire::Header::new(Kind::Bye);

@@ -10,6 +10,7 @@
 //! are in flight, issued in chunk order across streams, so early chunks
 //! finish uploading early and their results flow back while later chunks
 //! go up. Receives are posted as before (they cost no bandwidth).
+use super::piece_times::PieceTimes;
 use super::*;
 
 impl Client {
@@ -166,6 +167,12 @@ impl Client {
             return self.post_redo(sub, local - self.redo_base());
         }
         let (fi, is_send) = ((local >> 1) as usize, local & 1 == 1);
+        if is_send && self.cfg.piece_times {
+            let f = &mut self.subs[sub].flights[fi];
+            if PieceTimes::sampled(f.seq) && !f.seal {
+                f.sent_at = self.piece_times.now_ns();
+            }
+        }
         let window = self.cfg.window as usize;
         let s = &self.subs[sub];
         let (st, slot) = (fi / window, fi % window);
@@ -284,6 +291,9 @@ impl Client {
             if c.is_recv {
                 f.recv_done = true;
                 f.got = c.len as u32;
+                if f.sent_at != 0 {
+                    self.piece_times.record(f.sent_at);
+                }
             } else {
                 f.send_done = true;
             }
@@ -334,7 +344,11 @@ impl Client {
             } else if s.stage.is_some() {
                 // One search for the operation serves both.
                 let how = failover::Landed::of(direct, self.ops[pos].rail_copies(&self.rails));
+                let began = (self.cfg.piece_times && how == failover::Landed::Staged).then(Instant::now);
                 failover::land(s, &self.ops[pos], st, seq, chunk, how);
+                if let Some(t) = began {
+                    self.caller_copies = (self.caller_copies.0 + 1, self.caller_copies.1 + t.elapsed().as_nanos() as u64);
+                }
                 match how {
                     failover::Landed::Direct => self.stats.direct += 1,
                     _ => self.stats.staged += 1,

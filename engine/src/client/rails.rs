@@ -51,7 +51,7 @@ use crate::dataplane::fabric::{
     Completion, CompletionError, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PollError, PostError,
 };
 use crossbeam_queue::ArrayQueue;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -228,6 +228,10 @@ struct Shared {
     /// Set by [`Rails::abandon`]: the rail is stuck in a provider call; if
     /// that call returns, the rail makes no other and ends.
     abandoned: AtomicBool,
+    /// Staged results this rail copied out, and the ns those copies took
+    /// (timed only with `TALLY_PIECE_TIMES`; written by the rail alone).
+    copies: AtomicU64,
+    copy_ns: AtomicU64,
 }
 
 struct Rail {
@@ -275,7 +279,16 @@ impl Rails {
 
     /// One thread per endpoint, each pinned to the matching core of `cores`
     /// where given. Needs providers that want no local registrations.
-    pub fn threaded(eps: Vec<Endpoint>, spin_polls: u32, sleep_ms: u32, cores: &[usize], contexts: usize) -> Result<Rails, FabricError> {
+    /// `time_copies`: each rail times its copies of staged results
+    /// ([`Rails::copy_times`]).
+    pub fn threaded(
+        eps: Vec<Endpoint>,
+        spin_polls: u32,
+        sleep_ms: u32,
+        cores: &[usize],
+        contexts: usize,
+        time_copies: bool,
+    ) -> Result<Rails, FabricError> {
         let os_error = |call: &'static str| move |e: std::io::Error| FabricError { call, code: e.raw_os_error().unwrap_or(libc::EIO) };
         let owner = Arc::new(Bell::new().map_err(os_error("eventfd"))?);
         // Built up rail by rail: on an error, dropping it stops and joins
@@ -301,6 +314,8 @@ impl Rails {
                 owner: owner.clone(),
                 stop: AtomicBool::new(false),
                 abandoned: AtomicBool::new(false),
+                copies: AtomicU64::new(0),
+                copy_ns: AtomicU64::new(0),
             });
             let sh = shared.clone();
             let core = cores.get(i).copied();
@@ -312,7 +327,7 @@ impl Rails {
                             log::warn!("rail {i}: cannot pin to core {c}: {e}");
                         }
                     }
-                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts).run()
+                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts, time_copies).run()
                 })
                 .map_err(os_error("spawning a rail thread"))?;
             if let Mode::Threaded { rails, .. } = &mut made.mode {
@@ -320,6 +335,17 @@ impl Rails {
             }
         }
         Ok(made)
+    }
+
+    /// Staged results the rail threads copied out, and the ns those copies
+    /// took, over every rail (zero unless they were asked to time them).
+    pub fn copy_times(&self) -> (u64, u64) {
+        match &self.mode {
+            Mode::Direct(_) => (0, 0),
+            Mode::Threaded { rails, .. } => rails
+                .iter()
+                .fold((0, 0), |(n, ns), r| (n + r.shared.copies.load(Ordering::Relaxed), ns + r.shared.copy_ns.load(Ordering::Relaxed))),
+        }
     }
 
     /// Per endpoint, which provider call its driver is inside.

@@ -80,6 +80,8 @@ pub(super) struct Flight {
     /// (`seal_posted`: it was).
     pub(super) seal: bool,
     pub(super) seal_posted: bool,
+    /// A sampled piece's send post, in `PieceTimes` ns (0: not timed).
+    pub(super) sent_at: u64,
 }
 
 /// Where a sub-job stands with one of its servers.

@@ -90,7 +90,7 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_SEND_CREDITS",
         "0",
-        "the plugin over tcp: 4",
+        "",
         &[Client, Plugin],
         "sends in flight per server (0: as the window allows); pacing for TCP-like links",
     ),
@@ -221,6 +221,13 @@ pub static ENV: &[EnvVar] = &[
         "off",
         &[Client, Tests],
         "fault injection, `RAIL@SECONDS`: that client rail thread blocks for good, as inside a provider call",
+    ),
+    dev(
+        "TALLY_PIECE_TIMES",
+        "",
+        "off",
+        &[Client, Plugin],
+        "1: time one piece in 16 from its send to its result, and the copies of staged results; the client logs the figures when it closes",
     ),
     dev(
         "TALLY_BENCH_LOOP_LINES",

@@ -1,12 +1,25 @@
 # shellcheck shell=bash
 # cluster-perf (linerate.sh's perf part): perf (devlib/perf.tar.xz) of the
-# whole host during one 32 Gbit/s agg run with the default rails, started
-# LR_PERF_AFTER (5) seconds in: top symbols per thread kind. Writes
-# perf-run.json, perf.data, cluster.err.
-say ""
-say "## perf of the host during a 32 Gbit/s agg run (default rails), self time by thread kind"
+# whole host during one 32 Gbit/s run with the default rails, started
+# LR_PERF_AFTER (5) seconds in: top symbols per thread kind. LR_PERF_MODE
+# (agg; agg-plugin drives the NCCL plugin as NCCL does), LR_PERF_SIZE (64M),
+# LR_PERF_ITERS (400), once per LR_PERF_CONFIGS (space separated,
+# name@VAR=v,VAR=v; default "default", no variables), so that two settings
+# (e.g. "on off@TALLY_FAILOVER=0") are profiled in one call. Writes
+# perf-NAME-run.json, perf-NAME.data, cluster.err.
 perf_unpack || { say "no $DEVLIB/perf.tar.xz"; return 0; }
-perf_during "${LR_PERF_AFTER:-5}" 4 "$OUT/perf.data" -a -g -F 499 -- "$TALLY" bench cluster --hosts 4 --rates 32 --sizes 64M \
-    --iters 400 --timeout 120 --mode agg --json >"$OUT/perf-run.json" 2>>"$OUT/cluster.err"
-summarise configs "$OUT/perf-run.json" "perf run"
-$PERF report -i "$OUT/perf.data" --stdio --no-children -g none --sort comm,symbol --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | head -45 | tee -a "$S"
+for cfg in ${LR_PERF_CONFIGS:-default}; do
+    name="${cfg%%@*}" vars=()
+    [[ "$cfg" == *@* ]] && IFS=',' read -ra vars <<<"${cfg#*@}"
+    say ""
+    say "## perf of the host during a 32 Gbit/s ${LR_PERF_MODE:-agg} run at ${LR_PERF_SIZE:-64M} (default rails; $cfg), self time by thread kind"
+    perf_during "${LR_PERF_AFTER:-5}" 4 "$OUT/perf-$name.data" -a -g -F 499 -- env "${vars[@]}" "$TALLY" bench cluster --hosts 4 --rates 32 \
+        --sizes "${LR_PERF_SIZE:-64M}" --iters "${LR_PERF_ITERS:-400}" --timeout 120 --mode "${LR_PERF_MODE:-agg}" --json \
+        >"$OUT/perf-$name-run.json" 2>>"$OUT/cluster.err"
+    summarise configs "$OUT/perf-$name-run.json" "perf $name"
+    $PERF report -i "$OUT/perf-$name.data" --stdio --no-children -g none --sort comm,symbol --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | head -45 | tee -a "$S"
+    say "# the workers' threads alone (rails and the caller's), self time"
+    $PERF report -i "$OUT/perf-$name.data" --stdio --no-children -g none --sort comm,dso,symbol --percent-limit 0.5 \
+        --comms tally,tally-rail0,tally-rail1,tally-rail2,tally-rail3,tally-rail4,tally-rail5,tally-rail6,tally-rail7 2>/dev/null \
+        | grep -v '^#' | grep -v '^$' | head -30 | tee -a "$S"
+done

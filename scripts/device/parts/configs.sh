@@ -12,7 +12,8 @@
 # host's load and pressure (lib.sh host_state). A config's TALLY=path runs
 # another build (e.g. the last commit's, beside this one). LR_THREADS=1
 # samples every tally thread's CPU during each run (threads.py) into
-# threads-ROUND-NAME.txt and says the busiest five.
+# threads-ROUND-NAME.txt and says the busiest five. A config with
+# TALLY_PIECE_TIMES=1 puts ranks 0 and 1's piece round trips in the summary.
 say ""
 say "## emulated cluster ${LR_HOSTS:-4} + ${LR_HOSTS:-4} hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
 rounds="${LR_ROUNDS:-2}"
@@ -49,5 +50,7 @@ for round in $(seq 1 "$rounds"); do
         fi
         [ "$round" = 1 ] && [ "$cfg" = "${configs%% *}" ] && say "# placement: $(python3 "$DEVICE_DIR/summarise.py" placement "$j")"
         summarise configs "$j" "$cfg r$round"
+        # TALLY_PIECE_TIMES=1 in a config: each client's piece round trips (ranks 0 and 1).
+        grep -ohE "rank [01]: piece round trips.*" "$OUT/cluster-$round-$name.log" 2>/dev/null | head -4 | sed "s/^/# $name r$round /" | tee -a "$S"
     done
 done

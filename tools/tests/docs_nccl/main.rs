@@ -300,12 +300,13 @@ fn quoted_figures_hold() {
     assert!(md.contains("`TALLY_TIMEOUT_S` on the workers (default 30)"));
     let plugin = read("ffi-plugin/src/collnet.rs");
     assert!(plugin.contains("ClientConfig::new("));
-    // Over tcp the plugin picks 32 KiB pieces, four sends in flight per
-    // server and a window of 16 (and sets the window nowhere else).
+    // Over tcp the plugin picks 32 KiB pieces and a window of 16 (and sets
+    // the window nowhere else), and leaves its sends unpaced.
     assert_eq!(plugin.matches("cfg.window =").count(), 1, "the window is set in tcp_defaults only");
-    assert!(plugin.contains("cfg.chunk_bytes = 32 << 10;") && plugin.contains("cfg.send_credits = TCP_SEND_CREDITS;"));
-    assert!(plugin.contains("pub const TCP_SEND_CREDITS: u32 = 4;") && plugin.contains("pub const TCP_WINDOW: u32 = 16;"));
-    assert!(md.contains("over `tcp`: 32 KiB pieces, four sends in flight per server and a window of 16"), "the tcp defaults on the page");
+    assert!(plugin.contains("cfg.chunk_bytes = 32 << 10;") && !plugin.contains("cfg.send_credits ="));
+    assert_eq!(c.send_credits, 0, "unset, no pacing: the page says the plugin keeps it");
+    assert!(plugin.contains("pub const TCP_WINDOW: u32 = 16;"));
+    assert!(md.contains("over `tcp`: 32 KiB pieces and a window of 16, and no send credits"), "the tcp defaults on the page");
     assert!(md.contains("(over `tcp`: 32 KiB pieces and a window of 16, 512 KiB per rank)"), "the tcp memory figure");
     assert!(plugin.contains("TALLY_TIMEOUT_S"));
 

@@ -28,17 +28,32 @@ pub(super) struct RailLoop {
     copies: Box<[(*mut u8, *mut u8)]>,
     /// Copy with streaming stores (`stream_copy`).
     stream_copy: bool,
+    /// Time each copy out (`TALLY_PIECE_TIMES`), into `Shared::copies`/`copy_ns`.
+    time_copies: bool,
+    copied: u64,
+    copied_ns: u64,
     /// Fault injection: when this rail's thread blocks for good as inside a
     /// provider call (`TALLY_FAULT_RAIL_STALL=RAIL@SECONDS`). None in real use.
     stall_at: Option<Instant>,
 }
 
 impl RailLoop {
-    pub(super) fn new(rail: usize, ep: Endpoint, sh: Arc<Shared>, spin_polls: u32, sleep_ms: u32, contexts: usize) -> RailLoop {
+    pub(super) fn new(
+        rail: usize,
+        ep: Endpoint,
+        sh: Arc<Shared>,
+        spin_polls: u32,
+        sleep_ms: u32,
+        contexts: usize,
+        time_copies: bool,
+    ) -> RailLoop {
         RailLoop {
             stall_at: crate::host::fault::stall_at("TALLY_FAULT_RAIL_STALL", rail),
             copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
             stream_copy: super::stream_copy::wanted(),
+            time_copies,
+            copied: 0,
+            copied_ns: 0,
             ep,
             sh,
             spin_polls,
@@ -227,12 +242,20 @@ impl RailLoop {
         let Some(c) = self.copies.get_mut(ctx as usize) else { return };
         let (from, to) = std::mem::replace(c, (std::ptr::null_mut(), std::ptr::null_mut()));
         if !from.is_null() {
+            let began = self.time_copies.then(Instant::now);
             // SAFETY: the receive into `from` completed with `len` bytes (at
             // most what was posted); `to` holds as many and is written by no
             // one else until this completion is handed back (Rails::recv's
             // contract); the two are distinct buffers (a staging slot and
             // the caller's).
             unsafe { super::stream_copy::copy(from, to, len, self.stream_copy) };
+            if let Some(t) = began {
+                // Plain stores of this thread's own totals: the client only reads them.
+                self.copied += 1;
+                self.copied_ns += t.elapsed().as_nanos() as u64;
+                self.sh.copies.store(self.copied, Ordering::Relaxed);
+                self.sh.copy_ns.store(self.copied_ns, Ordering::Relaxed);
+            }
         }
     }
 

@@ -1,0 +1,193 @@
+//! Pieces' round trips, sampled: a development setting
+//! (`TALLY_PIECE_TIMES=1`, [`ClientConfig::piece_times`]; off by default)
+//! that says where a rank's time goes between it and its servers.
+//!
+//! One piece in [`SAMPLE_EVERY`] (by its stream's sequence number) is timed
+//! from the post of its send to the moment this rank's caller thread sees
+//! its result: the servers' side, the links and every hop through this
+//! rank's rail threads. Where the rails copy staged results out (failover,
+//! `Cmd::RecvCopy`), each rail also times its copies, and where the
+//! caller's thread copies (one endpoint), it does. Comparing the two with
+//! and without a setting (failover, say) tells a piece that got slower from
+//! pieces that were sent later. The client logs the figures when it closes
+//! ([`PieceReport`]); tests and tools read them with
+//! `Client::piece_times`.
+//!
+//! Off, the per-piece path pays one untaken branch. On, a sampled piece
+//! costs two reads of the monotonic clock (the vDSO: no system call) and a
+//! histogram slot; nothing allocates.
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// One piece in this many is timed.
+pub const SAMPLE_EVERY: u32 = 16;
+
+/// Buckets: 1 µs wide below 16 µs, then 8 per power of two (12.5% wide)
+/// up to 2^24 µs (16.8 s); slower pieces land in the last.
+const LINEAR: usize = 16;
+const PER_OCTAVE: usize = 8;
+const OCTAVES: usize = 20;
+const BUCKETS: usize = LINEAR + OCTAVES * PER_OCTAVE;
+
+/// The sampled round trips of one client.
+#[derive(Clone)]
+pub struct PieceTimes {
+    epoch: Instant,
+    hist: [u64; BUCKETS],
+    count: u64,
+    total_ns: u64,
+}
+
+impl Default for PieceTimes {
+    fn default() -> Self {
+        PieceTimes { epoch: Instant::now(), hist: [0; BUCKETS], count: 0, total_ns: 0 }
+    }
+}
+
+impl PieceTimes {
+    /// Whether the piece of stream sequence `seq` is one of the sampled.
+    #[inline(always)]
+    pub fn sampled(seq: u32) -> bool {
+        seq.is_multiple_of(SAMPLE_EVERY)
+    }
+
+    /// Now, in ns since this client began (never 0: 0 means "not timed").
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        (self.epoch.elapsed().as_nanos() as u64).max(1)
+    }
+
+    /// A sampled piece whose send was posted at `sent_ns` has its result now.
+    #[inline]
+    pub fn record(&mut self, sent_ns: u64) {
+        let ns = self.now_ns().saturating_sub(sent_ns);
+        self.hist[bucket(ns / 1000)] += 1;
+        self.count += 1;
+        self.total_ns += ns;
+    }
+
+    /// The round trip below which a share `q` of the samples fell (the
+    /// lower edge of its bucket: within 12.5% above 16 µs).
+    pub fn quantile(&self, q: f64) -> Duration {
+        if self.count == 0 {
+            return Duration::ZERO;
+        }
+        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        let mut seen = 0;
+        for (i, n) in self.hist.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Duration::from_micros(lower_edge(i));
+            }
+        }
+        Duration::from_micros(lower_edge(BUCKETS - 1))
+    }
+
+    /// The figures, with the copies of staged results (`count`, total ns).
+    pub fn report(&self, copies: (u64, u64)) -> PieceReport {
+        let mean = |n: u64, ns: u64| Duration::from_nanos(ns.checked_div(n).unwrap_or(0));
+        PieceReport {
+            sampled: self.count,
+            mean: mean(self.count, self.total_ns),
+            p50: self.quantile(0.5),
+            p90: self.quantile(0.9),
+            p99: self.quantile(0.99),
+            copies: copies.0,
+            copy_mean: mean(copies.0, copies.1),
+        }
+    }
+}
+
+/// The bucket of a round trip of `us` microseconds.
+#[inline(always)]
+fn bucket(us: u64) -> usize {
+    if us < LINEAR as u64 {
+        return us as usize;
+    }
+    let octave = us.ilog2() as usize; // >= 4
+    let sub = ((us >> (octave - 3)) & (PER_OCTAVE as u64 - 1)) as usize;
+    (LINEAR + (octave - 4) * PER_OCTAVE + sub).min(BUCKETS - 1)
+}
+
+/// The smallest round trip (µs) of bucket `i`.
+fn lower_edge(i: usize) -> u64 {
+    if i < LINEAR {
+        return i as u64;
+    }
+    let (octave, sub) = ((i - LINEAR) / PER_OCTAVE + 4, (i - LINEAR) % PER_OCTAVE);
+    (1u64 << octave) + ((sub as u64) << (octave - 3))
+}
+
+/// What [`PieceTimes`] saw, for a log line or a test.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PieceReport {
+    /// Pieces timed (one in [`SAMPLE_EVERY`]).
+    pub sampled: u64,
+    /// From the post of a piece's send to its result seen by the caller.
+    pub mean: Duration,
+    pub p50: Duration,
+    pub p90: Duration,
+    pub p99: Duration,
+    /// Staged results copied into the caller's buffer, and their mean copy.
+    pub copies: u64,
+    pub copy_mean: Duration,
+}
+
+impl fmt::Display for PieceReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        write!(
+            f,
+            "piece round trips (1 in {SAMPLE_EVERY} timed, {} pieces): mean {:.0} us, p50 {:.0} us, p90 {:.0} us, p99 {:.0} us; \
+             {} staged results copied out, {:.2} us each",
+            self.sampled,
+            us(self.mean),
+            us(self.p50),
+            us(self.p90),
+            us(self.p99),
+            self.copies,
+            us(self.copy_mean)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_ordered_and_each_holds_its_lower_edge() {
+        let mut last = 0;
+        for i in 0..BUCKETS {
+            let edge = lower_edge(i);
+            assert!(i == 0 || edge > last, "bucket {i}: {edge} after {last}");
+            assert_eq!(bucket(edge), i, "the lower edge of bucket {i} ({edge} us)");
+            if i + 1 < BUCKETS {
+                assert_eq!(bucket(lower_edge(i + 1) - 1), i, "the top of bucket {i}");
+            }
+            last = edge;
+        }
+        assert_eq!(bucket(u64::MAX / 1000), BUCKETS - 1, "the slowest land in the last");
+    }
+
+    #[test]
+    fn quantiles_find_the_bucket_of_the_share() {
+        // A client begun 10 s ago, so that "sent 5 ms ago" is after its start.
+        let mut t = PieceTimes { epoch: Instant::now().checked_sub(Duration::from_secs(10)).unwrap(), ..PieceTimes::default() };
+        // 90 pieces of 100 us and 10 of 5 ms, recorded as if sent that long ago.
+        for k in 0..100u64 {
+            let took = if k < 90 { 100_000 } else { 5_000_000 };
+            let now = t.now_ns();
+            t.record(now.saturating_sub(took).max(1));
+        }
+        let r = t.report((4, 8_000));
+        assert_eq!(r.sampled, 100);
+        assert!((96..=120).contains(&(r.p50.as_micros() as u64)), "p50 {:?}", r.p50);
+        assert!((96..=120).contains(&(r.p90.as_micros() as u64)), "p90 {:?}", r.p90);
+        assert!((4608..=5200).contains(&(r.p99.as_micros() as u64)), "p99 {:?}", r.p99);
+        assert!(r.mean >= Duration::from_micros(590) && r.mean < Duration::from_micros(700), "mean {:?}", r.mean);
+        assert_eq!((r.copies, r.copy_mean), (4, Duration::from_nanos(2_000)));
+        assert!(r.to_string().starts_with("piece round trips (1 in 16 timed, 100 pieces): mean "), "{r}");
+        assert!(PieceTimes::sampled(0) && PieceTimes::sampled(32) && !PieceTimes::sampled(1));
+    }
+}
