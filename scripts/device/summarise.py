@@ -158,6 +158,8 @@ def configs(path, config):
         rto = f"  rto {r['tcp_timeouts']}" if r.get("tcp_timeouts") is not None else ""
         # Packets the hosts' interfaces dropped over the loop (retransmissions without a tbf drop).
         rto += f" drops {r['dev_drops']}" if r.get("dev_drops") else ""
+        # Segments the hosts' sockets dropped over the loop.
+        rto += f" sockdrops {r['sock_drops']}" if r.get("sock_drops") else ""
         print(f"{config:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{rto}{_host(r.get('host_cpu'))}{extra}")
 
 

@@ -192,6 +192,9 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             tcp_timeouts: net.map(|l| l.timeouts),
             tbf_drops: tbf,
             dev_drops: net.map(|l| l.dev_drops),
+            sock_drops: net.map(|l| l.sock_drops),
+            spurious_rtos: net.map(|l| l.spurious_rtos),
+            rtx_host_queued: net.map(|l| l.rtx_host_queued),
         }
     };
     if let Some(cmd) = &args.workers_run {

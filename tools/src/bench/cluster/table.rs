@@ -39,8 +39,9 @@ pub struct ClusterRow {
     pub tcp_retrans: Option<u64>,
     pub tcp_timeouts: Option<u64>,
     /// Packets the hosts' interfaces dropped over the loop (the switch's
-    /// are in the rate's line only).
+    /// are in the rate's line only), and segments their sockets dropped.
     pub dev_drops: Option<u64>,
+    pub sock_drops: Option<u64>,
     /// The machine's CPU over the same loop (`host_cpu`): every emulated
     /// host shares it.
     pub host_cpu: Option<HostLoad>,
@@ -78,6 +79,7 @@ impl ClusterRow {
             tcp_retrans: loss.map(|l| l.retrans),
             tcp_timeouts: loss.map(|l| l.timeouts),
             dev_drops: loss.map(|l| l.dev_drops),
+            sock_drops: loss.map(|l| l.sock_drops),
             host_cpu,
             row,
         }
@@ -242,9 +244,9 @@ mod tests {
             r
         };
         // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
-        let loss = NetLoss { retrans: 3, timeouts: 1, dev_drops: 2 };
+        let loss = NetLoss { retrans: 3, timeouts: 1, dev_drops: 2, sock_drops: 4, ..NetLoss::default() };
         let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28), Some(loss), None);
-        assert_eq!((r.tcp_retrans, r.tcp_timeouts, r.dev_drops), (Some(3), Some(1), Some(2)));
+        assert_eq!((r.tcp_retrans, r.tcp_timeouts, r.dev_drops, r.sock_drops), (Some(3), Some(1), Some(2), Some(4)));
         assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
         assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
         let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0), None, None);

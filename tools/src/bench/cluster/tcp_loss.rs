@@ -12,8 +12,13 @@
 //!
 //! TCP also retransmits where no tbf dropped anything, when a packet is lost
 //! elsewhere on the way: a veth's or the bridge's backlog (`dev_drops`, the
-//! drop columns of every interface's receive and transmit counters), so the
-//! rows count those too.
+//! drop columns of every interface's receive and transmit counters), or a
+//! receiving socket (`sock_drops`: its backlog, receive or out-of-order
+//! queue full, or pruned), so the rows count those too. And a timeout can
+//! fire with nothing lost, when a segment waits in a queue longer than the
+//! timeout (a deep tbf queue): the kernel counts the timeouts it later
+//! found spurious (`spurious_rtos`) and the retransmissions of segments
+//! still queued in their own host (`rtx_host_queued`).
 //!
 //! Each namespace has its own counters (`/proc/<pid>/net/snmp`, `.../netstat`
 //! and `.../dev` show those of `pid`'s namespace), read through one process
@@ -31,7 +36,19 @@ pub struct NetLoss {
     pub timeouts: u64,
     /// Packets the interfaces dropped, receiving or sending (`/proc/net/dev`).
     pub dev_drops: u64,
+    /// Segments the receiving sockets dropped (`TcpExt:` [`SOCKET_DROPS`]).
+    pub sock_drops: u64,
+    /// Timeouts found spurious afterwards (`TcpExt: TCPSpuriousRTOs`).
+    pub spurious_rtos: u64,
+    /// Retransmissions of segments still queued in their host
+    /// (`TcpExt: TCPSpuriousRtxHostQueues`).
+    pub rtx_host_queued: u64,
 }
+
+/// The `TcpExt:` counters of segments a receiving socket dropped: its
+/// backlog or receive queue full, its out-of-order queue full or pruned,
+/// its window closed. A kernel that lacks one counts it as 0.
+pub const SOCKET_DROPS: [&str; 6] = ["TCPBacklogDrop", "TCPRcvQDrop", "RcvPruned", "OfoPruned", "TCPOFODrop", "TCPZeroWindowDrop"];
 
 impl NetLoss {
     /// The counters of the namespaces `pids` live in, summed; None if one
@@ -57,24 +74,36 @@ impl NetLoss {
     }
 
     fn parse(snmp: &str, netstat: &str, dev: &str) -> Option<NetLoss> {
+        let ext = |name: &str| counter(netstat, "TcpExt:", name).unwrap_or(0);
         Some(NetLoss {
             retrans: counter(snmp, "Tcp:", "RetransSegs")?,
             timeouts: counter(netstat, "TcpExt:", "TCPTimeouts")?,
             dev_drops: dev_drops(dev)?,
+            sock_drops: SOCKET_DROPS.iter().map(|n| ext(n)).sum(),
+            spurious_rtos: ext("TCPSpuriousRTOs"),
+            rtx_host_queued: ext("TCPSpuriousRtxHostQueues"),
         })
     }
 
+    /// Field by field, `f` of the two.
+    fn zip(self, o: NetLoss, f: impl Fn(u64, u64) -> u64) -> NetLoss {
+        NetLoss {
+            retrans: f(self.retrans, o.retrans),
+            timeouts: f(self.timeouts, o.timeouts),
+            dev_drops: f(self.dev_drops, o.dev_drops),
+            sock_drops: f(self.sock_drops, o.sock_drops),
+            spurious_rtos: f(self.spurious_rtos, o.spurious_rtos),
+            rtx_host_queued: f(self.rtx_host_queued, o.rtx_host_queued),
+        }
+    }
+
     fn plus(self, o: NetLoss) -> NetLoss {
-        NetLoss { retrans: self.retrans + o.retrans, timeouts: self.timeouts + o.timeouts, dev_drops: self.dev_drops + o.dev_drops }
+        self.zip(o, |a, b| a + b)
     }
 
     /// What happened between `before` and `self`.
     pub fn since(self, before: NetLoss) -> NetLoss {
-        NetLoss {
-            retrans: self.retrans.saturating_sub(before.retrans),
-            timeouts: self.timeouts.saturating_sub(before.timeouts),
-            dev_drops: self.dev_drops.saturating_sub(before.dev_drops),
-        }
+        self.zip(before, u64::saturating_sub)
     }
 }
 
@@ -114,6 +143,12 @@ pub struct LinkLoss {
     pub tbf_drops: Option<u64>,
     /// Packets the interfaces of every namespace (hosts and switch) dropped.
     pub dev_drops: Option<u64>,
+    /// Over every namespace: segments the receiving sockets dropped,
+    /// timeouts found spurious, retransmissions of segments still queued in
+    /// their host (see [`NetLoss`]).
+    pub sock_drops: Option<u64>,
+    pub spurious_rtos: Option<u64>,
+    pub rtx_host_queued: Option<u64>,
 }
 
 /// Packets the tbf qdiscs of namespaces `names` dropped so far.
@@ -135,8 +170,13 @@ impl LinkLoss {
         };
         let tbf = self.tbf_drops.map_or("tbf's drops unreadable".into(), |d| format!("tbf dropped {d} packets"));
         let dev = self.dev_drops.map_or("the interfaces' drops unreadable".into(), |d| format!("the interfaces dropped {d}"));
+        let sock = self.sock_drops.map_or("the sockets' drops unreadable".into(), |d| format!("the receiving sockets {d}"));
+        let late = match (self.spurious_rtos, self.rtx_host_queued) {
+            (Some(s), Some(q)) => format!("; {s} timeouts found spurious, {q} retransmissions of segments still queued in their host"),
+            _ => String::new(),
+        };
         format!(
-            "# loss on the links at {} Gbit/s: {tcp}; {tbf}, {dev} (per row: tcp_retrans, tcp_timeouts, dev_drops in --json)",
+            "# loss on the links at {} Gbit/s: {tcp}; {tbf}, {dev}, {sock}{late} (per row: tcp_retrans, tcp_timeouts, dev_drops, sock_drops in --json)",
             self.link_gbit
         )
     }
@@ -153,6 +193,11 @@ mod tests {
         assert_eq!(counter(snmp, "Tcp:", "Nothing"), None);
         let netstat = "TcpExt: SyncookiesSent TCPTimeouts\nTcpExt: 0 37\nIpExt: InNoRoutes\nIpExt: 0\n";
         assert_eq!(counter(netstat, "TcpExt:", "TCPTimeouts"), Some(37));
+        // The socket counters, where the kernel has them (absent ones count 0).
+        let ext = "TcpExt: TCPTimeouts RcvPruned TCPSpuriousRTOs TCPBacklogDrop TCPOFODrop TCPSpuriousRtxHostQueues\n\
+                   TcpExt: 5 1 2 3 4 6\n";
+        let l = NetLoss::parse("Tcp: RetransSegs\nTcp: 9\n", ext, "  eth0: 0 0 0 1 0 0 0 0 0 0 0 1\n").unwrap();
+        assert_eq!(l, NetLoss { retrans: 9, timeouts: 5, dev_drops: 2, sock_drops: 8, spurious_rtos: 2, rtx_host_queued: 6 });
         let dev =
             "Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes packets errs drop\n\
                        lo: 10 1 0 0 0 0 0 0 10 1 0 0 0 0 0 0\n  eth0: 900 9 0 5 0 0 0 0 800 8 0 2 0 0 0 0\n";
@@ -170,7 +215,12 @@ mod tests {
                   qdisc tbf 8002: root\n Sent 5 bytes 6 pkt (dropped 30, overlimits 0 requeues 0)\n";
         assert_eq!(qdisc_drops(tc), 42);
         assert_eq!(qdisc_drops(""), 0);
-        let after = NetLoss { retrans: 10, timeouts: 2, dev_drops: 5 };
-        assert_eq!(after.since(NetLoss { retrans: 4, timeouts: 2, dev_drops: 1 }), NetLoss { retrans: 6, timeouts: 0, dev_drops: 4 });
+        let after = NetLoss { retrans: 10, timeouts: 2, dev_drops: 5, sock_drops: 3, spurious_rtos: 1, rtx_host_queued: 7 };
+        let before = NetLoss { retrans: 4, timeouts: 2, dev_drops: 1, sock_drops: 1, spurious_rtos: 0, rtx_host_queued: 2 };
+        assert_eq!(
+            after.since(before),
+            NetLoss { retrans: 6, timeouts: 0, dev_drops: 4, sock_drops: 2, spurious_rtos: 1, rtx_host_queued: 5 }
+        );
+        assert_eq!(after.plus(before).since(before), after);
     }
 }
