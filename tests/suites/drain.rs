@@ -219,7 +219,10 @@ fn a_split_job_without_another_server_stays_until_it_ends() {
     let mut lone = server("shm", &["--drain-timeout", "30", "--lcores", "0-1"]);
     let addrs = vec![lone.addr.clone()];
     let progress = Arc::new(AtomicUsize::new(0));
-    let ranks = loop_job("shm", &addrs, 0x55, 4, 120, progress.clone(), Shape::default());
+    // Rounds enough for the ranks to answer the drain before they finish:
+    // with 120 the loop ran out first in 2 to 3 runs of 6 here (no rank
+    // said it stays); 3000 take about 4 s.
+    let ranks = loop_job("shm", &addrs, 0x55, 4, 3000, progress.clone(), Shape::default());
     wait_for_round(&progress, 20, &ranks);
     sigterm(&lone);
     let res = results(ranks);
