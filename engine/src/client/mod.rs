@@ -121,10 +121,8 @@ pub struct Client {
     batch: [Completion; 32],
     /// What failover did so far.
     stats: failover::FailoverStats,
-    /// Sampled pieces' round trips (`ClientConfig::piece_times`), and the
-    /// caller thread's copies of staged results (count, ns) where no rail copies.
+    /// Sampled pieces' round trips (`ClientConfig::piece_times`).
     piece_times: piece_times::PieceTimes,
-    caller_copies: (u64, u64),
     /// Reports a provider call that does not return (None: off).
     watchdog: Option<watchdog::Watchdog>,
     /// Reduces a relay job's pieces (the best kernels this CPU has).
@@ -214,7 +212,6 @@ impl Client {
             failed: false,
             stats: failover::FailoverStats::default(),
             piece_times: piece_times::PieceTimes::default(),
-            caller_copies: (0, 0),
             kernels: Kernels::best(),
             idle_polls: 0,
             busy_polls: 0,
@@ -235,9 +232,7 @@ impl Client {
     /// The sampled pieces' round trips and the copies of staged results so
     /// far, where `ClientConfig::piece_times` is on (else None).
     pub fn piece_times(&self) -> Option<piece_times::PieceReport> {
-        let rails = self.rails.copy_times();
-        let copies = (rails.0 + self.caller_copies.0, rails.1 + self.caller_copies.1);
-        self.cfg.piece_times.then(|| self.piece_times.report(copies))
+        self.cfg.piece_times.then(|| self.piece_times.report(self.rails.copy_times()))
     }
 
     /// [`Client::piece_times`], for a caller that logs it itself (the NCCL

@@ -36,11 +36,15 @@ pub struct PieceTimes {
     hist: [u64; BUCKETS],
     count: u64,
     total_ns: u64,
+    /// Staged results the caller's thread copied out (no rails), and the
+    /// ns those copies took; the rails count their own (`Rails::copy_times`).
+    caller_copies: u64,
+    caller_copy_ns: u64,
 }
 
 impl Default for PieceTimes {
     fn default() -> Self {
-        PieceTimes { epoch: Instant::now(), hist: [0; BUCKETS], count: 0, total_ns: 0 }
+        PieceTimes { epoch: Instant::now(), hist: [0; BUCKETS], count: 0, total_ns: 0, caller_copies: 0, caller_copy_ns: 0 }
     }
 }
 
@@ -66,6 +70,13 @@ impl PieceTimes {
         self.total_ns += ns;
     }
 
+    /// The caller's thread copied a staged result out, from `began` to now.
+    #[inline]
+    pub fn record_copy(&mut self, began: Instant) {
+        self.caller_copies += 1;
+        self.caller_copy_ns += began.elapsed().as_nanos() as u64;
+    }
+
     /// The round trip below which a share `q` of the samples fell (the
     /// lower edge of its bucket: within 12.5% above 16 µs).
     pub fn quantile(&self, q: f64) -> Duration {
@@ -83,9 +94,11 @@ impl PieceTimes {
         Duration::from_micros(lower_edge(BUCKETS - 1))
     }
 
-    /// The figures, with the copies of staged results (`count`, total ns).
-    pub fn report(&self, copies: (u64, u64)) -> PieceReport {
+    /// The figures, with the rails' copies of staged results (`count`,
+    /// total ns) added to the caller's.
+    pub fn report(&self, rail_copies: (u64, u64)) -> PieceReport {
         let mean = |n: u64, ns: u64| Duration::from_nanos(ns.checked_div(n).unwrap_or(0));
+        let copies = (rail_copies.0 + self.caller_copies, rail_copies.1 + self.caller_copy_ns);
         PieceReport {
             sampled: self.count,
             mean: mean(self.count, self.total_ns),

@@ -347,7 +347,7 @@ impl Client {
                 let began = (self.cfg.piece_times && how == failover::Landed::Staged).then(Instant::now);
                 failover::land(s, &self.ops[pos], st, seq, chunk, how);
                 if let Some(t) = began {
-                    self.caller_copies = (self.caller_copies.0 + 1, self.caller_copies.1 + t.elapsed().as_nanos() as u64);
+                    self.piece_times.record_copy(t);
                 }
                 match how {
                     failover::Landed::Direct => self.stats.direct += 1,
