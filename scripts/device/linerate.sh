@@ -9,8 +9,10 @@
 # Parts (default: cluster p2p), run in this order; each is a file of parts/
 # (named after the colon below) whose header says what it measures, its knobs
 # and the files it writes:
+#   membw                  the host's memory bandwidth: k single-core copies at once (LR_MEMBW_K)
 #   cluster:configs        configurations alternated at 16-32 Gbit/s (LR_CONFIGS, LR_ROUNDS, LR_RATES,
-#                          LR_THREADS=1 for each thread's CPU, threads.py; a config's TALLY=path for another build)
+#                          LR_THREADS=1 for each thread's CPU, threads.py; a config's TALLY=path for another build;
+#                          a config named ...-hog beside LR_HOG_CORES memory-bound copies)
 #   cpu                    CPU seconds per GB, adaptive polling (LR_CPU_RATES)
 #   libs                   the cluster part once per libfabric build (LR_LIBS, LR_LIB_CONFIGS)
 #   p2p:tcp-ceiling        tcp p2p ceiling beside plain TCP sockets
@@ -26,6 +28,6 @@ cd "$(dirname "$0")/../.." || exit 1
 . scripts/device/lib.sh
 session_begin linerate "line-rate session" "cluster p2p" "$@"
 say "# $("$TALLY" --version); libfabric $(fabric_version) (what fi_version() says; the file name's number is libtool's, 1.20.0 for 1.17)"
-for part in cluster:configs cpu libs p2p:tcp-ceiling perf:cluster-perf nccl nccl-sync:nccl nccl-knobs nccl-perf demo; do
+for part in membw cluster:configs cpu libs p2p:tcp-ceiling perf:cluster-perf nccl nccl-sync:nccl nccl-knobs nccl-perf demo; do
     run_part "${part%%:*}" "${part#*:}"
 done

@@ -417,20 +417,31 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
 /// piece in 16 from its send to its result, and the copies of staged
 /// results on its rails or (one endpoint) on its own thread; every result
 /// of a 64 KiB all-reduce is staged with failover on. With failover off
-/// nothing is copied, and unset the report is None. Every element is
-/// checked.
+/// nothing is copied, and unset the report is None. Sealed (a seal
+/// threshold under 64 KiB), nothing is staged and every all-reduce's wait
+/// for its seals is timed. Every element is checked.
 #[test]
 fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-    // (job, failover, timed, rails): one rail is one endpoint on the caller's thread, which copies.
-    for (job, failover, timed, rails) in [(0xf9u64, true, true, 3), (0xfa, false, true, 3), (0xfb, true, false, 3), (0xfc, true, true, 1)] {
+    // (job, failover, timed, rails, sealed): one rail is one endpoint on the
+    // caller's thread, which copies; sealed: TALLY_SEAL_MIN under the 64 KiB.
+    for (job, failover, timed, rails, sealed) in [
+        (0xf9u64, true, true, 3, false),
+        (0xfa, false, true, 3, false),
+        (0xfb, true, false, 3, false),
+        (0xfc, true, true, 1, false),
+        (0xfd, true, true, 3, true),
+    ] {
         let hs: Vec<_> = (0..2u32)
             .map(|rank| {
                 let mut cfg = multi("tcp", &addrs, job, rank, 2);
                 cfg.rails = rails;
                 cfg.failover = failover;
                 cfg.piece_times = timed;
+                if sealed {
+                    cfg.seal_min = 32 << 10;
+                }
                 std::thread::spawn(move || -> Result<_, String> {
                     let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
                     let input: Vec<f32> = (0..16384).map(|i| (i % 100) as f32 + rank as f32).collect();
@@ -455,7 +466,13 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
             };
             assert!(timed, "a report though not timed: {r}");
             assert!(r.sampled > 0 && r.p50 > Duration::ZERO && r.mean > Duration::ZERO && r.p99 >= r.p50, "{r}");
-            if failover {
+            if sealed {
+                // Every all-reduce sealed, none staged, each timed whole.
+                assert_eq!((stats.staged, r.copies, r.sealed), (0, 0, 40), "{stats:?} {r}");
+                assert!(stats.seals > 0 && r.seal_wait_mean > Duration::ZERO && r.sealed_op_mean >= r.seal_wait_mean, "{r}");
+                assert!(r.to_string().contains("40 sealed all-reduces waited"), "{r}");
+            } else if failover {
+                assert_eq!(r.sealed, 0, "64 KiB under the default TALLY_SEAL_MIN is not sealed: {r}");
                 assert!(stats.staged > 0, "64 KiB stages its results: {stats:?}");
                 assert_eq!(r.copies, stats.staged, "every staged result was copied out and timed ({rails} rails): {r}");
                 assert!(r.copy_mean > Duration::ZERO, "{r}");

@@ -308,6 +308,7 @@ impl Client {
             mh_send,
             mh_recv,
             started: Instant::now(),
+            last_result_ns: 0,
         });
         self.last_progress = Instant::now();
         if !self.subs[sub].holding() {

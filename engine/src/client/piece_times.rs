@@ -13,9 +13,16 @@
 //! ([`PieceReport`]); tests and tools read them with
 //! `Client::piece_times`.
 //!
+//! Sealed all-reduces (failover on, `TALLY_SEAL_MIN` and up) are timed
+//! whole as well: from the moment their last result arrived to their
+//! completion, which is the wait for every stream's seal, beside their
+//! whole time. That is what a seal costs an all-reduce that nothing else
+//! overlaps.
+//!
 //! Off, the per-piece path pays one untaken branch. On, a sampled piece
 //! costs two reads of the monotonic clock (the vDSO: no system call) and a
-//! histogram slot; nothing allocates.
+//! histogram slot, and each result of a sealed all-reduce one read;
+//! nothing allocates.
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -40,11 +47,26 @@ pub struct PieceTimes {
     /// ns those copies took; the rails count their own (`Rails::copy_times`).
     caller_copies: u64,
     caller_copy_ns: u64,
+    /// Sealed all-reduces completed, their waits for seals after their last
+    /// result, and their whole times (ns).
+    sealed: u64,
+    seal_wait_ns: u64,
+    sealed_op_ns: u64,
 }
 
 impl Default for PieceTimes {
     fn default() -> Self {
-        PieceTimes { epoch: Instant::now(), hist: [0; BUCKETS], count: 0, total_ns: 0, caller_copies: 0, caller_copy_ns: 0 }
+        PieceTimes {
+            epoch: Instant::now(),
+            hist: [0; BUCKETS],
+            count: 0,
+            total_ns: 0,
+            caller_copies: 0,
+            caller_copy_ns: 0,
+            sealed: 0,
+            seal_wait_ns: 0,
+            sealed_op_ns: 0,
+        }
     }
 }
 
@@ -77,6 +99,16 @@ impl PieceTimes {
         self.caller_copy_ns += began.elapsed().as_nanos() as u64;
     }
 
+    /// A sealed all-reduce completed now: its last result arrived at
+    /// `last_result_ns` (as [`PieceTimes::now_ns`] said then), and it took
+    /// `took` in all.
+    #[inline]
+    pub fn record_sealed(&mut self, last_result_ns: u64, took: Duration) {
+        self.sealed += 1;
+        self.seal_wait_ns += self.now_ns().saturating_sub(last_result_ns);
+        self.sealed_op_ns += took.as_nanos() as u64;
+    }
+
     /// The round trip below which a share `q` of the samples fell (the
     /// lower edge of its bucket: within 12.5% above 16 µs).
     pub fn quantile(&self, q: f64) -> Duration {
@@ -107,6 +139,9 @@ impl PieceTimes {
             p99: self.quantile(0.99),
             copies: copies.0,
             copy_mean: mean(copies.0, copies.1),
+            sealed: self.sealed,
+            seal_wait_mean: mean(self.sealed, self.seal_wait_ns),
+            sealed_op_mean: mean(self.sealed, self.sealed_op_ns),
         }
     }
 }
@@ -144,6 +179,11 @@ pub struct PieceReport {
     /// Staged results copied into the caller's buffer, and their mean copy.
     pub copies: u64,
     pub copy_mean: Duration,
+    /// Sealed all-reduces, their mean wait for their seals after their
+    /// last result, and their mean whole time.
+    pub sealed: u64,
+    pub seal_wait_mean: Duration,
+    pub sealed_op_mean: Duration,
 }
 
 impl fmt::Display for PieceReport {
@@ -160,7 +200,17 @@ impl fmt::Display for PieceReport {
             us(self.p99),
             self.copies,
             us(self.copy_mean)
-        )
+        )?;
+        if self.sealed > 0 {
+            write!(
+                f,
+                "; {} sealed all-reduces waited {:.0} us for their seals after their last result, of {:.0} us each",
+                self.sealed,
+                us(self.seal_wait_mean),
+                us(self.sealed_op_mean)
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -202,5 +252,26 @@ mod tests {
         assert_eq!((r.copies, r.copy_mean), (4, Duration::from_nanos(2_000)));
         assert!(r.to_string().starts_with("piece round trips (1 in 16 timed, 100 pieces): mean "), "{r}");
         assert!(PieceTimes::sampled(0) && PieceTimes::sampled(32) && !PieceTimes::sampled(1));
+        assert!(!r.to_string().contains("sealed"), "no sealed all-reduce, no word of seals: {r}");
+    }
+
+    #[test]
+    fn sealed_all_reduces_report_their_wait_for_seals_beside_their_time() {
+        let mut t = PieceTimes { epoch: Instant::now().checked_sub(Duration::from_secs(10)).unwrap(), ..PieceTimes::default() };
+        // Two sealed all-reduces of 4 ms whose last results came 200 and 400 us before the end.
+        for wait in [200_000u64, 400_000] {
+            let last = t.now_ns() - wait;
+            t.record_sealed(last, Duration::from_millis(4));
+        }
+        let r = t.report((0, 0));
+        assert_eq!(r.sealed, 2);
+        assert!(r.seal_wait_mean >= Duration::from_micros(300) && r.seal_wait_mean < Duration::from_micros(400), "{r}");
+        assert_eq!(r.sealed_op_mean, Duration::from_millis(4));
+        let line = r.to_string();
+        assert!(
+            line.contains("; 2 sealed all-reduces waited 3")
+                && line.ends_with("us for their seals after their last result, of 4000 us each"),
+            "{line}"
+        );
     }
 }

@@ -339,6 +339,9 @@ impl Client {
         }
         let s = &mut self.subs[sub];
         if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
+            if self.cfg.piece_times && !seal && self.ops[pos].sealed {
+                self.ops[pos].last_result_ns = self.piece_times.now_ns();
+            }
             if seal {
                 self.stats.seals += 1;
             } else if s.stage.is_some() {
@@ -369,6 +372,9 @@ impl Client {
     pub(in crate::client) fn complete_op(&mut self, pos: usize) -> Result<(), ClientError> {
         if let Some(op) = self.ops.remove(pos) {
             self.pump_due = true;
+            if self.cfg.piece_times && op.sealed && op.last_result_ns != 0 {
+                self.piece_times.record_sealed(op.last_result_ns, op.started.elapsed());
+            }
             self.note_if_slow(&op);
             self.spare_next.push(op.next);
             if self.subs[op.sub].retiring {

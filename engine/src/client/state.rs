@@ -276,6 +276,9 @@ pub(super) struct Op {
     pub(super) mh_recv: Option<MemoryHandle>,
     /// When it was started (for [`SLOW_OP`]).
     pub(super) started: Instant,
+    /// When its last result arrived, in `PieceTimes` ns (`TALLY_PIECE_TIMES`
+    /// only: a sealed operation's wait for its seals is timed from there).
+    pub(super) last_result_ns: u64,
 }
 
 /// An all-reduce that took longer than this is logged when it completes: a

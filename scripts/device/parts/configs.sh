@@ -14,6 +14,9 @@
 # samples every tally thread's CPU during each run (threads.py) into
 # threads-ROUND-NAME.txt and says the busiest five. A config with
 # TALLY_PIECE_TIMES=1 puts ranks 0 and 1's piece round trips in the summary.
+# A config whose name ends -hog runs beside LR_HOG_CORES (8) niced
+# single-core copies of 256 MiB on the host's last cores (`membw` says what
+# each draws): which settings a memory-bound neighbour costs more.
 say ""
 say "## emulated cluster ${LR_HOSTS:-4} + ${LR_HOSTS:-4} hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
 rounds="${LR_ROUNDS:-2}"
@@ -31,7 +34,7 @@ for round in $(seq 1 "$rounds"); do
         case "$name" in
             rails1*) vars+=(TALLY_RAILS=1) ;;
         esac
-        [[ "$name" == *-fo0 ]] && vars+=(TALLY_FAILOVER=0)
+        [[ "$name" == *-fo0 || "$name" == *-fo0-hog ]] && vars+=(TALLY_FAILOVER=0)
         j="$OUT/cluster-$round-$name.json"
         vars+=(TALLY_LR_CONFIG="$cfg")
         exe="$TALLY"
@@ -41,9 +44,22 @@ for round in $(seq 1 "$rounds"); do
             python3 "$DEVICE_DIR/threads.py" "$OUT/threads-$round-$name.txt" 1 &
             sampler=$!
         fi
+        hogs=()
+        if [[ "$name" == *-hog ]]; then
+            ncores=$(nproc)
+            for c in $(seq $((ncores - ${LR_HOG_CORES:-8})) $((ncores - 1))); do
+                nice -n 19 taskset -c "$c" "$exe" bench reduce --dtype f32 --inputs 2 --sizes 256M --reps 1000000 --warmup 0 >/dev/null 2>&1 &
+                hogs+=($!)
+            done
+            sleep 2
+        fi
         env "${vars[@]}" timeout -k 5 240 "$exe" bench cluster --hosts "${LR_HOSTS:-4}" --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
             ${LR_ITERS:+--iters "$LR_ITERS"} --timeout 120 --mode "${LR_MODES:-agg,ring}" "${extra[@]}" --json --log "$OUT/cluster-$round-$name.log" >"$j" 2>>"$OUT/cluster.err" \
-            || { say "FAILED $cfg (round $round)"; [ -n "$sampler" ] && kill "$sampler"; continue; }
+            || { say "FAILED $cfg (round $round)"; [ -n "$sampler" ] && kill "$sampler"; [ ${#hogs[@]} -gt 0 ] && kill "${hogs[@]}"; continue; }
+        if [ ${#hogs[@]} -gt 0 ]; then
+            kill "${hogs[@]}"
+            wait "${hogs[@]}" 2>/dev/null
+        fi
         if [ -n "$sampler" ]; then
             kill "$sampler" && wait "$sampler"
             say "# threads, $cfg r$round (peak % of a core over 1 s windows): $(awk 'NR > 3 && NR <= 8 {printf "%s %s %s; ", $1, $4, $5}' "$OUT/threads-$round-$name.txt")"
