@@ -163,6 +163,40 @@ def configs(path, config):
         print(f"{config:>18} {r['link_gbit']:>5} {size:>5} {r['mode']:>10} {r['fraction']:.2f}  ring {rf}  /ring {q}  wrong {r['wrong']}{rto}{_host(r.get('host_cpu'))}{extra}")
 
 
+def configs_rounds(out, *configs):
+    """linerate's cluster part, after its rounds: per configuration, rate,
+    size and mode, the median fraction over the rounds with its range, and
+    the median against the first configuration's (one round moves a figure
+    by a third on some hosts: read these, not a round)."""
+    med = {}
+    lines = []
+    for cfg in configs:
+        name = re.split(r"[@+]", cfg)[0]
+        runs = {}
+        own = re.compile(r"cluster-\d+-" + re.escape(name) + r"\.json$")
+        for path in sorted(p for p in glob.glob(os.path.join(out, "cluster-*.json")) if own.match(os.path.basename(p))):
+            try:
+                rows = load(path, "rows")
+            except Exception:
+                continue
+            for r in rows:
+                if r["mode"] == "ring":
+                    continue
+                runs.setdefault((r["link_gbit"], r["bytes"], r["mode"]), []).append(r["fraction"])
+        for key, fs in runs.items():
+            fs.sort()
+            n = len(fs)
+            m = fs[n // 2] if n % 2 else (fs[n // 2 - 1] + fs[n // 2]) / 2
+            med[(name, key)] = m
+            lines.append((name, key, m, fs))
+    first = re.split(r"[@+]", configs[0])[0] if configs else ""
+    for name, (rate, size, mode), m, fs in lines:
+        base = med.get((first, (rate, size, mode)))
+        vs = f"  /{first} {m / base:.2f}" if base and name != first else ""
+        sz = f"{size >> 20}Mi" if size >= 1 << 20 else f"{size >> 10}Ki"
+        print(f"{name:>18} {rate:>5} {sz:>5} {mode:>10} median {m:.2f} ({fs[0]:.2f}-{fs[-1]:.2f}, {len(fs)} rounds){vs}")
+
+
 def _host(h):
     """The machine's CPU over a loop (bench cluster's host_cpu, timing.py's
     host): cores busy, and the share of the time some task waited for one."""

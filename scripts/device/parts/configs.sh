@@ -16,7 +16,9 @@
 # TALLY_PIECE_TIMES=1 puts ranks 0 and 1's piece round trips in the summary.
 # A config whose name ends -hog runs beside LR_HOG_CORES (8) niced
 # single-core copies of 256 MiB on the host's last cores (`membw` says what
-# each draws): which settings a memory-bound neighbour costs more.
+# each draws): which settings a memory-bound neighbour costs more. After
+# two rounds or more, each configuration's median over them, its range and
+# its ratio to the first configuration's (summarise.py configs_rounds).
 say ""
 say "## emulated cluster ${LR_HOSTS:-4} + ${LR_HOSTS:-4} hosts, fraction of the link bound (agg: R, ring: R n/2(n-1)), configs alternated"
 rounds="${LR_ROUNDS:-2}"
@@ -70,3 +72,8 @@ for round in $(seq 1 "$rounds"); do
         grep -ohE "rank [01]: piece round trips.*" "$OUT/cluster-$round-$name.log" 2>/dev/null | head -4 | sed "s/^/# $name r$round /" | tee -a "$S"
     done
 done
+if [ "$rounds" -gt 1 ]; then
+    say "# over the rounds: median fraction (range), against the first configuration's median"
+    # shellcheck disable=SC2086 # one argument per configuration
+    summarise configs-rounds "$OUT" $configs
+fi
