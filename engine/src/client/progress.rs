@@ -68,8 +68,7 @@ impl Client {
                     s.next_slot = (s.next_slot + 1) % window;
                     let fi = st * window as usize + slot;
                     let op = &self.ops[oi];
-                    let relayed =
-                        self.subs[sub].relay.is_some() && op.chunk_bytes.min(op.bytes - chunk * op.chunk_bytes) <= wire::RELAY_MAX;
+                    let relayed = self.subs[sub].relay.is_some() && op.span(chunk).1 <= wire::RELAY_MAX;
                     let direct = !relayed && self.subs[sub].stage.is_some() && op.direct(chunk, nstreams, window as usize);
                     self.subs[sub].flights[fi] = Flight { op: op.id, chunk, seq, relayed, direct, ..Flight::default() };
                     self.ops[oi].next[st] += nstreams;
@@ -182,7 +181,7 @@ impl Client {
         let rail = stream.rail;
         let (chunk, seq) = (f.chunk, f.seq);
         // A seal is empty, at the buffers' start.
-        let (off, len) = if f.seal { (0, 0) } else { (chunk * op.chunk_bytes, op.chunk_bytes.min(op.bytes - chunk * op.chunk_bytes)) };
+        let (off, len) = if f.seal { (0, 0) } else { op.span(chunk) };
         let tag = Tag::new(stream.job_tag, stream.slot_base + slot as u16, seq).0;
         // (Rails on threads inject nothing: their inject size is 0, which a
         // seal's empty piece would still meet.)
@@ -391,8 +390,7 @@ impl Client {
         let s = &self.subs[sub];
         let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
         let Some(relay) = s.relay.as_ref() else { return Ok(()) };
-        let off = f.chunk * op.chunk_bytes;
-        let len = op.chunk_bytes.min(op.bytes - off);
+        let (off, len) = op.span(f.chunk);
         let got = f.got as usize;
         if got != len {
             return Err(ClientError::Fabric(format!("a relayed piece of {got} bytes where the chunk has {len}")));

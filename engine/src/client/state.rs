@@ -294,6 +294,14 @@ impl Op {
         self.chunks + self.seals
     }
 
+    /// Chunk `chunk`'s offset and length in the operation's buffers (the
+    /// one place that says how an operation is cut: every rank cuts alike).
+    #[inline(always)]
+    pub(super) fn span(&self, chunk: usize) -> (usize, usize) {
+        let off = chunk * self.chunk_bytes;
+        (off, self.chunk_bytes.min(self.bytes - off))
+    }
+
     /// Whether it still has a chunk or its seal to post on stream `st`.
     /// (`next` is `usize::MAX` for a stream outside its set, and once a
     /// sealed operation's seal there is posted.)

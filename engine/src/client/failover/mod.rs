@@ -450,8 +450,7 @@ impl Client {
                     continue;
                 }
                 let op = &self.ops[pos];
-                let off = f.chunk * op.chunk_bytes;
-                let len = op.chunk_bytes.min(op.bytes - off);
+                let (off, len) = op.span(f.chunk);
                 let index = op.index;
                 if f.recv_done {
                     // The result is here; only the send's completion was missing.

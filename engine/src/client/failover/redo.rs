@@ -44,8 +44,7 @@ impl Client {
             while self.ops[oi].next[st] < self.ops[oi].chunks {
                 let op = &self.ops[oi];
                 let chunk = op.next[st];
-                let off = chunk * op.chunk_bytes;
-                let len = op.chunk_bytes.min(op.bytes - off);
+                let (off, len) = op.span(chunk);
                 let (index, id) = (op.index, op.id);
                 let stream = &mut self.subs[sub].streams[st];
                 let seq = stream.next_seq;

@@ -159,7 +159,7 @@ impl Landed {
 #[inline]
 pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize, how: Landed) {
     let Some(stage) = s.stage.as_mut() else { return };
-    let (off, len) = piece(op, chunk);
+    let (off, len) = op.span(chunk);
     if how == Landed::Staged {
         // SAFETY: the slot holds the whole result (its receive completed); the
         // caller's buffer holds `bytes` (contract of `start`), off + len <= bytes.
@@ -168,19 +168,12 @@ pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chun
     stage.hold(op, st, seq, chunk, how == Landed::Direct);
 }
 
-/// Chunk `chunk`'s offset and length in `op`'s buffers.
-#[inline(always)]
-fn piece(op: &Op, chunk: usize) -> (usize, usize) {
-    let off = chunk * op.chunk_bytes;
-    (off, op.chunk_bytes.min(op.bytes - off))
-}
-
 impl Stage {
     /// Notes that the slot of (`st`, `seq`) stands for chunk `chunk` of
     /// `op` (in the caller's buffer where `direct`).
     #[inline(always)]
     fn hold(&mut self, op: &Op, st: usize, seq: u32, chunk: usize, direct: bool) {
-        let len = piece(op, chunk).1 as u32;
+        let len = op.span(chunk).1 as u32;
         self.meta[st * self.slots + seq as usize % self.slots] =
             Held { valid: true, direct, seq, len, chunk: chunk as u32, op_index: op.index };
     }
@@ -192,7 +185,7 @@ impl Stage {
 /// would mean every rank holds `seq`), so that it is relayed like any other.
 pub(in crate::client) fn stage_direct(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize) {
     let Some(stage) = s.stage.as_mut() else { return };
-    let (off, len) = piece(op, chunk);
+    let (off, len) = op.span(chunk);
     // SAFETY: the caller's buffer holds the whole result at off (its receive
     // completed, and the operation is still the client's); the slot holds a
     // whole piece and nothing is being received into it.
