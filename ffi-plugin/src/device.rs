@@ -183,6 +183,10 @@ fn collnet_configured() -> bool {
 /// did (window, piece size, send pacing, reported link speed); four reached
 /// 0.75-0.90 (eight 0.89), and 64 MiB 0.84-0.93 against 0.81-0.96. NCCL's
 /// ring over Socket was no faster with four (0.49-0.61 against 0.54-0.65).
+/// More than four did not help later (another host, one run each, 16 / 64
+/// MiB): eight 0.87 / 0.82 and sixteen 0.29 / 0.39 against four's 0.88 /
+/// 0.88; the plugin's pieces then just waited longer (docs/measurements.md,
+/// "What failover costs the plugin").
 /// NCCL reads the variable after the net plugin's `init`, which sets it.
 const COLLNET_NCCL_DEFAULTS: &[(&str, &str)] = &[("NCCL_MIN_NCHANNELS", "4")];
 

@@ -287,6 +287,25 @@ pub const NCCL_COLLNET_CHANNELS: usize = 4;
 /// NCCL's steps in flight per group of channels (`NCCL_STEPS`).
 pub const NCCL_STEPS: usize = 8;
 
+/// Channels per group of NCCL's CollNet proxy: one iallreduce per step
+/// covers a group's chunks (`COLLNET_GROUP_NSUBS` in NCCL 2.28's
+/// src/transport/coll_net.cc).
+pub const COLLNET_GROUP_CHANNELS: usize = 8;
+
+/// The CollNet channels NCCL runs: `NCCL_MIN_NCHANNELS` where set (by the
+/// user, or by the plugin's `init`, which the driver has called by then),
+/// else [`NCCL_COLLNET_CHANNELS`]. One GPU per node gives NCCL no more
+/// channels of its own than that minimum on these hosts.
+pub fn nccl_channels() -> usize {
+    channels_from(std::env::var("NCCL_MIN_NCHANNELS").ok().as_deref())
+}
+
+/// [`nccl_channels`] from the variable's value: NCCL's `MAXCHANNELS` (64)
+/// at most; unset, empty or not a positive number gives the plugin's 4.
+fn channels_from(v: Option<&str>) -> usize {
+    v.and_then(|v| v.trim().parse::<usize>().ok()).filter(|&c| c > 0).map_or(NCCL_COLLNET_CHANNELS, |c| c.min(64))
+}
+
 /// The bytes of one iallreduce that NCCL's CollNet chain (one GPU per node,
 /// the default 4 MiB buffer) hands the plugin for an all-reduce of `bytes`
 /// over `channels` channels. These are facts read in NCCL 2.28
@@ -298,12 +317,13 @@ pub const NCCL_STEPS: usize = 8;
 ///   then less than one (down to 32 KiB);
 /// - the send proxy posts one iallreduce per step for a group of up to 8
 ///   channels, covering the group's chunks of that step, and keeps up to
-///   [`NCCL_STEPS`] of them in flight.
+///   [`NCCL_STEPS`] of them in flight (each group its own).
 ///
 /// So 16 MiB over 4 channels goes as 512 KiB iallreduces (4 x 128 KiB), 64
-/// MiB as 1 MiB ones.
+/// MiB as 1 MiB ones; over 16 channels, both as two groups' 1 MiB ones (8 x
+/// 128 KiB).
 pub fn nccl_collnet_step(bytes: usize, channels: usize) -> usize {
-    let channels = channels.clamp(1, 8);
+    let channels = channels.max(1);
     let per_channel = |chunk: usize| bytes / (channels * chunk);
     let mut chunk = 256usize << 10;
     while per_channel(chunk) < 64 && chunk > 128 << 10 {
@@ -315,7 +335,7 @@ pub fn nccl_collnet_step(bytes: usize, channels: usize) -> usize {
     while per_channel(chunk) < 1 && chunk > 32 << 10 {
         chunk /= 2;
     }
-    channels * chunk
+    channels.min(COLLNET_GROUP_CHANNELS) * chunk
 }
 
 /// `--mode agg-plugin`'s all-reduce: the net context, one [`CollNet`], and
@@ -327,7 +347,10 @@ pub struct CollNetDriver {
     coll: Option<CollNet>,
     /// Bytes per iallreduce; None: NCCL's own ([`nccl_collnet_step`]).
     piece: Option<usize>,
+    /// Iallreduces in flight per group of up to 8 channels.
     in_flight: usize,
+    /// The CollNet channels NCCL would run ([`nccl_channels`]).
+    channels: usize,
     timeout: Duration,
 }
 
@@ -376,6 +399,7 @@ impl CollNetDriver {
             coll: None,
             piece: piece.map(|p| p.max(1)),
             in_flight: in_flight.clamp(1, 32),
+            channels: nccl_channels(),
             timeout,
         };
         let mut coll = CollNet::init(tables.coll, job_id, logger())?;
@@ -397,16 +421,18 @@ impl CollNetDriver {
         let coll = self.coll.as_mut().expect("connected in open");
         let (es, len) = (dtype.size(), send.len());
         let (smh, rmh) = (coll.reg_mr(send.as_ptr(), len)?, coll.reg_mr(recv.as_ptr(), len)?);
-        let piece = self.piece.unwrap_or_else(|| nccl_collnet_step(len, NCCL_COLLNET_CHANNELS));
+        let piece = self.piece.unwrap_or_else(|| nccl_collnet_step(len, self.channels));
         let piece = (piece / es).max(1) * es;
         let pieces = len.div_ceil(piece);
+        // Each group of up to 8 channels keeps its own steps in flight.
+        let in_flight = self.in_flight * self.channels.div_ceil(COLLNET_GROUP_CHANNELS);
         // The engine's types and ops carry NCCL's codes as discriminants.
         let (dt, rop) = (dtype as c_int, op as c_int);
-        let mut reqs: Vec<(Request, usize)> = Vec::with_capacity(self.in_flight);
+        let mut reqs: Vec<(Request, usize)> = Vec::with_capacity(in_flight);
         let (mut next, mut done) = (0usize, 0usize);
         let deadline = Instant::now() + self.timeout;
         while done < pieces {
-            while next < pieces && reqs.len() < self.in_flight {
+            while next < pieces && reqs.len() < in_flight {
                 let off = next * piece;
                 let bytes = piece.min(len - off);
                 // SAFETY: both ranges lie inside the caller's buffers, which stay
@@ -456,6 +482,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn channels_follow_nccl_min_nchannels() {
+        assert_eq!(channels_from(None), 4);
+        assert_eq!(channels_from(Some("8")), 8);
+        assert_eq!(channels_from(Some(" 16 ")), 16);
+        assert_eq!(channels_from(Some("0")), 4);
+        assert_eq!(channels_from(Some("x")), 4);
+        assert_eq!(channels_from(Some("100")), 64);
+    }
+
+    #[test]
     fn pieces_follow_nccls_collnet_chain_steps() {
         const K: usize = 1 << 10;
         const M: usize = 1 << 20;
@@ -471,5 +507,8 @@ mod tests {
         // Two channels, and a group holds 8 at most.
         assert_eq!(nccl_collnet_step(16 * M, 2), 2 * 128 * K);
         assert_eq!(nccl_collnet_step(64 * M, 16), 8 * 128 * K);
+        assert_eq!(nccl_collnet_step(16 * M, 16), 8 * 128 * K);
+        assert_eq!(nccl_collnet_step(16 * M, 8), 8 * 128 * K);
+        assert_eq!(nccl_collnet_step(64 * M, 8), 8 * 128 * K);
     }
 }

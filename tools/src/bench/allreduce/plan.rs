@@ -87,11 +87,12 @@ pub struct AllreduceArgs {
     #[arg(long)]
     pub plugin: Option<std::path::PathBuf>,
     /// agg-plugin: bytes per iallreduce, or auto: what NCCL's CollNet hands the plugin for
-    /// each size over the plugin's 4 channels (512 KiB at 16 MiB, 1 MiB from 64 MiB).
+    /// each size over its channels (NCCL_MIN_NCHANNELS, else the plugin's 4: 512 KiB at 16
+    /// MiB, 1 MiB from 64 MiB).
     #[arg(long, default_value = "auto")]
     pub plugin_piece: String,
-    /// agg-plugin: iallreduces in flight (NCCL keeps up to NCCL_STEPS = 8 steps of a
-    /// group of channels outstanding).
+    /// agg-plugin: iallreduces in flight per group of up to 8 channels (NCCL keeps up to
+    /// NCCL_STEPS = 8 steps of each group outstanding).
     #[arg(long, default_value_t = 8)]
     pub plugin_in_flight: usize,
     /// agg-plugin: the plugin's chunk (TALLY_CHUNK), or auto: the plugin's own default, as
