@@ -415,7 +415,8 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
 
 /// `TALLY_PIECE_TIMES` (`ClientConfig::piece_times`): a rank times one
 /// piece in 16 from its send to its result, and the copies of staged
-/// results on its rails or (one endpoint) on its own thread; every result
+/// results on its rails or (one endpoint) on its own thread, and rail
+/// threads their turns' busy share; every result
 /// of a 64 KiB all-reduce is staged with failover on. With failover off
 /// nothing is copied, and unset the report is None. Sealed (a seal
 /// threshold under 64 KiB), nothing is staged and every all-reduce's wait
@@ -466,6 +467,12 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
             };
             assert!(timed, "a report though not timed: {r}");
             assert!(r.sampled > 0 && r.p50 > Duration::ZERO && r.mean > Duration::ZERO && r.p99 >= r.p50, "{r}");
+            match r.rail_busy {
+                // Rails that carried 40 all-reduces had busy turns, and no
+                // share is above the whole.
+                Some((mean, max)) => assert!(rails > 1 && mean > 0.0 && mean <= max && max <= 1.0, "{rails} rails: {r}"),
+                None => assert_eq!(rails, 1, "rail threads time their turns: {r}"),
+            }
             if sealed {
                 // Every all-reduce sealed, none staged, each timed whole.
                 assert_eq!((stats.staged, r.copies, r.sealed), (0, 0, 40), "{stats:?} {r}");

@@ -232,7 +232,7 @@ impl Client {
     /// The sampled pieces' round trips and the copies of staged results so
     /// far, where `ClientConfig::piece_times` is on (else None).
     pub fn piece_times(&self) -> Option<piece_times::PieceReport> {
-        self.cfg.piece_times.then(|| self.piece_times.report(self.rails.copy_times()))
+        self.cfg.piece_times.then(|| self.piece_times.report(self.rails.copy_times(), self.rails.busy_shares()))
     }
 
     /// [`Client::piece_times`], for a caller that logs it itself (the NCCL

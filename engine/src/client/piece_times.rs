@@ -19,10 +19,15 @@
 //! whole time. That is what a seal costs an all-reduce that nothing else
 //! overlaps.
 //!
+//! Rail threads (`rails`) also time their turns, and the report says what
+//! share of their turns' time (spinning included, sleeping not) went to
+//! turns that moved something: a rail with no spare turn puts whatever it
+//! does per piece (failover's copy, say) on every piece's path.
+//!
 //! Off, the per-piece path pays one untaken branch. On, a sampled piece
 //! costs two reads of the monotonic clock (the vDSO: no system call) and a
-//! histogram slot, and each result of a sealed all-reduce one read;
-//! nothing allocates.
+//! histogram slot, each result of a sealed all-reduce one read, and each
+//! rail turn two; nothing allocates.
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -127,8 +132,9 @@ impl PieceTimes {
     }
 
     /// The figures, with the rails' copies of staged results (`count`,
-    /// total ns) added to the caller's.
-    pub fn report(&self, rail_copies: (u64, u64)) -> PieceReport {
+    /// total ns) added to the caller's, and the rails' busy shares
+    /// (`Rails::busy_shares`).
+    pub fn report(&self, rail_copies: (u64, u64), rail_busy: Option<(f64, f64)>) -> PieceReport {
         let mean = |n: u64, ns: u64| Duration::from_nanos(ns.checked_div(n).unwrap_or(0));
         let copies = (rail_copies.0 + self.caller_copies, rail_copies.1 + self.caller_copy_ns);
         PieceReport {
@@ -142,6 +148,7 @@ impl PieceTimes {
             sealed: self.sealed,
             seal_wait_mean: mean(self.sealed, self.seal_wait_ns),
             sealed_op_mean: mean(self.sealed, self.sealed_op_ns),
+            rail_busy,
         }
     }
 }
@@ -184,6 +191,9 @@ pub struct PieceReport {
     pub sealed: u64,
     pub seal_wait_mean: Duration,
     pub sealed_op_mean: Duration,
+    /// Rail threads: the mean and the busiest rail's share of their turns'
+    /// time spent in turns that moved something (None without rail threads).
+    pub rail_busy: Option<(f64, f64)>,
 }
 
 impl fmt::Display for PieceReport {
@@ -209,6 +219,9 @@ impl fmt::Display for PieceReport {
                 us(self.seal_wait_mean),
                 us(self.sealed_op_mean)
             )?;
+        }
+        if let Some((mean, max)) = self.rail_busy {
+            write!(f, "; rails busy in {:.0}% of their turns' time (busiest {:.0}%)", mean * 100.0, max * 100.0)?;
         }
         Ok(())
     }
@@ -243,7 +256,7 @@ mod tests {
             let now = t.now_ns();
             t.record(now.saturating_sub(took).max(1));
         }
-        let r = t.report((4, 8_000));
+        let r = t.report((4, 8_000), None);
         assert_eq!(r.sampled, 100);
         assert!((96..=120).contains(&(r.p50.as_micros() as u64)), "p50 {:?}", r.p50);
         assert!((96..=120).contains(&(r.p90.as_micros() as u64)), "p90 {:?}", r.p90);
@@ -253,6 +266,9 @@ mod tests {
         assert!(r.to_string().starts_with("piece round trips (1 in 16 timed, 100 pieces): mean "), "{r}");
         assert!(PieceTimes::sampled(0) && PieceTimes::sampled(32) && !PieceTimes::sampled(1));
         assert!(!r.to_string().contains("sealed"), "no sealed all-reduce, no word of seals: {r}");
+        assert!(!r.to_string().contains("rails"), "no rail threads, no word of rails: {r}");
+        let r = t.report((4, 8_000), Some((0.625, 0.9)));
+        assert!(r.to_string().ends_with("; rails busy in 62% of their turns' time (busiest 90%)"), "{r}");
     }
 
     #[test]
@@ -263,7 +279,7 @@ mod tests {
             let last = t.now_ns() - wait;
             t.record_sealed(last, Duration::from_millis(4));
         }
-        let r = t.report((0, 0));
+        let r = t.report((0, 0), None);
         assert_eq!(r.sealed, 2);
         assert!(r.seal_wait_mean >= Duration::from_micros(300) && r.seal_wait_mean < Duration::from_micros(400), "{r}");
         assert_eq!(r.sealed_op_mean, Duration::from_millis(4));

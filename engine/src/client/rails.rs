@@ -232,6 +232,10 @@ struct Shared {
     /// (timed only with `TALLY_PIECE_TIMES`; written by the rail alone).
     copies: AtomicU64,
     copy_ns: AtomicU64,
+    /// The ns of the rail's turns, and of those that moved something
+    /// (timed only with `TALLY_PIECE_TIMES`; written by the rail alone).
+    turn_ns: AtomicU64,
+    busy_ns: AtomicU64,
 }
 
 struct Rail {
@@ -279,15 +283,15 @@ impl Rails {
 
     /// One thread per endpoint, each pinned to the matching core of `cores`
     /// where given. Needs providers that want no local registrations.
-    /// `time_copies`: each rail times its copies of staged results
-    /// ([`Rails::copy_times`]).
+    /// `timed`: each rail times its copies of staged results
+    /// ([`Rails::copy_times`]) and its turns ([`Rails::busy_shares`]).
     pub fn threaded(
         eps: Vec<Endpoint>,
         spin_polls: u32,
         sleep_ms: u32,
         cores: &[usize],
         contexts: usize,
-        time_copies: bool,
+        timed: bool,
     ) -> Result<Rails, FabricError> {
         let os_error = |call: &'static str| move |e: std::io::Error| FabricError { call, code: e.raw_os_error().unwrap_or(libc::EIO) };
         let owner = Arc::new(Bell::new().map_err(os_error("eventfd"))?);
@@ -316,6 +320,8 @@ impl Rails {
                 abandoned: AtomicBool::new(false),
                 copies: AtomicU64::new(0),
                 copy_ns: AtomicU64::new(0),
+                turn_ns: AtomicU64::new(0),
+                busy_ns: AtomicU64::new(0),
             });
             let sh = shared.clone();
             let core = cores.get(i).copied();
@@ -327,7 +333,7 @@ impl Rails {
                             log::warn!("rail {i}: cannot pin to core {c}: {e}");
                         }
                     }
-                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts, time_copies).run()
+                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts, timed).run()
                 })
                 .map_err(os_error("spawning a rail thread"))?;
             if let Mode::Threaded { rails, .. } = &mut made.mode {
@@ -346,6 +352,23 @@ impl Rails {
                 .iter()
                 .fold((0, 0), |(n, ns), r| (n + r.shared.copies.load(Ordering::Relaxed), ns + r.shared.copy_ns.load(Ordering::Relaxed))),
         }
+    }
+
+    /// The share of their turns' time (spinning included, sleep not) that
+    /// the rail threads spent in turns that moved something: the mean over
+    /// the rails and the busiest rail's (None with one endpoint, or where
+    /// the rails were not asked to time their turns). A rail near 1 had no
+    /// spare turn: whatever it does per piece is then on every piece's path.
+    pub fn busy_shares(&self) -> Option<(f64, f64)> {
+        let Mode::Threaded { rails, .. } = &self.mode else { return None };
+        let (n, sum, max) = rails
+            .iter()
+            .filter_map(|r| {
+                let (turn, busy) = (r.shared.turn_ns.load(Ordering::Relaxed), r.shared.busy_ns.load(Ordering::Relaxed));
+                (turn > 0).then(|| busy as f64 / turn as f64)
+            })
+            .fold((0usize, 0.0, 0.0f64), |(n, sum, max), share| (n + 1, sum + share, max.max(share)));
+        (n > 0).then(|| (sum / n as f64, max))
     }
 
     /// Per endpoint, which provider call its driver is inside.

@@ -28,10 +28,13 @@ pub(super) struct RailLoop {
     copies: Box<[(*mut u8, *mut u8)]>,
     /// Copy with streaming stores (`stream_copy`).
     stream_copy: bool,
-    /// Time each copy out (`TALLY_PIECE_TIMES`), into `Shared::copies`/`copy_ns`.
-    time_copies: bool,
+    /// Time each copy out and each turn (`TALLY_PIECE_TIMES`), into
+    /// `Shared::copies`/`copy_ns` and `Shared::turn_ns`/`busy_ns`.
+    timed: bool,
     copied: u64,
     copied_ns: u64,
+    turn_ns: u64,
+    busy_ns: u64,
     /// Fault injection: when this rail's thread blocks for good as inside a
     /// provider call (`TALLY_FAULT_RAIL_STALL=RAIL@SECONDS`). None in real use.
     stall_at: Option<Instant>,
@@ -45,15 +48,17 @@ impl RailLoop {
         spin_polls: u32,
         sleep_ms: u32,
         contexts: usize,
-        time_copies: bool,
+        timed: bool,
     ) -> RailLoop {
         RailLoop {
             stall_at: crate::host::fault::stall_at("TALLY_FAULT_RAIL_STALL", rail),
             copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
             stream_copy: super::stream_copy::wanted(),
-            time_copies,
+            timed,
             copied: 0,
             copied_ns: 0,
+            turn_ns: 0,
+            busy_ns: 0,
             ep,
             sh,
             spin_polls,
@@ -72,7 +77,7 @@ impl RailLoop {
             if self.stall_at.is_some_and(|t| Instant::now() >= t) {
                 self.stall();
             }
-            let worked = self.take_commands() | self.post_waiting() | self.reap();
+            let worked = if self.timed { self.timed_turn() } else { self.turn() };
             if worked {
                 empty = 0;
                 continue;
@@ -93,6 +98,28 @@ impl RailLoop {
             return;
         }
         self.ep.cancel_all();
+    }
+
+    /// One turn: whether it moved anything.
+    #[inline(always)]
+    fn turn(&mut self) -> bool {
+        self.take_commands() | self.post_waiting() | self.reap()
+    }
+
+    /// [`RailLoop::turn`], timed: two reads of the monotonic clock (the
+    /// vDSO), against a turn of at least one poll of the provider.
+    fn timed_turn(&mut self) -> bool {
+        let began = Instant::now();
+        let worked = self.turn();
+        let ns = began.elapsed().as_nanos() as u64;
+        self.turn_ns += ns;
+        if worked {
+            self.busy_ns += ns;
+        }
+        // Plain stores of this thread's own totals: the client only reads them.
+        self.sh.turn_ns.store(self.turn_ns, Ordering::Relaxed);
+        self.sh.busy_ns.store(self.busy_ns, Ordering::Relaxed);
+        worked
     }
 
     /// Whether the client gave this rail up (it was stuck in a provider call).
@@ -242,7 +269,7 @@ impl RailLoop {
         let Some(c) = self.copies.get_mut(ctx as usize) else { return };
         let (from, to) = std::mem::replace(c, (std::ptr::null_mut(), std::ptr::null_mut()));
         if !from.is_null() {
-            let began = self.time_copies.then(Instant::now);
+            let began = self.timed.then(Instant::now);
             // SAFETY: the receive into `from` completed with `len` bytes (at
             // most what was posted); `to` holds as many and is written by no
             // one else until this completion is handed back (Rails::recv's
