@@ -424,7 +424,9 @@ impl CollNetDriver {
         let piece = self.piece.unwrap_or_else(|| nccl_collnet_step(len, self.channels));
         let piece = (piece / es).max(1) * es;
         let pieces = len.div_ceil(piece);
-        // Each group of up to 8 channels keeps its own steps in flight.
+        // Each group of up to 8 channels keeps its own steps in flight (a
+        // last group of fewer channels is run as a full one: 12 channels
+        // as two groups of 8).
         let in_flight = self.in_flight * self.channels.div_ceil(COLLNET_GROUP_CHANNELS);
         // The engine's types and ops carry NCCL's codes as discriminants.
         let (dt, rop) = (dtype as c_int, op as c_int);
