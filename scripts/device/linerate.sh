@@ -12,7 +12,8 @@
 #   membw                  the host's memory bandwidth: k single-core copies at once (LR_MEMBW_K)
 #   cluster:configs        configurations alternated at 16-32 Gbit/s (LR_CONFIGS, LR_ROUNDS, LR_RATES,
 #                          LR_THREADS=1 for each thread's CPU, threads.py; a config's TALLY=path for another build;
-#                          a config named ...-hog beside LR_HOG_CORES memory-bound copies)
+#                          a config named ...-hog beside LR_HOG_CORES memory-bound copies, ...-spin beside
+#                          as many spinning loops)
 #   cpu                    CPU seconds per GB, adaptive polling (LR_CPU_RATES)
 #   libs                   the cluster part once per libfabric build (LR_LIBS, LR_LIB_CONFIGS)
 #   p2p:tcp-ceiling        tcp p2p ceiling beside plain TCP sockets

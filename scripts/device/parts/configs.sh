@@ -16,7 +16,11 @@
 # TALLY_PIECE_TIMES=1 puts ranks 0 and 1's piece round trips in the summary.
 # A config whose name ends -hog runs beside LR_HOG_CORES (8) niced
 # single-core copies of 256 MiB on the host's last cores (`membw` says what
-# each draws): which settings a memory-bound neighbour costs more. After
+# each draws): which settings a memory-bound neighbour costs more. One
+# ending -spin runs beside LR_HOG_CORES (8) spinning shell loops, neither
+# niced nor pinned: more busy threads than the run's own, as eight rails a
+# worker add (does the emulated network's kernel work then starve into
+# retransmissions and timeouts?). After
 # two rounds or more, each configuration's median over them, its range and
 # its ratio to the first configuration's (summarise.py configs_rounds).
 say ""
@@ -36,7 +40,7 @@ for round in $(seq 1 "$rounds"); do
         case "$name" in
             rails1*) vars+=(TALLY_RAILS=1) ;;
         esac
-        [[ "$name" == *-fo0 || "$name" == *-fo0-hog ]] && vars+=(TALLY_FAILOVER=0)
+        [[ "$name" == *-fo0 || "$name" == *-fo0-hog || "$name" == *-fo0-spin ]] && vars+=(TALLY_FAILOVER=0)
         j="$OUT/cluster-$round-$name.json"
         vars+=(TALLY_LR_CONFIG="$cfg")
         exe="$TALLY"
@@ -54,6 +58,11 @@ for round in $(seq 1 "$rounds"); do
                 hogs+=($!)
             done
             sleep 2
+        elif [[ "$name" == *-spin ]]; then
+            for _ in $(seq 1 "${LR_HOG_CORES:-8}"); do
+                bash -c 'while :; do :; done' &
+                hogs+=($!)
+            done
         fi
         env "${vars[@]}" timeout -k 5 240 "$exe" bench cluster --hosts "${LR_HOSTS:-4}" --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
             ${LR_ITERS:+--iters "$LR_ITERS"} --timeout 120 --mode "${LR_MODES:-agg,ring}" "${extra[@]}" --json --log "$OUT/cluster-$round-$name.log" >"$j" 2>>"$OUT/cluster.err" \
