@@ -180,7 +180,9 @@ def configs_rounds(out, *configs):
             except Exception:
                 continue
             for r in rows:
-                if r["mode"] == "ring":
+                # A row with wrong elements is no figure (configs.sh also
+                # sets a failed run's file aside).
+                if r["mode"] == "ring" or r.get("wrong", 0):
                     continue
                 runs.setdefault((r["link_gbit"], r["bytes"], r["mode"]), []).append(r["fraction"])
         for key, fs in runs.items():

@@ -40,7 +40,9 @@ for round in $(seq 1 "$rounds"); do
         case "$name" in
             rails1*) vars+=(TALLY_RAILS=1) ;;
         esac
-        [[ "$name" == *-fo0 || "$name" == *-fo0-hog || "$name" == *-fo0-spin ]] && vars+=(TALLY_FAILOVER=0)
+        # -fo0, before any -hog or -spin.
+        plain="${name%-hog}"
+        [[ "${plain%-spin}" == *-fo0 ]] && vars+=(TALLY_FAILOVER=0)
         j="$OUT/cluster-$round-$name.json"
         vars+=(TALLY_LR_CONFIG="$cfg")
         exe="$TALLY"
@@ -66,7 +68,7 @@ for round in $(seq 1 "$rounds"); do
         fi
         env "${vars[@]}" timeout -k 5 240 "$exe" bench cluster --hosts "${LR_HOSTS:-4}" --rates "${LR_RATES:-16,32}" --sizes "${LR_SIZES:-16M,64M}" \
             ${LR_ITERS:+--iters "$LR_ITERS"} --timeout 120 --mode "${LR_MODES:-agg,ring}" "${extra[@]}" --json --log "$OUT/cluster-$round-$name.log" >"$j" 2>>"$OUT/cluster.err" \
-            || { say "FAILED $cfg (round $round)"; [ -n "$sampler" ] && kill "$sampler"; [ ${#hogs[@]} -gt 0 ] && kill "${hogs[@]}"; continue; }
+            || { say "FAILED $cfg (round $round)"; mv "$j" "$j.failed"; [ -n "$sampler" ] && kill "$sampler"; [ ${#hogs[@]} -gt 0 ] && kill "${hogs[@]}"; continue; }
         if [ ${#hogs[@]} -gt 0 ]; then
             kill "${hogs[@]}"
             wait "${hogs[@]}" 2>/dev/null
