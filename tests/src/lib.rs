@@ -170,10 +170,18 @@ impl Drop for ServerProcess {
     }
 }
 
+/// The clients' log (`RUST_LOG`, else info from the engine) into the test
+/// harness's capture: shown with a failing test's output, where what a
+/// rank noticed (a loss, a rejoin) otherwise goes nowhere.
+pub fn client_log() {
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("tally_engine=info")).is_test(true).try_init();
+}
+
 /// A client of a loopback server: small chunks and window so that even small
 /// all-reduces use several slots; a 30 s progress timeout (longer than any
 /// error bound the tests assert).
 pub fn client(provider: &str, addr: &str, job: u64, rank: u32, n: u32) -> ClientConfig {
+    client_log();
     let mut c = ClientConfig::new(vec![addr.to_string()], job, rank, n);
     c.provider = Some(provider.into());
     c.chunk_bytes = 16 << 10;

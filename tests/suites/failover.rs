@@ -415,7 +415,8 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
 
 /// `TALLY_PIECE_TIMES` (`ClientConfig::piece_times`): a rank times one
 /// piece in 16 from its send to its result, and the copies of staged
-/// results on its rails or (one endpoint) on its own thread, and rail
+/// results by its copier thread (the default with rails), on its rails
+/// (`copier` off) or (one endpoint) on its own thread, and rail
 /// threads their turns' busy share; every result
 /// of a 64 KiB all-reduce is staged with failover on. With failover off
 /// nothing is copied, and unset the report is None. Sealed (a seal
@@ -425,14 +426,16 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
 fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-    // (job, failover, timed, rails, sealed): one rail is one endpoint on the
-    // caller's thread, which copies; sealed: TALLY_SEAL_MIN under the 64 KiB.
-    for (job, failover, timed, rails, sealed) in [
-        (0xf9u64, true, true, 3, false),
-        (0xfa, false, true, 3, false),
-        (0xfb, true, false, 3, false),
-        (0xfc, true, true, 1, false),
-        (0xfd, true, true, 3, true),
+    // (job, failover, timed, rails, sealed, copier): one rail is one
+    // endpoint on the caller's thread, which copies; sealed: TALLY_SEAL_MIN
+    // under the 64 KiB; copier off: the rails copy.
+    for (job, failover, timed, rails, sealed, copier) in [
+        (0xf9u64, true, true, 3, false, true),
+        (0xfa, false, true, 3, false, true),
+        (0xfb, true, false, 3, false, true),
+        (0xfc, true, true, 1, false, true),
+        (0xfd, true, true, 3, true, true),
+        (0xfe, true, true, 3, false, false),
     ] {
         let hs: Vec<_> = (0..2u32)
             .map(|rank| {
@@ -440,6 +443,7 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
                 cfg.rails = rails;
                 cfg.failover = failover;
                 cfg.piece_times = timed;
+                cfg.copier = copier;
                 if sealed {
                     cfg.seal_min = 32 << 10;
                 }
@@ -483,8 +487,12 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
                 assert!(stats.staged > 0, "64 KiB stages its results: {stats:?}");
                 assert_eq!(r.copies, stats.staged, "every staged result was copied out and timed ({rails} rails): {r}");
                 assert!(r.copy_mean > Duration::ZERO, "{r}");
+                // The copier takes every copy (a rail copies itself only
+                // with 1024 of its results out with the copier).
+                let by_copier = (rails > 1 && copier).then_some(r.copies);
+                assert_eq!(r.by_copier, by_copier, "{rails} rails, copier {copier}: {r}");
             } else {
-                assert_eq!((r.copies, stats.staged), (0, 0), "failover off copies nothing: {r}");
+                assert_eq!((r.copies, stats.staged, r.by_copier), (0, 0, None), "failover off copies nothing, and runs no copier: {r}");
             }
         }
     }

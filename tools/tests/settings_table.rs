@@ -308,7 +308,7 @@ fn env_defaults_are_the_codes() {
     assert_eq!(c.min_piece, size("TALLY_MIN_PIECE"));
     assert_eq!(MIN_SPREAD_PIECE, size("TALLY_MIN_PIECE"));
     assert_eq!((c.seal_min, DEFAULT_SEAL_MIN), (size("TALLY_SEAL_MIN"), size("TALLY_SEAL_MIN")));
-    for (name, on) in [("TALLY_FAILOVER", c.failover), ("TALLY_RELAY", c.relay), ("TALLY_SPLIT", c.split)] {
+    for (name, on) in [("TALLY_FAILOVER", c.failover), ("TALLY_RELAY", c.relay), ("TALLY_SPLIT", c.split), ("TALLY_COPIER", c.copier)] {
         assert_eq!(number(name), on as u64, "{name}");
     }
     assert_eq!(c.rails as u64, number("TALLY_RAILS"));
@@ -331,6 +331,7 @@ fn env_defaults_are_the_codes() {
         "TALLY_SEAL_MIN",
         "TALLY_RELAY",
         "TALLY_SPLIT",
+        "TALLY_COPIER",
         "TALLY_RAILS",
         "TALLY_LIVENESS_MS",
         "TALLY_PROVIDER_WATCHDOG_S",

@@ -92,9 +92,15 @@ pub struct ClientConfig {
     /// server but at least 4, over tcp, for 2+ servers on hosts of 8 or more
     /// cores). Default from TALLY_RAILS, else 0.
     pub rails: usize,
-    /// Cores to pin the rail threads to, one each in order (empty: they
-    /// keep the affinity of the thread that connects). From TALLY_RAIL_CORES.
+    /// Cores to pin the rail threads to, one each in order, then one for
+    /// the copier (empty: they keep the affinity of the thread that
+    /// connects). From TALLY_RAIL_CORES.
     pub rail_cores: Vec<usize>,
+    /// With rail threads and failover on, one more thread copies staged
+    /// results into the caller's buffers, off the rails' path (see
+    /// [`rails`]'s `copier`). Default on; TALLY_COPIER=0 turns it off (the
+    /// rails copy, one core fewer busy).
+    pub copier: bool,
     /// A server of a job that can fail over, heard once, then silent this
     /// long (no heartbeat, no message) is lost (see [`liveness`]). Default
     /// from TALLY_LIVENESS_MS, else 2 s; zero: never.
@@ -110,6 +116,12 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// Whether a client of `rails` rails runs the copier thread: asked
+    /// for, with failover on (only it stages results) and rail threads.
+    pub fn runs_copier(&self, rails: usize) -> bool {
+        self.copier && self.failover && rails > 1
+    }
+
     pub fn new(servers: Vec<String>, job_id: u64, rank: u32, nranks: u32) -> ClientConfig {
         ClientConfig {
             servers,
@@ -143,6 +155,7 @@ impl ClientConfig {
                 .ok()
                 .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
                 .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
+            copier: std::env::var("TALLY_COPIER").map_or(true, |v| v.trim() != "0"),
             liveness: Duration::from_millis(
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
             ),

@@ -176,7 +176,8 @@ impl Client {
             for _ in 1..want {
                 eps.push(open()?);
             }
-            Rails::threaded(eps, cfg.spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize, cfg.piece_times)
+            let copier = cfg.runs_copier(eps.len());
+            Rails::threaded(eps, cfg.spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize, cfg.piece_times, copier)
         }
         .map_err(|e| ClientError::Fabric(e.to_string()))?
         .serve(cfg.servers.len());
@@ -186,7 +187,8 @@ impl Client {
             } else {
                 format!("server i's lcores spread over rails i, i + {0}, ... (lcore k on its lane k mod lanes)", cfg.servers.len())
             };
-            log::info!("rank {}: {} rails (an endpoint and a thread each), {how}", cfg.rank, rails.count());
+            let copier = if rails.has_copier() { ", and a copier thread for staged results" } else { "" };
+            log::info!("rank {}: {} rails (an endpoint and a thread each){copier}, {how}", cfg.rank, rails.count());
         }
         crate::dataplane::lcore::precise_naps();
         let watchdog = watchdog::Watchdog::start(
@@ -232,7 +234,7 @@ impl Client {
     /// The sampled pieces' round trips and the copies of staged results so
     /// far, where `ClientConfig::piece_times` is on (else None).
     pub fn piece_times(&self) -> Option<piece_times::PieceReport> {
-        self.cfg.piece_times.then(|| self.piece_times.report(self.rails.copy_times(), self.rails.busy_shares()))
+        self.cfg.piece_times.then(|| self.piece_times.report(self.rails.copy_times(), self.rails.copier_copies(), self.rails.busy_shares()))
     }
 
     /// [`Client::piece_times`], for a caller that logs it itself (the NCCL

@@ -6,8 +6,9 @@
 //! from the post of its send to the moment this rank's caller thread sees
 //! its result: the servers' side, the links and every hop through this
 //! rank's rail threads. Where the rails copy staged results out (failover,
-//! `Cmd::RecvCopy`), each rail also times its copies, and where the
-//! caller's thread copies (one endpoint), it does. Comparing the two with
+//! `Cmd::RecvCopy`), each rail (or the copier that copies for them) also
+//! times its copies, and where the caller's thread copies (one endpoint),
+//! it does. Comparing the two with
 //! and without a setting (failover, say) tells a piece that got slower from
 //! pieces that were sent later. The client logs the figures when it closes
 //! ([`PieceReport`]); tests and tools read them with
@@ -131,10 +132,11 @@ impl PieceTimes {
         Duration::from_micros(lower_edge(BUCKETS - 1))
     }
 
-    /// The figures, with the rails' copies of staged results (`count`,
-    /// total ns) added to the caller's, and the rails' busy shares
+    /// The figures, with the rails' and the copier's copies of staged
+    /// results (`count`, total ns) added to the caller's, how many of them
+    /// the copier made (None: no copier), and the rails' busy shares
     /// (`Rails::busy_shares`).
-    pub fn report(&self, rail_copies: (u64, u64), rail_busy: Option<(f64, f64)>) -> PieceReport {
+    pub fn report(&self, rail_copies: (u64, u64), by_copier: Option<u64>, rail_busy: Option<(f64, f64)>) -> PieceReport {
         let mean = |n: u64, ns: u64| Duration::from_nanos(ns.checked_div(n).unwrap_or(0));
         let copies = (rail_copies.0 + self.caller_copies, rail_copies.1 + self.caller_copy_ns);
         PieceReport {
@@ -145,6 +147,7 @@ impl PieceTimes {
             p99: self.quantile(0.99),
             copies: copies.0,
             copy_mean: mean(copies.0, copies.1),
+            by_copier,
             sealed: self.sealed,
             seal_wait_mean: mean(self.sealed, self.seal_wait_ns),
             sealed_op_mean: mean(self.sealed, self.sealed_op_ns),
@@ -186,6 +189,8 @@ pub struct PieceReport {
     /// Staged results copied into the caller's buffer, and their mean copy.
     pub copies: u64,
     pub copy_mean: Duration,
+    /// Of those, the copier's (None: the client runs no copier).
+    pub by_copier: Option<u64>,
     /// Sealed all-reduces, their mean wait for their seals after their
     /// last result, and their mean whole time.
     pub sealed: u64,
@@ -202,15 +207,18 @@ impl fmt::Display for PieceReport {
         write!(
             f,
             "piece round trips (1 in {SAMPLE_EVERY} timed, {} pieces): mean {:.0} us, p50 {:.0} us, p90 {:.0} us, p99 {:.0} us; \
-             {} staged results copied out, {:.2} us each",
+             {} staged results copied out",
             self.sampled,
             us(self.mean),
             us(self.p50),
             us(self.p90),
             us(self.p99),
             self.copies,
-            us(self.copy_mean)
         )?;
+        if let Some(n) = self.by_copier {
+            write!(f, " ({n} by the copier)")?;
+        }
+        write!(f, ", {:.2} us each", us(self.copy_mean))?;
         if self.sealed > 0 {
             write!(
                 f,
@@ -256,7 +264,7 @@ mod tests {
             let now = t.now_ns();
             t.record(now.saturating_sub(took).max(1));
         }
-        let r = t.report((4, 8_000), None);
+        let r = t.report((4, 8_000), None, None);
         assert_eq!(r.sampled, 100);
         assert!((96..=120).contains(&(r.p50.as_micros() as u64)), "p50 {:?}", r.p50);
         assert!((96..=120).contains(&(r.p90.as_micros() as u64)), "p90 {:?}", r.p90);
@@ -267,8 +275,9 @@ mod tests {
         assert!(PieceTimes::sampled(0) && PieceTimes::sampled(32) && !PieceTimes::sampled(1));
         assert!(!r.to_string().contains("sealed"), "no sealed all-reduce, no word of seals: {r}");
         assert!(!r.to_string().contains("rails"), "no rail threads, no word of rails: {r}");
-        let r = t.report((4, 8_000), Some((0.625, 0.9)));
+        let r = t.report((4, 8_000), Some(3), Some((0.625, 0.9)));
         assert!(r.to_string().ends_with("; rails busy in 62% of their turns' time (busiest 90%)"), "{r}");
+        assert!(r.to_string().contains("; 4 staged results copied out (3 by the copier), 2.00 us each;"), "{r}");
     }
 
     #[test]
@@ -279,7 +288,7 @@ mod tests {
             let last = t.now_ns() - wait;
             t.record_sealed(last, Duration::from_millis(4));
         }
-        let r = t.report((0, 0), None);
+        let r = t.report((0, 0), None, None);
         assert_eq!(r.sealed, 2);
         assert!(r.seal_wait_mean >= Duration::from_micros(300) && r.seal_wait_mean < Duration::from_micros(400), "{r}");
         assert_eq!(r.sealed_op_mean, Duration::from_millis(4));

@@ -43,6 +43,11 @@
 //! call (with manual progress, no byte moves into a buffer the caller took
 //! back) and leaves its endpoint unclosed.
 //!
+//! With failover on, a client with rails also runs the *copier*
+//! (`copier.rs`): one thread that copies staged results into the caller's
+//! buffers for every rail, so that the copy is off the rails' path; a rail
+//! hands it each result as it completes and takes the completion back.
+//!
 //! Control operations (adding a peer, canceling everything) go to the rail
 //! thread as commands too, and the client waits for their answer: they
 //! happen at joins, recoveries and stops, never per chunk.
@@ -56,8 +61,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod copier;
 mod rail_loop;
 mod stream_copy;
+use copier::{CopierShared, CopyLane};
 use rail_loop::RailLoop;
 
 /// The most rails a client runs.
@@ -134,10 +141,10 @@ enum Cmd {
         ignore: u64,
         ctx: u32,
     },
-    /// A receive whose bytes the rail copies to `to` once it completes,
-    /// before it hands the completion back (failover's staged results:
-    /// the copy out of the staging slot runs on the rail's thread, spread
-    /// over the rails, instead of on the caller's).
+    /// A receive whose bytes are copied to `to` once it completes, before
+    /// the rail hands the completion back (failover's staged results: the
+    /// copy out of the staging slot runs on the copier, or on the rail's
+    /// thread without one, instead of on the caller's).
     RecvCopy {
         buf: *mut u8,
         len: usize,
@@ -215,6 +222,34 @@ impl Drop for Bell {
     }
 }
 
+/// A polling thread's empty turns in a row, and when they call for a sleep
+/// (after `spin_polls`): the rails' and the copier's loops.
+struct EmptyTurns {
+    empty: u32,
+    spin_polls: u32,
+}
+
+impl EmptyTurns {
+    fn new(spin_polls: u32) -> EmptyTurns {
+        EmptyTurns { empty: 0, spin_polls }
+    }
+
+    /// Counts a turn; true when the thread should sleep now.
+    #[inline]
+    fn sleep_after(&mut self, worked: bool) -> bool {
+        if worked {
+            self.empty = 0;
+            return false;
+        }
+        self.empty = self.empty.saturating_add(1);
+        if self.empty >= self.spin_polls {
+            self.empty = 0;
+            return true;
+        }
+        false
+    }
+}
+
 /// What a rail thread and the client share.
 struct Shared {
     cmds: ArrayQueue<Cmd>,
@@ -236,6 +271,8 @@ struct Shared {
     /// (timed only with `TALLY_PIECE_TIMES`; written by the rail alone).
     turn_ns: AtomicU64,
     busy_ns: AtomicU64,
+    /// The rings to and from the copier, where the client runs one.
+    copy: Option<CopyLane>,
 }
 
 struct Rail {
@@ -246,8 +283,9 @@ struct Rail {
 enum Mode {
     /// One endpoint, driven by the caller's thread.
     Direct(Endpoint),
-    /// One endpoint per rail, each driven by its own thread.
-    Threaded { rails: Vec<Rail>, owner: Arc<Bell>, held: Option<Event>, next: usize },
+    /// One endpoint per rail, each driven by its own thread, and maybe the
+    /// copier's thread.
+    Threaded { rails: Vec<Rail>, owner: Arc<Bell>, held: Option<Event>, next: usize, copier: Option<(Arc<CopierShared>, JoinHandle<()>)> },
 }
 
 /// The client's endpoints: one driven by the caller, or one per rail thread.
@@ -283,8 +321,12 @@ impl Rails {
 
     /// One thread per endpoint, each pinned to the matching core of `cores`
     /// where given. Needs providers that want no local registrations.
+    /// With `copier`, one more thread copies staged results out for every
+    /// rail (see `copier`), pinned to the core after the rails' in `cores`
+    /// where there is one.
     /// `timed`: each rail times its copies of staged results
     /// ([`Rails::copy_times`]) and its turns ([`Rails::busy_shares`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn threaded(
         eps: Vec<Endpoint>,
         spin_polls: u32,
@@ -292,9 +334,12 @@ impl Rails {
         cores: &[usize],
         contexts: usize,
         timed: bool,
+        copier: bool,
     ) -> Result<Rails, FabricError> {
         let os_error = |call: &'static str| move |e: std::io::Error| FabricError { call, code: e.raw_os_error().unwrap_or(libc::EIO) };
         let owner = Arc::new(Bell::new().map_err(os_error("eventfd"))?);
+        let copier_sh = if copier { Some(Arc::new(CopierShared::new().map_err(os_error("eventfd"))?)) } else { None };
+        let rail_count = eps.len();
         // Built up rail by rail: on an error, dropping it stops and joins
         // the threads already started.
         let mut made = Rails {
@@ -306,7 +351,7 @@ impl Rails {
             // Inject copies at the call; a queued send may be posted later.
             inject_size: 0,
             watches: eps.iter().map(|e| e.call_watch()).collect(),
-            mode: Mode::Threaded { rails: Vec::with_capacity(eps.len()), owner: owner.clone(), held: None, next: 0 },
+            mode: Mode::Threaded { rails: Vec::with_capacity(eps.len()), owner: owner.clone(), held: None, next: 0, copier: None },
         };
         for (i, ep) in eps.into_iter().enumerate() {
             made.names.push(ep.name()?);
@@ -322,6 +367,7 @@ impl Rails {
                 copy_ns: AtomicU64::new(0),
                 turn_ns: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
+                copy: copier_sh.clone().map(CopyLane::new),
             });
             let sh = shared.clone();
             let core = cores.get(i).copied();
@@ -340,17 +386,51 @@ impl Rails {
                 rails.push(Rail { shared, thread: Some(thread) });
             }
         }
+        if let (Some(sh), Mode::Threaded { rails, copier, .. }) = (copier_sh, &mut made.mode) {
+            let served: Vec<Arc<Shared>> = rails.iter().map(|r| r.shared.clone()).collect();
+            let core = cores.get(rail_count).copied();
+            let job = copier::Copier::new(served, sh.clone(), spin_polls, sleep_ms, timed);
+            let thread = std::thread::Builder::new()
+                .name("tally-copier".into())
+                .spawn(move || {
+                    if let Some(c) = core {
+                        if let Err(e) = crate::host::cpuset::pin_current_thread(c) {
+                            log::warn!("copier: cannot pin to core {c}: {e}");
+                        }
+                    }
+                    job.run()
+                })
+                .map_err(os_error("spawning the copier thread"))?;
+            *copier = Some((sh, thread));
+        }
         Ok(made)
     }
 
-    /// Staged results the rail threads copied out, and the ns those copies
-    /// took, over every rail (zero unless they were asked to time them).
+    /// Staged results the rail threads and the copier copied out, and the
+    /// ns those copies took (zero unless they were asked to time them).
     pub fn copy_times(&self) -> (u64, u64) {
         match &self.mode {
             Mode::Direct(_) => (0, 0),
-            Mode::Threaded { rails, .. } => rails
-                .iter()
-                .fold((0, 0), |(n, ns), r| (n + r.shared.copies.load(Ordering::Relaxed), ns + r.shared.copy_ns.load(Ordering::Relaxed))),
+            Mode::Threaded { rails, copier, .. } => {
+                let own = copier.as_ref().map_or((0, 0), |(c, _)| (c.copies.load(Ordering::Relaxed), c.copy_ns.load(Ordering::Relaxed)));
+                rails
+                    .iter()
+                    .fold(own, |(n, ns), r| (n + r.shared.copies.load(Ordering::Relaxed), ns + r.shared.copy_ns.load(Ordering::Relaxed)))
+            }
+        }
+    }
+
+    /// Whether a copier thread copies the staged results out (see `copier`).
+    pub fn has_copier(&self) -> bool {
+        matches!(&self.mode, Mode::Threaded { copier: Some(_), .. })
+    }
+
+    /// Staged results the copier copied out (counted only where timed, as
+    /// [`Rails::copy_times`]); None without a copier.
+    pub fn copier_copies(&self) -> Option<u64> {
+        match &self.mode {
+            Mode::Threaded { copier: Some((c, _)), .. } => Some(c.copies.load(Ordering::Relaxed)),
+            _ => None,
         }
     }
 
@@ -648,7 +728,7 @@ impl Rails {
 
 impl Drop for Rails {
     fn drop(&mut self) {
-        if let Mode::Threaded { rails, .. } = &mut self.mode {
+        if let Mode::Threaded { rails, copier, .. } = &mut self.mode {
             for r in rails.iter() {
                 r.shared.stop.store(true, Ordering::SeqCst);
                 r.shared.bell.sleeping.store(true, Ordering::SeqCst);
@@ -664,6 +744,14 @@ impl Drop for Rails {
                         let _ = t.join();
                     }
                 }
+            }
+            // After the rails: a rail waits for the copier's jobs to come
+            // back before it answers a cancel.
+            if let Some((sh, t)) = copier.take() {
+                sh.stop.store(true, Ordering::SeqCst);
+                sh.bell.sleeping.store(true, Ordering::SeqCst);
+                sh.bell.ring();
+                let _ = t.join();
             }
         }
     }
@@ -723,6 +811,14 @@ mod tests {
 
     fn all(rails: usize, servers: usize) -> Vec<Vec<usize>> {
         (0..servers).map(|si| lanes(rails, servers, si).collect()).collect()
+    }
+
+    #[test]
+    fn a_thread_sleeps_after_spin_polls_empty_turns_in_a_row() {
+        let mut t = EmptyTurns::new(3);
+        let turns = [false, false, true, false, false, false, false, false, false];
+        let slept: Vec<bool> = turns.iter().map(|&w| t.sleep_after(w)).collect();
+        assert_eq!(slept, [false, false, false, false, false, true, false, false, true]);
     }
 
     #[test]

@@ -141,7 +141,14 @@ pub static ENV: &[EnvVar] = &[
         "",
         "the connecting thread's affinity",
         &[Client],
-        "cores to pin the rail threads to, one each, in order (core list, `8-11`)",
+        "cores to pin the rail threads to, one each, in order, then the copier (core list, `8-12`)",
+    ),
+    var(
+        "TALLY_COPIER",
+        "1",
+        "",
+        &[Client],
+        "0: rail threads copy staged results (failover on) into the caller's buffer themselves, not one more thread (the copier) off their path",
     ),
     var(
         "TALLY_STAGE_COPY",

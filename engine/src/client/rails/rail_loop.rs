@@ -2,9 +2,11 @@
 //! its endpoint; [`RailLoop::run`] ends it). Per turn: take the commands the
 //! client queued (data operations in order behind any that met EAGAIN;
 //! control commands at once), post what waits, read the completion queue,
-//! copy staged results out where asked (`Cmd::RecvCopy`) and hand the
-//! completions back. Nothing here allocates, locks or logs per operation.
-use super::{Cmd, Event, Reply, Shared, RING};
+//! copy staged results out where asked (`Cmd::RecvCopy`; or hand them to
+//! the copier, see `copier`, and take them back) and hand the completions
+//! back. Nothing here allocates, locks or logs per operation.
+use super::copier::{CopyJob, LANE};
+use super::{Cmd, EmptyTurns, Event, Reply, Shared, RING};
 use crate::dataplane::fabric::call_watch::Call;
 use crate::dataplane::fabric::{Completion, Endpoint, FabricError, PollError, PostError};
 use std::collections::VecDeque;
@@ -28,6 +30,8 @@ pub(super) struct RailLoop {
     copies: Box<[(*mut u8, *mut u8)]>,
     /// Copy with streaming stores (`stream_copy`).
     stream_copy: bool,
+    /// Jobs handed to the copier and not back yet (at most [`LANE`]).
+    out: usize,
     /// Time each copy out and each turn (`TALLY_PIECE_TIMES`), into
     /// `Shared::copies`/`copy_ns` and `Shared::turn_ns`/`busy_ns`.
     timed: bool,
@@ -54,6 +58,7 @@ impl RailLoop {
             stall_at: crate::host::fault::stall_at("TALLY_FAULT_RAIL_STALL", rail),
             copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
             stream_copy: super::stream_copy::wanted(),
+            out: 0,
             timed,
             copied: 0,
             copied_ns: 0,
@@ -72,20 +77,14 @@ impl RailLoop {
     /// Set-up is done by the client (the endpoint is open); this is the
     /// steady state, then the tear-down.
     pub(super) fn run(mut self) {
-        let mut empty = 0u32;
+        let mut idle = EmptyTurns::new(self.spin_polls);
         while !self.sh.stop.load(Ordering::Relaxed) {
             if self.stall_at.is_some_and(|t| Instant::now() >= t) {
                 self.stall();
             }
             let worked = if self.timed { self.timed_turn() } else { self.turn() };
-            if worked {
-                empty = 0;
-                continue;
-            }
-            empty = empty.saturating_add(1);
-            if empty >= self.spin_polls {
+            if idle.sleep_after(worked) {
                 self.sleep();
-                empty = 0;
             }
         }
         if self.abandoned() {
@@ -103,7 +102,7 @@ impl RailLoop {
     /// One turn: whether it moved anything.
     #[inline(always)]
     fn turn(&mut self) -> bool {
-        self.take_commands() | self.post_waiting() | self.reap()
+        self.take_commands() | self.post_waiting() | self.reap() | self.take_copied()
     }
 
     /// [`RailLoop::turn`], timed: two reads of the monotonic clock (the
@@ -146,6 +145,8 @@ impl RailLoop {
             any = true;
             match c {
                 Cmd::Cancel(ctx) => {
+                    // Its result may be with the copier: back first.
+                    self.wait_copier(false);
                     let before = self.waiting.len();
                     self.waiting.retain(
                         |w| !matches!(w, Cmd::Send { ctx: c, .. } | Cmd::Recv { ctx: c, .. } | Cmd::RecvCopy { ctx: c, .. } if *c == ctx),
@@ -159,6 +160,7 @@ impl RailLoop {
                     let _ = self.sh.replies.push(Reply::Done);
                 }
                 Cmd::CancelAll => {
+                    self.wait_copier(true);
                     self.waiting.clear();
                     self.copies.iter_mut().for_each(|c| *c = (std::ptr::null_mut(), std::ptr::null_mut()));
                     self.ep.cancel_all();
@@ -238,6 +240,9 @@ impl RailLoop {
             Ok(n) => {
                 for i in 0..n {
                     let c = self.batch[i];
+                    if c.is_recv && self.hand_to_copier(c) {
+                        continue;
+                    }
                     if c.is_recv {
                         self.land(c.context, c.len);
                     }
@@ -286,6 +291,64 @@ impl RailLoop {
         }
     }
 
+    /// Hands a completed [`Cmd::RecvCopy`] to the copier, if there is one
+    /// with room: its completion comes back through [`RailLoop::take_copied`].
+    #[inline]
+    fn hand_to_copier(&mut self, c: Completion) -> bool {
+        let Some(lane) = &self.sh.copy else { return false };
+        let Some(slot) = self.copies.get_mut(c.context as usize) else { return false };
+        if slot.0.is_null() || self.out >= LANE {
+            return false;
+        }
+        let (from, to) = *slot;
+        if lane.jobs.push(CopyJob { from, to, len: c.len, done: c }).is_err() {
+            return false;
+        }
+        *slot = (std::ptr::null_mut(), std::ptr::null_mut());
+        self.out += 1;
+        lane.copier.bell.ring();
+        true
+    }
+
+    /// Queues to the client the completions whose copies the copier made.
+    #[inline]
+    fn take_copied(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.copied_back() {
+            self.out -= 1;
+            self.push(Event::Done(c));
+            any = true;
+        }
+        if any {
+            self.sh.owner.ring();
+        }
+        any
+    }
+
+    /// Waits until every job handed to the copier came back (a cancel must
+    /// not return while a copy into the caller's buffer may still run), and
+    /// queues their completions, or drops them with `discard` (`CancelAll`
+    /// drops every completion not yet handed back).
+    fn wait_copier(&mut self, discard: bool) {
+        while self.out > 0 {
+            match self.copied_back() {
+                Some(c) => {
+                    self.out -= 1;
+                    if !discard {
+                        self.push(Event::Done(c));
+                    }
+                }
+                None => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// One completion back from the copier, if any.
+    #[inline]
+    fn copied_back(&self) -> Option<Completion> {
+        self.sh.copy.as_ref().and_then(|l| l.done.pop())
+    }
+
     fn push(&mut self, e: Event) {
         if !self.unsent.is_empty() {
             self.unsent.push_back(e);
@@ -309,7 +372,8 @@ impl RailLoop {
     fn sleep(&mut self) {
         let bell = &self.sh.bell;
         bell.sleeping.store(true, Ordering::SeqCst);
-        if self.sh.cmds.is_empty() && self.waiting.is_empty() && self.unsent.is_empty() && !self.sh.stop.load(Ordering::SeqCst) {
+        let copied = self.sh.copy.as_ref().is_some_and(|l| !l.done.is_empty());
+        if self.sh.cmds.is_empty() && self.waiting.is_empty() && self.unsent.is_empty() && !copied && !self.sh.stop.load(Ordering::SeqCst) {
             let _ = self.ep.wait_also(Some(bell.fd), self.sleep_ms.min(i32::MAX as u32) as i32);
         }
         bell.sleeping.store(false, Ordering::SeqCst);

@@ -139,8 +139,11 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     if let Some(rc) = &args.cores.cores {
         let cores = tally_engine::host::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
         let cores = cores.as_slice();
-        // A block per rank: its own core, then its rails' (wrapping).
-        let block = if rails > 1 { 1 + rails } else { 1 };
+        // A block per rank: its own core, then its rails', then its
+        // copier's where every rank's block still fits (else the copier
+        // keeps the rank's affinity: two pollers on one core stall).
+        let copier = ClientConfig::new(Vec::new(), 0, 0, 1).runs_copier(rails) && (args.ranks as usize) * (rails + 2) <= cores.len();
+        let block = if rails > 1 { 1 + rails + copier as usize } else { 1 };
         let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
         rail_cores = (1..block).map(at).collect();
         let core = at(0);

@@ -1,0 +1,163 @@
+//! The copier: one thread per client that copies failover's staged results
+//! out of their slots into the caller's buffers, for every rail.
+//!
+//! With failover on, most results of small all-reduces land in a staging
+//! slot (see `failover`), and someone copies each into the caller's buffer
+//! before its completion is handed back. On a rail's own thread that copy
+//! (2.5-2.9 µs per 32 KiB piece on the device) is on every piece's path: at
+//! 32 Gbit/s a plugin's rails are busy in 82-91% of their turns, so the
+//! copy showed as the plugin's whole failover cost (docs/measurements.md,
+//! "What failover costs the plugin"). The copier takes it off the rails:
+//! a rail hands each completed [`Cmd::RecvCopy`](super::Cmd) to it as a
+//! [`CopyJob`] and goes on polling; the copier copies and hands the
+//! completion back to that rail, which queues it to the client as it would
+//! its own. Only the rail talks to the client, so the order of its events
+//! and the answers to cancels stay the rail's alone.
+//!
+//! Each rail has a pair of bounded rings with the copier ([`CopyLane`]):
+//! jobs out, completions back, each of [`LANE`] slots. A rail keeps at
+//! most [`LANE`] jobs out, so the ring back never fills and the copier
+//! never waits on a rail; a rail whose ring out is full copies itself.
+//!
+//! Cancels: a rail answers `Cancel` and `CancelAll` only once every job it
+//! handed out came back ([`RailLoop`](super::rail_loop) `wait_copier`), so
+//! that nothing is written into a buffer the caller is about to take back.
+//! That wait is a few copies long: the copier never blocks but to sleep,
+//! and a rail's job rings it awake.
+//!
+//! Idle, the copier spins the client's `spin_polls` empty turns, then
+//! sleeps on its eventfd (or `sleep_ms`), as a rail does.
+use super::{stream_copy, Bell, EmptyTurns, Shared};
+use crate::dataplane::fabric::Completion;
+use crossbeam_queue::ArrayQueue;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Jobs a rail keeps out with the copier at most (and each ring's slots).
+pub(super) const LANE: usize = 1024;
+
+/// A staged result to copy: `len` bytes from its slot to the caller's
+/// buffer, then `done` goes back to the rail.
+pub(super) struct CopyJob {
+    pub from: *const u8,
+    pub to: *mut u8,
+    pub len: usize,
+    pub done: Completion,
+}
+
+// SAFETY: `from` is a staging slot and `to` the caller's buffer, both kept
+// valid and untouched by anyone else until `done` is handed back to the
+// client (Rails::recv's contract); the copier only copies between them.
+unsafe impl Send for CopyJob {}
+
+/// One rail's rings with the copier.
+pub(super) struct CopyLane {
+    pub jobs: ArrayQueue<CopyJob>,
+    pub done: ArrayQueue<Completion>,
+    /// The copier's bell, rung by the rail after handing it a job.
+    pub copier: Arc<CopierShared>,
+}
+
+impl CopyLane {
+    pub(super) fn new(copier: Arc<CopierShared>) -> CopyLane {
+        CopyLane { jobs: ArrayQueue::new(LANE), done: ArrayQueue::new(LANE), copier }
+    }
+}
+
+/// What the copier shares with the rails and the client.
+pub(super) struct CopierShared {
+    pub bell: Bell,
+    pub stop: AtomicBool,
+    /// Copies made and the ns they took (timed only with
+    /// `TALLY_PIECE_TIMES`; written by the copier alone).
+    pub copies: AtomicU64,
+    pub copy_ns: AtomicU64,
+}
+
+impl CopierShared {
+    pub(super) fn new() -> std::io::Result<CopierShared> {
+        Ok(CopierShared { bell: Bell::new()?, stop: AtomicBool::new(false), copies: AtomicU64::new(0), copy_ns: AtomicU64::new(0) })
+    }
+}
+
+/// The copier thread's state: the rails it serves.
+pub(super) struct Copier {
+    rails: Vec<Arc<Shared>>,
+    sh: Arc<CopierShared>,
+    spin_polls: u32,
+    sleep_ms: u32,
+    stream: bool,
+    timed: bool,
+    copied: u64,
+    copied_ns: u64,
+}
+
+impl Copier {
+    pub(super) fn new(rails: Vec<Arc<Shared>>, sh: Arc<CopierShared>, spin_polls: u32, sleep_ms: u32, timed: bool) -> Copier {
+        Copier { rails, sh, spin_polls, sleep_ms, stream: stream_copy::wanted(), timed, copied: 0, copied_ns: 0 }
+    }
+
+    /// The steady state; ends when the client stops it (after its rails).
+    pub(super) fn run(mut self) {
+        let mut idle = EmptyTurns::new(self.spin_polls);
+        while !self.sh.stop.load(Ordering::Relaxed) {
+            let worked = self.turn();
+            if idle.sleep_after(worked) {
+                self.sleep();
+            }
+        }
+    }
+
+    /// One pass over the rails: every job waiting, copied and handed back.
+    fn turn(&mut self) -> bool {
+        let mut any = false;
+        for i in 0..self.rails.len() {
+            let rail = &self.rails[i];
+            let Some(lane) = &rail.copy else { continue };
+            let mut moved = false;
+            while let Some(job) = lane.jobs.pop() {
+                let began = self.timed.then(Instant::now);
+                // SAFETY: CopyJob's contract: both buffers are valid for
+                // `len` bytes, distinct, and written by no one else until
+                // `done` reaches the client, which it does only through
+                // this rail, after this copy. (A rail that got stuck in a
+                // provider call hands out nothing more, and the client
+                // abandons it only seconds later: its jobs are long done.)
+                unsafe { stream_copy::copy(job.from, job.to, job.len, self.stream) };
+                if let Some(t) = began {
+                    self.copied += 1;
+                    self.copied_ns += t.elapsed().as_nanos() as u64;
+                }
+                // Never full: the rail keeps at most LANE jobs out.
+                let _ = lane.done.push(job.done);
+                moved = true;
+            }
+            if moved {
+                rail.bell.ring();
+                any = true;
+            }
+        }
+        if any && self.timed {
+            // Plain stores of this thread's own totals: the client only reads them.
+            self.sh.copies.store(self.copied, Ordering::Relaxed);
+            self.sh.copy_ns.store(self.copied_ns, Ordering::Relaxed);
+        }
+        any
+    }
+
+    fn sleep(&self) {
+        let bell = &self.sh.bell;
+        bell.sleeping.store(true, Ordering::SeqCst);
+        // Checked after the flag is up: a rail that handed a job before it
+        // saw the flag down, one that hands one after it rings.
+        let idle = self.rails.iter().all(|r| r.copy.as_ref().is_none_or(|l| l.jobs.is_empty()));
+        if idle && !self.sh.stop.load(Ordering::SeqCst) {
+            let mut pfd = libc::pollfd { fd: bell.fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd on the copier's eventfd.
+            unsafe { libc::poll(&mut pfd, 1, self.sleep_ms.min(i32::MAX as u32) as i32) };
+        }
+        bell.sleeping.store(false, Ordering::SeqCst);
+        bell.drain();
+    }
+}
