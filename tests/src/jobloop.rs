@@ -78,6 +78,8 @@ pub struct Shape {
     /// Rails per rank (`ClientConfig::rails`); None: the default (one on
     /// this 2-core machine).
     pub rails: Option<usize>,
+    /// The copier copies staged results off the rails (`ClientConfig::copier`).
+    pub copier: bool,
     /// The ranks' fabric address (`ClientConfig::fabric_addr`): where the
     /// servers sit in network namespaces (see `netns`).
     pub fabric_addr: Option<&'static str>,
@@ -112,6 +114,7 @@ pub fn loop_job(
             if let Some(r) = shape.rails {
                 cfg.rails = r;
             }
+            cfg.copier = shape.copier;
             cfg.fabric_addr = shape.fabric_addr.map(String::from);
             if let Some(m) = shape.seal_min {
                 cfg.seal_min = m;

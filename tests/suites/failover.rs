@@ -127,8 +127,9 @@ fn sigkill_one_of_three_servers_with_two_lcores_each_tcp() {
 fn sigkill_one_of_three_servers_under_ranks_with_rails_tcp() {
     // Two rails over three servers: server 0 and 2 share rail 0, server 1
     // (killed) has rail 1 to itself. Results are staged and copied out by
-    // the rail threads; the redo job's Hellos name each survivor's rail.
-    kill_one_of_three("tcp", Shape { two_lcores: true, rails: Some(2), ..Shape::default() });
+    // the copier (the rails answer the recovery's cancels only once their
+    // copies are back); the redo job's Hellos name each survivor's rail.
+    kill_one_of_three("tcp", Shape { two_lcores: true, rails: Some(2), copier: true, ..Shape::default() });
 }
 
 #[test]
@@ -143,7 +144,8 @@ fn sigkill_one_of_three_servers_under_large_all_reduces_tcp() {
 fn sigkill_one_of_three_servers_under_ranks_with_lanes_tcp() {
     // Five rails over three servers of two lcores: servers 0 and 1 have two
     // lanes (rails 0, 3 and 1, 4: a rail per lcore), server 2 one (rail 2).
-    // The redo job's Hellos name each survivor's lane 0.
+    // The rails copy staged results themselves. The redo job's Hellos name
+    // each survivor's lane 0.
     kill_one_of_three("tcp", Shape { two_lcores: true, rails: Some(5), ..Shape::default() });
 }
 

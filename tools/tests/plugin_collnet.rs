@@ -247,6 +247,18 @@ fn suite(p: &Plugin, provider: &str) {
         assert!(logged("piece round trips (1 in 16 timed, "), "the plugin logs its clients' piece times at close");
         assert!(!logged("timed, 0 pieces"), "every client timed some pieces");
         assert!(!logged("; 0 staged results copied out"), "failover staged and the rails copied out");
+        // The same with the copier (TALLY_COPIER=1): it makes every copy.
+        std::env::set_var("TALLY_RAILS", "4");
+        std::env::set_var("TALLY_PIECE_TIMES", "1");
+        std::env::set_var("TALLY_COPIER", "1");
+        let t0 = Instant::now();
+        run_job(p, 4, &net_name);
+        eprintln!("{provider}: 4 ranks, 2 servers, 4 rails and the copier: {:?}", t0.elapsed());
+        for v in ["TALLY_COPIER", "TALLY_PIECE_TIMES", "TALLY_RAILS"] {
+            std::env::remove_var(v);
+        }
+        assert!(logged(" by the copier), "), "the plugin's clients ran the copier");
+        assert!(!logged("(0 by the copier)"), "the copier made copies in every client");
     }
     std::env::remove_var("TALLY_SERVERS");
     // SAFETY: the net context from above.

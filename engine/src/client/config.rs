@@ -98,8 +98,9 @@ pub struct ClientConfig {
     pub rail_cores: Vec<usize>,
     /// With rail threads and failover on, one more thread copies staged
     /// results into the caller's buffers, off the rails' path (see
-    /// [`rails`]'s `copier`). Default on; TALLY_COPIER=0 turns it off (the
-    /// rails copy, one core fewer busy).
+    /// [`rails`]'s `copier`). Default off (the rails copy): on the device
+    /// it gave real NCCL +10% on one host and -10% on another
+    /// (docs/measurements.md, "The copier"); TALLY_COPIER=1 turns it on.
     pub copier: bool,
     /// A server of a job that can fail over, heard once, then silent this
     /// long (no heartbeat, no message) is lost (see [`liveness`]). Default
@@ -155,7 +156,7 @@ impl ClientConfig {
                 .ok()
                 .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
                 .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
-            copier: std::env::var("TALLY_COPIER").map_or(true, |v| v.trim() != "0"),
+            copier: std::env::var("TALLY_COPIER").is_ok_and(|v| v.trim() == "1"),
             liveness: Duration::from_millis(
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
             ),

@@ -145,10 +145,10 @@ pub static ENV: &[EnvVar] = &[
     ),
     var(
         "TALLY_COPIER",
-        "1",
+        "0",
         "",
         &[Client],
-        "0: rail threads copy staged results (failover on) into the caller's buffer themselves, not one more thread (the copier) off their path",
+        "1: one more thread (the copier) copies staged results (failover on) into the caller's buffer, off the rail threads' path",
     ),
     var(
         "TALLY_STAGE_COPY",
