@@ -5,16 +5,20 @@
 # (agg; agg-plugin drives the NCCL plugin as NCCL does), LR_PERF_SIZE (64M),
 # LR_PERF_ITERS (400), once per LR_PERF_CONFIGS (space separated,
 # name@VAR=v,VAR=v; default "default", no variables), so that two settings
-# (e.g. "on off@TALLY_FAILOVER=0") are profiled in one call. Writes
-# perf-NAME-run.json, perf-NAME.data, cluster.err.
+# (e.g. "on off@TALLY_FAILOVER=0") are profiled in one call. The run is
+# timed for at least LR_PERF_AFTER + 4 + 3 s (--min-time), so that perf's 4 s
+# fall inside it: 400 all-reduces of 16 MiB at 32 Gbit/s take 2 s, and a
+# profile started after them saw only idle cores (twice, 2026-11-27).
+# Writes perf-NAME-run.json, perf-NAME.data, cluster.err.
 perf_unpack || { say "no $DEVLIB/perf.tar.xz"; return 0; }
+perf_ms=$(((${LR_PERF_AFTER:-5} + 4 + 3) * 1000))
 for cfg in ${LR_PERF_CONFIGS:-default}; do
     name="${cfg%%@*}" vars=()
     [[ "$cfg" == *@* ]] && IFS=',' read -ra vars <<<"${cfg#*@}"
     say ""
     say "## perf of the host during a 32 Gbit/s ${LR_PERF_MODE:-agg} run at ${LR_PERF_SIZE:-64M} (default rails; $cfg), self time by thread kind"
     perf_during "${LR_PERF_AFTER:-5}" 4 "$OUT/perf-$name.data" -a -g -F 499 -- env "${vars[@]}" "$TALLY" bench cluster --hosts 4 --rates 32 \
-        --sizes "${LR_PERF_SIZE:-64M}" --iters "${LR_PERF_ITERS:-400}" --timeout 120 --mode "${LR_PERF_MODE:-agg}" --json \
+        --sizes "${LR_PERF_SIZE:-64M}" --iters "${LR_PERF_ITERS:-400}" --min-time "$perf_ms" --timeout 120 --mode "${LR_PERF_MODE:-agg}" --json \
         >"$OUT/perf-$name-run.json" 2>>"$OUT/cluster.err"
     summarise configs "$OUT/perf-$name-run.json" "perf $name"
     $PERF report -i "$OUT/perf-$name.data" --stdio --no-children -g none --sort comm,symbol --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | head -45 | tee -a "$S"
