@@ -43,8 +43,9 @@
 //! call (with manual progress, no byte moves into a buffer the caller took
 //! back) and leaves its endpoint unclosed.
 //!
-//! With failover on, a client with rails also runs the *copier*
-//! (`copier.rs`): one thread that copies staged results into the caller's
+//! With failover on and `ClientConfig::copier` (`TALLY_COPIER=1`; off by
+//! default, `copier.rs` says why), a client with rails also runs the
+//! *copier*: one thread that copies staged results into the caller's
 //! buffers for every rail, so that the copy is off the rails' path; a rail
 //! hands it each result as it completes and takes the completion back.
 //!

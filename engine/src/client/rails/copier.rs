@@ -27,6 +27,13 @@
 //!
 //! Idle, the copier spins the client's `spin_polls` empty turns, then
 //! sleeps on its eventfd (or `sleep_ms`), as a rail does.
+//!
+//! Off by default (`TALLY_COPIER=1` turns it on): on the device, real NCCL
+//! at 32 Gbit/s did about 10% better with it on one host and 9-13% worse
+//! at 16 MiB on another (docs/measurements.md, "The copier"). What it adds
+//! to each staged piece (a hop back through the rail, a copy from another
+//! core's cache, one more busy thread) outweighs the rail time it saves
+//! there; which of those, is not known.
 use super::{stream_copy, Bell, EmptyTurns, Shared};
 use crate::dataplane::fabric::Completion;
 use crossbeam_queue::ArrayQueue;
