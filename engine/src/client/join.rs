@@ -194,13 +194,6 @@ impl Client {
         HelloMessage::new(spec, self.cfg.rank, &self.token, &names).ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))
     }
 
-    /// Reads a server's answer to `hello` on `s`. A server that is busy
-    /// (too many connections in their handshake, as in a join storm) says
-    /// so at once: join again after a jittered backoff, until the join
-    /// deadline; so does one whose connection broke before it answered, if
-    /// `rejoin_broken` (a server restarting under a job's start). `limit`
-    /// bounds the whole wait from `join_started`. Ok(Err(reject)): the server
-    /// refused the job.
     /// Every server's answer to this rank's Hello, waited for side by side
     /// (see [`join_wait`]): a refusal, or a server that accepted and has
     /// since ended the job, fails the join at once instead of after the
@@ -264,6 +257,13 @@ impl Client {
         }
     }
 
+    /// Reads a server's answer to `hello` on `s`. A server that is busy
+    /// (too many connections in their handshake, as in a join storm) says
+    /// so at once: join again after a jittered backoff, until the join
+    /// deadline; so does one whose connection broke before it answered, if
+    /// `rejoin_broken` (a server restarting under a job's start). `limit`
+    /// bounds the whole wait from `join_started`. Ok(Err(reject)): the server
+    /// refused the job.
     pub(super) fn answer(
         &self,
         server: &str,
