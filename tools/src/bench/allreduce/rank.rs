@@ -140,9 +140,19 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
         let cores = tally_engine::host::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
         let cores = cores.as_slice();
         // A block per rank: its own core, then its rails', then its
-        // copier's where every rank's block still fits (else the copier
-        // keeps the rank's affinity: two pollers on one core stall).
-        let copier = ClientConfig::new(Vec::new(), 0, 0, 1).runs_copier(rails) && (args.ranks as usize) * (rails + 2) <= cores.len();
+        // copier's (TALLY_COPIER=1) where every rank's block still fits.
+        // Where it does not, the copier keeps the connecting thread's core
+        // (as unlisted rails do) and shares it with the rank: said, since
+        // two pollers on one core stall each other.
+        let wants_copier = ClientConfig::new(Vec::new(), 0, 0, 1).runs_copier(rails);
+        let copier = wants_copier && (args.ranks as usize) * (rails + 2) <= cores.len();
+        if wants_copier && !copier && rank == 0 {
+            eprintln!(
+                "warning: {} cores for {} ranks of 1 + {rails} rails + a copier: the copier shares each rank's core",
+                cores.len(),
+                args.ranks
+            );
+        }
         let block = if rails > 1 { 1 + rails + copier as usize } else { 1 };
         let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
         rail_cores = (1..block).map(at).collect();
