@@ -180,7 +180,8 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         // default) with several in flight, so cutting every step into a
         // piece per server lcore buys no parallelism, only more messages:
         // at 16 Gbit/s (emulated, 4 + 4 hosts) 64 KiB pieces reached 0.46 of
-        // the bound and 128 KiB ones 0.78. Half a chunk at least.
+        // the bound and 128 KiB ones 0.78. Half a chunk at least (over tcp
+        // whole chunks: tcp_defaults).
         cfg.min_piece = cfg.min_piece.max(cfg.chunk_bytes / 2);
     }
     let mut client = Client::connect(cfg).map_err(client_error)?;
@@ -218,21 +219,34 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
 /// 8 steps in flight where a step gives each stream a piece or two.
 pub const TCP_WINDOW: u32 = 16;
 
+/// The largest piece the plugin sends over tcp unless TALLY_CHUNK says
+/// otherwise (where the eager limit allows it; see [`tcp_defaults`]).
+pub const TCP_MAX_PIECE: usize = 128 << 10;
+
 /// The client's settings over tcp;ofi_rxm where the user set none.
 ///
-/// - 32 KiB pieces (TALLY_CHUNK): a piece above the eager limit (32 KiB,
-///   fabric::defaults) costs a rendezvous round trip. On shaped links (2-8
-///   Gbit/s) real NCCL over 4 emulated nodes reached 0.55-0.73 of the link
-///   with 256 KiB pieces, 0.98-0.99 with these.
+/// - Pieces of the eager limit the process runs with
+///   (`fabric::defaults::eager_limit`: 128 KiB on libfabric 1.17, 32 KiB
+///   from 1.18), at most [`TCP_MAX_PIECE`], and whole ones (TALLY_MIN_PIECE
+///   too): a piece above the limit costs a rendezvous round trip (on shaped
+///   links at 2-8 Gbit/s real NCCL over 4 emulated nodes reached 0.55-0.73
+///   of the link with 256 KiB pieces, 0.98-0.99 with 32 KiB ones), and each
+///   piece below it costs a rail the kernel's and the provider's work per
+///   message. At 32 Gbit/s (4 + 4 hosts, `bench cluster --mode agg-plugin`,
+///   alternated on three hosts) 128 KiB gave 0.81-0.97 of the bound against
+///   0.70-0.85 with 32 KiB, 256 KiB 0.80-0.81, and 64 KiB collapsed to
+///   0.03-0.05; real NCCL: 11 of 16 pairs, with a tail of slow pieces. So NCCL's
+///   512 KiB step goes to four streams whole, not to sixteen in 32 KiB
+///   pieces (`client::op_chunk_bytes`, rotating over the streams).
 /// - No send credits (TALLY_SEND_CREDITS unset is 0, as for the client
 ///   library): NCCL's steps (512 KiB at 16 MiB, 1 MiB from 64 MiB, over 4
-///   channels) reach each stream as a piece or two of 32 KiB and pace
-///   themselves, up to 8 in flight; a credit comes back only once the
-///   rail's send completion has passed through NCCL's proxy thread (its
-///   `test`). One credit per server held CollNet at 32 Gbit/s to 0.65-0.78
-///   of the link; four still cost CollNet on 4 GPUs: none won 9 of 10
-///   pairs alternated on two hosts, 0.81-0.93 of the link against
-///   0.59-0.85 at 16 MiB, 0.83-0.94 against 0.71-0.89 at 64 MiB.
+///   channels) pace themselves, up to 8 in flight; a credit comes back only
+///   once the rail's send completion has passed through NCCL's proxy
+///   thread (its `test`). One credit per server held CollNet at 32 Gbit/s
+///   to 0.65-0.78 of the link; four still cost CollNet on 4 GPUs: none won
+///   9 of 10 pairs alternated on two hosts, 0.81-0.93 of the link against
+///   0.59-0.85 at 16 MiB, 0.83-0.94 against 0.71-0.89 at 64 MiB (with 32
+///   KiB pieces).
 /// - [`TCP_WINDOW`]: with the auto window (4 pieces of 32 KiB) two servers
 ///   held two of NCCL's 8 steps in flight.
 ///
@@ -243,7 +257,10 @@ pub const TCP_WINDOW: u32 = 16;
 /// gave 0.96-1.00.
 fn tcp_defaults(cfg: &mut ClientConfig) {
     if std::env::var_os("TALLY_CHUNK").is_none() {
-        cfg.chunk_bytes = 32 << 10;
+        cfg.chunk_bytes = tally_engine::dataplane::fabric::defaults::eager_limit().clamp(4 << 10, TCP_MAX_PIECE);
+    }
+    if std::env::var_os("TALLY_MIN_PIECE").is_none() {
+        cfg.min_piece = cfg.chunk_bytes;
     }
     if std::env::var_os("TALLY_WINDOW").is_none() {
         cfg.window = TCP_WINDOW;

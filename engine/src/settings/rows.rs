@@ -76,7 +76,7 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_CHUNK",
         "256K",
-        "the plugin over tcp: 32K",
+        "the plugin over tcp: the rxm eager limit, 128K (libfabric 1.18 and later: 32K)",
         &[Client, Plugin],
         "bytes per piece sent to one server lcore (K/M/G), the same on every rank",
     ),
@@ -97,7 +97,7 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_MIN_PIECE",
         "4K",
-        "the plugin: half a chunk",
+        "the plugin: half a chunk; over tcp a whole one",
         &[Client, Plugin],
         "smallest piece an all-reduce is cut into to spread it over every lcore",
     ),

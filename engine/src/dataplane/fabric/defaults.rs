@@ -7,31 +7,47 @@
 //! Over shaped links, where those small protocol messages queue behind bulk
 //! data, that stalled the agg pipeline: 4 + 4 emulated hosts at 0.25
 //! Gbit/s reached 0.72-0.76 of the link bound with 64-512 KiB pieces and
-//! 0.97 with 16 KiB ones (eager). tally therefore sets the limit to 32 KiB,
-//! and the emulated cluster cuts agg and ring into 32 KiB pieces up to
-//! 8 Gbit/s: 0.95-0.99 of the bound here and on 16 cores.
+//! 0.97 with 16 KiB ones (eager). At 32 Gbit/s the other cost shows: every
+//! message costs its rail thread the kernel's and the provider's work per
+//! message, and the NCCL plugin, whose all-reduces are NCCL's 512 KiB-1 MiB
+//! steps, sent them as 32 KiB pieces, as many as the limit allowed. tally
+//! therefore sets the limit to 128 KiB on libfabric 1.17, and the plugin
+//! sends whole 128 KiB pieces: on the device (4 + 4 hosts, 32 Gbit/s,
+//! `tally bench cluster --mode agg-plugin`) 0.81-0.97 of the bound against
+//! 0.70-0.85 with 32 KiB, 0.94-0.98 against 0.78-0.81 with failover off;
+//! real NCCL won 11 of 16 pairs alternated on three hosts (docs/measurements.md,
+//! "Pieces of 128 KiB").
 //!
-//! Not higher: with the limit at 4 MiB, pieces of 64-128 KiB that reach a
-//! server before it reposted their slot's receive (the client may send the
-//! next chunk of a slot as soon as it has that slot's result) arrive
-//! unexpected, and over shaped links such runs collapsed to 0.03-0.6 of the
-//! bound (the NCCL plugin's CollNet, whose pieces are 64 KiB, every time).
-//! Reposting a slot's receives before its results are sent would remove
-//! that; until then, 32 KiB.
+//! On 1.17 the limit costs no memory: rxm's bounce buffers stay at its
+//! `FI_OFI_RXM_BUFFER_SIZE` (16 KiB), a message is received straight into
+//! the posted buffer (`enable_dyn_rbuf`, on by default), and only one that
+//! arrives before its receive is posted takes a buffer of its own size
+//! (allocated, then copied once the receive is posted).
 //!
-//! rxm peers must agree on the limit (a client at 4 MiB against a server at
-//! the default stalled, libfabric 1.17), which is why it is set here, for
+//! Not 64 KiB pieces: the plugin's pattern with pieces of 64 KiB ran at
+//! 0.03-0.05 of the bound on the device, whether the limit was 64 or 128
+//! KiB (piece round trips p99 262 ms, rails idle), and with the limit at 4
+//! MiB, pieces of 64-128 KiB collapsed to 0.03-0.6 of the bound over shaped
+//! links in an earlier build; why is not known (docs/measurements.md). Nor
+//! 256 KiB: 0.80-0.81 against 128 KiB's 0.92-0.97 on the same host.
+//!
+//! rxm peers must agree on the limit: rxm refuses a connection whose peer
+//! runs another (1.17's `rxm_conn.c`, "eager_limit mismatch"), and the sends
+//! queued to it never complete (a client at 4 MiB against a server at the
+//! default stalled). That is why it is set here, for
 //! every tally process alike, and not per command. A variable the user set
 //! is left alone; set it to the same value everywhere.
 //!
 //! From libfabric 1.18 on, rxm has no `FI_OFI_RXM_EAGER_LIMIT`: its bounce
 //! buffer size is the eager limit, so there tally sets
-//! `FI_OFI_RXM_BUFFER_SIZE` to the same 32 KiB instead (with 1.22's default
+//! `FI_OFI_RXM_BUFFER_SIZE` to 32 KiB instead (with 1.22's default
 //! of 16 KiB, 8 ranks with 32 KiB pieces ran at half the speed of 1.17 on the
-//! device: every piece a rendezvous). The cost is memory: rxm 1.22 keeps two
-//! pools of 1024 such buffers per endpoint (about 85 MB per rank thread,
-//! against 52 at 16 KiB). 1.18+ also sends messages between the eager limit
-//! and `FI_OFI_RXM_SAR_LIMIT` (8 buffers' worth by default) by segmentation
+//! device: every piece a rendezvous). Not 128 KiB there: rxm 1.22 keeps two
+//! pools of 1024 such buffers per endpoint (about 85 MB per rank thread at
+//! 32 KiB, 52 at 16 KiB; four times 85 at 128 KiB). [`eager_limit`] says which
+//! limit a process runs with, and the plugin cuts its pieces to it. 1.18+
+//! also sends messages between the eager limit and `FI_OFI_RXM_SAR_LIMIT`
+//! (8 buffers' worth by default) by segmentation
 //! through those bounce buffers, a user-space copy on each side: 1024 ranks
 //! with 128 KiB pieces on 4 lcores (device, 1.22) spent 15.6% of the lcores'
 //! time in libc's copy and ran at 0.57-0.61 GB/s per lcore, against 0.93-0.96
@@ -47,7 +63,7 @@
 use std::sync::OnceLock;
 
 /// (variable, value) pairs, libfabric 1.17.
-pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "32768")];
+pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "131072")];
 
 /// The same for libfabric 1.18 and later.
 pub const PROVIDER_DEFAULTS_1_18: &[(&str, &str)] = &[("FI_OFI_RXM_BUFFER_SIZE", "32768"), ("FI_OFI_RXM_SAR_LIMIT", "32768")];
@@ -67,6 +83,24 @@ static APPLIED: OnceLock<Vec<String>> = OnceLock::new();
 /// process; returns the `VAR=value` pairs it set.
 pub fn apply() -> &'static [String] {
     APPLIED.get_or_init(|| set_where_unset(provider_defaults()))
+}
+
+/// rxm's eager limit where nothing sets one (its buffer size, 16 KiB).
+const RXM_DEFAULT_EAGER: usize = 16 << 10;
+
+/// The rxm eager limit this process runs with, once [`apply`] ran (it runs
+/// it): on 1.17 the larger of `FI_OFI_RXM_EAGER_LIMIT` and
+/// `FI_OFI_RXM_BUFFER_SIZE` (rxm takes the larger), from 1.18 on
+/// `FI_OFI_RXM_BUFFER_SIZE`; rxm's 16 KiB where neither is set.
+pub fn eager_limit() -> usize {
+    apply();
+    let get = |var: &str| std::env::var(var).ok().and_then(|v| v.trim().parse::<usize>().ok());
+    let buffer = get("FI_OFI_RXM_BUFFER_SIZE").unwrap_or(RXM_DEFAULT_EAGER);
+    if super::library_version() >= (1, 18) {
+        buffer
+    } else {
+        get("FI_OFI_RXM_EAGER_LIMIT").unwrap_or(0).max(buffer)
+    }
 }
 
 /// Sets each `(variable, value)` the environment lacks (a user's own value
