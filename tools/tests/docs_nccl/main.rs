@@ -300,14 +300,22 @@ fn quoted_figures_hold() {
     assert!(md.contains("`TALLY_TIMEOUT_S` on the workers (default 30)"));
     let plugin = read("ffi-plugin/src/collnet.rs");
     assert!(plugin.contains("ClientConfig::new("));
-    // Over tcp the plugin picks 32 KiB pieces and a window of 16 (and sets
-    // the window nowhere else), and leaves its sends unpaced.
+    // Over tcp the plugin picks whole pieces of the eager limit (128 KiB on
+    // libfabric 1.17, where tally sets the limit to that), a window of 16
+    // (and sets the window nowhere else), and leaves its sends unpaced.
     assert_eq!(plugin.matches("cfg.window =").count(), 1, "the window is set in tcp_defaults only");
-    assert!(plugin.contains("cfg.chunk_bytes = 32 << 10;") && !plugin.contains("cfg.send_credits ="));
+    assert!(plugin.contains("defaults::eager_limit().clamp(4 << 10, TCP_MAX_PIECE)") && !plugin.contains("cfg.send_credits ="));
+    assert!(plugin.contains("pub const TCP_MAX_PIECE: usize = 128 << 10;"));
+    assert!(plugin.contains("cfg.min_piece = cfg.chunk_bytes;"), "whole pieces over tcp");
+    let limit_1_17 = tally_engine::dataplane::fabric::defaults::PROVIDER_DEFAULTS;
+    assert_eq!(limit_1_17, [("FI_OFI_RXM_EAGER_LIMIT", "131072")], "the eager limit the page quotes for 1.17");
     assert_eq!(c.send_credits, 0, "unset, no pacing: the page says the plugin keeps it");
     assert!(plugin.contains("pub const TCP_WINDOW: u32 = 16;"));
-    assert!(md.contains("over `tcp`: 32 KiB pieces and a window of 16, and no send credits"), "the tcp defaults on the page");
-    assert!(md.contains("(over `tcp`: 32 KiB pieces and a window of 16, 512 KiB per rank)"), "the tcp memory figure");
+    assert!(
+        md.contains("over `tcp`: whole pieces of the rxm eager limit tally sets (128 KiB on libfabric 1.17, 32 KiB from 1.18) and a window of 16, and no send credits"),
+        "the tcp defaults on the page"
+    );
+    assert!(md.contains("(over `tcp` on libfabric 1.17: 128 KiB pieces and a window of 16, 2 MiB per rank)"), "the tcp memory figure");
     assert!(plugin.contains("TALLY_TIMEOUT_S"));
 
     // c7gn: hugepages = lcores x slab_size, the <SIZE> example and the table.
