@@ -69,6 +69,8 @@ struct Job {
     /// `ClientConfig::rails` (0: the default) and `failover`.
     rails: usize,
     failover: bool,
+    /// `ClientConfig::interleave`: stream sets in lcore-major order.
+    interleave: bool,
 }
 
 impl Job {
@@ -84,7 +86,19 @@ impl Job {
     }
 
     fn new(job_id: u64, nranks: u32, chunk_bytes: usize, window: u32, ops: Vec<(DataType, ReduceOp, usize)>) -> Job {
-        Job { job_id, nranks, chunk_bytes, window, ops, relay: [true; 2], split: [true; 2], in_place: false, rails: 0, failover: true }
+        Job {
+            job_id,
+            nranks,
+            chunk_bytes,
+            window,
+            ops,
+            relay: [true; 2],
+            split: [true; 2],
+            in_place: false,
+            rails: 0,
+            failover: true,
+            interleave: false,
+        }
     }
 }
 
@@ -126,6 +140,7 @@ fn run_ranks(addr: &str, provider: &str, job: &Job, seed: u64) -> Vec<Result<Vec
                 cfg.rails = job.rails;
             }
             cfg.failover = job.failover;
+            cfg.interleave = job.interleave;
             cfg.provider = Some(provider.to_string());
             cfg.chunk_bytes = job.chunk_bytes;
             cfg.window = job.window;
@@ -244,6 +259,27 @@ fn tcp_ranks_with_rails_every_element_right() {
             .map(|(i, dt)| (*dt, ReduceOp::ALL[i % ReduceOp::ALL.len()], [1, 1000, 65_537, 300_001][i % 4]))
             .collect();
         let job = Job { rails, in_place, failover, ..Job::new(id, 3, 16 << 10, 2, ops) };
+        run_job(&addrs, "tcp", &job, s);
+    }
+    for srv in srvs {
+        assert!(srv.stop().success());
+    }
+}
+
+/// Stream sets in lcore-major order (`TALLY_INTERLEAVE=1`): three servers,
+/// all-reduces of fewer pieces than lcores (each then reaches every server)
+/// and of many, one after another so that the rotation moves on; with rails
+/// and failover's staging, in place and not.
+#[test]
+fn tcp_interleaved_streams_every_element_right() {
+    let srvs: Vec<_> = (0..3).map(|_| server("tcp")).collect();
+    let addrs = srvs.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
+    let s = seed();
+    // 8 KiB pieces: 1, 3, 5 pieces, then several per lcore, then odd sizes.
+    let counts = [2048, 6144, 10_000, 200_001, 2048, 1, 65_537, 6144];
+    for (id, (rails, in_place)) in (720..).zip([(3, false), (1, true)]) {
+        let ops = counts.iter().enumerate().map(|(i, &n)| (DataType::ALL[i % 2], ReduceOp::Sum, n)).collect();
+        let job = Job { rails, in_place, interleave: true, ..Job::new(id, 3, 8 << 10, 2, ops) };
         run_job(&addrs, "tcp", &job, s);
     }
     for srv in srvs {

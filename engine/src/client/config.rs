@@ -51,6 +51,14 @@ pub struct ClientConfig {
     /// (see [`op_chunk_bytes`]). Must be the same on every rank. Default
     /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`].
     pub min_piece: usize,
+    /// Order each operation's stream set lcore-major (lcore 0 of every
+    /// server, then lcore 1 of every server, ...) instead of server-major,
+    /// so that an operation of fewer chunks than streams (NCCL's CollNet
+    /// steps: four 128 KiB pieces of a 512 KiB step) spreads over every
+    /// server and rail instead of filling one server's lcores first. Must
+    /// be the same on every rank. Default from TALLY_INTERLEAVE=1, else
+    /// off: not yet measured against server-major on the device.
+    pub interleave: bool,
     /// Survive the loss of a server when the job has others (see
     /// [`failover`]): results another rank may still need after the
     /// operation completes here (each stream's last window of pieces, every
@@ -143,6 +151,7 @@ impl ClientConfig {
             sleep_ms: 1,
             send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
+            interleave: std::env::var("TALLY_INTERLEAVE").is_ok_and(|v| v.trim() == "1"),
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
             seal_min: match std::env::var("TALLY_SEAL_MIN") {
                 Ok(v) if v.trim() == "0" => 0,

@@ -121,7 +121,7 @@ impl Client {
             for (k, n) in g.names.iter().enumerate() {
                 let rail = self.rails.rail_for(si, k);
                 let addr = self.rails.insert_peer(rail, n).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                streams.push(Stream { latency: k < latency_lcores, ..Stream::new(addr, si, rail, g.tag) });
+                streams.push(Stream { latency: k < latency_lcores, lcore: k as u32, ..Stream::new(addr, si, rail, g.tag) });
             }
             keepalive(s);
             let _ = s.set_nonblocking(true);
@@ -172,6 +172,7 @@ impl Client {
             leave,
             gens,
             latency_max,
+            interleave: self.cfg.interleave,
             scratch: GenScratch::default(),
             started: 0,
             retiring: false,

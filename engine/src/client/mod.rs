@@ -5,7 +5,11 @@
 //! of `count` elements is cut into chunks of at most `chunk_elems` elements;
 //! chunk `c` goes to stream `(first + c) mod S`, where the S streams are every
 //! (server, lcore) pair the job uses, so each lcore gets its shard straight
-//! from the client (no dispatcher on the server). `first`, the stream of
+//! from the client (no dispatcher on the server). They are in server-major
+//! order (server 0's lcores, then server 1's), or with
+//! [`ClientConfig::interleave`] lcore-major (lcore 0 of every server, then
+//! lcore 1), where an all-reduce of fewer chunks than streams reaches every
+//! server and rail rather than the first server's lcores. `first`, the stream of
 //! chunk 0, is the stream after the previous all-reduce's last chunk: small
 //! all-reduces (one chunk) rotate over every lcore of every server instead
 //! of all landing on the first, so one lcore's sends and reposts for

@@ -24,6 +24,9 @@ pub(super) struct Stream {
     pub(super) addr: PeerAddr,
     /// Index of its server in the client's server list.
     pub(super) server: usize,
+    /// Its lcore's position among its server's lcores for the job (the
+    /// order of the server's answer), for [`SubJob::gen_for`]'s lcore-major order.
+    pub(super) lcore: u32,
     /// The rail it goes on (`Rails::rail_for` its server and lcore).
     pub(super) rail: usize,
     pub(super) job_tag: u16,
@@ -49,6 +52,7 @@ impl Stream {
             died: u64::MAX,
             addr,
             server,
+            lcore: 0,
             rail,
             job_tag,
             next_seq: 0,
@@ -132,6 +136,8 @@ pub(super) struct SubJob {
     /// Operations of at most this many bytes use only the latency lcores of
     /// the servers that have them, larger ones only the others (0: no split).
     pub(super) latency_max: usize,
+    /// Stream sets in lcore-major order (`ClientConfig::interleave`).
+    pub(super) interleave: bool,
     /// Reused by `gen_for`.
     pub(super) scratch: GenScratch,
     /// Index of the next operation started on this sub-job.
@@ -213,6 +219,12 @@ impl SubJob {
             }
             let (has, streams) = (&sc.has, &self.streams);
             sc.set.retain(|&st| !has[streams[st].server] || streams[st].latency == small);
+        }
+        if self.interleave {
+            // Lcore-major: every rank has the same streams in the same
+            // order, so this order is the same on every rank too.
+            let streams = &self.streams;
+            sc.set.sort_unstable_by_key(|&st| (streams[st].lcore, streams[st].server, st));
         }
         let found = match self.gens.iter().position(|g| g.set == sc.set) {
             Some(g) => Some(g),

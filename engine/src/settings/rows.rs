@@ -102,6 +102,13 @@ pub static ENV: &[EnvVar] = &[
         "smallest piece an all-reduce is cut into to spread it over every lcore",
     ),
     var(
+        "TALLY_INTERLEAVE",
+        "0",
+        "",
+        &[Client, Plugin],
+        "1: cut each all-reduce over the servers' lcores in lcore-major order (lcore 0 of every server first), so that one of fewer pieces than lcores reaches every server; the same on every rank",
+    ),
+    var(
         "TALLY_FAILOVER",
         "1",
         "",

@@ -238,7 +238,12 @@ impl Client {
                     let rail = self.rails.rail_for(si, k);
                     let addr = self.rails.insert_peer(rail, &name).map_err(|e| ClientError::Fabric(e.to_string()))?;
                     // It carries nothing until the switch names its first operation.
-                    added.push(Stream { born: u64::MAX, latency: k < latency_lcores, ..Stream::new(addr, si, rail, a.job_tag) });
+                    added.push(Stream {
+                        born: u64::MAX,
+                        latency: k < latency_lcores,
+                        lcore: k as u32,
+                        ..Stream::new(addr, si, rail, a.job_tag)
+                    });
                 }
                 let s = &mut self.subs[sub];
                 let n = added.len();
