@@ -34,6 +34,7 @@ const SPEC: JobSpec = JobSpec {
     relay: false,
     split: false,
     seal_shift: 0,
+    interleave: false,
 };
 /// What the server accepts (its defaults' order of magnitude).
 const LIMITS: Limits = Limits { max_ranks: 1024, max_window: 64, max_chunk_bytes: 4 << 20, lcores: 4 };

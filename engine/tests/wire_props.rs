@@ -112,6 +112,7 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         relay: nranks == 2 && rng.below(2) == 1,
         split: (4..=64).contains(&nranks) && rng.below(2) == 1,
         seal_shift: if rng.chance(2) { rng.below(41) as u8 } else { 0 },
+        interleave: rng.chance(2),
     };
     let name = rng.some_bytes(1, NAME_BYTES as u64);
     let h = Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");
@@ -154,11 +155,17 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
     assert!((h.lanes as usize) < MAX_LANES, "{}", ctx());
-    assert_eq!((h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE)), ([0; 5], 0), "{}", ctx());
+    assert_eq!(
+        (h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE)),
+        ([0; 5], 0),
+        "{}",
+        ctx()
+    );
     assert!(h.seal_shift <= MAX_SEAL_SHIFT && spec.seal_shift == h.seal_shift, "{}", ctx());
     assert_eq!(spec.relay, h.flags & Hello::RELAY != 0, "{}", ctx());
     assert!(!spec.relay || spec.nranks == 2, "{}", ctx());
     assert_eq!(spec.split, h.flags & Hello::SPLIT != 0, "{}", ctx());
+    assert_eq!(spec.interleave, h.flags & Hello::INTERLEAVE != 0, "{}", ctx());
     assert!(!spec.split || (4..=64).contains(&spec.nranks), "{}", ctx());
     assert_eq!((spec.job_id, spec.nranks, spec.chunk_elems, spec.window), (h.job_id, h.nranks, h.chunk_elems, h.window));
     true

@@ -69,8 +69,9 @@ struct Job {
     /// `ClientConfig::rails` (0: the default) and `failover`.
     rails: usize,
     failover: bool,
-    /// `ClientConfig::interleave`: stream sets in lcore-major order.
-    interleave: bool,
+    /// Each rank's `ClientConfig::interleave` (stream sets in lcore-major
+    /// order), by rank parity.
+    interleave: [bool; 2],
 }
 
 impl Job {
@@ -97,7 +98,7 @@ impl Job {
             in_place: false,
             rails: 0,
             failover: true,
-            interleave: false,
+            interleave: [false; 2],
         }
     }
 }
@@ -140,7 +141,7 @@ fn run_ranks(addr: &str, provider: &str, job: &Job, seed: u64) -> Vec<Result<Vec
                 cfg.rails = job.rails;
             }
             cfg.failover = job.failover;
-            cfg.interleave = job.interleave;
+            cfg.interleave = job.interleave[rank as usize % 2];
             cfg.provider = Some(provider.to_string());
             cfg.chunk_bytes = job.chunk_bytes;
             cfg.window = job.window;
@@ -279,9 +280,10 @@ fn tcp_interleaved_streams_every_element_right() {
     let counts = [2048, 6144, 10_000, 200_001, 2048, 1, 65_537, 6144];
     for (id, (rails, in_place)) in (720..).zip([(3, false), (1, true)]) {
         let ops = counts.iter().enumerate().map(|(i, &n)| (DataType::ALL[i % 2], ReduceOp::Sum, n)).collect();
-        let job = Job { rails, in_place, interleave: true, ..Job::new(id, 3, 8 << 10, 2, ops) };
+        let job = Job { rails, in_place, interleave: [true; 2], ..Job::new(id, 3, 8 << 10, 2, ops) };
         run_job(&addrs, "tcp", &job, s);
     }
+    assert!(srvs.iter().all(|srv| srv.log_contains("streams lcore-major")), "every server admitted the job as interleaved");
     for srv in srvs {
         assert!(srv.stop().success());
     }
@@ -396,6 +398,16 @@ fn disagreeing_ranks_are_refused(mixed: Job, off: Job, feature: &str) {
     run_job(&addr, "shm", &off, s);
     assert!(!srv.log_contains(feature), "a job without the flag had it: {feature}");
     assert!(srv.stop().success());
+}
+
+#[test]
+fn ranks_that_disagree_on_interleave_are_refused() {
+    let ops = vec![(DataType::Float32, ReduceOp::Sum, 100_000)];
+    disagreeing_ranks_are_refused(
+        Job { interleave: [true, false], ..Job::new(910, 3, 4096, 2, ops.clone()) },
+        Job { interleave: [false, false], ..Job::new(911, 3, 4096, 2, ops) },
+        "streams lcore-major",
+    );
 }
 
 #[test]

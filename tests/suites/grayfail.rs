@@ -106,6 +106,7 @@ fn spec(job_id: u64, nranks: u32) -> tally_engine::wire::JobSpec {
         relay: false,
         split: false,
         seal_shift: 0,
+        interleave: false,
     }
 }
 

@@ -56,8 +56,10 @@ pub struct ClientConfig {
     /// so that an operation of fewer chunks than streams (NCCL's CollNet
     /// steps: four 128 KiB pieces of a 512 KiB step) spreads over every
     /// server and rail instead of filling one server's lcores first. Must
-    /// be the same on every rank. Default from TALLY_INTERLEAVE=1, else
-    /// off: not yet measured against server-major on the device.
+    /// be the same on every rank: the Hello carries it
+    /// ([`crate::wire::Hello::INTERLEAVE`]) and a server refuses a rank that
+    /// differs. Default from TALLY_INTERLEAVE=1, else off: not yet measured
+    /// against server-major on the device.
     pub interleave: bool,
     /// Survive the loss of a server when the job has others (see
     /// [`failover`]): results another rank may still need after the

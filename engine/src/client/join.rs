@@ -50,6 +50,8 @@ impl Client {
             // their results need no staging (`failover`); every rank must
             // then agree on failover and the threshold, which the server checks.
             seal_shift: if can_fail_over { seal_shift(self.cfg.seal_min) } else { 0 },
+            // The server holds every rank to the same order.
+            interleave: self.cfg.interleave,
         };
         let mut hellos = (0..self.cfg.servers.len()).map(|si| self.hello_to(si, &spec)).collect::<Result<Vec<_>, _>>()?;
         if self.wants_heartbeats() {
@@ -172,7 +174,7 @@ impl Client {
             leave,
             gens,
             latency_max,
-            interleave: self.cfg.interleave,
+            interleave: spec.interleave,
             scratch: GenScratch::default(),
             started: 0,
             retiring: false,

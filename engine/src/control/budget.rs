@@ -187,6 +187,7 @@ mod tests {
             relay: false,
             split: false,
             seal_shift: 0,
+            interleave: false,
         }
     }
 

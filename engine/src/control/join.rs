@@ -197,7 +197,7 @@ impl ControlPlane {
                 (true, _) => format!(", relay (pieces of at most {} bytes go on to the other rank)", wire::RELAY_MAX),
                 (false, Some(_)) => format!(", split (pieces of at most {} bytes by rank over {groups} lcores)", wire::SPLIT_MAX),
                 (false, None) => String::new(),
-            }
+            } + if spec.interleave { ", streams lcore-major" } else { "" }
         );
         self.active[index] = Some(Active {
             job_id: spec.job_id,
@@ -288,7 +288,7 @@ pub(super) fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
         "chunk_elems"
     } else if a.window != b.window {
         "window"
-    } else if a.relay != b.relay || a.split != b.split {
+    } else if a.relay != b.relay || a.split != b.split || a.interleave != b.interleave {
         "flags"
     } else if a.seal_shift != b.seal_shift {
         "seal_shift"

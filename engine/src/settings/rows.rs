@@ -106,7 +106,7 @@ pub static ENV: &[EnvVar] = &[
         "0",
         "",
         &[Client, Plugin],
-        "1: cut each all-reduce over the servers' lcores in lcore-major order (lcore 0 of every server first), so that one of fewer pieces than lcores reaches every server; the same on every rank",
+        "1: cut each all-reduce over the servers' lcores in lcore-major order (lcore 0 of every server first), so that one of fewer pieces than lcores reaches every server; the same on every rank (a server refuses a rank that differs)",
     ),
     var(
         "TALLY_FAILOVER",

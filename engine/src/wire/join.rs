@@ -34,7 +34,7 @@ pub struct Hello {
     /// [`Hello::REJOIN`]: the rank runs this job already, on other servers,
     /// and takes this (restarted) server back at an operation boundary.
     /// [`Hello::RELAY`]: (two-rank jobs) relay small pieces, see the module doc.
-    /// [`Hello::SPLIT`], [`Hello::ALIVE`]: see each.
+    /// [`Hello::SPLIT`], [`Hello::ALIVE`], [`Hello::INTERLEAVE`]: see each.
     pub flags: u8,
     /// How many [`NameRecord`]s follow the Hello: more endpoint names of the
     /// rank, below [`MAX_LANES`] (see the module doc).
@@ -284,6 +284,11 @@ pub struct JobSpec {
     /// seals. To the server a seal is a piece like any other, of length 0,
     /// but every rank must cut alike, so the threshold is part of the spec.
     pub seal_shift: u8,
+    /// The ranks cut each all-reduce over the stream set in lcore-major
+    /// order (`ClientConfig::interleave`). The server does nothing with it
+    /// but hold every rank to the same, since ranks that cut differently
+    /// would meet with different chunks in the same slot.
+    pub interleave: bool,
 }
 
 impl JobSpec {
@@ -348,6 +353,9 @@ impl Hello {
         if spec.split {
             h.flags |= Hello::SPLIT;
         }
+        if spec.interleave {
+            h.flags |= Hello::INTERLEAVE;
+        }
         h.name_len = name.len() as u16;
         h.name[..name.len()].copy_from_slice(name);
         Some(h)
@@ -364,6 +372,9 @@ impl Hello {
     /// The rank wants heartbeats ([`Kind::Alive`]) on this connection once
     /// the job runs. Per rank, not part of the job's spec.
     pub const ALIVE: u8 = 8;
+    /// The job's ranks cut over the streams lcore-major
+    /// ([`JobSpec::interleave`]). A server from before it refuses the bit.
+    pub const INTERLEAVE: u8 = 16;
 
     pub fn rejoin(&self) -> bool {
         self.flags & Hello::REJOIN != 0
@@ -411,7 +422,7 @@ impl Hello {
         if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
             return bad("name_len", "endpoint name empty or too long");
         }
-        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE) != 0 {
+        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE) != 0 {
             return bad("flags", "unknown flag bits");
         }
         let relay = self.flags & Hello::RELAY != 0;
@@ -443,6 +454,7 @@ impl Hello {
             relay,
             split,
             seal_shift: self.seal_shift,
+            interleave: self.flags & Hello::INTERLEAVE != 0,
         })
     }
 

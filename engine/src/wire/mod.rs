@@ -313,6 +313,7 @@ mod tests {
             relay: false,
             split: false,
             seal_shift: 0,
+            interleave: false,
         }
     }
     const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };

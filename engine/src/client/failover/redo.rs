@@ -103,6 +103,8 @@ impl Client {
                 split: false,
                 // Its own flights, every result staged: no seals.
                 seal_shift: 0,
+                // Redo jobs cut nothing over a stream set.
+                interleave: false,
             };
             let mut conns = Vec::new();
             for &si in &survivors {

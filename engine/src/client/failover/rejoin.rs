@@ -95,6 +95,7 @@ impl Client {
                 relay: self.subs[sub].relay.is_some(),
                 split: self.subs[sub].split.is_some(),
                 seal_shift: self.subs[sub].seal_shift,
+                interleave: self.subs[sub].interleave,
             };
             let Ok(mut hello) = self.hello_to(si, &spec) else { continue };
             hello.hello.flags |= Hello::REJOIN;
