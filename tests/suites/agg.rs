@@ -404,8 +404,8 @@ fn disagreeing_ranks_are_refused(mixed: Job, off: Job, feature: &str) {
 fn ranks_that_disagree_on_interleave_are_refused() {
     let ops = vec![(DataType::Float32, ReduceOp::Sum, 100_000)];
     disagreeing_ranks_are_refused(
-        Job { interleave: [true, false], ..Job::new(910, 3, 4096, 2, ops.clone()) },
-        Job { interleave: [false, false], ..Job::new(911, 3, 4096, 2, ops) },
+        Job { interleave: [true, false], ..Job::new(920, 3, 4096, 2, ops.clone()) },
+        Job { interleave: [false, false], ..Job::new(921, 3, 4096, 2, ops) },
         "streams lcore-major",
     );
 }
