@@ -96,6 +96,11 @@ impl ControlPlane {
             return;
         }
         let a = self.active[i].take().unwrap();
+        // Before the regions go back: the blocks stay the job's until the
+        // index is reused, which needs this slot free.
+        if let Some(r) = RoundSummary::of((0..a.spec.shards as usize).map(|l| self.metrics.job(l, i))) {
+            log::info!("job {:#x}: {r}", a.job_id);
+        }
         for (l, (off, len)) in a.regions.iter().enumerate() {
             if !a.stuck_lcores.contains(&l) {
                 self.allocs[l].release(*off, *len);

@@ -51,7 +51,7 @@ pub mod alloc;
 pub mod budget;
 
 use crate::dataplane::fabric::EndpointName;
-use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsTable, ServerHealth, ServerPhase};
+use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsTable, RoundSummary, ServerHealth, ServerPhase};
 use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard, SplitOn};
 use crate::dataplane::split::SplitShared;
 use crate::host::config::ServerConfig;

@@ -100,6 +100,71 @@ pub fn bucket_le_seconds(i: usize) -> f64 {
     1e-6 * (1u64 << i) as f64
 }
 
+/// A job's rounds over all its lcores, as its end is logged: how many, their
+/// mean, and the upper bounds of the buckets that hold the median, the 99th
+/// percentile and the slowest round. A round is timed from its first
+/// piece's arrival to its results' posting, so a slow one is a rank whose
+/// piece came late (or an lcore that was late to the slot).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoundSummary {
+    pub rounds: u64,
+    pub mean_s: f64,
+    pub p50_le_s: f64,
+    pub p99_le_s: f64,
+    pub max_le_s: f64,
+}
+
+impl RoundSummary {
+    /// Sums the blocks' histograms; None where no round finished.
+    pub fn of<'a>(blocks: impl Iterator<Item = &'a JobCounters>) -> Option<RoundSummary> {
+        let mut counts = [0u64; BUCKETS + 1];
+        let mut sum_ns = 0u64;
+        for b in blocks {
+            for (c, a) in counts.iter_mut().zip(&b.latency_buckets) {
+                *c += a.load(Ordering::Relaxed);
+            }
+            sum_ns = sum_ns.saturating_add(b.latency_sum_ns.load(Ordering::Relaxed));
+        }
+        let rounds: u64 = counts.iter().sum();
+        if rounds == 0 {
+            return None;
+        }
+        // The overflow bucket has no upper bound: it reads as +Inf.
+        let le = |i: usize| if i < BUCKETS { bucket_le_seconds(i) } else { f64::INFINITY };
+        let at = |share: f64| {
+            let want = ((rounds as f64 * share).ceil() as u64).max(1);
+            let mut seen = 0;
+            counts.iter().position(|&c| {
+                seen += c;
+                seen >= want
+            })
+        };
+        let last = counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+        Some(RoundSummary {
+            rounds,
+            mean_s: sum_ns as f64 / rounds as f64 / 1e9,
+            p50_le_s: le(at(0.5).unwrap_or(last)),
+            p99_le_s: le(at(0.99).unwrap_or(last)),
+            max_le_s: le(last),
+        })
+    }
+}
+
+impl core::fmt::Display for RoundSummary {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let ms = |s: f64| s * 1e3;
+        write!(
+            f,
+            "{} rounds, first piece in to results posted: mean {:.2} ms, p50 <= {:.3} ms, p99 <= {:.3} ms, slowest <= {:.3} ms",
+            self.rounds,
+            ms(self.mean_s),
+            ms(self.p50_le_s),
+            ms(self.p99_le_s),
+            ms(self.max_le_s)
+        )
+    }
+}
+
 /// Per-lcore gauges that `lcore::Counters` does not carry.
 #[derive(Default)]
 pub struct LcoreGauges {
@@ -368,6 +433,31 @@ mod tests {
         assert_eq!(bucket(4000), 2);
         assert_eq!(bucket(1_000_000), 10); // 1 ms <= 1.024 ms
         assert_eq!(bucket(u64::MAX), BUCKETS);
+    }
+
+    #[test]
+    fn round_summary_finds_the_buckets_of_the_shares() {
+        let t = MetricsTable::new(2, 1);
+        t.job(0, 0).reset(1);
+        t.job(1, 0).reset(1);
+        assert_eq!(RoundSummary::of([t.job(0, 0), t.job(1, 0)].into_iter()), None);
+        // 98 fast rounds on lcore 0, two slow ones on lcore 1.
+        for _ in 0..98 {
+            t.job(0, 0).record_round(1_500); // bucket 1: <= 2 us
+        }
+        t.job(1, 0).record_round(3_000_000); // bucket 12: <= 4.096 ms
+        t.job(1, 0).record_round(200_000_000); // bucket 18: <= 262.144 ms
+        let s = RoundSummary::of([t.job(0, 0), t.job(1, 0)].into_iter()).unwrap();
+        assert_eq!(s.rounds, 100);
+        assert_eq!(s.p50_le_s, 2e-6);
+        assert_eq!(s.p99_le_s, bucket_le_seconds(12));
+        assert_eq!(s.max_le_s, bucket_le_seconds(18));
+        assert!((s.mean_s - (98.0 * 1.5e-6 + 3e-3 + 0.2) / 100.0).abs() < 1e-9, "{s:?}");
+        let line = s.to_string();
+        assert!(line.starts_with("100 rounds, first piece in to results posted: mean 2.03 ms, p50 <= 0.002 ms, p99 <= 4.096 ms"), "{line}");
+        // A round past the last finite bucket reads as +Inf.
+        t.job(1, 0).record_round(u64::MAX);
+        assert!(RoundSummary::of([t.job(0, 0), t.job(1, 0)].into_iter()).unwrap().max_le_s.is_infinite());
     }
 
     #[test]
