@@ -156,6 +156,8 @@ def configs(path, config):
         extra = f"  p50 {r['p50_us']:.0f} us (ring {ring[0]['p50_us']:.0f})" if r['bytes'] < 1 << 20 and ring else ""
         # TCP's retransmission timeouts over the loop (tally bench cluster's tcp_loss), where counted.
         rto = f"  rto {r['tcp_timeouts']}" if r.get("tcp_timeouts") is not None else ""
+        # Tail loss probes over the loop (each up to about 200 ms where one segment is in flight).
+        rto += f" tlp {r['tcp_loss_probes']}" if r.get("tcp_loss_probes") is not None else ""
         # Packets the hosts' interfaces dropped over the loop (retransmissions without a tbf drop).
         rto += f" drops {r['dev_drops']}" if r.get("dev_drops") else ""
         # Segments the hosts' sockets dropped over the loop.

@@ -165,6 +165,7 @@ def main():
                 "wrong": wrong,
                 "off_correct_rounding": off,
                 "host": tm.get("host", {}),
+                "each_us": [round(x * 1e6) for x in tm.get("in_order", [])],
             }
             if rank == 0:
                 print(json.dumps(rec), flush=True)

@@ -38,6 +38,7 @@
 # Environment (all optional): G (ranks; default: one per GPU), RATE (Gbit/s, default
 # 8; R/2 runs too), SIZES (1M,4M,16M,64M,256M), DTYPES (f32,bf16), ITERS
 # (20), MODES, PYTHON (python3), STEP_TIMEOUT (s per run, 900), HALF (0: R only), DRYRUN,
+# CLUSTER_ARGS (more `tally bench cluster` arguments for every run, e.g. --tcp-autocork on),
 # PER_OP_SYNC=1 (the old method, labelled: a synchronize around every timed
 # all-reduce, which adds the ranks' launch skew to each).
 set -u -o pipefail
@@ -76,8 +77,9 @@ fi
 cluster() { # rate logname cmd...
     local rate=$1 log=$2
     shift 2
+    # shellcheck disable=SC2086 # CLUSTER_ARGS is split into arguments
     timeout -k 10 "$STEP_TIMEOUT" "$TALLY_BIN" bench cluster --hosts "$G" --rates "$rate" --timeout "$STEP_TIMEOUT" \
-        --log "$OUT/$log.tally.log" "$@"
+        --log "$OUT/$log.tally.log" ${CLUSTER_ARGS:-} "$@"
 }
 
 declare -A verdict

@@ -63,7 +63,8 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
     """Runs `op` (one all-reduce, enqueued on the current CUDA stream's
     device) `warmup` times, then `iters` timed times. Returns a dict: t (s
     per operation), p50, p99, max (s, per operation), method (a label), and
-    for the back-to-back loop host (host_load over it)."""
+    for the back-to-back loop host (host_load over it) and in_order (each
+    operation's time, s, in loop order)."""
     import torch
 
     for _ in range(warmup):
@@ -97,7 +98,8 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     host = host_load(cpu0, host_cpu())
-    each = sorted(events[k].elapsed_time(events[k + 1]) / 1e3 for k in range(iters))
+    in_order = [events[k].elapsed_time(events[k + 1]) / 1e3 for k in range(iters)]
+    each = sorted(in_order)
     return {
         "t": wall / iters,
         "p50": percentile(each, 0.5),
@@ -105,4 +107,6 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
         "max": each[-1],
         "method": "back-to-back loop, barrier before it only (wall / iterations)",
         "host": host,
+        # Each operation's time in loop order: where a slow one falls.
+        "in_order": in_order,
     }

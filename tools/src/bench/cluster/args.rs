@@ -64,6 +64,21 @@ pub struct ClusterArgs {
     /// waiting behind a backlog of bulk data.
     #[arg(long, default_value = "50ms")]
     pub tbf_latency: String,
+    /// TCP autocorking in the emulated hosts (net.ipv4.tcp_autocorking):
+    /// off by default. Over veth it holds the tail segment of a message
+    /// larger than a GSO packet (62636 bytes at MTU 9000) for the send
+    /// completion of the rest, and on a host of several cores that tail was
+    /// seen to wait for TCP's tail loss probe, about 200 ms (`tcp_loss`).
+    #[arg(long, value_enum, default_value_t = Autocork::Off)]
+    pub tcp_autocork: Autocork,
+    /// Receive packet steering on every veth of the emulated network (on:
+    /// every CPU in the mask). With it a flow's packets are queued, by
+    /// their hash, on one CPU's backlog, as a NIC's RSS keeps a flow on one
+    /// queue; without it a veth queues each packet on the backlog of the
+    /// CPU that sent it, and a flow whose packets leave from two CPUs can
+    /// arrive out of order (which TCP answers with spurious retransmissions).
+    #[arg(long, value_enum, default_value_t = Rps::Off)]
+    pub rps: Rps,
     #[command(flatten)]
     pub iproute: IprouteArg,
     /// Seconds the whole run may take per rate before it is stopped.
@@ -111,6 +126,8 @@ impl ClusterArgs {
             mtu: 9000,
             tbf_burst: "auto".into(),
             tbf_latency: "50ms".into(),
+            tcp_autocork: Autocork::Off,
+            rps: Rps::Off,
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
             timeout: 300,
             json: JsonArg::default(),
@@ -121,9 +138,68 @@ impl ClusterArgs {
     }
 }
 
+/// `--tcp-autocork`: the emulated hosts' net.ipv4.tcp_autocorking.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Autocork {
+    On,
+    Off,
+}
+
+impl Autocork {
+    /// The sysctl's value.
+    pub fn sysctl(self) -> &'static str {
+        match self {
+            Autocork::On => "1",
+            Autocork::Off => "0",
+        }
+    }
+}
+
+/// `--rps`: receive packet steering on the emulated network's veths.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rps {
+    On,
+    Off,
+}
+
+/// The rps_cpus bitmap of CPUs 0..n: hex, in comma-separated groups of 32
+/// CPUs, the highest first (as /sys/class/net/*/queues/rx-*/rps_cpus reads).
+pub fn cpu_mask(n: usize) -> String {
+    let n = n.max(1);
+    let words = n.div_ceil(32);
+    (0..words)
+        .rev()
+        .map(|w| {
+            let bits = (n - w * 32).min(32);
+            let v: u32 = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
+            if w == words - 1 {
+                format!("{v:x}")
+            } else {
+                format!("{v:08x}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The loop arguments of the workers at `rate` Gbit/s: `--min-bytes` raised
 /// to what the agg bound (`rate` / 8 GB/s per worker) moves in `--min-time`.
 pub fn loops_at(args: &ClusterArgs, rate: f64) -> LoopArgs {
     let by_time = (rate / 8.0 * 1e9 * args.min_time as f64 / 1000.0) as u64;
     LoopArgs { min_bytes: args.loops.min_bytes.max(by_time), ..args.loops.clone() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_mask;
+
+    #[test]
+    fn cpu_masks_are_grouped_by_32() {
+        assert_eq!(cpu_mask(2), "3");
+        assert_eq!(cpu_mask(16), "ffff");
+        assert_eq!(cpu_mask(32), "ffffffff");
+        assert_eq!(cpu_mask(33), "1,ffffffff");
+        assert_eq!(cpu_mask(64), "ffffffff,ffffffff");
+        assert_eq!(cpu_mask(0), "1");
+    }
 }

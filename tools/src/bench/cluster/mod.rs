@@ -50,7 +50,7 @@ pub mod workers;
 
 use crate::logfile;
 use crate::progress::Progress;
-use args::ClusterArgs;
+use args::{cpu_mask, ClusterArgs, Rps};
 use host_cpu::{HostCpu, HostLoad, RateLoad};
 use netns::{addr, build_network, sweep_stale, unavailable, Iproute, Testbed};
 use placement::place;
@@ -128,7 +128,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let hosts: Vec<(char, u32)> = (0..args.hosts).flat_map(|i| [('s', i), ('w', i)]).collect();
     let ns = |k: char, i: u32| format!("{prefix}{k}{i}");
     let sw = format!("{prefix}sw");
-    build_network(&bed.tools, &sw, &hosts, &ns, args.mtu)?;
+    let rps_mask = (args.rps == Rps::On).then(|| cpu_mask(cores));
+    build_network(&bed.tools, &sw, &hosts, &ns, args.mtu, args.tcp_autocork, rps_mask.as_deref())?;
 
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
     // `place` gives server lcores cores of their own where it leaves any to
@@ -195,6 +196,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             sock_drops: net.map(|l| l.sock_drops),
             spurious_rtos: net.map(|l| l.spurious_rtos),
             rtx_host_queued: net.map(|l| l.rtx_host_queued),
+            loss_probes: net.map(|l| l.loss_probes),
         }
     };
     if let Some(cmd) = &args.workers_run {

@@ -2,6 +2,7 @@
 //! bridge), a veth link from each host to it, and the `ip` and `tc` that
 //! make them. `Testbed` removes what a run made when it is dropped;
 //! `sweep_stale` what a killed run left.
+use super::args::Autocork;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -110,6 +111,13 @@ impl Iproute {
         self.output(&self.ip, &["netns", "exec", ns, "cat", path])
     }
 
+    /// Writes `value` to `path` as a process inside namespace `ns` sees it
+    /// (a sysctl under /proc/sys/net, which is the namespace's own).
+    pub(super) fn write_in(&self, ns: &str, path: &str, value: &str) -> Result<(), String> {
+        let script = format!("printf '%s' '{value}' > {path}");
+        self.ip(&["netns", "exec", ns, "sh", "-c", &script])
+    }
+
     fn output(&self, prog: &Path, args: &[&str]) -> Result<String, String> {
         let out = self.command(prog).args(args).stdin(Stdio::null()).output().map_err(|e| format!("{}: {e}", prog.display()))?;
         match out.status.success() {
@@ -195,6 +203,8 @@ pub(super) fn build_network(
     hosts: &[(char, u32)],
     ns: &dyn Fn(char, u32) -> String,
     mtu: u32,
+    autocork: Autocork,
+    rps: Option<&str>,
 ) -> Result<(), String> {
     let mtu = mtu.to_string();
     tools.ip(&["netns", "add", sw])?;
@@ -213,6 +223,12 @@ pub(super) fn build_network(
         tools.ip(&["-n", &name, "addr", "add", &format!("{}/16", addr(k, i)), "dev", "eth0"])?;
         tools.ip(&["-n", &name, "link", "set", "eth0", "up"])?;
         tools.ip(&["-n", &name, "link", "set", "lo", "up"])?;
+        tools.write_in(&name, "/proc/sys/net/ipv4/tcp_autocorking", autocork.sysctl())?;
+        if let Some(mask) = rps {
+            // `ip netns exec` mounts the namespace's own /sys.
+            tools.write_in(&name, "/sys/class/net/eth0/queues/rx-0/rps_cpus", mask)?;
+            tools.write_in(sw, &format!("/sys/class/net/{port}/queues/rx-0/rps_cpus"), mask)?;
+        }
     }
     Ok(())
 }

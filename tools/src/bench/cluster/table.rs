@@ -1,7 +1,7 @@
 //! What a cluster run reports: a row per rate, mode and size with its link
 //! bound, the fraction reached, agg/ring and the CPU cost per GB; the table,
 //! its header lines and the plot.
-use super::args::{loops_at, ClusterArgs};
+use super::args::{loops_at, Autocork, ClusterArgs, Rps};
 use super::host_cpu::{HostLoad, RateLoad};
 use super::placement::worker_rails;
 use super::shaping::{auto_chunk, tbf_auto_burst};
@@ -38,6 +38,8 @@ pub struct ClusterRow {
     /// a namespace could not be read.
     pub tcp_retrans: Option<u64>,
     pub tcp_timeouts: Option<u64>,
+    /// Over the same loop: TCP's tail loss probes (`tcp_loss`).
+    pub tcp_loss_probes: Option<u64>,
     /// Packets the hosts' interfaces dropped over the loop (the switch's
     /// are in the rate's line only), and segments their sockets dropped.
     pub dev_drops: Option<u64>,
@@ -78,6 +80,7 @@ impl ClusterRow {
             server_cpu_s_per_gb: server_cpu_s.and_then(|s| per_gb(s, served)),
             tcp_retrans: loss.map(|l| l.retrans),
             tcp_timeouts: loss.map(|l| l.timeouts),
+            tcp_loss_probes: loss.map(|l| l.loss_probes),
             dev_drops: loss.map(|l| l.dev_drops),
             sock_drops: loss.map(|l| l.sock_drops),
             host_cpu,
@@ -143,10 +146,12 @@ fn rates_text(rates: &[f64]) -> String {
 pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores: Option<&str>) {
     let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
     println!(
-        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}), {}",
+        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}, TCP autocorking {}, RPS {}), {}",
         args.hosts,
         args.hosts,
         args.mtu,
+        if args.tcp_autocork == Autocork::On { "on" } else { "off" },
+        if args.rps == Rps::On { "on" } else { "off" },
         provider_text(&args.provider)
     );
     println!("# placement: {placement}");
@@ -244,9 +249,10 @@ mod tests {
             r
         };
         // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
-        let loss = NetLoss { retrans: 3, timeouts: 1, dev_drops: 2, sock_drops: 4, ..NetLoss::default() };
+        let loss = NetLoss { retrans: 3, timeouts: 1, dev_drops: 2, sock_drops: 4, loss_probes: 5, ..NetLoss::default() };
         let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28), Some(loss), None);
         assert_eq!((r.tcp_retrans, r.tcp_timeouts, r.dev_drops, r.sock_drops), (Some(3), Some(1), Some(2), Some(4)));
+        assert_eq!(r.tcp_loss_probes, Some(5));
         assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
         assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
         let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0), None, None);

@@ -43,6 +43,11 @@ pub struct NetLoss {
     /// Retransmissions of segments still queued in their host
     /// (`TcpExt: TCPSpuriousRtxHostQueues`).
     pub rtx_host_queued: u64,
+    /// Tail loss probes sent (`TcpExt: TCPLossProbes`): where one segment
+    /// alone is in flight the probe waits about 200 ms (1.5 round trips
+    /// plus the longest delayed ACK), so each is a wait as long as a
+    /// timeout's that `timeouts` does not count.
+    pub loss_probes: u64,
 }
 
 /// The `TcpExt:` counters of segments a receiving socket dropped: its
@@ -82,6 +87,7 @@ impl NetLoss {
             sock_drops: SOCKET_DROPS.iter().map(|n| ext(n)).sum(),
             spurious_rtos: ext("TCPSpuriousRTOs"),
             rtx_host_queued: ext("TCPSpuriousRtxHostQueues"),
+            loss_probes: ext("TCPLossProbes"),
         })
     }
 
@@ -94,6 +100,7 @@ impl NetLoss {
             sock_drops: f(self.sock_drops, o.sock_drops),
             spurious_rtos: f(self.spurious_rtos, o.spurious_rtos),
             rtx_host_queued: f(self.rtx_host_queued, o.rtx_host_queued),
+            loss_probes: f(self.loss_probes, o.loss_probes),
         }
     }
 
@@ -149,6 +156,8 @@ pub struct LinkLoss {
     pub sock_drops: Option<u64>,
     pub spurious_rtos: Option<u64>,
     pub rtx_host_queued: Option<u64>,
+    /// Over every namespace: tail loss probes (see [`NetLoss::loss_probes`]).
+    pub loss_probes: Option<u64>,
 }
 
 /// Packets the tbf qdiscs of namespaces `names` dropped so far.
@@ -164,8 +173,10 @@ pub(super) fn qdisc_drops(tc_output: &str) -> u64 {
 impl LinkLoss {
     /// The line a rate's table ends with.
     pub fn note(&self) -> String {
-        let tcp = match (self.tcp_retrans, self.tcp_timeouts) {
-            (Some(r), Some(t)) => format!("{r} TCP segments retransmitted, {t} retransmission timeouts (each a wait of 200 ms or more)"),
+        let tcp = match (self.tcp_retrans, self.tcp_timeouts, self.loss_probes) {
+            (Some(r), Some(t), Some(p)) => format!(
+                "{r} TCP segments retransmitted, {t} retransmission timeouts (each a wait of 200 ms or more), {p} tail loss probes (up to about 200 ms each)"
+            ),
             _ => "TCP's counters unreadable".into(),
         };
         let tbf = self.tbf_drops.map_or("tbf's drops unreadable".into(), |d| format!("tbf dropped {d} packets"));
@@ -194,10 +205,13 @@ mod tests {
         let netstat = "TcpExt: SyncookiesSent TCPTimeouts\nTcpExt: 0 37\nIpExt: InNoRoutes\nIpExt: 0\n";
         assert_eq!(counter(netstat, "TcpExt:", "TCPTimeouts"), Some(37));
         // The socket counters, where the kernel has them (absent ones count 0).
-        let ext = "TcpExt: TCPTimeouts RcvPruned TCPSpuriousRTOs TCPBacklogDrop TCPOFODrop TCPSpuriousRtxHostQueues\n\
-                   TcpExt: 5 1 2 3 4 6\n";
+        let ext = "TcpExt: TCPTimeouts RcvPruned TCPSpuriousRTOs TCPBacklogDrop TCPOFODrop TCPSpuriousRtxHostQueues TCPLossProbes\n\
+                   TcpExt: 5 1 2 3 4 6 11\n";
         let l = NetLoss::parse("Tcp: RetransSegs\nTcp: 9\n", ext, "  eth0: 0 0 0 1 0 0 0 0 0 0 0 1\n").unwrap();
-        assert_eq!(l, NetLoss { retrans: 9, timeouts: 5, dev_drops: 2, sock_drops: 8, spurious_rtos: 2, rtx_host_queued: 6 });
+        assert_eq!(
+            l,
+            NetLoss { retrans: 9, timeouts: 5, dev_drops: 2, sock_drops: 8, spurious_rtos: 2, rtx_host_queued: 6, loss_probes: 11 }
+        );
         let dev =
             "Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes packets errs drop\n\
                        lo: 10 1 0 0 0 0 0 0 10 1 0 0 0 0 0 0\n  eth0: 900 9 0 5 0 0 0 0 800 8 0 2 0 0 0 0\n";
@@ -215,11 +229,11 @@ mod tests {
                   qdisc tbf 8002: root\n Sent 5 bytes 6 pkt (dropped 30, overlimits 0 requeues 0)\n";
         assert_eq!(qdisc_drops(tc), 42);
         assert_eq!(qdisc_drops(""), 0);
-        let after = NetLoss { retrans: 10, timeouts: 2, dev_drops: 5, sock_drops: 3, spurious_rtos: 1, rtx_host_queued: 7 };
-        let before = NetLoss { retrans: 4, timeouts: 2, dev_drops: 1, sock_drops: 1, spurious_rtos: 0, rtx_host_queued: 2 };
+        let after = NetLoss { retrans: 10, timeouts: 2, dev_drops: 5, sock_drops: 3, spurious_rtos: 1, rtx_host_queued: 7, loss_probes: 9 };
+        let before = NetLoss { retrans: 4, timeouts: 2, dev_drops: 1, sock_drops: 1, spurious_rtos: 0, rtx_host_queued: 2, loss_probes: 3 };
         assert_eq!(
             after.since(before),
-            NetLoss { retrans: 6, timeouts: 0, dev_drops: 4, sock_drops: 2, spurious_rtos: 1, rtx_host_queued: 5 }
+            NetLoss { retrans: 6, timeouts: 0, dev_drops: 4, sock_drops: 2, spurious_rtos: 1, rtx_host_queued: 5, loss_probes: 6 }
         );
         assert_eq!(after.plus(before).since(before), after);
     }
