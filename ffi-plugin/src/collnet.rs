@@ -179,9 +179,10 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         // NCCL hands CollNet an all-reduce in steps (512 KiB each by
         // default) with several in flight, so cutting every step into a
         // piece per server lcore buys no parallelism, only more messages:
-        // at 16 Gbit/s (emulated, 4 + 4 hosts) 64 KiB pieces reached 0.46 of
-        // the bound and 128 KiB ones 0.78. Half a chunk at least (over tcp
-        // whole chunks: tcp_defaults).
+        // at 16 Gbit/s (emulated, 4 + 4 hosts, TCP autocorking on, which
+        // held 64 KiB messages' tails: docs/measurements.md) 64 KiB pieces
+        // reached 0.46 of the bound and 128 KiB ones 0.78. Half a chunk at
+        // least (over tcp whole chunks: tcp_defaults).
         cfg.min_piece = cfg.min_piece.max(cfg.chunk_bytes / 2);
     }
     let mut client = Client::connect(cfg).map_err(client_error)?;
@@ -234,8 +235,10 @@ pub const TCP_MAX_PIECE: usize = 128 << 10;
 ///   piece below it costs a rail the kernel's and the provider's work per
 ///   message. At 32 Gbit/s (4 + 4 hosts, `bench cluster --mode agg-plugin`,
 ///   alternated on three hosts) 128 KiB gave 0.81-0.97 of the bound against
-///   0.70-0.85 with 32 KiB, 256 KiB 0.80-0.81, and 64 KiB collapsed to
-///   0.03-0.05; real NCCL: 11 of 16 pairs, with a tail of slow pieces. So NCCL's
+///   0.70-0.85 with 32 KiB, 256 KiB 0.80-0.81 (64 KiB's collapse to
+///   0.03-0.05 there was the emulated hosts' TCP autocorking; without it
+///   0.98 / 0.86 against 128 KiB's 0.97 / 0.91); real NCCL: 11 of 16
+///   pairs, with a tail of slow pieces. So NCCL's
 ///   512 KiB step goes to four streams whole, not to sixteen in 32 KiB
 ///   pieces (`client::op_chunk_bytes`, rotating over the streams).
 /// - No send credits (TALLY_SEND_CREDITS unset is 0, as for the client

@@ -24,12 +24,13 @@
 //! arrives before its receive is posted takes a buffer of its own size
 //! (allocated, then copied once the receive is posted).
 //!
-//! Not 64 KiB pieces: the plugin's pattern with pieces of 64 KiB ran at
-//! 0.03-0.05 of the bound on the device, whether the limit was 64 or 128
-//! KiB (piece round trips p99 262 ms, rails idle), and with the limit at 4
-//! MiB, pieces of 64-128 KiB collapsed to 0.03-0.6 of the bound over shaped
-//! links in an earlier build; why is not known (docs/measurements.md). Nor
-//! 256 KiB: 0.80-0.81 against 128 KiB's 0.92-0.97 on the same host.
+//! 64 KiB pieces once ran at 0.03-0.05 of the bound on the device (piece
+//! round trips p99 262 ms, rails idle): that was the emulated links' TCP
+//! autocorking, which held each message's last segment until a tail loss
+//! probe; with it off (`bench cluster --tcp-autocork`, now the default)
+//! they gave 0.98 / 0.86 against 128 KiB's 0.97 / 0.91 on the same host
+//! (docs/measurements.md, "Tails of 200 ms"). Not 256 KiB: 0.80-0.81
+//! against 128 KiB's 0.92-0.97 on one host (with autocorking on).
 //!
 //! rxm peers must agree on the limit: rxm refuses a connection whose peer
 //! runs another (1.17's `rxm_conn.c`, "eager_limit mismatch"), and the sends
