@@ -35,6 +35,7 @@ const SPEC: JobSpec = JobSpec {
     split: false,
     seal_shift: 0,
     interleave: false,
+    min_piece: 0,
 };
 /// What the server accepts (its defaults' order of magnitude).
 const LIMITS: Limits = Limits { max_ranks: 1024, max_window: 64, max_chunk_bytes: 4 << 20, lcores: 4 };
@@ -127,7 +128,7 @@ impl Malformed {
             }
             Malformed::WrongToken => hello.token[31] ^= 1,
             Malformed::BadWindow => hello.window = 0,
-            Malformed::BadPadding => hello._pad1[4] = 1,
+            Malformed::BadPadding => hello._pad1 = 1,
         }
         let field = match self {
             Malformed::WrongToken => "token",

@@ -113,6 +113,7 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         split: (4..=64).contains(&nranks) && rng.below(2) == 1,
         seal_shift: if rng.chance(2) { rng.below(41) as u8 } else { 0 },
         interleave: rng.chance(2),
+        min_piece: if rng.chance(2) { rng.next() as u32 } else { 0 },
     };
     let name = rng.some_bytes(1, NAME_BYTES as u64);
     let h = Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");
@@ -155,12 +156,8 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
     assert!((h.lanes as usize) < MAX_LANES, "{}", ctx());
-    assert_eq!(
-        (h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE)),
-        ([0; 5], 0),
-        "{}",
-        ctx()
-    );
+    assert_eq!((h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE)), (0, 0), "{}", ctx());
+    assert_eq!(spec.min_piece, h.min_piece, "{}", ctx());
     assert!(h.seal_shift <= MAX_SEAL_SHIFT && spec.seal_shift == h.seal_shift, "{}", ctx());
     assert_eq!(spec.relay, h.flags & Hello::RELAY != 0, "{}", ctx());
     assert!(!spec.relay || spec.nranks == 2, "{}", ctx());
@@ -308,7 +305,8 @@ fn mutate_field(rng: &mut Rng, h: &mut Hello) {
         8 if rng.below(2) == 0 => h.lanes = v as u8,
         8 => h.flags = v as u8,
         9 if rng.below(2) == 0 => h.seal_shift = v as u8,
-        9 => h._pad1[rng.below(5) as usize] = v as u8,
+        9 if rng.below(2) == 0 => h._pad1 = v as u8,
+        9 => h.min_piece = v,
         10 => h.header.kind = v as u16,
         _ => h.header.version = v as u16,
     }

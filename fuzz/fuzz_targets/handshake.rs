@@ -53,6 +53,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(spec.window >= 1 && spec.window <= limits.max_window && spec.window <= MAX_WINDOW);
     assert!(spec.shards >= 1 && spec.shards <= limits.lcores);
     assert!(h.name_len >= 1 && h.name().len() == h.name_len as usize);
-    assert_eq!((h._pad0, h._pad1), (0, [0; 5]));
+    assert_eq!(h._pad1, 0);
+    assert_eq!(spec.min_piece, h.min_piece);
     assert!(h.seal_shift <= wire::MAX_SEAL_SHIFT && spec.seal_shift == h.seal_shift);
 });

@@ -72,6 +72,8 @@ struct Job {
     /// Each rank's `ClientConfig::interleave` (stream sets in lcore-major
     /// order), by rank parity.
     interleave: [bool; 2],
+    /// Each rank's `ClientConfig::min_piece`, by rank parity (None: the default).
+    min_piece: [Option<usize>; 2],
 }
 
 impl Job {
@@ -99,6 +101,7 @@ impl Job {
             rails: 0,
             failover: true,
             interleave: [false; 2],
+            min_piece: [None; 2],
         }
     }
 }
@@ -142,6 +145,9 @@ fn run_ranks(addr: &str, provider: &str, job: &Job, seed: u64) -> Vec<Result<Vec
             }
             cfg.failover = job.failover;
             cfg.interleave = job.interleave[rank as usize % 2];
+            if let Some(p) = job.min_piece[rank as usize % 2] {
+                cfg.min_piece = p;
+            }
             cfg.provider = Some(provider.to_string());
             cfg.chunk_bytes = job.chunk_bytes;
             cfg.window = job.window;
@@ -388,13 +394,13 @@ fn tcp_two_rank_jobs_relay_small_pieces() {
 /// later ones at once, the first when the server's join timeout ends its
 /// wait); `off`, the same job with the flag off on every rank, runs as
 /// before and is exact, and the server never says `feature` for it.
-fn disagreeing_ranks_are_refused(mixed: Job, off: Job, feature: &str) {
+fn disagreeing_ranks_are_refused(mixed: Job, off: Job, field: &str, feature: &str) {
     let srv =
         ServerProcess::start(&["--lcores", "0-1", "--provider", "shm", "--poll", "adaptive", "--slab-size", "64M", "--join-timeout", "3"]);
     let addr = srv.addr.clone();
     let s = seed();
     let errors: Vec<String> = run_ranks(&addr, "shm", &mixed, s).into_iter().map(|r| r.expect_err("a rank of a mixed job ran")).collect();
-    assert!(errors.iter().any(|e| e.contains("flags") && e.contains("differs")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains(field) && e.contains("differs")), "{errors:?}");
     run_job(&addr, "shm", &off, s);
     assert!(!srv.log_contains(feature), "a job without the flag had it: {feature}");
     assert!(srv.stop().success());
@@ -406,8 +412,32 @@ fn ranks_that_disagree_on_interleave_are_refused() {
     disagreeing_ranks_are_refused(
         Job { interleave: [true, false], ..Job::new(920, 3, 4096, 2, ops.clone()) },
         Job { interleave: [false, false], ..Job::new(921, 3, 4096, 2, ops) },
+        "flags",
         "streams lcore-major",
     );
+}
+
+/// `TALLY_MIN_PIECE` decides how an all-reduce smaller than a chunk per
+/// stream is cut, so ranks that differ would meet with different pieces in
+/// one slot: refused ("min_piece"), and a job whose ranks agree runs.
+#[test]
+fn ranks_that_disagree_on_min_piece_are_refused() {
+    let ops = vec![(DataType::Float32, ReduceOp::Sum, 100_000)];
+    disagreeing_ranks_are_refused(
+        Job { min_piece: [Some(32 << 10), None], ..Job::new(922, 3, 64 << 10, 2, ops.clone()) },
+        Job { min_piece: [None, None], ..Job::new(923, 3, 64 << 10, 2, ops.clone()) },
+        "min_piece",
+        "pieces spread down to",
+    );
+    // Both at 32 KiB: admitted, and every element right.
+    let srv = ServerProcess::start(&["--lcores", "0-1", "--provider", "shm", "--poll", "adaptive", "--slab-size", "64M"]);
+    run_job(&srv.addr, "shm", &Job { min_piece: [Some(32 << 10); 2], ..Job::new(924, 3, 64 << 10, 2, ops) }, seed());
+    assert!(
+        srv.log_contains("pieces spread down to 32768 bytes"),
+        "{:?}",
+        srv.log.lock().unwrap().iter().filter(|l| l.contains("starting")).collect::<Vec<_>>()
+    );
+    assert!(srv.stop().success());
 }
 
 #[test]
@@ -416,6 +446,7 @@ fn ranks_that_disagree_on_relay_are_refused() {
     disagreeing_ranks_are_refused(
         Job { relay: [true, false], ..Job::new(900, 2, 4096, 2, ops.clone()) },
         Job { relay: [false, false], ..Job::new(901, 2, 4096, 2, ops) },
+        "flags",
         "relay (pieces",
     );
 }
@@ -453,6 +484,7 @@ fn ranks_that_disagree_on_split_are_refused() {
     disagreeing_ranks_are_refused(
         Job { split: [true, false], ..Job::new(910, 4, 4096, 2, ops.clone()) },
         Job { split: [false, false], ..Job::new(911, 4, 4096, 2, ops) },
+        "flags",
         "split (pieces",
     );
 }

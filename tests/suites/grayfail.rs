@@ -107,6 +107,7 @@ fn spec(job_id: u64, nranks: u32) -> tally_engine::wire::JobSpec {
         split: false,
         seal_shift: 0,
         interleave: false,
+        min_piece: 0,
     }
 }
 

@@ -43,6 +43,7 @@ fn malformed_handshakes_are_refused_and_the_server_carries_on() {
         split: false,
         seal_shift: 0,
         interleave: false,
+        min_piece: 0,
     };
     let good = Hello::new(&spec, 0, &[0; 32], b"name").unwrap();
     let r = raw_handshake(&srv.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");

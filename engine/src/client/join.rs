@@ -50,8 +50,9 @@ impl Client {
             // their results need no staging (`failover`); every rank must
             // then agree on failover and the threshold, which the server checks.
             seal_shift: if can_fail_over { seal_shift(self.cfg.seal_min) } else { 0 },
-            // The server holds every rank to the same order.
+            // The server holds every rank to the same order and cut.
             interleave: self.cfg.interleave,
+            min_piece: wire_min_piece(self.cfg.min_piece),
         };
         let mut hellos = (0..self.cfg.servers.len()).map(|si| self.hello_to(si, &spec)).collect::<Result<Vec<_>, _>>()?;
         if self.wants_heartbeats() {
@@ -445,5 +446,17 @@ fn seal_shift(seal_min: usize) -> u8 {
     match seal_min {
         0 => 0,
         m => (m.ilog2() as u8).clamp(1, wire::MAX_SEAL_SHIFT),
+    }
+}
+
+/// `ClientConfig::min_piece` as the Hello carries it: 0 for the default
+/// ([`super::MIN_SPREAD_PIECE`]), so that ranks of a build from before the
+/// field (which send 0) meet ranks of this one that kept the default; a
+/// size past `u32` is sent as `u32::MAX` (the server only compares it).
+pub(super) fn wire_min_piece(min_piece: usize) -> u32 {
+    if min_piece == super::MIN_SPREAD_PIECE {
+        0
+    } else {
+        u32::try_from(min_piece).unwrap_or(u32::MAX)
     }
 }

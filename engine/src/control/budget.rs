@@ -188,6 +188,7 @@ mod tests {
             split: false,
             seal_shift: 0,
             interleave: false,
+            min_piece: 0,
         }
     }
 

@@ -198,6 +198,7 @@ impl ControlPlane {
                 (false, Some(_)) => format!(", split (pieces of at most {} bytes by rank over {groups} lcores)", wire::SPLIT_MAX),
                 (false, None) => String::new(),
             } + if spec.interleave { ", streams lcore-major" } else { "" }
+                + &if spec.min_piece > 0 { format!(", pieces spread down to {} bytes", spec.min_piece) } else { String::new() }
         );
         self.active[index] = Some(Active {
             job_id: spec.job_id,
@@ -292,6 +293,8 @@ pub(super) fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
         "flags"
     } else if a.seal_shift != b.seal_shift {
         "seal_shift"
+    } else if a.min_piece != b.min_piece {
+        "min_piece"
     } else {
         "shards"
     }

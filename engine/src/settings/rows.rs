@@ -99,7 +99,7 @@ pub static ENV: &[EnvVar] = &[
         "4K",
         "the plugin: half a chunk; over tcp a whole one",
         &[Client, Plugin],
-        "smallest piece an all-reduce is cut into to spread it over every lcore",
+        "smallest piece an all-reduce is cut into to spread it over every lcore; the same on every rank (a server refuses a rank that differs)",
     ),
     var(
         "TALLY_INTERLEAVE",

@@ -50,7 +50,10 @@ pub struct Hello {
     /// is); see [`JobSpec::seal_shift`]. A byte that was padding: a server
     /// from before seals refuses a job that seals.
     pub seal_shift: u8,
-    pub _pad1: [u8; 5],
+    pub _pad1: u8,
+    /// [`JobSpec::min_piece`]. Bytes that were padding: a server from
+    /// before refuses a rank that sets it.
+    pub min_piece: u32,
     /// The client's fabric endpoint name (first `name_len` bytes).
     pub name: [u8; NAME_BYTES],
 }
@@ -289,6 +292,13 @@ pub struct JobSpec {
     /// but hold every rank to the same, since ranks that cut differently
     /// would meet with different chunks in the same slot.
     pub interleave: bool,
+    /// The smallest piece (bytes) the ranks cut an all-reduce into to
+    /// spread it over the streams (`ClientConfig::min_piece`, TALLY_MIN_PIECE;
+    /// 0: the default, `client::MIN_SPREAD_PIECE`). It decides the chunk
+    /// size of an all-reduce smaller than one chunk per stream, so every
+    /// rank must use the same: the server holds them to it, as it does
+    /// `interleave`.
+    pub min_piece: u32,
 }
 
 impl JobSpec {
@@ -347,6 +357,7 @@ impl Hello {
         h.window = spec.window;
         h.shards = spec.shards;
         h.seal_shift = spec.seal_shift;
+        h.min_piece = spec.min_piece;
         if spec.relay {
             h.flags |= Hello::RELAY;
         }
@@ -439,7 +450,7 @@ impl Hello {
         if self.seal_shift > MAX_SEAL_SHIFT {
             return bad("seal_shift", "seals above 1 TiB");
         }
-        if self._pad1 != [0; 5] {
+        if self._pad1 != 0 {
             return bad("padding", "reserved bytes must be zero");
         }
         let shards = if self.shards == 0 { limits.lcores } else { self.shards };
@@ -455,6 +466,7 @@ impl Hello {
             split,
             seal_shift: self.seal_shift,
             interleave: self.flags & Hello::INTERLEAVE != 0,
+            min_piece: self.min_piece,
         })
     }
 

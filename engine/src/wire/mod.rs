@@ -314,6 +314,7 @@ mod tests {
             split: false,
             seal_shift: 0,
             interleave: false,
+            min_piece: 0,
         }
     }
     const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };
@@ -348,7 +349,7 @@ mod tests {
             ("shards", |h| h.shards = 3),
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
-            ("padding", |h| h._pad1[3] = 1),
+            ("padding", |h| h._pad1 = 1),
             ("seal_shift", |h| h.seal_shift = MAX_SEAL_SHIFT + 1),
             ("lanes", |h| h.lanes = MAX_LANES as u8),
             ("flags", |h| h.flags = 32),

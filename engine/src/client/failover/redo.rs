@@ -105,6 +105,7 @@ impl Client {
                 seal_shift: 0,
                 // Redo jobs cut nothing over a stream set.
                 interleave: false,
+                min_piece: 0,
             };
             let mut conns = Vec::new();
             for &si in &survivors {

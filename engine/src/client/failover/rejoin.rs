@@ -96,6 +96,7 @@ impl Client {
                 split: self.subs[sub].split.is_some(),
                 seal_shift: self.subs[sub].seal_shift,
                 interleave: self.subs[sub].interleave,
+                min_piece: super::super::join::wire_min_piece(self.cfg.min_piece),
             };
             let Ok(mut hello) = self.hello_to(si, &spec) else { continue };
             hello.hello.flags |= Hello::REJOIN;
