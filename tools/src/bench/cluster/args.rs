@@ -69,16 +69,16 @@ pub struct ClusterArgs {
     /// larger than a GSO packet (62636 bytes at MTU 9000) for the send
     /// completion of the rest, and on a host of several cores that tail was
     /// seen to wait for TCP's tail loss probe, about 200 ms (`tcp_loss`).
-    #[arg(long, value_enum, default_value_t = Autocork::Off)]
-    pub tcp_autocork: Autocork,
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub tcp_autocork: OnOff,
     /// Receive packet steering on every veth of the emulated network (on:
     /// every CPU in the mask). With it a flow's packets are queued, by
     /// their hash, on one CPU's backlog, as a NIC's RSS keeps a flow on one
     /// queue; without it a veth queues each packet on the backlog of the
     /// CPU that sent it, and a flow whose packets leave from two CPUs can
     /// arrive out of order (which TCP answers with spurious retransmissions).
-    #[arg(long, value_enum, default_value_t = Rps::Off)]
-    pub rps: Rps,
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub rps: OnOff,
     #[command(flatten)]
     pub iproute: IprouteArg,
     /// Seconds the whole run may take per rate before it is stopped.
@@ -126,8 +126,8 @@ impl ClusterArgs {
             mtu: 9000,
             tbf_burst: "auto".into(),
             tbf_latency: "50ms".into(),
-            tcp_autocork: Autocork::Off,
-            rps: Rps::Off,
+            tcp_autocork: OnOff::Off,
+            rps: OnOff::Off,
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
             timeout: 300,
             json: JsonArg::default(),
@@ -138,28 +138,29 @@ impl ClusterArgs {
     }
 }
 
-/// `--tcp-autocork`: the emulated hosts' net.ipv4.tcp_autocorking.
+/// A setting of the emulated hosts that is on or off (`--tcp-autocork`, `--rps`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Autocork {
+pub enum OnOff {
     On,
     Off,
 }
 
-impl Autocork {
-    /// The sysctl's value.
+impl OnOff {
+    /// As a boolean sysctl takes it.
     pub fn sysctl(self) -> &'static str {
         match self {
-            Autocork::On => "1",
-            Autocork::Off => "0",
+            OnOff::On => "1",
+            OnOff::Off => "0",
         }
     }
-}
 
-/// `--rps`: receive packet steering on the emulated network's veths.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rps {
-    On,
-    Off,
+    /// As the table's header says it.
+    pub fn text(self) -> &'static str {
+        match self {
+            OnOff::On => "on",
+            OnOff::Off => "off",
+        }
+    }
 }
 
 /// The rps_cpus bitmap of CPUs 0..n: hex, in comma-separated groups of 32

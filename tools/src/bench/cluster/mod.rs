@@ -50,7 +50,7 @@ pub mod workers;
 
 use crate::logfile;
 use crate::progress::Progress;
-use args::{cpu_mask, ClusterArgs, Rps};
+use args::{cpu_mask, ClusterArgs, OnOff};
 use host_cpu::{HostCpu, HostLoad, RateLoad};
 use netns::{addr, build_network, sweep_stale, unavailable, Iproute, Testbed};
 use placement::place;
@@ -128,7 +128,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let hosts: Vec<(char, u32)> = (0..args.hosts).flat_map(|i| [('s', i), ('w', i)]).collect();
     let ns = |k: char, i: u32| format!("{prefix}{k}{i}");
     let sw = format!("{prefix}sw");
-    let rps_mask = (args.rps == Rps::On).then(|| cpu_mask(cores));
+    let rps_mask = (args.rps == OnOff::On).then(|| cpu_mask(cores));
     build_network(&bed.tools, &sw, &hosts, &ns, args.mtu, args.tcp_autocork, rps_mask.as_deref())?;
 
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);

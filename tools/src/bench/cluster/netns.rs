@@ -1,8 +1,9 @@
 //! The testbed's network: a namespace per host and one for the switch (a
-//! bridge), a veth link from each host to it, and the `ip` and `tc` that
-//! make them. `Testbed` removes what a run made when it is dropped;
-//! `sweep_stale` what a killed run left.
-use super::args::Autocork;
+//! bridge), a veth link from each host to it, each host's TCP autocorking
+//! and, where asked, receive packet steering on every veth (`--tcp-autocork`,
+//! `--rps`), and the `ip` and `tc` that make them. `Testbed` removes what a
+//! run made when it is dropped; `sweep_stale` what a killed run left.
+use super::args::OnOff;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -114,7 +115,7 @@ impl Iproute {
     /// Writes `value` to `path` as a process inside namespace `ns` sees it
     /// (a sysctl under /proc/sys/net, which is the namespace's own).
     pub(super) fn write_in(&self, ns: &str, path: &str, value: &str) -> Result<(), String> {
-        let script = format!("printf '%s' '{value}' > {path}");
+        let script = format!("printf '%s' '{value}' > '{path}'");
         self.ip(&["netns", "exec", ns, "sh", "-c", &script])
     }
 
@@ -203,7 +204,7 @@ pub(super) fn build_network(
     hosts: &[(char, u32)],
     ns: &dyn Fn(char, u32) -> String,
     mtu: u32,
-    autocork: Autocork,
+    autocork: OnOff,
     rps: Option<&str>,
 ) -> Result<(), String> {
     let mtu = mtu.to_string();

@@ -1,7 +1,7 @@
 //! What a cluster run reports: a row per rate, mode and size with its link
 //! bound, the fraction reached, agg/ring and the CPU cost per GB; the table,
 //! its header lines and the plot.
-use super::args::{loops_at, Autocork, ClusterArgs, Rps};
+use super::args::{loops_at, ClusterArgs};
 use super::host_cpu::{HostLoad, RateLoad};
 use super::placement::worker_rails;
 use super::shaping::{auto_chunk, tbf_auto_burst};
@@ -150,8 +150,8 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         args.hosts,
         args.hosts,
         args.mtu,
-        if args.tcp_autocork == Autocork::On { "on" } else { "off" },
-        if args.rps == Rps::On { "on" } else { "off" },
+        args.tcp_autocork.text(),
+        args.rps.text(),
         provider_text(&args.provider)
     );
     println!("# placement: {placement}");
