@@ -278,6 +278,35 @@ pub(super) fn check_thp(h: &HostFacts) -> Check {
     }
 }
 
+/// TCP autocorking, where the job traffic may go over tcp (the provider set
+/// to tcp, or chosen at start on a host without EFA). A note, not a
+/// warning: its 200 ms tails were measured over veths (the emulated
+/// cluster, docs/measurements.md "Tails of 200 ms"), not on a real NIC
+/// (AWS's Graviton performance runbook recommends it off for servers whose
+/// latency matters).
+pub(super) fn check_autocork(t: &Target, h: &HostFacts) -> Option<Check> {
+    let efa = h.providers.iter().any(|(p, ok)| p == "efa" && *ok);
+    let tcp = match t.provider() {
+        Some(p) => p.starts_with("tcp"),
+        None => !efa,
+    };
+    if !tcp {
+        return None;
+    }
+    Some(match h.tcp_autocorking {
+        Some(false) => row("TCP autocork", Status::Pass, "off: a message's last segment leaves with the rest", None),
+        Some(true) => row(
+            "TCP autocork",
+            Status::Info,
+            "on (the kernel's default): holds a message's last segment while earlier data waits to leave; over veths \
+             that cost tcp jobs tails of about 200 ms. If a job's rounds (the server's job-end line) reach p99 near 200 ms, \
+             try: sysctl -w net.ipv4.tcp_autocorking=0",
+            None,
+        ),
+        None => row("TCP autocork", Status::Info, "net.ipv4.tcp_autocorking unreadable", None),
+    })
+}
+
 pub(super) fn check_memlock(t: &Target, h: &HostFacts) -> Check {
     let Some(limit) = h.memlock else {
         return row("memlock", Status::Pass, "unlimited", None);
@@ -363,6 +392,7 @@ pub fn evaluate(t: &Target, h: &HostFacts) -> Vec<Check> {
     out.push(check_isolation(t, h));
     out.push(check_governor(h));
     out.push(check_thp(h));
+    out.extend(check_autocork(t, h));
     out.push(check_memlock(t, h));
     out.push(check_irqs(t, h));
     out

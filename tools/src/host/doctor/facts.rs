@@ -51,6 +51,8 @@ pub struct HostFacts {
     pub nic_irqs: Vec<IrqFact>,
     /// The process's allowed CPUs.
     pub allowed: Vec<usize>,
+    /// net.ipv4.tcp_autocorking of this network namespace (`None`: unreadable).
+    pub tcp_autocorking: Option<bool>,
 }
 
 /// Parse a sysfs/cmdline CPU list ("2-5,8"); an empty string is no CPUs.
@@ -193,5 +195,6 @@ pub fn gather(lcores: &CoreList) -> HostFacts {
         cap_ipc_lock: has_cap_ipc_lock(),
         nic_irqs,
         allowed: cpuset::allowed().map(|c| c.as_slice().to_vec()).unwrap_or_default(),
+        tcp_autocorking: std::fs::read_to_string("/proc/sys/net/ipv4/tcp_autocorking").ok().map(|v| v.trim() != "0"),
     }
 }

@@ -174,3 +174,19 @@ fn renders_fixes_under_their_rows() {
     assert!(lines[i + 1].trim_start().starts_with("fix: "), "{text}");
     assert!(text.contains(" failed ("), "{text}");
 }
+
+#[test]
+fn autocorking_is_a_note_where_jobs_go_over_tcp() {
+    // Chosen at start on a host without EFA: tcp, so the row shows.
+    let on = HostFacts { tcp_autocorking: Some(true), ..dev_host() };
+    let c = evaluate(&target(""), &on);
+    assert_eq!(status(&c, "TCP autocork"), Status::Info);
+    assert!(detail(&c, "TCP autocork").contains("sysctl -w net.ipv4.tcp_autocorking=0"), "{c:#?}");
+    let off = HostFacts { tcp_autocorking: Some(false), ..dev_host() };
+    assert_eq!(status(&evaluate(&target("provider = \"tcp\"\n"), &off), "TCP autocork"), Status::Pass);
+    // Over EFA or shm it says nothing.
+    let efa = HostFacts { tcp_autocorking: Some(true), ..efa_host() };
+    assert!(evaluate(&target(C7GN), &efa).iter().all(|c| c.name != "TCP autocork"));
+    assert!(evaluate(&target(""), &efa).iter().all(|c| c.name != "TCP autocork"));
+    assert!(evaluate(&target("provider = \"shm\"\n"), &on).iter().all(|c| c.name != "TCP autocork"));
+}
