@@ -6,7 +6,9 @@
 # rails1 = TALLY_RAILS=1 (one endpoint on the worker's thread, as before
 # rails), rails = the default (auto), -fo0 adds TALLY_FAILOVER=0. A config may
 # carry more variables after '@' and bench cluster arguments after '+',
-# comma-separated (e.g. rails-c256@TALLY_WINDOW=8+--chunk=256K). LR_MODES
+# comma-separated (e.g. rails-c256@TALLY_WINDOW=8+--chunk=256K, or
+# on+--tcp-autocork=on for the kernel's TCP autocorking, which bench cluster
+# turns off in its hosts, and rps+--rps=on for in-order veths). LR_MODES
 # (agg,ring), LR_ITERS (bench cluster's default). Writes
 # cluster-ROUND-NAME.{json,log}, cluster.err. Each round opens with the
 # host's load and pressure (lib.sh host_state). A config's TALLY=path runs
