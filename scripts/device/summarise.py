@@ -335,6 +335,26 @@ def nccl_knobs(o, knob, rc, ch):
             print(f"{knob:>40} {mode:>12} {r.get('dtype', ''):>5} {rate:>4g} {r['bytes'] >> 20:>4}Mi fraction {r['algbw_GBps'] / bound:.2f}  p50 {r['p50_us'] / 1e3:.2f} ms  wrong {r['wrong']}{_host(r.get('host'))}  [{ch}] rc {rc}")
 
 
+def slow_ops(d, factor="2"):
+    """Every NCCL timed loop under directory d (cluster_proof.sh's *.jsonl)
+    whose slowest operation took more than `factor` times its median: the
+    run, dtype, size and each operation's time in loop order (ms), so that
+    where the slow one falls (the first after the barrier, or anywhere) shows."""
+    for path in sorted(glob.glob(os.path.join(d, "**", "*.jsonl"), recursive=True)):
+        for line in open(path):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            each = r.get("each_us") or []
+            if not each or max(each) <= float(factor) * r["p50_us"]:
+                continue
+            size = f"{r['bytes'] >> 20}M" if r["bytes"] >= 1 << 20 else f"{r['bytes'] >> 10}K"
+            slow = max(range(len(each)), key=lambda k: each[k])
+            print(f"# slow op {os.path.basename(path)[:-6]} {r['dtype']} {size}: #{slow} of {len(each)} took {each[slow] / 1e3:.1f} ms "
+                  f"(p50 {r['p50_us'] / 1e3:.2f}); in order: {' '.join(f'{x / 1e3:.1f}' for x in each)}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1].replace("-", "_") not in globals() or sys.argv[1].startswith("_"):
         sys.exit(f"usage: {sys.argv[0]} KIND ARG... (KIND: a function of this file)")

@@ -23,3 +23,11 @@ for f in "$o"/*-"${LR_NCCL_RATE:-32}".nccl.*.log; do
     [ -e "$f" ] || continue
     echo "$(basename "$f" | cut -d. -f1): $(grep -ohE "[0-9]+ coll channels, [0-9]+ collnet channels|NCCL defaults set.*" "$f" | sort -u | paste -sd';')"
 done | sort -u | tee -a "$S"
+# Timed loops whose slowest operation took more than twice the median: each
+# operation in loop order (which one is slow), and what the servers' job-end
+# lines say of the rounds of each CollNet run (a late rank's piece).
+summarise slow-ops "$o"
+for f in "$o"/collnet*.tally.log; do
+    [ -e "$f" ] || continue
+    grep -h "rounds, first piece in" "$f" | sed -E "s/^(\[server [0-9]+\]).*: ([0-9]+ rounds)/# $(basename "$f" .tally.log) \1 \2/" | tee -a "$S"
+done
