@@ -77,6 +77,8 @@ pub struct ClusterArgs {
     /// queue; without it a veth queues each packet on the backlog of the
     /// CPU that sent it, and a flow whose packets leave from two CPUs can
     /// arrive out of order (which TCP answers with spurious retransmissions).
+    /// Off by default: where busy pollers hold every CPU (64 cores, the
+    /// device) the steered receive work slowed CollNet to a fraction.
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub rps: OnOff,
     #[command(flatten)]
