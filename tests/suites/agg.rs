@@ -426,7 +426,7 @@ fn ranks_that_disagree_on_min_piece_are_refused() {
     disagreeing_ranks_are_refused(
         Job { min_piece: [Some(32 << 10), None], ..Job::new(922, 3, 64 << 10, 2, ops.clone()) },
         Job { min_piece: [None, None], ..Job::new(923, 3, 64 << 10, 2, ops.clone()) },
-        "min_piece",
+        "TALLY_MIN_PIECE alike",
         "pieces spread down to",
     );
     // Both at 32 KiB: admitted, and every element right.

@@ -225,7 +225,7 @@ impl Client {
                 let a = self.answer(server, s, &hellos[si], join_started, self.cfg.join_timeout, true)?;
                 if let Err(r) = &a {
                     if r.code() != Some(RejectCode::Draining) {
-                        // A server from before lanes or seals reads their byte as padding.
+                        // A server from before lanes, seals or min_piece reads their bytes as padding.
                         let h = &hellos[si].hello;
                         let hint = match r.field() {
                             "padding" if h.lanes > 0 => {
@@ -234,7 +234,11 @@ impl Client {
                             "padding" if h.seal_shift > 0 => {
                                 " (this server predates seals: upgrade it, or set TALLY_SEAL_MIN=0 on every rank)"
                             }
+                            "padding" if h.min_piece > 0 => {
+                                " (this server predates the Hello's min_piece, which TALLY_MIN_PIECE and the plugin over tcp set: upgrade the servers with their clients)"
+                            }
                             "seal_shift" => " (set TALLY_FAILOVER and TALLY_SEAL_MIN alike on every rank of the job)",
+                            "min_piece" => " (set TALLY_MIN_PIECE alike on every rank of the job, or on none)",
                             _ => "",
                         };
                         return Err(ClientError::Refused { server: server.clone(), reject: format!("{r}{hint}") });

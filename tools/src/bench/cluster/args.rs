@@ -77,8 +77,9 @@ pub struct ClusterArgs {
     /// queue; without it a veth queues each packet on the backlog of the
     /// CPU that sent it, and a flow whose packets leave from two CPUs can
     /// arrive out of order (which TCP answers with spurious retransmissions).
-    /// Off by default: where busy pollers hold every CPU (64 cores, the
-    /// device) the steered receive work slowed CollNet to a fraction.
+    /// Off by default: on 64 cores (the device), where busy pollers hold
+    /// every CPU, it slowed CollNet to a fraction (the steered receive work
+    /// on their CPUs is the guess at why).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub rps: OnOff,
     #[command(flatten)]
