@@ -204,3 +204,46 @@ fn a_rank_that_vanishes_fails_its_job_quickly_and_only_its_job() {
     join_all(sum_job("tcp", &srv.addr, 61, 2, 1000, 1));
     assert!(srv.stop().success());
 }
+
+/// The job-end line sums how long rounds waited for their last piece, by
+/// that piece's rank, and names the rank of the longest wait: a rank that
+/// starts every all-reduce late is the one it names, by a wide margin.
+#[test]
+fn the_job_end_line_names_the_rank_its_rounds_waited_for() {
+    let srv = server(&[]);
+    let (job, n, late, delay) = (0x7a1u64, 3u32, 2usize, Duration::from_millis(100));
+    let count = 16 << 10; // 64 KiB: four pieces of the test client's 16 KiB
+    let hs: Vec<_> = (0..n as usize)
+        .map(|rank| {
+            let cfg = client("shm", &srv.addr, job, rank as u32, n);
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                let send = vec![1f32; count];
+                let mut out = vec![0f32; count];
+                for round in 0..6 {
+                    if rank == late {
+                        std::thread::sleep(delay);
+                    }
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
+                    if let Some(i) = out.iter().position(|&v| v != n as f32) {
+                        return Err(format!("rank {rank} round {round}: element {i} = {}, want {n}", out[i]));
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    join_all(hs);
+    assert!(srv.wait_log(&format!("job {job:#x} ended"), Duration::from_secs(10)), "{:?}", srv.log.lock().unwrap());
+    let line = srv.log.lock().unwrap().iter().find(|l| l.contains(&format!("job {job:#x}: ")) && l.contains("rounds")).cloned().unwrap();
+    // "... (by that piece's rank: 0: 1.2, 1: 0.8, 2: 512.3), longest 101.20 ms (rank 2)"
+    let by_rank = line.split("by that piece's rank: ").nth(1).and_then(|r| r.split(')').next()).unwrap_or_else(|| panic!("{line}"));
+    let ms: Vec<f64> = by_rank.split(", ").map(|kv| kv.split(": ").nth(1).unwrap().parse().unwrap()).collect();
+    assert_eq!(ms.len(), n as usize, "{line}");
+    // Five all-reduces past the first (whose rounds wait for the ranks to
+    // start, and are not counted) each waited about `delay` for rank 2.
+    assert!(ms[late] >= 4.0 * delay.as_millis() as f64, "{line}");
+    assert!(ms[late] > 4.0 * (ms[0] + ms[1]), "{line}");
+    assert!(line.ends_with(&format!("(rank {late})")), "{line}");
+}

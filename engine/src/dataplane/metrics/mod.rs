@@ -59,7 +59,19 @@ pub struct JobCounters {
     /// not cumulative; the last one is the overflow (+Inf only).
     pub latency_buckets: [AtomicU64; BUCKETS + 1],
     pub latency_sum_ns: AtomicU64,
+    /// How long rounds (past each slot's first, which waits for the ranks
+    /// to start) waited for their last piece after the one before it,
+    /// summed by that last piece's rank (ranks from `LATE_RANKS - 1`
+    /// up share the last entry): a rank that is late again and again
+    /// stands out from a network's random tail.
+    pub last_wait_ns: [AtomicU64; LATE_RANKS],
+    /// The longest such wait, and the rank it waited for.
+    pub last_wait_max_ns: AtomicU64,
+    pub last_wait_max_rank: AtomicU64,
 }
+
+/// Ranks that `JobCounters::last_wait_ns` tells apart.
+pub const LATE_RANKS: usize = 8;
 
 impl JobCounters {
     /// Zeroes the block for a new occupant. Only the owning lcore calls it.
@@ -71,6 +83,9 @@ impl JobCounters {
         z(&self.reduce_ns);
         z(&self.latency_sum_ns);
         self.latency_buckets.iter().for_each(z);
+        self.last_wait_ns.iter().for_each(z);
+        z(&self.last_wait_max_ns);
+        z(&self.last_wait_max_rank);
         self.job_id.store(job_id, Ordering::Relaxed);
         self.in_use.store(1, Ordering::Relaxed);
     }
@@ -81,6 +96,17 @@ impl JobCounters {
         bump(&self.rounds, 1);
         bump(&self.latency_sum_ns, ns);
         bump(&self.latency_buckets[bucket(ns)], 1);
+    }
+
+    /// A round's last piece, from `rank`, came `ns` after the one before it.
+    #[inline]
+    pub fn record_last_wait(&self, rank: usize, ns: u64) {
+        bump(&self.last_wait_ns[rank.min(LATE_RANKS - 1)], ns);
+        // Only the owning lcore writes the block, so load-then-store is exact.
+        if ns > self.last_wait_max_ns.load(Ordering::Relaxed) {
+            self.last_wait_max_ns.store(ns, Ordering::Relaxed);
+            self.last_wait_max_rank.store(rank as u64, Ordering::Relaxed);
+        }
     }
 }
 
@@ -112,6 +138,11 @@ pub struct RoundSummary {
     pub p50_le_s: f64,
     pub p99_le_s: f64,
     pub max_le_s: f64,
+    /// Waits for each round's last piece, summed by its rank (as
+    /// `JobCounters::last_wait_ns`), in seconds.
+    pub last_wait_s: [f64; LATE_RANKS],
+    /// The longest wait for a last piece (seconds), and its rank.
+    pub last_wait_max: (f64, u64),
 }
 
 impl RoundSummary {
@@ -119,11 +150,20 @@ impl RoundSummary {
     pub fn of<'a>(blocks: impl Iterator<Item = &'a JobCounters>) -> Option<RoundSummary> {
         let mut counts = [0u64; BUCKETS + 1];
         let mut sum_ns = 0u64;
+        let mut last_wait_ns = [0u64; LATE_RANKS];
+        let mut last_wait_max = (0u64, 0u64);
         for b in blocks {
             for (c, a) in counts.iter_mut().zip(&b.latency_buckets) {
                 *c += a.load(Ordering::Relaxed);
             }
             sum_ns = sum_ns.saturating_add(b.latency_sum_ns.load(Ordering::Relaxed));
+            for (w, a) in last_wait_ns.iter_mut().zip(&b.last_wait_ns) {
+                *w = w.saturating_add(a.load(Ordering::Relaxed));
+            }
+            let max = b.last_wait_max_ns.load(Ordering::Relaxed);
+            if max > last_wait_max.0 {
+                last_wait_max = (max, b.last_wait_max_rank.load(Ordering::Relaxed));
+            }
         }
         let rounds: u64 = counts.iter().sum();
         if rounds == 0 {
@@ -146,6 +186,8 @@ impl RoundSummary {
             p50_le_s: le(at(0.5).unwrap_or(last)),
             p99_le_s: le(at(0.99).unwrap_or(last)),
             max_le_s: le(last),
+            last_wait_s: last_wait_ns.map(|ns| ns as f64 / 1e9),
+            last_wait_max: (last_wait_max.0 as f64 / 1e9, last_wait_max.1),
         })
     }
 }
@@ -161,7 +203,19 @@ impl core::fmt::Display for RoundSummary {
             ms(self.p50_le_s),
             ms(self.p99_le_s),
             ms(self.max_le_s)
-        )
+        )?;
+        let total: f64 = self.last_wait_s.iter().sum();
+        if total > 0.0 {
+            write!(f, "; waiting for each round's last piece after the one before it: {:.1} ms in all (by that piece's rank:", ms(total))?;
+            let used = self.last_wait_s.iter().rposition(|&w| w > 0.0).unwrap_or(0);
+            for (r, w) in self.last_wait_s.iter().enumerate().take(used + 1) {
+                let sep = if r == 0 { " " } else { ", " };
+                let more = if r == LATE_RANKS - 1 { "+" } else { "" };
+                write!(f, "{sep}{r}{more}: {:.1}", ms(*w))?;
+            }
+            write!(f, "), longest {:.2} ms (rank {})", ms(self.last_wait_max.0), self.last_wait_max.1)?;
+        }
+        Ok(())
     }
 }
 
@@ -458,6 +512,30 @@ mod tests {
         // A round past the last finite bucket reads as +Inf.
         t.job(1, 0).record_round(u64::MAX);
         assert!(RoundSummary::of([t.job(0, 0), t.job(1, 0)].into_iter()).unwrap().max_le_s.is_infinite());
+    }
+
+    #[test]
+    fn round_summary_sums_the_last_pieces_waits_by_rank() {
+        let t = MetricsTable::new(2, 1);
+        t.job(0, 0).reset(1);
+        t.job(1, 0).reset(1);
+        t.job(0, 0).record_round(1_000_000);
+        let quiet = RoundSummary::of([t.job(0, 0), t.job(1, 0)].into_iter()).unwrap().to_string();
+        assert!(!quiet.contains("last piece"), "{quiet}");
+        t.job(0, 0).record_last_wait(1, 2_000_000);
+        t.job(1, 0).record_last_wait(1, 40_000_000);
+        t.job(1, 0).record_last_wait(3, 500_000);
+        t.job(0, 0).record_last_wait(9, 100_000); // folded into the last entry
+        let s = RoundSummary::of([t.job(0, 0), t.job(1, 0)].into_iter()).unwrap();
+        assert_eq!(s.last_wait_max, (0.04, 1));
+        assert!((s.last_wait_s[1] - 0.042).abs() < 1e-12 && s.last_wait_s[LATE_RANKS - 1] == 1e-4, "{s:?}");
+        let line = s.to_string();
+        assert!(
+            line.ends_with("; waiting for each round's last piece after the one before it: 42.6 ms in all (by that piece's rank: 0: 0.0, 1: 42.0, 2: 0.0, 3: 0.5, 4: 0.0, 5: 0.0, 6: 0.0, 7+: 0.1), longest 40.00 ms (rank 1)"),
+            "{line}"
+        );
+        t.job(0, 0).reset(2);
+        assert_eq!(RoundSummary::of([t.job(0, 0)].into_iter()), None);
     }
 
     #[test]

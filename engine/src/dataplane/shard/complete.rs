@@ -46,12 +46,25 @@ impl ShardWorker {
                 return;
             }
         }
+        let expected = job.expected(slot);
         let s = &mut job.slots[slot];
         s.len = c.len as u32;
-        if s.arrived == 0 {
-            s.first = Some(Instant::now());
-        }
         s.arrived += 1;
+        // The clock is read for the first piece and the last two (the last
+        // one's wait is timed from the one before it), not for every rank's.
+        if s.arrived == 1 || s.arrived + 1 >= expected {
+            let now = Instant::now();
+            if s.arrived == 1 {
+                s.first = Some(now);
+            }
+            // The round waited for this rank alone since the piece before
+            // it. Not in a slot's first round, which waits for the ranks to start.
+            let steady = s.seq >= job.on.spec.window;
+            if let (true, Some(prev)) = (s.arrived == expected && expected > 1 && steady, s.latest) {
+                self.metrics.job(self.lcore, ji).record_last_wait(rank, now.duration_since(prev).as_nanos() as u64);
+            }
+            s.latest = Some(now);
+        }
         let elems = c.len / job.on.spec.dtype.size();
         if job.split_of(slot).is_some() {
             self.split_piece(ji, slot, elems);

@@ -244,6 +244,9 @@ struct Slot {
     from: u32,
     /// When the round's first piece arrived (for the latency histogram).
     first: Option<Instant>,
+    /// When the round's latest piece arrived: the last one's wait is timed
+    /// from it (`JobCounters::record_last_wait`).
+    latest: Option<Instant>,
     /// When the round's results were posted, while some are not taken yet.
     sending_since: Option<Instant>,
 }
