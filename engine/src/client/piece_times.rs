@@ -5,7 +5,9 @@
 //! One piece in [`SAMPLE_EVERY`] (by its stream's sequence number) is timed
 //! from the post of its send to the moment this rank's caller thread sees
 //! its result: the servers' side, the links and every hop through this
-//! rank's rail threads. Where the rails copy staged results out (failover,
+//! rank's rail threads. The pieces of a sub-job's first all-reduce are not
+//! (the provider makes its connections then), so the slowest round trip by
+//! server says where a stall of the steady state was. Where the rails copy staged results out (failover,
 //! `Cmd::RecvCopy`), each rail (or the copier that copies for them) also
 //! times its copies, and where the caller's thread copies (one endpoint),
 //! it does. Comparing the two with
@@ -58,7 +60,14 @@ pub struct PieceTimes {
     sealed: u64,
     seal_wait_ns: u64,
     sealed_op_ns: u64,
+    /// The slowest sampled round trip (ns) by the server the piece went to
+    /// (servers from `BY_SERVER - 1` up share the last entry): a stall of
+    /// one connection shows at one server, a rank's own at all of them.
+    slowest_by_server: [u64; BY_SERVER],
 }
+
+/// Servers that [`PieceReport::slowest_by_server`] tells apart.
+pub const BY_SERVER: usize = 8;
 
 impl Default for PieceTimes {
     fn default() -> Self {
@@ -72,6 +81,7 @@ impl Default for PieceTimes {
             sealed: 0,
             seal_wait_ns: 0,
             sealed_op_ns: 0,
+            slowest_by_server: [0; BY_SERVER],
         }
     }
 }
@@ -89,20 +99,23 @@ impl PieceTimes {
         (self.epoch.elapsed().as_nanos() as u64).max(1)
     }
 
-    /// A sampled piece whose send was posted at `sent_ns` has its result now.
+    /// A sampled piece whose send to server `server` (the job's index) was
+    /// posted at `sent_ns` has its result now.
     #[inline]
-    pub fn record(&mut self, sent_ns: u64) {
-        self.record_round_trip(self.now_ns().saturating_sub(sent_ns));
+    pub fn record(&mut self, sent_ns: u64, server: usize) {
+        self.record_round_trip(self.now_ns().saturating_sub(sent_ns), server);
     }
 
     /// A sampled piece's round trip of `ns` ([`PieceTimes::record`] with the
     /// clock read: the tests give it figures of their own, which a busy
     /// machine's scheduling cannot stretch).
     #[inline]
-    fn record_round_trip(&mut self, ns: u64) {
+    fn record_round_trip(&mut self, ns: u64, server: usize) {
         self.hist[bucket(ns / 1000)] += 1;
         self.count += 1;
         self.total_ns += ns;
+        let slowest = &mut self.slowest_by_server[server.min(BY_SERVER - 1)];
+        *slowest = (*slowest).max(ns);
     }
 
     /// The caller's thread copied a staged result out, from `began` to now.
@@ -165,6 +178,7 @@ impl PieceTimes {
             seal_wait_mean: mean(self.sealed, self.seal_wait_ns),
             sealed_op_mean: mean(self.sealed, self.sealed_op_ns),
             rail_busy,
+            slowest_by_server: self.slowest_by_server.map(Duration::from_nanos),
         }
     }
 }
@@ -212,6 +226,9 @@ pub struct PieceReport {
     /// Rail threads: the mean and the busiest rail's share of their turns'
     /// time spent in turns that moved something (None without rail threads).
     pub rail_busy: Option<(f64, f64)>,
+    /// The slowest round trip by server (as `PieceTimes` keeps it; zero
+    /// where none was timed).
+    pub slowest_by_server: [Duration; BY_SERVER],
 }
 
 impl fmt::Display for PieceReport {
@@ -232,6 +249,13 @@ impl fmt::Display for PieceReport {
             write!(f, " ({n} by the copier)")?;
         }
         write!(f, ", {:.2} us each", us(self.copy_mean))?;
+        if let Some(last) = self.slowest_by_server.iter().rposition(|d| !d.is_zero()) {
+            write!(f, "; slowest by server:")?;
+            for (i, d) in self.slowest_by_server.iter().enumerate().take(last + 1) {
+                let more = if i == BY_SERVER - 1 { "+" } else { "" };
+                write!(f, "{} {i}{more}: {:.0} us", if i == 0 { "" } else { "," }, us(*d))?;
+            }
+        }
         if self.sealed > 0 {
             write!(
                 f,
@@ -273,7 +297,7 @@ mod tests {
         // 90 pieces of 100 us and 10 of 5 ms (round trips given, not timed:
         // on a busy 2-core machine a preempted test stretched "100 us").
         for k in 0..100u64 {
-            t.record_round_trip(if k < 90 { 100_000 } else { 5_000_000 });
+            t.record_round_trip(if k < 90 { 100_000 } else { 5_000_000 }, (k % 2) as usize);
         }
         let r = t.report((4, 8_000), None, None);
         assert_eq!(r.sampled, 100);
@@ -288,7 +312,21 @@ mod tests {
         assert!(!r.to_string().contains("rails"), "no rail threads, no word of rails: {r}");
         let r = t.report((4, 8_000), Some(3), Some((0.625, 0.9)));
         assert!(r.to_string().ends_with("; rails busy in 62% of their turns' time (busiest 90%)"), "{r}");
-        assert!(r.to_string().contains("; 4 staged results copied out (3 by the copier), 2.00 us each;"), "{r}");
+        assert!(
+            r.to_string()
+                .contains("; 4 staged results copied out (3 by the copier), 2.00 us each; slowest by server: 0: 5000 us, 1: 5000 us;"),
+            "{r}"
+        );
+        // One connection's stall shows at its server alone; servers past the
+        // last told apart share its entry.
+        t.record_round_trip(140_000_000, 9);
+        let r = t.report((0, 0), None, None);
+        assert_eq!(r.slowest_by_server[BY_SERVER - 1], Duration::from_millis(140));
+        assert!(
+            r.to_string()
+                .ends_with("slowest by server: 0: 5000 us, 1: 5000 us, 2: 0 us, 3: 0 us, 4: 0 us, 5: 0 us, 6: 0 us, 7+: 140000 us"),
+            "{r}"
+        );
     }
 
     #[test]

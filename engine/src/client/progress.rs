@@ -168,7 +168,8 @@ impl Client {
         let (fi, is_send) = ((local >> 1) as usize, local & 1 == 1);
         if is_send && self.cfg.piece_times {
             let f = &mut self.subs[sub].flights[fi];
-            if PieceTimes::sampled(f.seq) && !f.seal {
+            // Not the sub-job's first all-reduce: it makes the connections.
+            if PieceTimes::sampled(f.seq) && !f.seal && self.ops.iter().any(|o| o.id == f.op && o.index > 0) {
                 f.sent_at = self.piece_times.now_ns();
             }
         }
@@ -282,8 +283,8 @@ impl Client {
                     continue;
                 }
             }
+            let server = self.subs[sub].streams[fi / window].server;
             if !c.is_recv {
-                let server = self.subs[sub].streams[fi / window].server;
                 self.release_send_credit(sub, server)?;
             }
             let f = &mut self.subs[sub].flights[fi];
@@ -291,7 +292,7 @@ impl Client {
                 f.recv_done = true;
                 f.got = c.len as u32;
                 if f.sent_at != 0 {
-                    self.piece_times.record(f.sent_at);
+                    self.piece_times.record(f.sent_at, server);
                 }
             } else {
                 f.send_done = true;
