@@ -312,6 +312,17 @@ pub fn pin_current_thread(core: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Let the calling thread run on the cores of `list` only (what it forks
+/// inherits the mask: a process started from it runs there too).
+pub fn restrict_current_thread(list: &CoreList) -> io::Result<()> {
+    let mut mask = Mask::empty();
+    for c in list.iter() {
+        mask.set(c);
+    }
+    mask.apply_to_current_thread()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot restrict a thread to cores {list}: sched_setaffinity: {e}")))
+}
+
 /// The core the calling thread is running on at this instant (`sched_getcpu`).
 ///
 /// Only meaningful for a pinned thread; an unpinned one may move right after.
@@ -351,5 +362,22 @@ mod tests {
             m.set(c);
         }
         assert_eq!(m.cores(), vec![0, 63, 64, 1000, MAX_CORES - 1]);
+    }
+
+    #[test]
+    fn a_restricted_thread_and_what_it_starts_run_on_the_list_only() {
+        let before = allowed().unwrap();
+        let first = before.as_slice()[0];
+        let list = CoreList::from_cores(vec![first]).unwrap();
+        let (mine, child) = std::thread::spawn(move || {
+            restrict_current_thread(&list).unwrap();
+            let child = std::thread::spawn(|| allowed().unwrap()).join().unwrap();
+            (allowed().unwrap(), child)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(mine.as_slice(), [first]);
+        assert_eq!(child.as_slice(), [first], "a thread it starts inherits the mask");
+        assert_eq!(allowed().unwrap().as_slice(), before.as_slice(), "the caller's own mask is untouched");
     }
 }

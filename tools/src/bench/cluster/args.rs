@@ -98,7 +98,9 @@ pub struct ClusterArgs {
     /// instead of tally's benchmark, once per rate; worker 0's stdout is
     /// passed through. Its environment: TALLY_CLUSTER_RANK, _WORLD, _MASTER
     /// (worker 0's address), _IFNAME, _RATE_GBIT, and TALLY_SERVERS,
-    /// TALLY_PROVIDER, TALLY_FABRIC_ADDR. Fails if any worker fails.
+    /// TALLY_PROVIDER, TALLY_FABRIC_ADDR. Where the placement gives the
+    /// workers cores of their own, the commands run on those (as tally's own
+    /// workers do), off the servers' lcores. Fails if any worker fails.
     #[arg(long, value_name = "CMD")]
     pub workers_run: Option<String>,
 }

@@ -21,7 +21,7 @@
 //!
 //! With `--workers-run CMD` the same testbed runs a command of the caller's
 //! in every worker namespace instead of tally's own benchmark (one process
-//! per worker, `sh -c CMD`), with the environment a multi-node job there
+//! per worker, `sh -c CMD`, on the workers' cores where they have their own), with the environment a multi-node job there
 //! needs: `TALLY_CLUSTER_RANK`, `TALLY_CLUSTER_WORLD`, `TALLY_CLUSTER_MASTER`
 //! (worker 0's address), `TALLY_CLUSTER_IFNAME` (the link's interface),
 //! `TALLY_SERVERS`, `TALLY_PROVIDER=tcp` and `TALLY_FABRIC_ADDR` (the worker's
@@ -210,7 +210,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                 );
             }
             let host_before = HostCpu::now();
-            run_command(&mut bed, args, rate, cmd, &servers, &ns)?;
+            run_command(&mut bed, args, rate, cmd, &servers, &ns, worker_cores.as_deref())?;
             let host = HostLoad::over(host_before);
             let links = loss_over(&bed, rate, before);
             if !args.json.json {

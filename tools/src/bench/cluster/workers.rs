@@ -4,7 +4,7 @@
 //! wait bounded, and the TCP counters and the machine's CPU over each loop.
 use super::args::{loops_at, ClusterArgs};
 use super::host_cpu::{HostCpu, HostLoad};
-use super::netns::{addr, Testbed};
+use super::netns::{addr, Iproute, Testbed};
 use super::placement::worker_rails;
 use super::server_cpu::{server_cpu_over, servers_cpu_ticks};
 use super::shaping::chunk_for;
@@ -18,6 +18,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tally_engine::host::cpuset::{restrict_current_thread, CoreList};
 
 /// The running servers: their addresses and their processes' pids.
 pub(super) struct Servers<'a> {
@@ -154,7 +155,12 @@ pub(super) fn run_rate(
 }
 
 /// `--workers-run`: the caller's command in every worker namespace, with the
-/// job's environment; bounded by `--timeout`.
+/// job's environment; bounded by `--timeout`. Where the placement left the
+/// workers cores of their own, the commands run there (started from a
+/// thread restricted to them, whose mask they inherit), as tally's own
+/// workers do: on one machine, a process that floats onto a server's core
+/// makes that server's pinned lcore wait for its CPU, which hosts of
+/// their own would not.
 pub(super) fn run_command(
     bed: &mut Testbed,
     args: &ClusterArgs,
@@ -162,28 +168,36 @@ pub(super) fn run_command(
     cmd: &str,
     servers: &[String],
     ns: &dyn Fn(char, u32) -> String,
+    worker_cores: Option<&str>,
 ) -> Result<(), String> {
     let first_child = bed.children.len();
-    for i in 0..args.hosts {
-        let mut c = bed.tools.exec_in(&ns('w', i), Path::new("/bin/sh"));
-        c.args(["-c", cmd]);
-        c.env("TALLY_CLUSTER_RANK", i.to_string())
-            .env("TALLY_CLUSTER_WORLD", args.hosts.to_string())
-            .env("TALLY_CLUSTER_MASTER", addr('w', 0))
-            .env("TALLY_CLUSTER_IFNAME", "eth0")
-            .env("TALLY_CLUSTER_RATE_GBIT", rate.to_string())
-            .env("TALLY_SERVERS", servers.join(","))
-            .env("TALLY_PROVIDER", "tcp")
-            .env("TALLY_FABRIC_ADDR", addr('w', i))
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped());
-        c.stdout(if i == 0 { Stdio::inherit() } else { Stdio::piped() });
-        let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
-        logfile::forward(child.stderr.take().expect("piped"), format!("[worker {i}]"));
-        if let Some(o) = child.stdout.take() {
-            logfile::forward(o, format!("[worker {i}]"));
-        }
-        bed.children.push(child);
+    let cores = worker_cores.map(CoreList::parse).transpose().map_err(|e| format!("worker cores: {e}"))?;
+    let tools = &bed.tools;
+    let names: Vec<String> = (0..args.hosts).map(|i| ns('w', i)).collect();
+    // The children started before a failure still go to the testbed, which kills them.
+    let (spawned, error) = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut children = Vec::new();
+                if let Some(list) = &cores {
+                    if let Err(e) = restrict_current_thread(list) {
+                        return (children, Some(e.to_string()));
+                    }
+                }
+                for (i, name) in names.iter().enumerate() {
+                    match spawn_command(tools, args, rate, cmd, servers, name, i as u32) {
+                        Ok(c) => children.push(c),
+                        Err(e) => return (children, Some(e)),
+                    }
+                }
+                (children, None)
+            })
+            .join()
+            .unwrap_or_else(|_| (Vec::new(), Some("the thread starting the workers panicked".into())))
+    });
+    bed.children.extend(spawned);
+    if let Some(e) = error {
+        return Err(e);
     }
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let mut failed = Vec::new();
@@ -198,6 +212,29 @@ pub(super) fn run_command(
     } else {
         Err(format!("link rate {rate} Gbit/s: {}", failed.join("; ")))
     }
+}
+
+/// Starts `--workers-run`'s command as worker `i`, in its namespace `ns`.
+fn spawn_command(tools: &Iproute, args: &ClusterArgs, rate: f64, cmd: &str, servers: &[String], ns: &str, i: u32) -> Result<Child, String> {
+    let mut c = tools.exec_in(ns, Path::new("/bin/sh"));
+    c.args(["-c", cmd]);
+    c.env("TALLY_CLUSTER_RANK", i.to_string())
+        .env("TALLY_CLUSTER_WORLD", args.hosts.to_string())
+        .env("TALLY_CLUSTER_MASTER", addr('w', 0))
+        .env("TALLY_CLUSTER_IFNAME", "eth0")
+        .env("TALLY_CLUSTER_RATE_GBIT", rate.to_string())
+        .env("TALLY_SERVERS", servers.join(","))
+        .env("TALLY_PROVIDER", "tcp")
+        .env("TALLY_FABRIC_ADDR", addr('w', i))
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    c.stdout(if i == 0 { Stdio::inherit() } else { Stdio::piped() });
+    let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
+    logfile::forward(child.stderr.take().expect("piped"), format!("[worker {i}]"));
+    if let Some(o) = child.stdout.take() {
+        logfile::forward(o, format!("[worker {i}]"));
+    }
+    Ok(child)
 }
 
 fn wait_until(c: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
