@@ -6,6 +6,9 @@
 #   nccl-sync  the same timed the old way (a synchronize around every
 #              all-reduce, PER_OP_SYNC=1), ring over Socket and CollNet, f32,
 #              LR_NCCL_SYNC_SIZES (16M): what the ranks' launch skew costs.
+# LR_STALLS=1: stalls.py samples every tally and Python thread meanwhile
+# (which were kept off a CPU, how long), into PART-stalls.txt, its busiest
+# threads into the summary.
 # Writes PART/ (cluster_proof.sh's files) and PART.out.
 case $PART in
     nccl) args=(SIZES="${LR_NCCL_SIZES:-16M,64M,256M}" "DTYPES=f32,bf16") ;;
@@ -14,8 +17,14 @@ esac
 o="$OUT/$PART"
 say ""
 say "## $PART: real NCCL, tests/nccl/cluster_proof.sh ${args[*]}"
+[ "${LR_STALLS:-0}" = 1 ] && { python3 "$DEVICE_DIR/stalls.py" "$o-stalls.txt" 10 & stalls=$!; }
 cluster_proof "$o" 240 "${args[@]}"
 say "# exit $?"
+if [ -n "${stalls:-}" ]; then
+    kill "$stalls" && wait "$stalls"
+    # Threads of a tenth of a core or more, the longest waits for a CPU first.
+    awk 'NR <= 2 || $5 >= 10' "$o-stalls.txt" | head -30 | sed 's/^/# stalls /' | tee -a "$S"
+fi
 sed -n '/^=== table/,/^=== proof/p' "$o/summary.txt" | grep -v '^=== proof' | tee -a "$S"
 sed -n '/^=== verdicts/,$p' "$o/summary.txt" | tee -a "$S"
 grep -h "algorithm per size" -A4 "$o/summary.txt" | head -20 >>"$S"
