@@ -16,7 +16,11 @@ job-end lines) either had a thread kept off a CPU (long waits here) or one
 that slept or blocked (long idle stretches), or neither (then the cause is
 not a thread of these processes). Reads only /proc: the device image has no
 procps. A long wait in one period can also be the sampler's own lateness:
-each row says how late the sampler was at most, to compare.
+the header says how late the sampler was at most, to compare, and how much
+time the hypervisor took from each virtual CPU (steal, /proc/stat): the
+most in one period on any CPU, and the periods in which some CPU lost 5 ms
+or more. In a VM, a virtual CPU the host preempts stops whatever runs on it
+without the guest's scheduler (or /proc/pressure/cpu) seeing a wait.
 """
 import os
 import signal
@@ -68,6 +72,20 @@ def sample(roles, recheck):
     return out
 
 
+def steal_ms():
+    """{cpu: steal time in ms} now, from /proc/stat (USER_HZ ticks)."""
+    out = {}
+    tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+    try:
+        for line in open("/proc/stat"):
+            f = line.split()
+            if f and f[0].startswith("cpu") and f[0] != "cpu" and len(f) > 8:
+                out[f[0]] = int(f[8]) * tick_ms
+    except OSError:
+        pass
+    return out
+
+
 def name(pid, tid):
     try:
         return open(f"/proc/{pid}/task/{tid}/comm").read().strip()
@@ -88,6 +106,7 @@ def main():
     # per thread: [cpu_ns, max_wait_ns, waits_over_5ms, idle_run, max_idle_run, max_idle_at]
     st = {}
     late_max = 0.0
+    steal_prev, steal_max, steal_periods, steal_total = steal_ms(), (0.0, "-", 0.0), 0, 0.0
     while not stop:
         time.sleep(period)
         recheck = time.monotonic() - last_recheck >= 0.5
@@ -95,6 +114,13 @@ def main():
         if recheck:
             last_recheck = now_t
         late_max = max(late_max, now_t - prev_t - period)
+        steal_now = steal_ms()
+        worst = max(((steal_now[c] - steal_prev.get(c, steal_now[c]), c) for c in steal_now), default=(0.0, "-"))
+        steal_total += sum(steal_now[c] - steal_prev.get(c, steal_now[c]) for c in steal_now)
+        if worst[0] > steal_max[0]:
+            steal_max = (worst[0], worst[1], now_t - t0)
+        steal_periods += worst[0] >= 5.0
+        steal_prev = steal_now
         for key, (cpu, wait) in now.items():
             if key not in prev:
                 names[key] = name(*key)
@@ -115,6 +141,10 @@ def main():
     span = max(prev_t - t0, 1e-9)
     with open(out_file, "w") as f:
         f.write(f"# {span:.1f} s sampled every {period * 1e3:g} ms; the sampler was up to {late_max * 1e3:.1f} ms late\n")
+        f.write(
+            f"# steal (the hypervisor's): {steal_total:.0f} ms over all CPUs, at most {steal_max[0]:.0f} ms in one period "
+            f"({steal_max[1]}, at {steal_max[2]:.1f} s), {steal_periods} periods with a CPU losing 5 ms or more\n"
+        )
         f.write(f"{'role':<8} {'pid':>7} {'tid':>7} {'thread':<16} {'cpu %':>6} {'max wait ms':>11} {'waits>=5ms':>10} {'max idle ms':>11} {'at s':>6}\n")
         rows = [(k, s) for k, s in st.items() if s[0] > 0]
         rows.sort(key=lambda r: -r[1][1])

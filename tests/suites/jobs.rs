@@ -237,7 +237,7 @@ fn the_job_end_line_names_the_rank_its_rounds_waited_for() {
     join_all(hs);
     assert!(srv.wait_log(&format!("job {job:#x} ended"), Duration::from_secs(10)), "{:?}", srv.log.lock().unwrap());
     let line = srv.log.lock().unwrap().iter().find(|l| l.contains(&format!("job {job:#x}: ")) && l.contains("rounds")).cloned().unwrap();
-    // "... (by that piece's rank: 0: 1.2, 1: 0.8, 2: 512.3), longest 101.20 ms (rank 2)"
+    // "... (by that piece's rank: 0: 1.2, 1: 0.8, 2: 512.3), longest 101.20 ms (rank 2, ended 06:12:03.123 UTC)"
     let by_rank = line.split("by that piece's rank: ").nth(1).and_then(|r| r.split(')').next()).unwrap_or_else(|| panic!("{line}"));
     let ms: Vec<f64> = by_rank.split(", ").map(|kv| kv.split(": ").nth(1).unwrap().parse().unwrap()).collect();
     assert_eq!(ms.len(), n as usize, "{line}");
@@ -245,5 +245,5 @@ fn the_job_end_line_names_the_rank_its_rounds_waited_for() {
     // start, and are not counted) each waited about `delay` for rank 2.
     assert!(ms[late] >= 4.0 * delay.as_millis() as f64, "{line}");
     assert!(ms[late] > 4.0 * (ms[0] + ms[1]), "{line}");
-    assert!(line.ends_with(&format!("(rank {late})")), "{line}");
+    assert!(line.contains(&format!("(rank {late}, ended ")) && line.ends_with(" UTC)"), "{line}");
 }

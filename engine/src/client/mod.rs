@@ -288,6 +288,9 @@ impl Client {
         // Every operation counts, empty ones too: every rank numbers them alike.
         let index = self.subs[sub].started;
         self.subs[sub].started += 1;
+        if self.cfg.piece_times {
+            self.piece_times.record_start(index);
+        }
         if bytes == 0 {
             // Nothing to move: complete at once (never queued, so `test`
             // finds it done).

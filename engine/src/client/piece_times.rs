@@ -22,6 +22,16 @@
 //! whole time. That is what a seal costs an all-reduce that nothing else
 //! overlaps.
 //!
+//! Operations are timed too, past each sub-job's first: the longest gaps
+//! between two operations' starts (the caller's pace: NCCL's, under the
+//! plugin) and the slowest operations from their start to their last piece
+//! done (a few, that do not overlap in time, `Spells`), each with its index
+//! and the wall-clock time it ended, to match with
+//! the servers' job-end lines (which name the rank a round waited for, and
+//! when). A rank whose own operations were quick but whose caller started
+//! one late was late before tally; one whose operation was slow waited on
+//! its pieces.
+//!
 //! Rail threads (`rails`) also time their turns, and the report says what
 //! share of their turns' time (spinning included, sleeping not) went to
 //! turns that moved something: a rail with no spare turn puts whatever it
@@ -31,6 +41,7 @@
 //! costs two reads of the monotonic clock (the vDSO: no system call) and a
 //! histogram slot, each result of a sealed all-reduce one read, and each
 //! rail turn two; nothing allocates.
+use crate::host::wall_clock::{self, TimeOfDay};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -64,6 +75,67 @@ pub struct PieceTimes {
     /// (servers from `BY_SERVER - 1` up share the last entry): a stall of
     /// one connection shows at one server, a rank's own at all of them.
     slowest_by_server: [u64; BY_SERVER],
+    /// The last operation's start (None before the first).
+    last_start: Option<Instant>,
+    /// The longest gaps between two starts, and the slowest operations.
+    longest_gaps: Spells,
+    slowest_ops: Spells,
+}
+
+/// How long something timed took, which operation it was and when it
+/// ended (Unix µs, `wall_clock::now_us`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Spell {
+    pub ns: u64,
+    pub index: u64,
+    pub ended_us: u64,
+}
+
+impl Spell {
+    fn overlaps(&self, o: &Spell) -> bool {
+        let (a, b) = (self.ended_us.saturating_sub(self.ns / 1000), self.ended_us);
+        let (c, d) = (o.ended_us.saturating_sub(o.ns / 1000), o.ended_us);
+        a <= d && c <= b
+    }
+}
+
+/// Spells a [`Spells`] keeps.
+pub const SPELLS: usize = 4;
+
+/// The [`SPELLS`] longest spells that do not overlap in time, longest
+/// first: the operations in flight through one stall overlap, and count
+/// once, so the start of a job (connections made on first use) takes one
+/// entry and a stall of the steady state another.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Spells(pub [Spell; SPELLS]);
+
+impl Spells {
+    /// Something of `ns`, of operation `index`, ended now.
+    fn keep(&mut self, ns: u64, index: u64) {
+        // The clock is read only for a spell long enough to be kept.
+        if ns > self.0[SPELLS - 1].ns {
+            self.keep_spell(Spell { ns, index, ended_us: wall_clock::now_us() });
+        }
+    }
+
+    fn keep_spell(&mut self, new: Spell) {
+        if new.ns <= self.0[SPELLS - 1].ns {
+            return;
+        }
+        let ns = new.ns;
+        match self.0.iter().position(|s| s.ns > 0 && s.overlaps(&new)) {
+            // The same stall: the longer stands for it.
+            Some(i) if self.0[i].ns >= ns => return,
+            Some(i) => self.0[i] = new,
+            None => self.0[SPELLS - 1] = new,
+        }
+        self.0.sort_by_key(|s| core::cmp::Reverse(s.ns));
+    }
+
+    /// The spells kept, longest first.
+    pub fn kept(&self) -> impl Iterator<Item = &Spell> {
+        self.0.iter().filter(|s| s.ns > 0)
+    }
 }
 
 /// Servers that [`PieceReport::slowest_by_server`] tells apart.
@@ -82,6 +154,9 @@ impl Default for PieceTimes {
             seal_wait_ns: 0,
             sealed_op_ns: 0,
             slowest_by_server: [0; BY_SERVER],
+            last_start: None,
+            longest_gaps: Spells::default(),
+            slowest_ops: Spells::default(),
         }
     }
 }
@@ -116,6 +191,25 @@ impl PieceTimes {
         self.total_ns += ns;
         let slowest = &mut self.slowest_by_server[server.min(BY_SERVER - 1)];
         *slowest = (*slowest).max(ns);
+    }
+
+    /// Operation `index` of its sub-job starts now (the first of each
+    /// sub-job only marks the time: it waits for the ranks to join).
+    #[inline]
+    pub fn record_start(&mut self, index: u64) {
+        let now = Instant::now();
+        if let (true, Some(last)) = (index > 0, self.last_start) {
+            self.longest_gaps.keep(now.duration_since(last).as_nanos() as u64, index);
+        }
+        self.last_start = Some(now);
+    }
+
+    /// Operation `index` completed (its last piece done), `took` after its start.
+    #[inline]
+    pub fn record_op(&mut self, index: u64, took: Duration) {
+        if index > 0 {
+            self.slowest_ops.keep(took.as_nanos() as u64, index);
+        }
     }
 
     /// The caller's thread copied a staged result out, from `began` to now.
@@ -179,6 +273,8 @@ impl PieceTimes {
             sealed_op_mean: mean(self.sealed, self.sealed_op_ns),
             rail_busy,
             slowest_by_server: self.slowest_by_server.map(Duration::from_nanos),
+            longest_gaps: self.longest_gaps,
+            slowest_ops: self.slowest_ops,
         }
     }
 }
@@ -229,6 +325,10 @@ pub struct PieceReport {
     /// The slowest round trip by server (as `PieceTimes` keeps it; zero
     /// where none was timed).
     pub slowest_by_server: [Duration; BY_SERVER],
+    /// The longest gaps between two operations' starts (each before
+    /// operation `index`), and the slowest operations, as [`Spells`] keeps them.
+    pub longest_gaps: Spells,
+    pub slowest_ops: Spells,
 }
 
 impl fmt::Display for PieceReport {
@@ -249,6 +349,14 @@ impl fmt::Display for PieceReport {
             write!(f, " ({n} by the copier)")?;
         }
         write!(f, ", {:.2} us each", us(self.copy_mean))?;
+        for (what, spells) in
+            [("longest gaps between two all-reduces' starts", &self.longest_gaps), ("slowest all-reduces", &self.slowest_ops)]
+        {
+            for (k, sp) in spells.kept().enumerate() {
+                let lead = if k == 0 { format!("; {what} ") } else { ", ".to_string() };
+                write!(f, "{lead}{:.2} ms (all-reduce {}, ended {})", sp.ns as f64 / 1e6, sp.index, TimeOfDay(sp.ended_us))?;
+            }
+        }
         if let Some(last) = self.slowest_by_server.iter().rposition(|d| !d.is_zero()) {
             write!(f, "; slowest by server:")?;
             for (i, d) in self.slowest_by_server.iter().enumerate().take(last + 1) {
@@ -327,6 +435,52 @@ mod tests {
                 .ends_with("slowest by server: 0: 5000 us, 1: 5000 us, 2: 0 us, 3: 0 us, 4: 0 us, 5: 0 us, 6: 0 us, 7+: 140000 us"),
             "{r}"
         );
+    }
+
+    #[test]
+    fn the_longest_gaps_between_starts_and_the_slowest_operations_are_named() {
+        let mut t = PieceTimes::default();
+        assert!(!t.report((0, 0), None, None).to_string().contains("all-reduces' starts"), "nothing timed, nothing said");
+        // The first operation only marks the time; its own slowness is the join's.
+        t.record_start(0);
+        t.record_op(0, Duration::from_secs(3));
+        std::thread::sleep(Duration::from_millis(30));
+        t.record_start(1);
+        t.record_op(1, Duration::from_millis(5));
+        t.record_start(2);
+        t.record_op(2, Duration::from_millis(9));
+        let r = t.report((0, 0), None, None);
+        let gaps: Vec<_> = r.longest_gaps.kept().collect();
+        let ops: Vec<_> = r.slowest_ops.kept().collect();
+        assert_eq!(gaps[0].index, 1);
+        assert!(gaps[0].ns >= 30_000_000, "{r:?}");
+        // Operations 1 and 2 ended microseconds apart, 5 and 9 ms long: one stall.
+        assert_eq!(ops.len(), 1, "{r:?}");
+        assert_eq!((ops[0].index, ops[0].ns), (2, 9_000_000));
+        assert!(ops[0].ended_us > 1_700_000_000_000_000, "{r:?}");
+        let line = r.to_string();
+        assert!(
+            line.contains("; slowest all-reduces 9.00 ms (all-reduce 2, ended ")
+                && line.contains("; longest gaps between two all-reduces' starts "),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn spells_keep_the_longest_that_do_not_overlap() {
+        let at = |ns: u64, index: u64, ended_us: u64| Spell { ns, index, ended_us };
+        let mut s = Spells::default();
+        // Spells with end times of their own (not the clock's).
+        let mut put = |sp: Spell| s.keep_spell(sp);
+        put(at(100_000_000, 6, 1_000_000)); // the start: 100 ms ending at 1 s
+        put(at(90_000_000, 7, 1_001_000)); // the same stall
+        put(at(40_000_000, 900, 9_000_000)); // a stall at 9 s
+        put(at(41_000_000, 901, 9_000_500)); // the same one, longer
+        put(at(5_000_000, 1000, 10_000_000));
+        put(at(6_000_000, 1100, 11_000_000));
+        put(at(7_000_000, 1200, 12_000_000)); // pushes out the 5 ms one
+        let kept: Vec<_> = s.kept().map(|k| k.index).collect();
+        assert_eq!(kept, [6, 901, 1200, 1100]);
     }
 
     #[test]

@@ -372,8 +372,11 @@ impl Client {
     pub(in crate::client) fn complete_op(&mut self, pos: usize) -> Result<(), ClientError> {
         if let Some(op) = self.ops.remove(pos) {
             self.pump_due = true;
-            if self.cfg.piece_times && op.sealed && op.last_result_ns != 0 {
-                self.piece_times.record_sealed(op.last_result_ns, op.started.elapsed());
+            if self.cfg.piece_times {
+                self.piece_times.record_op(op.index, op.started.elapsed());
+                if op.sealed && op.last_result_ns != 0 {
+                    self.piece_times.record_sealed(op.last_result_ns, op.started.elapsed());
+                }
             }
             self.note_if_slow(&op);
             self.spare_next.push(op.next);

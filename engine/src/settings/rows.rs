@@ -241,7 +241,7 @@ pub static ENV: &[EnvVar] = &[
         "",
         "off",
         &[Client, Plugin],
-        "1: time one piece in 16 from its send to its result (the slowest by server too, past the first all-reduce), the copies of staged results, each sealed all-reduce's wait for its seals, and the rail threads' share of busy turns; the client logs the figures when it closes",
+        "1: time one piece in 16 from its send to its result (the slowest by server too, past the first all-reduce), the longest gaps between all-reduces' starts and the slowest all-reduces (with the wall-clock time each ended), the copies of staged results, each sealed all-reduce's wait for its seals, and the rail threads' share of busy turns; the client logs the figures when it closes",
     ),
     dev(
         "TALLY_BENCH_LOOP_LINES",

@@ -23,7 +23,7 @@ say "# exit $?"
 if [ -n "${stalls:-}" ]; then
     kill "$stalls" && wait "$stalls"
     # Threads of a tenth of a core or more, the longest waits for a CPU first.
-    awk 'NR <= 2 || $5 >= 10' "$o-stalls.txt" | head -30 | sed 's/^/# stalls /' | tee -a "$S"
+    awk 'NR <= 3 || $5 >= 10' "$o-stalls.txt" | head -30 | sed 's/^/# stalls /' | tee -a "$S"
 fi
 sed -n '/^=== table/,/^=== proof/p' "$o/summary.txt" | grep -v '^=== proof' | tee -a "$S"
 sed -n '/^=== verdicts/,$p' "$o/summary.txt" | tee -a "$S"

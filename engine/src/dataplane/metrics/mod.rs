@@ -34,6 +34,7 @@ pub use health::{ServerHealth, ServerPhase};
 pub use http::MetricsServer;
 
 use crate::dataplane::lcore::{bump, Snapshot};
+use crate::host::wall_clock::TimeOfDay;
 use crate::wire::RejectCode;
 use crossbeam_utils::CachePadded;
 use std::fmt::Write as _;
@@ -65,9 +66,11 @@ pub struct JobCounters {
     /// up share the last entry): a rank that is late again and again
     /// stands out from a network's random tail.
     pub last_wait_ns: [AtomicU64; LATE_RANKS],
-    /// The longest such wait, and the rank it waited for.
+    /// The longest such wait, the rank it waited for, and when it ended
+    /// (`wall_clock::now_us`, to match it with the ranks' own lines).
     pub last_wait_max_ns: AtomicU64,
     pub last_wait_max_rank: AtomicU64,
+    pub last_wait_max_at_us: AtomicU64,
 }
 
 /// Ranks that `JobCounters::last_wait_ns` tells apart.
@@ -86,6 +89,7 @@ impl JobCounters {
         self.last_wait_ns.iter().for_each(z);
         z(&self.last_wait_max_ns);
         z(&self.last_wait_max_rank);
+        z(&self.last_wait_max_at_us);
         self.job_id.store(job_id, Ordering::Relaxed);
         self.in_use.store(1, Ordering::Relaxed);
     }
@@ -106,6 +110,7 @@ impl JobCounters {
         if ns > self.last_wait_max_ns.load(Ordering::Relaxed) {
             self.last_wait_max_ns.store(ns, Ordering::Relaxed);
             self.last_wait_max_rank.store(rank as u64, Ordering::Relaxed);
+            self.last_wait_max_at_us.store(crate::host::wall_clock::now_us(), Ordering::Relaxed);
         }
     }
 }
@@ -141,8 +146,9 @@ pub struct RoundSummary {
     /// Waits for each round's last piece, summed by its rank (as
     /// `JobCounters::last_wait_ns`), in seconds.
     pub last_wait_s: [f64; LATE_RANKS],
-    /// The longest wait for a last piece (seconds), and its rank.
-    pub last_wait_max: (f64, u64),
+    /// The longest wait for a last piece (seconds), its rank, and when it
+    /// ended (Unix µs).
+    pub last_wait_max: (f64, u64, u64),
 }
 
 impl RoundSummary {
@@ -151,7 +157,7 @@ impl RoundSummary {
         let mut counts = [0u64; BUCKETS + 1];
         let mut sum_ns = 0u64;
         let mut last_wait_ns = [0u64; LATE_RANKS];
-        let mut last_wait_max = (0u64, 0u64);
+        let mut last_wait_max = (0u64, 0u64, 0u64);
         for b in blocks {
             for (c, a) in counts.iter_mut().zip(&b.latency_buckets) {
                 *c += a.load(Ordering::Relaxed);
@@ -162,7 +168,7 @@ impl RoundSummary {
             }
             let max = b.last_wait_max_ns.load(Ordering::Relaxed);
             if max > last_wait_max.0 {
-                last_wait_max = (max, b.last_wait_max_rank.load(Ordering::Relaxed));
+                last_wait_max = (max, b.last_wait_max_rank.load(Ordering::Relaxed), b.last_wait_max_at_us.load(Ordering::Relaxed));
             }
         }
         let rounds: u64 = counts.iter().sum();
@@ -187,7 +193,7 @@ impl RoundSummary {
             p99_le_s: le(at(0.99).unwrap_or(last)),
             max_le_s: le(last),
             last_wait_s: last_wait_ns.map(|ns| ns as f64 / 1e9),
-            last_wait_max: (last_wait_max.0 as f64 / 1e9, last_wait_max.1),
+            last_wait_max: (last_wait_max.0 as f64 / 1e9, last_wait_max.1, last_wait_max.2),
         })
     }
 }
@@ -213,7 +219,8 @@ impl core::fmt::Display for RoundSummary {
                 let more = if r == LATE_RANKS - 1 { "+" } else { "" };
                 write!(f, "{sep}{r}{more}: {:.1}", ms(*w))?;
             }
-            write!(f, "), longest {:.2} ms (rank {})", ms(self.last_wait_max.0), self.last_wait_max.1)?;
+            let (longest, rank, at) = self.last_wait_max;
+            write!(f, "), longest {:.2} ms (rank {rank}, ended {})", ms(longest), TimeOfDay(at))?;
         }
         Ok(())
     }
@@ -527,13 +534,15 @@ mod tests {
         t.job(1, 0).record_last_wait(3, 500_000);
         t.job(0, 0).record_last_wait(9, 100_000); // folded into the last entry
         let s = RoundSummary::of([t.job(0, 0), t.job(1, 0)].into_iter()).unwrap();
-        assert_eq!(s.last_wait_max, (0.04, 1));
+        assert_eq!((s.last_wait_max.0, s.last_wait_max.1), (0.04, 1));
+        assert!(s.last_wait_max.2 > 1_700_000_000_000_000, "the wall-clock time it ended: {s:?}");
         assert!((s.last_wait_s[1] - 0.042).abs() < 1e-12 && s.last_wait_s[LATE_RANKS - 1] == 1e-4, "{s:?}");
         let line = s.to_string();
         assert!(
-            line.ends_with("; waiting for each round's last piece after the one before it: 42.6 ms in all (by that piece's rank: 0: 0.0, 1: 42.0, 2: 0.0, 3: 0.5, 4: 0.0, 5: 0.0, 6: 0.0, 7+: 0.1), longest 40.00 ms (rank 1)"),
+            line.contains("; waiting for each round's last piece after the one before it: 42.6 ms in all (by that piece's rank: 0: 0.0, 1: 42.0, 2: 0.0, 3: 0.5, 4: 0.0, 5: 0.0, 6: 0.0, 7+: 0.1), longest 40.00 ms (rank 1, ended "),
             "{line}"
         );
+        assert!(line.ends_with(" UTC)"), "{line}");
         t.job(0, 0).reset(2);
         assert_eq!(RoundSummary::of([t.job(0, 0)].into_iter()), None);
     }
