@@ -7,11 +7,11 @@
 //! its result: the servers' side, the links and every hop through this
 //! rank's rail threads. The pieces of a sub-job's first all-reduce are not
 //! (the provider makes its connections then), so the slowest round trip by
-//! server says where a stall of the steady state was. Where the rails copy staged results out (failover,
-//! `Cmd::RecvCopy`), each rail (or the copier that copies for them) also
-//! times its copies, and where the caller's thread copies (one endpoint),
-//! it does. Comparing the two with
-//! and without a setting (failover, say) tells a piece that got slower from
+//! server says where a stall of the steady state was. Where the rails copy
+//! staged results out (failover, `Cmd::RecvCopy`), each rail (or the copier
+//! that copies for them) also times its copies, and where the caller's
+//! thread copies (one endpoint), it does. Comparing the two with and
+//! without a setting (failover, say) tells a piece that got slower from
 //! pieces that were sent later. The client logs the figures when it closes
 //! ([`PieceReport`]); tests and tools read them with
 //! `Client::piece_times`.
@@ -26,9 +26,8 @@
 //! between two operations' starts (the caller's pace: NCCL's, under the
 //! plugin) and the slowest operations from their start to their last piece
 //! done (a few, that do not overlap in time, `Spells`), each with its index
-//! and the wall-clock time it ended, to match with
-//! the servers' job-end lines (which name the rank a round waited for, and
-//! when). A rank whose own operations were quick but whose caller started
+//! and the wall-clock time it ended, to match with the servers' job-end
+//! lines (which name the rank a round waited for, and when). A rank whose own operations were quick but whose caller started
 //! one late was late before tally; one whose operation was slow waited on
 //! its pieces.
 //!
@@ -39,8 +38,9 @@
 //!
 //! Off, the per-piece path pays one untaken branch. On, a sampled piece
 //! costs two reads of the monotonic clock (the vDSO: no system call) and a
-//! histogram slot, each result of a sealed all-reduce one read, and each
-//! rail turn two; nothing allocates.
+//! histogram slot, each result of a sealed all-reduce one read, each
+//! operation two (its start and its end; the wall clock once more where it
+//! is kept as a spell), and each rail turn two; nothing allocates.
 use crate::host::wall_clock::{self, TimeOfDay};
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -166,18 +166,16 @@ impl Client {
             return self.post_redo(sub, local - self.redo_base());
         }
         let (fi, is_send) = ((local >> 1) as usize, local & 1 == 1);
-        if is_send && self.cfg.piece_times {
-            let f = &mut self.subs[sub].flights[fi];
-            // Not the sub-job's first all-reduce: it makes the connections.
-            if PieceTimes::sampled(f.seq) && !f.seal && self.ops.iter().any(|o| o.id == f.op && o.index > 0) {
-                f.sent_at = self.piece_times.now_ns();
-            }
-        }
         let window = self.cfg.window as usize;
-        let s = &self.subs[sub];
         let (st, slot) = (fi / window, fi % window);
-        let f = s.flights[fi];
+        let f = self.subs[sub].flights[fi];
         let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
+        // A sampled send is timed, but not in the sub-job's first all-reduce,
+        // which makes the connections.
+        if is_send && self.cfg.piece_times && PieceTimes::sampled(f.seq) && !f.seal && op.index > 0 {
+            self.subs[sub].flights[fi].sent_at = self.piece_times.now_ns();
+        }
+        let s = &self.subs[sub];
         let stream = &s.streams[st];
         let rail = stream.rail;
         let (chunk, seq) = (f.chunk, f.seq);
