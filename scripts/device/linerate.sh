@@ -19,7 +19,8 @@
 #   p2p:tcp-ceiling        tcp p2p ceiling beside plain TCP sockets
 #   perf:cluster-perf      perf of the whole host during a 32 Gbit/s run (LR_PERF_MODE, LR_PERF_CONFIGS)
 #   nccl, nccl-sync:nccl   real NCCL (tests/nccl/cluster_proof.sh; LR_NCCL_*; LR_STALLS=1 for
-#                          the threads kept off a CPU meanwhile, stalls.py)
+#                          the threads kept off a CPU meanwhile, stalls.py; LR_LINKS=1 for each
+#                          emulated host's link and sockets, links.py)
 #   nccl-knobs             NCCL settings one at a time (LR_NCCL_KNOBS, ...)
 #   nccl-perf              perf of the host during real NCCL CollNet at 32 Gbit/s
 #   demo                   `tally demo` as a user runs it

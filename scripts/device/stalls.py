@@ -19,8 +19,9 @@ procps. A long wait in one period can also be the sampler's own lateness:
 the header says how late the sampler was at most, to compare, and how much
 time the hypervisor took from each virtual CPU (steal, /proc/stat): the
 most in one period on any CPU, and the periods in which some CPU lost 5 ms
-or more. In a VM, a virtual CPU the host preempts stops whatever runs on it
-without the guest's scheduler (or /proc/pressure/cpu) seeing a wait.
+or more, each with its wall-clock time (the first 40). In a VM, a virtual
+CPU the host preempts stops whatever runs on it without the guest's
+scheduler (or /proc/pressure/cpu) seeing a wait.
 """
 import os
 import signal
@@ -93,12 +94,22 @@ def name(pid, tid):
         return "?"
 
 
-def main():
-    out_file = sys.argv[1]
+def clock(t):
+    """Wall-clock time `t` as HH:MM:SS.mmm (UTC), as tally's lines give it."""
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}"
+
+
+def sampler_args():
+    """(OUT argument, period in s, a list that SIGTERM or SIGINT makes non-empty)."""
     period = (float(sys.argv[2]) if len(sys.argv) > 2 else 10.0) / 1000.0
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    return sys.argv[1], period, stop
+
+
+def main():
+    out_file, period, stop = sampler_args()
     roles, names = {}, {}
     prev, prev_t = sample(roles, True), time.monotonic()
     last_recheck = prev_t
@@ -106,6 +117,7 @@ def main():
     # per thread: [cpu_ns, max_wait_ns, waits_over_5ms, idle_run, max_idle_run, max_idle_at]
     st = {}
     late_max = 0.0
+    steal_at = []  # (wall-clock time, ms, cpu) of each period a CPU lost 5 ms or more
     steal_prev, steal_max, steal_periods, steal_total = steal_ms(), (0.0, "-", 0.0), 0, 0.0
     while not stop:
         time.sleep(period)
@@ -120,6 +132,8 @@ def main():
         if worst[0] > steal_max[0]:
             steal_max = (worst[0], worst[1], now_t - t0)
         steal_periods += worst[0] >= 5.0
+        if worst[0] >= 5.0:
+            steal_at.append((time.time(), worst[0], worst[1]))
         steal_prev = steal_now
         for key, (cpu, wait) in now.items():
             if key not in prev:
@@ -145,6 +159,8 @@ def main():
             f"# steal (the hypervisor's): {steal_total:.0f} ms over all CPUs, at most {steal_max[0]:.0f} ms in one period "
             f"({steal_max[1]}, at {steal_max[2]:.1f} s), {steal_periods} periods with a CPU losing 5 ms or more\n"
         )
+        for t, ms, cpu in steal_at[:40]:
+            f.write(f"# steal {ms:.0f} ms on {cpu}, period ending {clock(t)} UTC\n")
         f.write(f"{'role':<8} {'pid':>7} {'tid':>7} {'thread':<16} {'cpu %':>6} {'max wait ms':>11} {'waits>=5ms':>10} {'max idle ms':>11} {'at s':>6}\n")
         rows = [(k, s) for k, s in st.items() if s[0] > 0]
         rows.sort(key=lambda r: -r[1][1])

@@ -134,10 +134,12 @@ fn workers_run_and_the_cluster_proof_dry_run() {
         return;
     }
     // Each worker also says what its namespace's TCP and veth were set to:
-    // autocorking off (the default) and, with --rps on, every CPU steering.
+    // autocorking off (the default), with --rps on every CPU steering, and
+    // with --tcp-rto-min the floor on the route to the servers.
     let out = tally()
-        .args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--timeout", "60", "--rps", "on", "--workers-run"])
-        .arg(r#"echo "rank=$TALLY_CLUSTER_RANK world=$TALLY_CLUSTER_WORLD master=$TALLY_CLUSTER_MASTER servers=$TALLY_SERVERS me=$TALLY_FABRIC_ADDR autocork=$(cat /proc/sys/net/ipv4/tcp_autocorking) rps=$(cat /sys/class/net/eth0/queues/rx-0/rps_cpus)""#)
+        .args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--timeout", "60", "--rps", "on", "--tcp-rto-min", "7"])
+        .arg("--workers-run")
+        .arg(r#"echo "rank=$TALLY_CLUSTER_RANK world=$TALLY_CLUSTER_WORLD master=$TALLY_CLUSTER_MASTER servers=$TALLY_SERVERS me=$TALLY_FABRIC_ADDR autocork=$(cat /proc/sys/net/ipv4/tcp_autocorking) route=[$(ip route get 198.18.0.10 | tr -s ' \n' ' ')] rps=$(cat /sys/class/net/eth0/queues/rx-0/rps_cpus)""#)
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -145,7 +147,8 @@ fn workers_run_and_the_cluster_proof_dry_run() {
     // Worker 0's stdout comes through; worker 1's goes to the log (stderr here).
     assert!(stdout.contains("rank=0 world=2 master=198.18.1.10 servers=198.18.0.10:7400,198.18.0.11:7400 me=198.18.1.10"), "{stdout}");
     assert!(stderr.contains("rank=1 world=2") && stderr.contains("me=198.18.1.11"), "{stderr}");
-    assert!(stdout.contains(" autocork=0 rps="), "{stdout}");
+    assert!(stdout.contains(" autocork=0 route=["), "{stdout}");
+    assert!(stdout.contains("rto_min lock 7ms"), "{stdout}");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The kernel pads the bitmap with zeros to its own CPU count: compare values.
     let line = stdout.lines().find(|l| l.starts_with("rank=0")).unwrap_or_default();

@@ -9,6 +9,9 @@
 # LR_STALLS=1: stalls.py samples every tally and Python thread meanwhile
 # (which were kept off a CPU, how long), into PART-stalls.txt, its busiest
 # threads into the summary.
+# LR_LINKS=1: links.py samples every emulated host's eth0 and TCP sockets
+# meanwhile (PART-links.csv.gz, a timeline with wall-clock times), its
+# hosts whose senders stalled or timed out into the summary.
 # Writes PART/ (cluster_proof.sh's files) and PART.out.
 case $PART in
     nccl) args=(SIZES="${LR_NCCL_SIZES:-16M,64M,256M}" "DTYPES=f32,bf16") ;;
@@ -18,8 +21,15 @@ o="$OUT/$PART"
 say ""
 say "## $PART: real NCCL, tests/nccl/cluster_proof.sh ${args[*]}"
 [ "${LR_STALLS:-0}" = 1 ] && { python3 "$DEVICE_DIR/stalls.py" "$o-stalls.txt" 10 & stalls=$!; }
+[ "${LR_LINKS:-0}" = 1 ] && { python3 "$DEVICE_DIR/links.py" "$o-links" 10 & links=$!; }
 cluster_proof "$o" 240 "${args[@]}"
 say "# exit $?"
+if [ -n "${links:-}" ]; then
+    kill "$links" && wait "$links"
+    # Hosts whose sockets held data while their uplink sent nothing for 30 ms or more, or that timed out.
+    # And every run's TCP counters, summed over its hosts.
+    awk '!/^#/ && ($5 >= 30 || $10 > 0) || NR <= 2 || /^# run /' "$o-links.txt" | head -40 | sed 's/^/# links /' | tee -a "$S"
+fi
 if [ -n "${stalls:-}" ]; then
     kill "$stalls" && wait "$stalls"
     # Threads of a tenth of a core or more, the longest waits for a CPU first.

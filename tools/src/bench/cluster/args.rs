@@ -71,17 +71,33 @@ pub struct ClusterArgs {
     /// seen to wait for TCP's tail loss probe, about 200 ms (`tcp_loss`).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub tcp_autocork: OnOff,
-    /// Receive packet steering on every veth of the emulated network (on:
-    /// every CPU in the mask). With it a flow's packets are queued, by
-    /// their hash, on one CPU's backlog, as a NIC's RSS keeps a flow on one
-    /// queue; without it a veth queues each packet on the backlog of the
-    /// CPU that sent it, and a flow whose packets leave from two CPUs can
-    /// arrive out of order (which TCP answers with spurious retransmissions).
-    /// Off by default: on 64 cores (the device), where busy pollers hold
-    /// every CPU, it slowed CollNet to a fraction (the steered receive work
-    /// on their CPUs is the guess at why).
-    #[arg(long, value_enum, default_value_t = OnOff::Off)]
-    pub rps: OnOff,
+    /// The emulated hosts' TCP retransmission timeout floor, in ms (the
+    /// `rto_min` of their routes), or `kernel` for the kernel's 200 ms. The
+    /// same floor bounds the wait of a tail loss probe with one segment in
+    /// flight, so each lost or late tail segment costs about this long.
+    #[arg(long, value_parser = parse_rto_min, default_value = "kernel")]
+    pub tcp_rto_min: RtoMin,
+    /// The emulated hosts' initial TCP receive buffer (the middle value of
+    /// net.ipv4.tcp_rmem, e.g. 4M; the most it may grow to is raised to
+    /// match), or `kernel` for the kernel's (128 KiB, growing to 6 MiB). A
+    /// receiver whose buffer fills closes its window, and the sender then
+    /// waits for a window probe, 200 ms at least whatever the RTO floor.
+    #[arg(long, value_parser = parse_rcvbuf, default_value = "kernel")]
+    pub tcp_rcvbuf: RcvBuf,
+    /// Receive packet steering on every veth of the emulated network: off,
+    /// on (every CPU in the mask) or workers (the workers' cores, off the
+    /// servers' busy-polling lcores; every CPU where they share). With it a
+    /// flow's packets are queued, by their hash, on one CPU's backlog, as a
+    /// NIC's RSS keeps a flow on one queue; without it a veth queues each
+    /// packet on the backlog of the CPU that sent it, and a flow whose packets
+    /// leave from several CPUs (a host's rails and lcores share its one
+    /// shaped link) arrives out of order, which TCP answers with spurious
+    /// retransmissions. Off by default: on 64 cores (the device) `workers`
+    /// ended the reordering (12,000-16,000 retransmissions per CollNet run
+    /// to 4-540) without making CollNet faster, and `on` slowed it to a
+    /// fraction (docs/measurements.md).
+    #[arg(long, value_enum, default_value_t = Rps::Off)]
+    pub rps: Rps,
     #[command(flatten)]
     pub iproute: IprouteArg,
     /// Seconds the whole run may take per rate before it is stopped.
@@ -132,7 +148,9 @@ impl ClusterArgs {
             tbf_burst: "auto".into(),
             tbf_latency: "50ms".into(),
             tcp_autocork: OnOff::Off,
-            rps: OnOff::Off,
+            tcp_rto_min: RtoMin::Kernel,
+            tcp_rcvbuf: RcvBuf::Kernel,
+            rps: Rps::Off,
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
             timeout: 300,
             json: JsonArg::default(),
@@ -143,7 +161,7 @@ impl ClusterArgs {
     }
 }
 
-/// A setting of the emulated hosts that is on or off (`--tcp-autocork`, `--rps`).
+/// A setting of the emulated hosts that is on or off (`--tcp-autocork`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnOff {
     On,
@@ -168,16 +186,123 @@ impl OnOff {
     }
 }
 
+/// `--rps`: which CPUs the veths steer received packets to.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rps {
+    Off,
+    On,
+    Workers,
+}
+
+impl Rps {
+    /// As the table's header says it.
+    pub fn text(self) -> &'static str {
+        match self {
+            Rps::Off => "off",
+            Rps::On => "on every CPU",
+            Rps::Workers => "on the workers' cores",
+        }
+    }
+}
+
+/// `--tcp-rto-min`: the kernel's floor, or one in whole milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RtoMin {
+    Kernel,
+    Ms(u32),
+}
+
+impl RtoMin {
+    /// As `ip route`'s `rto_min` takes it; None for the kernel's.
+    pub fn route_arg(self) -> Option<String> {
+        match self {
+            RtoMin::Kernel => None,
+            RtoMin::Ms(ms) => Some(format!("{ms}ms")),
+        }
+    }
+
+    /// The floor in ms (the kernel's is 200).
+    pub fn ms(self) -> u32 {
+        match self {
+            RtoMin::Kernel => 200,
+            RtoMin::Ms(ms) => ms,
+        }
+    }
+
+    /// As the table's header says it.
+    pub fn text(self) -> String {
+        match self {
+            RtoMin::Kernel => "200 ms (the kernel's)".into(),
+            RtoMin::Ms(ms) => format!("{ms} ms"),
+        }
+    }
+}
+
+/// `--tcp-rcvbuf`: the kernel's initial receive buffer, or one in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RcvBuf {
+    Kernel,
+    Bytes(u64),
+}
+
+impl RcvBuf {
+    /// As net.ipv4.tcp_rmem takes it ("min default max", the most it may
+    /// grow to at least the kernel's 6 MiB); None for the kernel's.
+    pub fn tcp_rmem(self) -> Option<String> {
+        match self {
+            RcvBuf::Kernel => None,
+            RcvBuf::Bytes(n) => Some(format!("4096 {n} {}", n.max(6 << 20))),
+        }
+    }
+
+    /// As the headers say it.
+    pub fn text(self) -> String {
+        match self {
+            RcvBuf::Kernel => "the kernel's".into(),
+            RcvBuf::Bytes(n) => tally_engine::host::units::format_size(n),
+        }
+    }
+}
+
+/// `kernel`, or a size from 4 KiB to 1 GiB.
+pub fn parse_rcvbuf(s: &str) -> Result<RcvBuf, String> {
+    if s == "kernel" {
+        return Ok(RcvBuf::Kernel);
+    }
+    match tally_engine::host::units::parse_size(s) {
+        Ok(n) if (4096..=1 << 30).contains(&n) => Ok(RcvBuf::Bytes(n)),
+        _ => Err(format!("{s:?} is not `kernel` or a size from 4K to 1G")),
+    }
+}
+
+/// `kernel`, or milliseconds from 1 to 200 (above the kernel's floor a
+/// route's is not what users lower it for).
+pub fn parse_rto_min(s: &str) -> Result<RtoMin, String> {
+    if s == "kernel" {
+        return Ok(RtoMin::Kernel);
+    }
+    let ms = s.strip_suffix("ms").unwrap_or(s);
+    match ms.parse::<u32>() {
+        Ok(n @ 1..=200) => Ok(RtoMin::Ms(n)),
+        _ => Err(format!("{s:?} is not `kernel` or a whole number of ms from 1 to 200")),
+    }
+}
+
 /// The rps_cpus bitmap of CPUs 0..n: hex, in comma-separated groups of 32
 /// CPUs, the highest first (as /sys/class/net/*/queues/rx-*/rps_cpus reads).
 pub fn cpu_mask(n: usize) -> String {
-    let n = n.max(1);
-    let words = n.div_ceil(32);
+    let all: Vec<usize> = (0..n.max(1)).collect();
+    cores_mask(&all)
+}
+
+/// The rps_cpus bitmap of these CPUs (as [`cpu_mask`] writes it).
+pub fn cores_mask(cores: &[usize]) -> String {
+    let top = cores.iter().max().map_or(0, |&c| c);
+    let words = top / 32 + 1;
     (0..words)
         .rev()
         .map(|w| {
-            let bits = (n - w * 32).min(32);
-            let v: u32 = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
+            let v = cores.iter().filter(|&&c| c / 32 == w).fold(0u32, |v, &c| v | 1 << (c % 32));
             if w == words - 1 {
                 format!("{v:x}")
             } else {
@@ -197,7 +322,7 @@ pub fn loops_at(args: &ClusterArgs, rate: f64) -> LoopArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::cpu_mask;
+    use super::{cores_mask, cpu_mask, parse_rcvbuf, parse_rto_min, RcvBuf, RtoMin};
 
     #[test]
     fn cpu_masks_are_grouped_by_32() {
@@ -207,5 +332,26 @@ mod tests {
         assert_eq!(cpu_mask(33), "1,ffffffff");
         assert_eq!(cpu_mask(64), "ffffffff,ffffffff");
         assert_eq!(cpu_mask(0), "1");
+        assert_eq!(cores_mask(&[4, 5, 6, 7]), "f0");
+        assert_eq!(cores_mask(&[16, 63]), "80000000,00010000");
+    }
+
+    #[test]
+    fn rto_floors_are_kernel_or_whole_ms() {
+        assert_eq!(parse_rto_min("kernel"), Ok(RtoMin::Kernel));
+        assert_eq!(parse_rto_min("5"), Ok(RtoMin::Ms(5)));
+        assert_eq!(parse_rto_min("10ms"), Ok(RtoMin::Ms(10)));
+        assert!(parse_rto_min("0").is_err() && parse_rto_min("201").is_err() && parse_rto_min("1.5").is_err());
+        assert_eq!(RtoMin::Ms(10).route_arg().as_deref(), Some("10ms"));
+        assert_eq!(RtoMin::Kernel.route_arg(), None);
+    }
+
+    #[test]
+    fn receive_buffers_become_tcp_rmem() {
+        assert_eq!(parse_rcvbuf("kernel"), Ok(RcvBuf::Kernel));
+        assert_eq!(RcvBuf::Kernel.tcp_rmem(), None);
+        assert_eq!(parse_rcvbuf("4M").map(RcvBuf::tcp_rmem), Ok(Some("4096 4194304 6291456".into())));
+        assert_eq!(parse_rcvbuf("16M").map(RcvBuf::tcp_rmem), Ok(Some("4096 16777216 16777216".into())));
+        assert!(parse_rcvbuf("1").is_err() && parse_rcvbuf("lots").is_err() && parse_rcvbuf("2G").is_err());
     }
 }

@@ -50,9 +50,9 @@ pub mod workers;
 
 use crate::logfile;
 use crate::progress::Progress;
-use args::{cpu_mask, ClusterArgs, OnOff};
+use args::{cores_mask, cpu_mask, ClusterArgs, Rps};
 use host_cpu::{HostCpu, HostLoad, RateLoad};
-use netns::{addr, build_network, sweep_stale, unavailable, Iproute, Testbed};
+use netns::{addr, build_network, sweep_stale, unavailable, HostNet, Iproute, Testbed};
 use placement::place;
 use shaping::{default_rate, shape};
 use std::process::Stdio;
@@ -128,13 +128,25 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let hosts: Vec<(char, u32)> = (0..args.hosts).flat_map(|i| [('s', i), ('w', i)]).collect();
     let ns = |k: char, i: u32| format!("{prefix}{k}{i}");
     let sw = format!("{prefix}sw");
-    let rps_mask = (args.rps == OnOff::On).then(|| cpu_mask(cores));
-    build_network(&bed.tools, &sw, &hosts, &ns, args.mtu, args.tcp_autocork, rps_mask.as_deref())?;
-
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
+    let worker_list = worker_cores.as_ref().and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok());
+    let rps_mask = match (args.rps, &worker_list) {
+        (Rps::Off, _) => None,
+        (Rps::Workers, Some(list)) => Some(cores_mask(list.as_slice())),
+        (Rps::On | Rps::Workers, _) => Some(cpu_mask(cores)),
+    };
+    let net = HostNet {
+        mtu: args.mtu,
+        autocork: args.tcp_autocork,
+        rto_min: args.tcp_rto_min,
+        tcp_rmem: args.tcp_rcvbuf.tcp_rmem(),
+        rps: rps_mask.as_deref(),
+    };
+    build_network(&bed.tools, &sw, &hosts, &ns, &net)?;
+
     // `place` gives server lcores cores of their own where it leaves any to
     // the workers, so auto is busy exactly when every worker has one too.
-    let worker_core_count = worker_cores.as_ref().and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok()).map_or(0, |l| l.len());
+    let worker_core_count = worker_list.as_ref().map_or(0, |l| l.len());
     let poll = args.poll.poll.resolve(args.hosts as usize, worker_core_count).as_str();
     let placement = format!("{placement}; {poll} polling");
     let log_level = if logfile::redirected() { "info" } else { "warn" };
@@ -197,6 +209,10 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             spurious_rtos: net.map(|l| l.spurious_rtos),
             rtx_host_queued: net.map(|l| l.rtx_host_queued),
             loss_probes: net.map(|l| l.loss_probes),
+            reordered: net.map(|l| l.reordered),
+            dsacks: net.map(|l| l.dsacks),
+            zero_windows: net.map(|l| l.zero_windows),
+            rto_floor_ms: args.tcp_rto_min.ms(),
         }
     };
     if let Some(cmd) = &args.workers_run {
@@ -205,8 +221,12 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             let before = loss_before(&bed);
             if !args.json.json {
                 println!(
-                    "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers; placement: {placement}; running in each worker: {cmd}",
-                    args.hosts, args.hosts
+                    "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (RPS {}, RTO floor {}, receive buffers {}); placement: {placement}; running in each worker: {cmd}",
+                    args.hosts,
+                    args.hosts,
+                    args.rps.text(),
+                    args.tcp_rto_min.text(),
+                    args.tcp_rcvbuf.text()
                 );
             }
             let host_before = HostCpu::now();

@@ -1,9 +1,10 @@
 //! The testbed's network: a namespace per host and one for the switch (a
 //! bridge), a veth link from each host to it, each host's TCP autocorking
-//! and, where asked, receive packet steering on every veth (`--tcp-autocork`,
-//! `--rps`), and the `ip` and `tc` that make them. `Testbed` removes what a
+//! and retransmission timeout floor and receive buffers and, where asked,
+//! receive packet steering on every veth (`--tcp-autocork`, `--tcp-rto-min`,
+//! `--tcp-rcvbuf`, `--rps`), and the `ip` and `tc` that make them. `Testbed` removes what a
 //! run made when it is dropped; `sweep_stale` what a killed run left.
-use super::args::OnOff;
+use super::args::{OnOff, RtoMin};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -193,9 +194,23 @@ pub(super) fn sweep_stale(tools: &Iproute) {
     }
 }
 
+/// The emulated network: every host's address is in it.
+const SUBNET: &str = "198.18.0.0/16";
+
 /// Server i at 198.18.0.(10+i), worker i at 198.18.1.(10+i), all in one /16.
 pub(super) fn addr(kind: char, i: u32) -> String {
     format!("198.18.{}.{}", if kind == 's' { 0 } else { 1 }, 10 + i)
+}
+
+/// How each emulated host's link and TCP are set up.
+pub(super) struct HostNet<'a> {
+    pub mtu: u32,
+    pub autocork: OnOff,
+    pub rto_min: RtoMin,
+    /// net.ipv4.tcp_rmem of every host, where it is not the kernel's.
+    pub tcp_rmem: Option<String>,
+    /// The rps_cpus mask of every veth, where steering is on.
+    pub rps: Option<&'a str>,
 }
 
 pub(super) fn build_network(
@@ -203,11 +218,9 @@ pub(super) fn build_network(
     sw: &str,
     hosts: &[(char, u32)],
     ns: &dyn Fn(char, u32) -> String,
-    mtu: u32,
-    autocork: OnOff,
-    rps: Option<&str>,
+    net: &HostNet,
 ) -> Result<(), String> {
-    let mtu = mtu.to_string();
+    let mtu = net.mtu.to_string();
     tools.ip(&["netns", "add", sw])?;
     tools.ip(&["-n", sw, "link", "add", "br0", "type", "bridge"])?;
     tools.ip(&["-n", sw, "link", "set", "br0", "mtu", &mtu, "up"])?;
@@ -224,8 +237,18 @@ pub(super) fn build_network(
         tools.ip(&["-n", &name, "addr", "add", &format!("{}/16", addr(k, i)), "dev", "eth0"])?;
         tools.ip(&["-n", &name, "link", "set", "eth0", "up"])?;
         tools.ip(&["-n", &name, "link", "set", "lo", "up"])?;
-        tools.write_in(&name, "/proc/sys/net/ipv4/tcp_autocorking", autocork.sysctl())?;
-        if let Some(mask) = rps {
+        if let Some(rto) = net.rto_min.route_arg() {
+            // The connected route, as `addr add` made it, with the floor.
+            let src = addr(k, i);
+            tools.ip(&[
+                "-n", &name, "route", "replace", SUBNET, "dev", "eth0", "proto", "kernel", "scope", "link", "src", &src, "rto_min", &rto,
+            ])?;
+        }
+        tools.write_in(&name, "/proc/sys/net/ipv4/tcp_autocorking", net.autocork.sysctl())?;
+        if let Some(rmem) = &net.tcp_rmem {
+            tools.write_in(&name, "/proc/sys/net/ipv4/tcp_rmem", rmem)?;
+        }
+        if let Some(mask) = net.rps {
             // `ip netns exec` mounts the namespace's own /sys.
             tools.write_in(&name, "/sys/class/net/eth0/queues/rx-0/rps_cpus", mask)?;
             tools.write_in(sw, &format!("/sys/class/net/{port}/queues/rx-0/rps_cpus"), mask)?;

@@ -48,6 +48,16 @@ pub struct NetLoss {
     /// plus the longest delayed ACK), so each is a wait as long as a
     /// timeout's that `timeouts` does not count.
     pub loss_probes: u64,
+    /// Times a sender learnt its segments arrived out of order
+    /// (`TcpExt: TCPSACKReorder`, `TCPTSReorder`, `TCPRenoReorder`): what
+    /// sets off fast retransmissions where nothing was lost.
+    pub reordered: u64,
+    /// Retransmissions the receiver already had (`TcpExt: TCPDSACKRecv`):
+    /// spurious ones.
+    pub dsacks: u64,
+    /// Times a receiver closed its window (`TcpExt: TCPToZeroWindowAdv`):
+    /// its reader fell behind, and the sender waits for it.
+    pub zero_windows: u64,
 }
 
 /// The `TcpExt:` counters of segments a receiving socket dropped: its
@@ -88,6 +98,9 @@ impl NetLoss {
             spurious_rtos: ext("TCPSpuriousRTOs"),
             rtx_host_queued: ext("TCPSpuriousRtxHostQueues"),
             loss_probes: ext("TCPLossProbes"),
+            reordered: ["TCPSACKReorder", "TCPTSReorder", "TCPRenoReorder"].iter().map(|n| ext(n)).sum(),
+            dsacks: ext("TCPDSACKRecv"),
+            zero_windows: ext("TCPToZeroWindowAdv"),
         })
     }
 
@@ -101,6 +114,9 @@ impl NetLoss {
             spurious_rtos: f(self.spurious_rtos, o.spurious_rtos),
             rtx_host_queued: f(self.rtx_host_queued, o.rtx_host_queued),
             loss_probes: f(self.loss_probes, o.loss_probes),
+            reordered: f(self.reordered, o.reordered),
+            dsacks: f(self.dsacks, o.dsacks),
+            zero_windows: f(self.zero_windows, o.zero_windows),
         }
     }
 
@@ -158,6 +174,14 @@ pub struct LinkLoss {
     pub rtx_host_queued: Option<u64>,
     /// Over every namespace: tail loss probes (see [`NetLoss::loss_probes`]).
     pub loss_probes: Option<u64>,
+    /// Over every namespace: reorderings seen, spurious retransmissions,
+    /// windows closed (see [`NetLoss`]).
+    pub reordered: Option<u64>,
+    pub dsacks: Option<u64>,
+    pub zero_windows: Option<u64>,
+    /// The hosts' retransmission timeout floor in ms (`--tcp-rto-min`):
+    /// about how long a timeout or a lone tail's probe waits.
+    pub rto_floor_ms: u32,
 }
 
 /// Packets the tbf qdiscs of namespaces `names` dropped so far.
@@ -173,11 +197,18 @@ pub(super) fn qdisc_drops(tc_output: &str) -> u64 {
 impl LinkLoss {
     /// The line a rate's table ends with.
     pub fn note(&self) -> String {
+        let floor = self.rto_floor_ms;
         let tcp = match (self.tcp_retrans, self.tcp_timeouts, self.loss_probes) {
             (Some(r), Some(t), Some(p)) => format!(
-                "{r} TCP segments retransmitted, {t} retransmission timeouts (each a wait of 200 ms or more), {p} tail loss probes (up to about 200 ms each)"
+                "{r} TCP segments retransmitted, {t} retransmission timeouts (each a wait of {floor} ms or more), {p} tail loss probes (up to about {floor} ms each)"
             ),
             _ => "TCP's counters unreadable".into(),
+        };
+        let order = match (self.reordered, self.dsacks, self.zero_windows) {
+            (Some(r), Some(d), Some(z)) => {
+                format!("; {r} reorderings seen, {d} retransmissions found spurious, {z} receive windows closed (a reader behind)")
+            }
+            _ => String::new(),
         };
         let tbf = self.tbf_drops.map_or("tbf's drops unreadable".into(), |d| format!("tbf dropped {d} packets"));
         let dev = self.dev_drops.map_or("the interfaces' drops unreadable".into(), |d| format!("the interfaces dropped {d}"));
@@ -187,7 +218,7 @@ impl LinkLoss {
             _ => String::new(),
         };
         format!(
-            "# loss on the links at {} Gbit/s: {tcp}; {tbf}, {dev}, {sock}{late} (per row: tcp_retrans, tcp_timeouts, dev_drops, sock_drops in --json)",
+            "# loss on the links at {} Gbit/s: {tcp}; {tbf}, {dev}, {sock}{late}{order} (per row: tcp_retrans, tcp_timeouts, dev_drops, sock_drops in --json)",
             self.link_gbit
         )
     }
@@ -210,7 +241,16 @@ mod tests {
         let l = NetLoss::parse("Tcp: RetransSegs\nTcp: 9\n", ext, "  eth0: 0 0 0 1 0 0 0 0 0 0 0 1\n").unwrap();
         assert_eq!(
             l,
-            NetLoss { retrans: 9, timeouts: 5, dev_drops: 2, sock_drops: 8, spurious_rtos: 2, rtx_host_queued: 6, loss_probes: 11 }
+            NetLoss {
+                retrans: 9,
+                timeouts: 5,
+                dev_drops: 2,
+                sock_drops: 8,
+                spurious_rtos: 2,
+                rtx_host_queued: 6,
+                loss_probes: 11,
+                ..NetLoss::default()
+            }
         );
         let dev =
             "Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes packets errs drop\n\
@@ -229,11 +269,44 @@ mod tests {
                   qdisc tbf 8002: root\n Sent 5 bytes 6 pkt (dropped 30, overlimits 0 requeues 0)\n";
         assert_eq!(qdisc_drops(tc), 42);
         assert_eq!(qdisc_drops(""), 0);
-        let after = NetLoss { retrans: 10, timeouts: 2, dev_drops: 5, sock_drops: 3, spurious_rtos: 1, rtx_host_queued: 7, loss_probes: 9 };
-        let before = NetLoss { retrans: 4, timeouts: 2, dev_drops: 1, sock_drops: 1, spurious_rtos: 0, rtx_host_queued: 2, loss_probes: 3 };
+        let after = NetLoss {
+            retrans: 10,
+            timeouts: 2,
+            dev_drops: 5,
+            sock_drops: 3,
+            spurious_rtos: 1,
+            rtx_host_queued: 7,
+            loss_probes: 9,
+            reordered: 20,
+            dsacks: 8,
+            zero_windows: 4,
+        };
+        let before = NetLoss {
+            retrans: 4,
+            timeouts: 2,
+            dev_drops: 1,
+            sock_drops: 1,
+            spurious_rtos: 0,
+            rtx_host_queued: 2,
+            loss_probes: 3,
+            reordered: 5,
+            dsacks: 8,
+            zero_windows: 1,
+        };
         assert_eq!(
             after.since(before),
-            NetLoss { retrans: 6, timeouts: 0, dev_drops: 4, sock_drops: 2, spurious_rtos: 1, rtx_host_queued: 5, loss_probes: 6 }
+            NetLoss {
+                retrans: 6,
+                timeouts: 0,
+                dev_drops: 4,
+                sock_drops: 2,
+                spurious_rtos: 1,
+                rtx_host_queued: 5,
+                loss_probes: 6,
+                reordered: 15,
+                dsacks: 0,
+                zero_windows: 3
+            }
         );
         assert_eq!(after.plus(before).since(before), after);
     }

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""What each emulated host's link and TCP sockets did, every few ms, while a
+`tally bench cluster` run goes on.
+
+    links.py OUT_PREFIX [PERIOD_MS]
+
+Finds every network namespace that holds a tally server or an NCCL rank
+(a Python process with TALLY_CLUSTER_RANK), names it as `ip netns` does, and
+samples every PERIOD_MS (default 10), through one process inside it, until
+SIGTERM or SIGINT:
+  - eth0's bytes sent and received (/proc/PID/net/dev): the host's uplink
+    after its tbf, and its downlink;
+  - its TCP sockets (/proc/PID/net/tcp): bytes written but not yet
+    acknowledged (tx_queue, which holds the unsent too), unread bytes, and
+    sockets with the retransmission timer armed after a timeout (retrnsmt);
+  - TcpExt's loss probes and timeouts, and Tcp's retransmitted segments.
+Writes OUT_PREFIX.csv.gz (one row per host per period, with the wall-clock
+time, to match against the servers' job-end lines and the plugin's piece
+report, which give theirs) and OUT_PREFIX.txt: per host, the periods in which
+its sockets held data yet its uplink sent nothing (a stalled sender: tbf,
+TCP's window or timers, or no CPU for the softirq), the longest such stretch
+and when it ended, and its retransmissions, and every TCP counter of COUNTED that each run moved;
+and OUT_PREFIX-held.txt: in each such period, each socket that held
+unacknowledged bytes, with its timer (which, and when it fires), timeouts,
+rto, ato and congestion window.
+"""
+import gzip
+import os
+import time
+
+from stalls import clock, role, sampler_args
+
+
+def netns_names():
+    """{netns inode: name} from /var/run/netns (bind mounts of the nsfs)."""
+    out = {}
+    try:
+        for n in os.listdir("/var/run/netns"):
+            try:
+                out[os.stat(f"/var/run/netns/{n}").st_ino] = n
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+
+def hosts(roles, known):
+    """Adds to `known` ({netns name: pid}) a process of each namespace that
+    holds a server or a rank."""
+    names = netns_names()
+    taken = {os.stat(f"/proc/{p}/ns/net").st_ino for p in known.values() if os.path.exists(f"/proc/{p}")}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        if pid not in roles or roles[pid] is None:
+            roles[pid] = role(pid)
+        r = roles[pid]
+        if r is None or not (r == "server" or r.startswith("rank")):
+            continue
+        try:
+            ino = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            continue
+        if ino in taken or ino not in names:
+            continue
+        taken.add(ino)
+        known[names[ino]] = pid
+
+
+def counters(text, table):
+    """{field: value} of one `Table: names` / `Table: values` pair of
+    /proc/net/snmp or /proc/net/netstat."""
+    lines = [line.split() for line in text.splitlines() if line.startswith(table + ":")]
+    if len(lines) < 2:
+        return {}
+    return dict(zip(lines[0][1:], map(int, lines[1][1:])))
+
+
+def hexaddr(a):
+    """`0A0012C6:1CE8` as /proc/net/tcp writes it, as `198.18.0.10:7400`."""
+    ip, port = a.split(":")
+    return ".".join(str(int(ip[i:i + 2], 16)) for i in (6, 4, 2, 0)) + f":{int(port, 16)}"
+
+
+def read_host(pid, held):
+    """(tx bytes, rx bytes, unacked sum, unacked max, unread sum, sockets
+    after a timeout, retransmitted segments, loss probes, timeouts) now, and
+    the TCP counters; appends to `held` each socket holding unacknowledged
+    bytes: (local, remote, unacked, unread, timer, when (jiffies), timeouts,
+    rto, ato, cwnd, ssthresh)."""
+    tx = rx = 0
+    for line in open(f"/proc/{pid}/net/dev"):
+        if line.strip().startswith("eth0:"):
+            f = line.split(":", 1)[1].split()
+            rx, tx = int(f[0]), int(f[8])
+    unacked = unacked_max = unread = timed_out = 0
+    with open(f"/proc/{pid}/net/tcp") as tcp:
+        next(tcp)
+        for line in tcp:
+            f = line.split()
+            if f[3] != "01":
+                continue
+            txq, rxq = (int(x, 16) for x in f[4].split(":"))
+            if txq:
+                tr, when = f[5].split(":")
+                held.append((hexaddr(f[1]), hexaddr(f[2]), txq, rxq, int(tr, 16), int(when, 16), int(f[6], 16), *f[12:14], *f[15:17]))
+            unacked += txq
+            unacked_max = max(unacked_max, txq)
+            unread += rxq
+            timed_out += int(f[6], 16) > 0
+    snmp = counters(open(f"/proc/{pid}/net/snmp").read(), "Tcp")
+    ext = counters(open(f"/proc/{pid}/net/netstat").read(), "TcpExt")
+    return (tx, rx, unacked, unacked_max, unread, timed_out, snmp.get("RetransSegs", 0),
+            ext.get("TCPLossProbes", 0), ext.get("TCPTimeouts", 0)), {**snmp, **ext}
+
+
+# The TCP counters worth reading per run: loss, recovery, reordering, delayed ACKs.
+COUNTED = {
+    "RetransSegs", "OutSegs", "InSegs", "TCPLostRetransmit", "TCPFastRetrans", "TCPSlowStartRetrans",
+    "TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery", "TCPSpuriousRTOs", "TCPSpuriousRtxHostQueues",
+    "TCPDSACKRecv", "TCPDSACKOfoRecv", "TCPDSACKOldSent", "TCPDSACKUndo", "TCPSACKReorder", "TCPTSReorder",
+    "TCPRenoReorder", "TCPSACKRecovery", "TCPLossUndo", "TCPPartialUndo", "TCPFullUndo", "TCPLossFailures",
+    "TCPOFOQueue", "TCPOFODrop", "DelayedACKs", "DelayedACKLocked", "DelayedACKLost", "TCPAckCompressed",
+    "TCPRcvQDrop", "TCPBacklogDrop", "PAWSEstab", "TCPToZeroWindowAdv", "TCPWantZeroWindowAdv",
+}
+
+
+def main():
+    prefix, period, stop = sampler_args()
+    roles, known, prev = {}, {}, {}
+    # per (host, pid), one per run: [periods, stalled periods, run, longest
+    # run, its end, timed-out sockets seen, bytes sent, first sample, last values]
+    st = {}
+    last_scan = 0.0
+    csv = gzip.open(prefix + ".csv.gz", "wt")
+    stuck = open(prefix + "-held.txt", "w")
+    stuck.write("# each period a host's uplink sent nothing while its sockets held unacknowledged bytes: those sockets\n"
+                "# utc host local remote unacked unread timer(1 retransmit/probe, 4 zero window) when_jiffies timeouts rto ato cwnd ssthresh\n")
+    stuck_lines = 0
+    csv.write("utc,host,tx_bytes,rx_bytes,unacked,unacked_max,unread,timed_out_sockets,retrans_segs,loss_probes,timeouts\n")
+    while not stop:
+        time.sleep(period)
+        now = time.time()
+        if now - last_scan >= 0.5:
+            hosts(roles, known)
+            last_scan = now
+        for host, pid in list(known.items()):
+            held = []
+            try:
+                v, tcp = read_host(pid, held)
+            except (OSError, StopIteration, ValueError):
+                del known[host]
+                prev.pop(host, None)
+                continue
+            csv.write(f"{clock(now)},{host}," + ",".join(map(str, v)) + "\n")
+            p = prev.get(host)
+            prev[host] = v
+            if p is None or v[0] < p[0]:
+                continue
+            s = st.setdefault((host, pid), [0, 0, 0, 0, "-", 0, 0, clock(now), v, tcp, tcp])
+            s[8], s[10] = v, tcp
+            s[0] += 1
+            s[6] += v[0] - p[0]
+            if v[0] == p[0] and p[2] > 0:
+                s[1] += 1
+                s[2] += 1
+                if stuck_lines < 20000:
+                    for h in held:
+                        stuck.write(f"{clock(now)} {host} " + " ".join(map(str, h)) + "\n")
+                    stuck_lines += len(held)
+                if s[2] > s[3]:
+                    s[3], s[4] = s[2], clock(now)
+            else:
+                s[2] = 0
+            s[5] = max(s[5], v[5])
+    csv.close()
+    stuck.close()
+    with open(prefix + ".txt", "w") as f:
+        f.write(f"# every {period * 1e3:g} ms; stalled: its sockets held unacknowledged data and eth0 sent nothing\n")
+        f.write(f"{'host':<12} {'from UTC':>12} {'periods':>7} {'stalled':>7} {'longest ms':>10} {'ended UTC':>12} {'GB sent':>7} "
+                f"{'retrans':>7} {'probes':>6} {'timeouts':>8} {'timed-out sockets':>17}\n")
+        for (host, _), s in sorted(st.items(), key=lambda kv: (kv[1][7], kv[0][0])):
+            v = s[8]
+            f.write(f"{host:<12} {s[7]:>12} {s[0]:>7} {s[1]:>7} {s[3] * period * 1e3:>10.0f} {s[4]:>12} {s[6] / 1e9:>7.1f} "
+                    f"{v[6]:>7} {v[7]:>6} {v[8]:>8} {s[5]:>17}\n")
+        # Every TCP counter a run moved, per host (its namespace is new per
+        # run), then summed over each run's hosts (`tly<pid>x...`).
+        runs = {}
+        for (host, _), s in sorted(st.items(), key=lambda kv: (kv[1][7], kv[0][0])):
+            moved = {k: s[10][k] - s[9].get(k, 0) for k in sorted(COUNTED) if s[10].get(k, 0) != s[9].get(k, 0)}
+            f.write(f"# {host} from {s[7]}: " + " ".join(f"{k}={n}" for k, n in moved.items()) + "\n")
+            run = runs.setdefault(host.rsplit("x", 1)[0], {})
+            for k, n in moved.items():
+                run[k] = run.get(k, 0) + n
+        for run, moved in runs.items():
+            f.write(f"# run {run}, all hosts: " + " ".join(f"{k}={n}" for k, n in moved.items()) + "\n")
+
+
+if __name__ == "__main__":
+    main()
