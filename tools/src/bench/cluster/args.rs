@@ -93,7 +93,7 @@ pub struct ClusterArgs {
     /// leave from several CPUs (a host's rails and lcores share its one
     /// shaped link) arrives out of order, which TCP answers with spurious
     /// retransmissions. Off by default: on 64 cores (the device) `workers`
-    /// ended the reordering (12,000-16,000 retransmissions per CollNet run
+    /// ended the reordering (12,000-17,000 retransmissions per CollNet run
     /// to 4-540) without making CollNet faster, and `on` slowed it to a
     /// fraction (docs/measurements.md).
     #[arg(long, value_enum, default_value_t = Rps::Off)]
