@@ -22,10 +22,14 @@ TCP's window or timers, or no CPU for the softirq), the longest such stretch
 and when it ended, and its retransmissions, and every TCP counter of COUNTED that each run moved;
 and OUT_PREFIX-held.txt: in each such period, each socket that held
 unacknowledged bytes, with its timer (which, and when it fires), timeouts,
-rto, ato and congestion window.
+rto, ato and congestion window; where that timer is probe 0 (armed when
+nothing is in flight and the socket may not send: a zero window from the
+receiver, or its own queue below TCP full, or pacing), both ends of the
+socket as `ss -tmi` shows them (TALLY_IPROUTE's ss, else the PATH's).
 """
 import gzip
 import os
+import subprocess
 import time
 
 from stalls import clock, role, sampler_args
@@ -126,6 +130,35 @@ COUNTED = {
 }
 
 
+def ss_view(ns, local, remote):
+    """`ss -tmi` of the socket (local, remote) in namespace `ns`, on one
+    line: TALLY_IPROUTE's ss (scripts/device/pack.sh's devlib/iproute, as
+    bench cluster's ip), else the PATH's."""
+    iproute, env = os.environ.get("TALLY_IPROUTE"), dict(os.environ)
+    ss = "ss"
+    if iproute:
+        ss = f"{iproute}/sbin/ss"
+        env["LD_LIBRARY_PATH"] = f"{iproute}/lib:" + env.get("LD_LIBRARY_PATH", "")
+    try:
+        out = subprocess.run([ss, "-N", ns, "-tmin", "sport", "=", ":" + local.split(":")[1], "dport", "=", ":" + remote.split(":")[1]],
+                             capture_output=True, text=True, timeout=2, env=env).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"ss failed: {e}"
+    return " | ".join(l.strip() for l in out.splitlines()[1:] if l.strip())
+
+
+def both_ends(host, local, remote):
+    """The socket (local, remote) of `host` and its peer, as ss shows them:
+    the sender's window from the peer (snd_wnd), what it holds queued below
+    TCP (skmem t, the qdisc's and device's), and the receiver's queue,
+    buffer and window. The peer's namespace is `host`'s run's (`tlyNx`) +
+    s or w + index, from its address (198.18.0.(10+i): server i,
+    198.18.1.(10+i): worker i)."""
+    a, b = remote.split(":")[0].split(".")[2:]
+    peer = host.rsplit("x", 1)[0] + "x" + ("s" if a == "0" else "w") + str(int(b) - 10)
+    return f"#   sender {host}: {ss_view(host, local, remote)}\n#   receiver {peer}: {ss_view(peer, remote, local)}\n"
+
+
 def main():
     prefix, period, stop = sampler_args()
     roles, known, prev = {}, {}, {}
@@ -137,7 +170,7 @@ def main():
     stuck = open(prefix + "-held.txt", "w")
     stuck.write("# each period a host's uplink sent nothing while its sockets held unacknowledged bytes: those sockets\n"
                 "# utc host local remote unacked unread timer(1 retransmit/probe, 4 zero window) when_jiffies timeouts rto ato cwnd ssthresh\n")
-    stuck_lines = 0
+    stuck_lines = receiver_views = 0
     csv.write("utc,host,tx_bytes,rx_bytes,unacked,unacked_max,unread,timed_out_sockets,retrans_segs,loss_probes,timeouts\n")
     while not stop:
         time.sleep(period)
@@ -168,6 +201,11 @@ def main():
                 if stuck_lines < 20000:
                     for h in held:
                         stuck.write(f"{clock(now)} {host} " + " ".join(map(str, h)) + "\n")
+                        if h[4] == 4 and receiver_views < 200:
+                            # A probe-0 timer pending (nothing in flight, and the socket may not
+                            # send: a zero window, or its queue below TCP full): both ends' view.
+                            stuck.write(both_ends(host, h[0], h[1]))
+                            receiver_views += 1
                     stuck_lines += len(held)
                 if s[2] > s[3]:
                     s[3], s[4] = s[2], clock(now)
