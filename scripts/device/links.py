@@ -19,8 +19,8 @@ time, to match against the servers' job-end lines and the plugin's piece
 report, which give theirs) and OUT_PREFIX.txt: per host, the periods in which
 its sockets held data yet its uplink sent nothing (a stalled sender: tbf,
 TCP's window or timers, or no CPU for the softirq), the longest such stretch
-and when it ended, and its retransmissions, and every TCP counter of COUNTED that each run moved;
-and OUT_PREFIX-held.txt: in each such period, each socket that held
+and when it ended, its retransmissions, and every TCP counter of COUNTED
+that each run moved; and OUT_PREFIX-held.txt: in each such period, each socket that held
 unacknowledged bytes, with its timer (which, and when it fires), timeouts,
 rto, ato and congestion window; where that timer is probe 0 (armed when
 nothing is in flight and the socket may not send: a zero window from the
@@ -49,11 +49,19 @@ def netns_names():
     return out
 
 
+def netns_of(pid):
+    """The inode of `pid`'s network namespace; None once it has exited."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
 def hosts(roles, known):
     """Adds to `known` ({netns name: pid}) a process of each namespace that
     holds a server or a rank."""
     names = netns_names()
-    taken = {os.stat(f"/proc/{p}/ns/net").st_ino for p in known.values() if os.path.exists(f"/proc/{p}")}
+    taken = {netns_of(p) for p in known.values()}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -62,11 +70,8 @@ def hosts(roles, known):
         r = roles[pid]
         if r is None or not (r == "server" or r.startswith("rank")):
             continue
-        try:
-            ino = os.stat(f"/proc/{pid}/ns/net").st_ino
-        except OSError:
-            continue
-        if ino in taken or ino not in names:
+        ino = netns_of(pid)
+        if ino is None or ino in taken or ino not in names:
             continue
         taken.add(ino)
         known[names[ino]] = pid

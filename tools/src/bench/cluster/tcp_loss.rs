@@ -20,6 +20,13 @@
 //! found spurious (`spurious_rtos`) and the retransmissions of segments
 //! still queued in their own host (`rtx_host_queued`).
 //!
+//! Where nothing is lost, TCP still retransmits what arrives out of order
+//! (`reordered`; the receiver reports the duplicates, `dsacks`), and a
+//! receiver whose reader falls behind closes its window (`zero_windows`):
+//! a sender with nothing in flight that may not send waits for TCP's probe
+//! 0, 200 ms at least (docs/measurements.md, "What CollNet's tails at 16
+//! Gbit/s wait for").
+//!
 //! Each namespace has its own counters (`/proc/<pid>/net/snmp`, `.../netstat`
 //! and `.../dev` show those of `pid`'s namespace), read through one process
 //! that lives in it (a server, a worker): no process is started per loop.
