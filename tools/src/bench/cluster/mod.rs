@@ -230,7 +230,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                 );
             }
             let host_before = HostCpu::now();
-            run_command(&mut bed, args, rate, cmd, &servers, &ns, worker_cores.as_deref())?;
+            run_command(&mut bed, args, rate, cmd, &servers, &ns, worker_list.as_ref())?;
             let host = HostLoad::over(host_before);
             let links = loss_over(&bed, rate, before);
             if !args.json.json {

@@ -168,10 +168,9 @@ pub(super) fn run_command(
     cmd: &str,
     servers: &[String],
     ns: &dyn Fn(char, u32) -> String,
-    worker_cores: Option<&str>,
+    cores: Option<&CoreList>,
 ) -> Result<(), String> {
     let first_child = bed.children.len();
-    let cores = worker_cores.map(CoreList::parse).transpose().map_err(|e| format!("worker cores: {e}"))?;
     let tools = &bed.tools;
     let names: Vec<String> = (0..args.hosts).map(|i| ns('w', i)).collect();
     // The children started before a failure still go to the testbed, which kills them.
@@ -179,7 +178,7 @@ pub(super) fn run_command(
         scope
             .spawn(|| {
                 let mut children = Vec::new();
-                if let Some(list) = &cores {
+                if let Some(list) = cores {
                     if let Err(e) = restrict_current_thread(list) {
                         return (children, Some(e.to_string()));
                     }
