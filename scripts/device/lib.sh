@@ -30,7 +30,7 @@ session_begin() { # NAME TITLE DEFAULT_PARTS [PARTS...]
     trap 'tar -C "$OUT" -czf "$FINAL/details.tar.gz" . 2>/dev/null' EXIT
     : >"$S"
     export TALLY_LOG=warn
-    say "# tally $title on $(hostname): $(nproc) cores, $(uname -r); parts: $PARTS"
+    say "# tally $title on $(hostname): $(nproc) cores, $(uname -r), TCP $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo "?") (the emulated hosts: what their headers say); parts: $PARTS"
 }
 
 say() { echo "$@" | tee -a "$S"; }

@@ -134,8 +134,8 @@ fn workers_run_and_the_cluster_proof_dry_run() {
         return;
     }
     // Each worker also says what its namespace's TCP and veth were set to:
-    // autocorking off (the default), with --rps on every CPU steering, and
-    // with --tcp-rto-min the floor on the route to the servers.
+    // autocorking off and cubic (the defaults), with --rps on every CPU
+    // steering, and with --tcp-rto-min the floor on the route to the servers.
     let out = tally()
         .args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--timeout", "60", "--rps", "on", "--tcp-rto-min", "7"])
         .arg("--workers-run")
@@ -148,7 +148,7 @@ fn workers_run_and_the_cluster_proof_dry_run() {
     assert!(stdout.contains("rank=0 world=2 master=198.18.1.10 servers=198.18.0.10:7400,198.18.0.11:7400 me=198.18.1.10"), "{stdout}");
     assert!(stderr.contains("rank=1 world=2") && stderr.contains("me=198.18.1.11"), "{stderr}");
     assert!(stdout.contains(" autocork=0 route=["), "{stdout}");
-    assert!(stdout.contains("rto_min lock 7ms"), "{stdout}");
+    assert!(stdout.contains("rto_min lock 7ms") && stdout.contains("congctl cubic"), "{stdout}");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The kernel pads the bitmap with zeros to its own CPU count: compare values.
     let line = stdout.lines().find(|l| l.starts_with("rank=0")).unwrap_or_default();
@@ -163,6 +163,14 @@ fn workers_run_and_the_cluster_proof_dry_run() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("worker 1 exited"), "{}", String::from_utf8_lossy(&out.stderr));
+    // A congestion control this kernel lacks is refused before anything runs, naming those it has.
+    let out = tally()
+        .args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--timeout", "60", "--tcp-cc", "nosuchcc", "--workers-run", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--tcp-cc nosuchcc: this kernel would not set it") && stderr.contains("it offers: "), "{stderr}");
 
     if Command::new("python3").arg("--version").output().is_err() {
         eprintln!("skipped the cluster proof's dry run: no python3");

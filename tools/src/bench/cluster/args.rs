@@ -85,6 +85,17 @@ pub struct ClusterArgs {
     /// waits for TCP's probe 0: 200 ms at least, whatever the RTO floor.
     #[arg(long, value_parser = parse_rcvbuf, default_value = "kernel")]
     pub tcp_rcvbuf: RcvBuf,
+    /// The emulated hosts' TCP congestion control (their routes' `congctl`):
+    /// cubic, Linux's own default, unless named (bbr, reno, any this kernel
+    /// offers), or `kernel` for this machine's net.ipv4.tcp_congestion_control
+    /// (new namespaces inherit it). Not the machine's by default: a machine
+    /// set to bbr (BBR v1, which then paces every socket itself) made the
+    /// figures BBR's. On the device's emulated links its sockets were seen
+    /// holding a megabyte unsent for 100-240 ms, window open and nothing in
+    /// flight, waiting on their pacing, and real NCCL's slowest all-reduces
+    /// took 2-4 times the median (docs/measurements.md).
+    #[arg(long, value_parser = parse_tcp_cc, default_value = "cubic")]
+    pub tcp_cc: TcpCc,
     /// Receive packet steering on every veth of the emulated network: off,
     /// on (every CPU in the mask) or workers (the workers' cores, off the
     /// servers' busy-polling lcores; every CPU where they share). With it a
@@ -151,6 +162,7 @@ impl ClusterArgs {
             tcp_autocork: OnOff::Off,
             tcp_rto_min: RtoMin::Kernel,
             tcp_rcvbuf: RcvBuf::Kernel,
+            tcp_cc: TcpCc::Named("cubic".into()),
             rps: Rps::Off,
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
             timeout: 300,
@@ -276,6 +288,49 @@ pub fn parse_rcvbuf(s: &str) -> Result<RcvBuf, String> {
     }
 }
 
+/// `--tcp-cc`: this machine's congestion control, or one by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TcpCc {
+    Kernel,
+    Named(String),
+}
+
+impl TcpCc {
+    /// The name to write into each host's namespace; None for the machine's.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            TcpCc::Kernel => None,
+            TcpCc::Named(n) => Some(n),
+        }
+    }
+
+    /// As the headers say it: the machine's named, where it is read.
+    pub fn text(&self) -> String {
+        match self {
+            TcpCc::Named(n) => n.clone(),
+            TcpCc::Kernel => match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
+                Ok(n) => format!("{} (this machine's)", n.trim()),
+                Err(_) => "this machine's".into(),
+            },
+        }
+    }
+}
+
+/// `kernel`, or a congestion control's name as the kernel spells them
+/// (lower case, digits and `_`, at most 15 characters); whether this kernel
+/// offers it is checked where the hosts are made.
+pub fn parse_tcp_cc(s: &str) -> Result<TcpCc, String> {
+    if s == "kernel" {
+        return Ok(TcpCc::Kernel);
+    }
+    let valid = (1..16).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if valid {
+        Ok(TcpCc::Named(s.into()))
+    } else {
+        Err(format!("{s:?} is not `kernel` or a congestion control's name (e.g. cubic, bbr, reno)"))
+    }
+}
+
 /// `kernel`, or milliseconds from 1 to 200 (above the kernel's floor a
 /// route's is not what users lower it for).
 pub fn parse_rto_min(s: &str) -> Result<RtoMin, String> {
@@ -323,7 +378,7 @@ pub fn loops_at(args: &ClusterArgs, rate: f64) -> LoopArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::{cores_mask, cpu_mask, parse_rcvbuf, parse_rto_min, RcvBuf, RtoMin};
+    use super::{cores_mask, cpu_mask, parse_rcvbuf, parse_rto_min, parse_tcp_cc, RcvBuf, RtoMin, TcpCc};
 
     #[test]
     fn cpu_masks_are_grouped_by_32() {
@@ -354,5 +409,18 @@ mod tests {
         assert_eq!(parse_rcvbuf("4M").map(RcvBuf::tcp_rmem), Ok(Some("4096 4194304 6291456".into())));
         assert_eq!(parse_rcvbuf("16M").map(RcvBuf::tcp_rmem), Ok(Some("4096 16777216 16777216".into())));
         assert!(parse_rcvbuf("1").is_err() && parse_rcvbuf("lots").is_err() && parse_rcvbuf("2G").is_err());
+    }
+
+    #[test]
+    fn congestion_controls_are_kernel_or_a_name() {
+        assert_eq!(parse_tcp_cc("kernel"), Ok(TcpCc::Kernel));
+        assert_eq!(TcpCc::Kernel.name(), None);
+        assert_eq!(parse_tcp_cc("bbr").as_ref().map(|c| c.name()), Ok(Some("bbr")));
+        assert_eq!(parse_tcp_cc("dctcp").map(|c| c.text()), Ok("dctcp".into()));
+        // Not a name: it would reach a shell in the host's namespace.
+        for bad in ["", "Cubic", "bbr; reboot", "a_name_too_long_", "cubic\n"] {
+            assert!(parse_tcp_cc(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(super::ClusterArgs::demo(None).tcp_cc, TcpCc::Named("cubic".into()));
     }
 }

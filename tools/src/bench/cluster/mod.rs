@@ -140,6 +140,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         autocork: args.tcp_autocork,
         rto_min: args.tcp_rto_min,
         tcp_rmem: args.tcp_rcvbuf.tcp_rmem(),
+        congestion: args.tcp_cc.name(),
         rps: rps_mask.as_deref(),
     };
     build_network(&bed.tools, &sw, &hosts, &ns, &net)?;
@@ -221,12 +222,13 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             let before = loss_before(&bed);
             if !args.json.json {
                 println!(
-                    "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (RPS {}, RTO floor {}, receive buffers {}); placement: {placement}; running in each worker: {cmd}",
+                    "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (RPS {}, RTO floor {}, receive buffers {}, congestion control {}); placement: {placement}; running in each worker: {cmd}",
                     args.hosts,
                     args.hosts,
                     args.rps.text(),
                     args.tcp_rto_min.text(),
-                    args.tcp_rcvbuf.text()
+                    args.tcp_rcvbuf.text(),
+                    args.tcp_cc.text()
                 );
             }
             let host_before = HostCpu::now();

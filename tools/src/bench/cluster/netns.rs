@@ -1,8 +1,9 @@
 //! The testbed's network: a namespace per host and one for the switch (a
-//! bridge), a veth link from each host to it, each host's TCP autocorking
-//! and retransmission timeout floor and receive buffers and, where asked,
-//! receive packet steering on every veth (`--tcp-autocork`, `--tcp-rto-min`,
-//! `--tcp-rcvbuf`, `--rps`), and the `ip` and `tc` that make them. `Testbed` removes what a
+//! bridge), a veth link from each host to it, each host's TCP autocorking,
+//! retransmission timeout floor, receive buffers and congestion control
+//! and, where asked, receive packet steering on every veth
+//! (`--tcp-autocork`, `--tcp-rto-min`, `--tcp-rcvbuf`, `--tcp-cc`, `--rps`),
+//! and the `ip` and `tc` that make them. `Testbed` removes what a
 //! run made when it is dropped; `sweep_stale` what a killed run left.
 use super::args::{OnOff, RtoMin};
 use std::path::{Path, PathBuf};
@@ -209,6 +210,9 @@ pub(super) struct HostNet<'a> {
     pub rto_min: RtoMin,
     /// net.ipv4.tcp_rmem of every host, where it is not the kernel's.
     pub tcp_rmem: Option<String>,
+    /// The congestion control of every host's route, where it is not the
+    /// machine's (which a new namespace inherits).
+    pub congestion: Option<&'a str>,
     /// The rps_cpus mask of every veth, where steering is on.
     pub rps: Option<&'a str>,
 }
@@ -237,12 +241,28 @@ pub(super) fn build_network(
         tools.ip(&["-n", &name, "addr", "add", &format!("{}/16", addr(k, i)), "dev", "eth0"])?;
         tools.ip(&["-n", &name, "link", "set", "eth0", "up"])?;
         tools.ip(&["-n", &name, "link", "set", "lo", "up"])?;
-        if let Some(rto) = net.rto_min.route_arg() {
-            // The connected route, as `addr add` made it, with the floor.
+        let rto = net.rto_min.route_arg();
+        if rto.is_some() || net.congestion.is_some() {
+            // The connected route, as `addr add` made it, with the floor and
+            // the congestion control. The route's, not the namespace's
+            // net.ipv4.tcp_congestion_control: outside the first namespace
+            // that takes only what tcp_allowed_congestion_control lists (on
+            // a machine set to bbr: reno and bbr).
             let src = addr(k, i);
-            tools.ip(&[
-                "-n", &name, "route", "replace", SUBNET, "dev", "eth0", "proto", "kernel", "scope", "link", "src", &src, "rto_min", &rto,
-            ])?;
+            let mut args = vec!["-n", &name, "route", "replace", SUBNET, "dev", "eth0", "proto", "kernel", "scope", "link", "src", &src];
+            if let Some(rto) = &rto {
+                args.extend(["rto_min", rto]);
+            }
+            if let Some(cc) = net.congestion {
+                args.extend(["congctl", cc]);
+            }
+            tools.ip(&args).map_err(|e| match net.congestion {
+                Some(cc) => {
+                    let offered = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+                    format!("--tcp-cc {cc}: this kernel would not set it ({e}); it offers: {}", offered.trim())
+                }
+                None => e,
+            })?;
         }
         tools.write_in(&name, "/proc/sys/net/ipv4/tcp_autocorking", net.autocork.sysctl())?;
         if let Some(rmem) = &net.tcp_rmem {

@@ -146,13 +146,14 @@ fn rates_text(rates: &[f64]) -> String {
 pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores: Option<&str>) {
     let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
     println!(
-        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}, TCP autocorking {}, RTO floor {}, receive buffers {}, RPS {}), {}",
+        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}, TCP autocorking {}, RTO floor {}, receive buffers {}, congestion control {}, RPS {}), {}",
         args.hosts,
         args.hosts,
         args.mtu,
         args.tcp_autocork.text(),
         args.tcp_rto_min.text(),
         args.tcp_rcvbuf.text(),
+        args.tcp_cc.text(),
         args.rps.text(),
         provider_text(&args.provider)
     );

@@ -285,12 +285,7 @@ pub(super) fn check_thp(h: &HostFacts) -> Check {
 /// (AWS's Graviton performance runbook recommends it off for servers whose
 /// latency matters).
 pub(super) fn check_autocork(t: &Target, h: &HostFacts) -> Option<Check> {
-    let efa = h.providers.iter().any(|(p, ok)| p == "efa" && *ok);
-    let tcp = match t.provider() {
-        Some(p) => p.starts_with("tcp"),
-        None => !efa,
-    };
-    if !tcp {
+    if !jobs_may_use_tcp(t, h) {
         return None;
     }
     Some(match h.tcp_autocorking {
@@ -304,6 +299,40 @@ pub(super) fn check_autocork(t: &Target, h: &HostFacts) -> Option<Check> {
             None,
         ),
         None => row("TCP autocork", Status::Info, "net.ipv4.tcp_autocorking unreadable", None),
+    })
+}
+
+/// The provider set to tcp, or chosen at start on a host without EFA.
+fn jobs_may_use_tcp(t: &Target, h: &HostFacts) -> bool {
+    let efa = h.providers.iter().any(|(p, ok)| p == "efa" && *ok);
+    match t.provider() {
+        Some(p) => p.starts_with("tcp"),
+        None => !efa,
+    }
+}
+
+/// TCP's congestion control, where the job traffic may go over tcp. BBR is
+/// a note with what it was measured to cost, not a warning, for the reason
+/// autocorking is: measured over veths (the emulated cluster,
+/// docs/measurements.md "BBR's pacing"), not yet on a real NIC.
+pub(super) fn check_congestion_control(t: &Target, h: &HostFacts) -> Option<Check> {
+    const NAME: &str = "TCP congestion control";
+    if !jobs_may_use_tcp(t, h) {
+        return None;
+    }
+    Some(match h.tcp_congestion_control.as_deref() {
+        Some("bbr") => row(
+            NAME,
+            Status::Info,
+            "bbr: paces each socket itself; on emulated links carrying all-reduces its sockets were caught holding a \
+             megabyte unsent for 100-240 ms with the window open and nothing in flight, and real NCCL's slowest \
+             all-reduces took 2-4 times the median where cubic's took 1.1-1.2 (NCCL's ring was slower too). If a job's \
+             rounds (the server's job-end line) have such tails, try: sysctl -w net.ipv4.tcp_congestion_control=cubic",
+            None,
+        ),
+        Some(cc @ "cubic") => row(NAME, Status::Pass, format!("{cc}: what tally's emulated cluster runs"), None),
+        Some(cc) => row(NAME, Status::Info, format!("{cc}: not measured with tally (its emulated cluster runs cubic)"), None),
+        None => row(NAME, Status::Info, "net.ipv4.tcp_congestion_control unreadable", None),
     })
 }
 
@@ -393,6 +422,7 @@ pub fn evaluate(t: &Target, h: &HostFacts) -> Vec<Check> {
     out.push(check_governor(h));
     out.push(check_thp(h));
     out.extend(check_autocork(t, h));
+    out.extend(check_congestion_control(t, h));
     out.push(check_memlock(t, h));
     out.push(check_irqs(t, h));
     out

@@ -53,6 +53,8 @@ pub struct HostFacts {
     pub allowed: Vec<usize>,
     /// net.ipv4.tcp_autocorking of this network namespace (`None`: unreadable).
     pub tcp_autocorking: Option<bool>,
+    /// net.ipv4.tcp_congestion_control of this network namespace (`None`: unreadable).
+    pub tcp_congestion_control: Option<String>,
 }
 
 /// Parse a sysfs/cmdline CPU list ("2-5,8"); an empty string is no CPUs.
@@ -196,5 +198,6 @@ pub fn gather(lcores: &CoreList) -> HostFacts {
         nic_irqs,
         allowed: cpuset::allowed().map(|c| c.as_slice().to_vec()).unwrap_or_default(),
         tcp_autocorking: std::fs::read_to_string("/proc/sys/net/ipv4/tcp_autocorking").ok().map(|v| v.trim() != "0"),
+        tcp_congestion_control: read_trim("/proc/sys/net/ipv4/tcp_congestion_control"),
     }
 }

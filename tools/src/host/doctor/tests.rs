@@ -190,3 +190,19 @@ fn autocorking_is_a_note_where_jobs_go_over_tcp() {
     assert!(evaluate(&target(""), &efa).iter().all(|c| c.name != "TCP autocork"));
     assert!(evaluate(&target("provider = \"shm\"\n"), &on).iter().all(|c| c.name != "TCP autocork"));
 }
+
+#[test]
+fn bbr_is_a_note_where_jobs_go_over_tcp() {
+    const ROW: &str = "TCP congestion control";
+    let bbr = HostFacts { tcp_congestion_control: Some("bbr".into()), ..dev_host() };
+    let c = evaluate(&target(""), &bbr);
+    assert_eq!(status(&c, ROW), Status::Info);
+    assert!(detail(&c, ROW).contains("sysctl -w net.ipv4.tcp_congestion_control=cubic"), "{c:#?}");
+    let cubic = HostFacts { tcp_congestion_control: Some("cubic".into()), ..dev_host() };
+    assert_eq!(status(&evaluate(&target("provider = \"tcp\"\n"), &cubic), ROW), Status::Pass);
+    let other = HostFacts { tcp_congestion_control: Some("dctcp".into()), ..dev_host() };
+    assert!(detail(&evaluate(&target(""), &other), ROW).starts_with("dctcp: not measured"));
+    // Over EFA it says nothing: no job byte goes through TCP.
+    let efa = HostFacts { tcp_congestion_control: Some("bbr".into()), ..efa_host() };
+    assert!(evaluate(&target(C7GN), &efa).iter().all(|c| c.name != ROW));
+}
