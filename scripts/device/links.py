@@ -29,6 +29,7 @@ socket as `ss -tmi` shows them (TALLY_IPROUTE's ss, else the PATH's).
 """
 import gzip
 import os
+import re
 import subprocess
 import time
 
@@ -152,6 +153,40 @@ def ss_view(ns, local, remote):
     return " | ".join(l.strip() for l in out.splitlines()[1:] if l.strip())
 
 
+def sender_facts(view):
+    """What holds a socket with probe 0 pending, from the sender's `ss -tmi`
+    line: its congestion control, the peer's window (snd_wnd: 0 is a closed
+    window), its bytes below TCP (skmem t: TCP small queues), in flight
+    (unacked), written and not sent (notsent), ms since it last sent, and
+    its pacing rate in Gbit/s. None where ss failed."""
+    f = {}
+    m = re.search(r"skmem:\(r\d+,rb\d+,t(\d+)", view)
+    if not m:
+        return None
+    f["below"] = int(m.group(1))
+    m = re.search(r"\) (\w+) wscale", view)
+    f["cc"] = m.group(1) if m else "?"
+    for key in ("snd_wnd", "unacked", "notsent", "lastsnd"):
+        m = re.search(rf"\b{key}:(\d+)", view)
+        f[key] = int(m.group(1)) if m else 0
+    m = re.search(r"pacing_rate (\d+)bps", view)
+    f["pacing"] = int(m.group(1)) / 1e9 if m else None
+    return f
+
+
+def probe0_line(facts):
+    """One line for a run's sockets caught with probe 0 pending: how many
+    had each of the causes Linux arms it for ruled out."""
+    n = len(facts)
+    span = lambda k: f"{min(x[k] for x in facts)}-{max(x[k] for x in facts)}"
+    ccs = sorted({x["cc"] for x in facts})
+    paced = [x["pacing"] for x in facts if x["pacing"] is not None]
+    return (f"{n} sockets (ss, both ends): congestion control {'/'.join(ccs)}; window open {sum(x['snd_wnd'] > 0 for x in facts)}, "
+            f"nothing below TCP {sum(x['below'] == 0 for x in facts)}, nothing in flight {sum(x['unacked'] == 0 for x in facts)}; "
+            f"unsent {span('notsent')} B, last sent {span('lastsnd')} ms before"
+            + (f", pacing {min(paced):.1f}-{max(paced):.1f} Gbit/s" if paced else ""))
+
+
 def both_ends(host, local, remote):
     """The socket (local, remote) of `host` and its peer, as ss shows them:
     the sender's window from the peer (snd_wnd), what it holds queued below
@@ -161,7 +196,8 @@ def both_ends(host, local, remote):
     198.18.1.(10+i): worker i)."""
     a, b = remote.split(":")[0].split(".")[2:]
     peer = host.rsplit("x", 1)[0] + "x" + ("s" if a == "0" else "w") + str(int(b) - 10)
-    return f"#   sender {host}: {ss_view(host, local, remote)}\n#   receiver {peer}: {ss_view(peer, remote, local)}\n"
+    sender = ss_view(host, local, remote)
+    return f"#   sender {host}: {sender}\n#   receiver {peer}: {ss_view(peer, remote, local)}\n", sender_facts(sender)
 
 
 def main():
@@ -174,8 +210,9 @@ def main():
     csv = gzip.open(prefix + ".csv.gz", "wt")
     stuck = open(prefix + "-held.txt", "w")
     stuck.write("# each period a host's uplink sent nothing while its sockets held unacknowledged bytes: those sockets\n"
-                "# utc host local remote unacked unread timer(1 retransmit/probe, 4 zero window) when_jiffies timeouts rto ato cwnd ssthresh\n")
+                "# utc host local remote unacked unread timer(1 retransmit/loss probe, 4 probe 0) when(1/100 s) timeouts rto ato cwnd ssthresh\n")
     stuck_lines = receiver_views = 0
+    probed = {}  # (host, local, remote): the sender's facts, the first time ss read it held
     csv.write("utc,host,tx_bytes,rx_bytes,unacked,unacked_max,unread,timed_out_sockets,retrans_segs,loss_probes,timeouts\n")
     while not stop:
         time.sleep(period)
@@ -208,9 +245,13 @@ def main():
                         stuck.write(f"{clock(now)} {host} " + " ".join(map(str, h)) + "\n")
                         if h[4] == 4 and receiver_views < 200:
                             # A probe-0 timer pending (nothing in flight, and the socket may not
-                            # send: a zero window, or its queue below TCP full): both ends' view.
-                            stuck.write(both_ends(host, h[0], h[1]))
+                            # send: a zero window, its queue below TCP full, or its pacing): both
+                            # ends' view, and the sender's facts once per socket for the run's line.
+                            text, facts = both_ends(host, h[0], h[1])
+                            stuck.write(text)
                             receiver_views += 1
+                            if facts and (host, h[0], h[1]) not in probed:
+                                probed[(host, h[0], h[1])] = facts
                     stuck_lines += len(held)
                 if s[2] > s[3]:
                     s[3], s[4] = s[2], clock(now)
@@ -238,6 +279,10 @@ def main():
                 run[k] = run.get(k, 0) + n
         for run, moved in runs.items():
             f.write(f"# run {run}, all hosts: " + " ".join(f"{k}={n}" for k, n in moved.items()) + "\n")
+        for run in runs:
+            facts = [x for (host, _, _), x in probed.items() if host.rsplit("x", 1)[0] == run]
+            if facts:
+                f.write(f"# run {run}, probe 0 pending: {probe0_line(facts)}\n")
 
 
 if __name__ == "__main__":
