@@ -296,7 +296,7 @@ pub enum TcpCc {
 }
 
 impl TcpCc {
-    /// The name to write into each host's namespace; None for the machine's.
+    /// The name to set on each host's route; None for the machine's.
     pub fn name(&self) -> Option<&str> {
         match self {
             TcpCc::Kernel => None,
