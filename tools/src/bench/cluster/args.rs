@@ -80,9 +80,10 @@ pub struct ClusterArgs {
     /// The emulated hosts' initial TCP receive buffer (the middle value of
     /// net.ipv4.tcp_rmem, e.g. 4M; the most it may grow to is raised to
     /// match), or `kernel` for the kernel's (128 KiB, growing to 6 MiB). A
-    /// receiver whose buffer fills closes its window; should the update
-    /// that opens it not reach the sender, the sender, nothing in flight,
-    /// waits for TCP's probe 0: 200 ms at least, whatever the RTO floor.
+    /// receiver whose buffer fills closes its window (the loss line counts
+    /// how often); 8M closed none where the kernel's closed hundreds. The
+    /// 200 ms waits seen under real NCCL were not closed windows but BBR's
+    /// pacing (`--tcp-cc`).
     #[arg(long, value_parser = parse_rcvbuf, default_value = "kernel")]
     pub tcp_rcvbuf: RcvBuf,
     /// The emulated hosts' TCP congestion control (their routes' `congctl`):

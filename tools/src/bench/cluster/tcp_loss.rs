@@ -24,8 +24,9 @@
 //! (`reordered`; the receiver reports the duplicates, `dsacks`), and a
 //! receiver whose reader falls behind closes its window (`zero_windows`):
 //! a sender with nothing in flight that may not send waits for TCP's probe
-//! 0, 200 ms at least (docs/measurements.md, "What CollNet's tails at 16
-//! Gbit/s wait for").
+//! 0, 200 ms at least. (The senders caught so on the emulated links had
+//! their windows open and were held by BBR's pacing: docs/measurements.md,
+//! "BBR's pacing held the sockets".)
 //!
 //! Each namespace has its own counters (`/proc/<pid>/net/snmp`, `.../netstat`
 //! and `.../dev` show those of `pid`'s namespace), read through one process
