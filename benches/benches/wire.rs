@@ -1,6 +1,7 @@
 //! The wire path of `engine/src/wire.rs`: a client encoding its handshake
-//! (`Hello`), the server validating one the way its control plane does
-//! (header, token, every field), the same for malformed handshakes (the
+//! (`Hello`, answered to the server's challenge: its HMAC proof of the
+//! token), the server validating one the way its control plane does
+//! (header, every field, the proof), the same for malformed handshakes (the
 //! error path, up to the `Reject` the server would send), and packing and
 //! unpacking dataplane tags (`job | slot | seq`).
 //!
@@ -14,7 +15,10 @@ use divan::counter::ItemsCount;
 use divan::{black_box, Bencher};
 use std::fmt;
 use tally_engine::reduce::{DataType, ReduceOp};
-use tally_engine::wire::{read, token_eq, Header, Hello, JobSpec, Kind, Limits, Reject, RejectCode, Tag, WireError, TOKEN_BYTES};
+use tally_engine::wire::{
+    read, Challenge, Header, Hello, HelloMessage, JobSecret, JobSpec, Kind, Limits, Reject, RejectCode, Tag, WireError, NONCE_BYTES,
+    TOKEN_BYTES,
+};
 
 fn main() {
     divan::main();
@@ -40,6 +44,9 @@ const SPEC: JobSpec = JobSpec {
 /// What the server accepts (its defaults' order of magnitude).
 const LIMITS: Limits = Limits { max_ranks: 1024, max_window: 64, max_chunk_bytes: 4 << 20, lcores: 4 };
 const TOKEN: [u8; TOKEN_BYTES] = *b"0123456789abcdef0123456789abcdef";
+/// The server's challenge on the connection, and the job's secret.
+const NONCE: [u8; NONCE_BYTES] = [0x5c; NONCE_BYTES];
+const SECRET: JobSecret = [0xa7; 32];
 /// An endpoint name of the length shm's are.
 const NAME: &[u8] = b"fi_shm://4242:1000:7:0";
 
@@ -49,13 +56,20 @@ fn encoded(hello: &Hello) -> [u8; HELLO_BYTES] {
     out
 }
 
+/// A Hello answered to the challenge with `token`.
+fn answered(spec: &JobSpec, rank: u32, token: &[u8; TOKEN_BYTES]) -> Hello {
+    let mut m = HelloMessage::new(spec, rank, &SECRET, &[NAME]).expect("the name fits");
+    m.answer(&Challenge::new(NONCE, true), token);
+    m.hello
+}
+
 fn good_hello() -> Hello {
-    Hello::new(&SPEC, 3, &TOKEN, NAME).expect("the name fits")
+    answered(&SPEC, 3, &TOKEN)
 }
 
 /// What the server's control plane does with the bytes of a handshake
-/// (`control.rs`): header first (magic, version, kind), then the whole
-/// Hello, the token in constant time, every field. A refusal is the
+/// (`control/conn/read.rs`): header first (magic, version, kind), then the
+/// whole Hello's fields, then its proof of the token for the challenge. A refusal is the
 /// `Reject` it would send (here with fixed texts: the server formats the
 /// wire error's text, an allocation this measures without).
 fn validate(bytes: &[u8], token: &[u8; TOKEN_BYTES]) -> Result<JobSpec, Reject> {
@@ -69,17 +83,17 @@ fn validate(bytes: &[u8], token: &[u8; TOKEN_BYTES]) -> Result<JobSpec, Reject> 
         Err(_) => return Err(refuse("kind", "unknown message kind")),
     }
     let hello: Hello = read(bytes).map_err(|_| refuse("", "message too short"))?;
-    if !token_eq(token, &hello.token) {
+    let spec = hello.check(&LIMITS).map_err(|e| refuse(e.field, e.reason))?;
+    if !Hello::proves(bytes, token, &NONCE) {
         return Err(Reject::new(RejectCode::Unauthorized, "token", "wrong or missing token"));
     }
-    hello.check(&LIMITS).map_err(|e| refuse(e.field, e.reason))
+    Ok(spec)
 }
 
-/// Encodes a Hello into its 336 wire bytes.
+/// Encodes a Hello into its 368 wire bytes.
 #[divan::bench]
 fn hello_encode() -> [u8; HELLO_BYTES] {
-    let hello = Hello::new(black_box(&SPEC), black_box(3), black_box(&TOKEN), black_box(NAME)).expect("the name fits");
-    encoded(&hello)
+    encoded(&answered(black_box(&SPEC), black_box(3), black_box(&TOKEN)))
 }
 
 /// Validates a good Hello's bytes into its `JobSpec`.
@@ -93,7 +107,7 @@ fn hello_validate(bencher: Bencher) {
 /// Both: encode, then validate what was encoded.
 #[divan::bench]
 fn hello_round_trip() -> Result<JobSpec, Reject> {
-    let hello = Hello::new(black_box(&SPEC), black_box(3), black_box(&TOKEN), black_box(NAME)).expect("the name fits");
+    let hello = answered(black_box(&SPEC), black_box(3), black_box(&TOKEN));
     validate(&encoded(&hello), black_box(&TOKEN))
 }
 
@@ -104,7 +118,7 @@ enum Malformed {
     Short,
     /// Not a tally peer at all (an HTTP request): refused at the header.
     Foreign,
-    /// A good Hello with another job's token.
+    /// A good Hello proving another token: refused last, at the proof.
     WrongToken,
     /// `window` = 0: refused in the middle of the field checks.
     BadWindow,
@@ -126,7 +140,7 @@ impl Malformed {
                 b[..request.len()].copy_from_slice(request);
                 return (b, "magic");
             }
-            Malformed::WrongToken => hello.token[31] ^= 1,
+            Malformed::WrongToken => hello = answered(&SPEC, 3, &[0x42; TOKEN_BYTES]),
             Malformed::BadWindow => hello.window = 0,
             Malformed::BadPadding => hello._pad1 = 1,
         }

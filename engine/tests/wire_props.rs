@@ -31,8 +31,8 @@ use bytemuck::Zeroable;
 use tally_engine::host::config::ServerFile;
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::wire::{
-    self, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, WireError, MAX_LANES, MAX_RANKS,
-    MAX_SEAL_SHIFT, MAX_WINDOW, NAME_BYTES,
+    self, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, WireError, MAX_LANES,
+    MAX_MIN_PIECE, MAX_RANKS, MAX_SEAL_SHIFT, MAX_WINDOW, NAME_BYTES,
 };
 
 /// xorshift64* (Vigna): small, fast, good enough to drive a fuzzer.
@@ -113,7 +113,7 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         split: (4..=64).contains(&nranks) && rng.below(2) == 1,
         seal_shift: if rng.chance(2) { rng.below(41) as u8 } else { 0 },
         interleave: rng.chance(2),
-        min_piece: if rng.chance(2) { rng.next() as u32 } else { 0 },
+        min_piece: if rng.chance(2) { rng.below(MAX_MIN_PIECE as u64 + 1) as u32 } else { 0 },
     };
     let name = rng.some_bytes(1, NAME_BYTES as u64);
     let h = Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");
@@ -127,7 +127,7 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
         Ok(h) => h,
         Err(e) => {
             assert!(bytes.len() < core::mem::size_of::<Hello>(), "read refused {} bytes: {e}", bytes.len());
-            assert_eq!(e, WireError::Short { need: 336, got: bytes.len() });
+            assert_eq!(e, WireError::Short { need: 368, got: bytes.len() });
             let _ = e.to_string();
             return false;
         }
@@ -157,7 +157,7 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
     assert!((h.lanes as usize) < MAX_LANES, "{}", ctx());
     assert_eq!((h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE)), (0, 0), "{}", ctx());
-    assert_eq!(spec.min_piece, h.min_piece, "{}", ctx());
+    assert!(spec.min_piece == h.min_piece && spec.min_piece <= MAX_MIN_PIECE, "{}", ctx());
     assert!(h.seal_shift <= MAX_SEAL_SHIFT && spec.seal_shift == h.seal_shift, "{}", ctx());
     assert_eq!(spec.relay, h.flags & Hello::RELAY != 0, "{}", ctx());
     assert!(!spec.relay || spec.nranks == 2, "{}", ctx());
@@ -321,7 +321,7 @@ fn random_bytes_never_panic_and_accepted_hellos_hold_every_invariant() {
     for i in 0..ITERS {
         let len = match rng.below(4) {
             0 => rng.below(16) as usize,
-            1 => 336,
+            1 => 368,
             _ => rng.below(400) as usize,
         };
         let mut bytes = rng.bytes(len);

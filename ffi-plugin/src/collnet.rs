@@ -11,8 +11,10 @@
 //! carries on without CollNet.
 //!
 //! `connect` is collective: NCCL gives every rank every rank's listen handle.
-//! Each `listen` draws a random job id; all ranks take rank 0's, so they
-//! meet in the same server job. `connect` then joins the job for f32 sum (the
+//! Each `listen` draws a random job id and a job secret from the kernel's
+//! random source; all ranks take rank 0's, so they meet in the same server
+//! job, and hold the secret no one outside the communicator has (the
+//! servers hold every rank, and any rejoin, to it: `wire::auth`). `connect` then joins the job for f32 sum (the
 //! common case) on every server, which proves the servers reachable and the
 //! token accepted before NCCL commits to CollNet; a failing connect makes
 //! NCCL fall back to its other algorithms. Other (type, op) pairs join their
@@ -28,28 +30,33 @@ use crate::abi::NCCL_NET_HANDLE_MAXSIZE;
 use crate::device::Devices;
 use crate::error::{Error, Result};
 use crate::log;
-use crate::net::random_u64;
 use std::sync::Mutex;
 use std::time::Duration;
-use tally_engine::client::{Client, ClientConfig, ClientError, Request as ClientRequest, MAX_OPS};
+use tally_engine::client::{servers, Client, ClientConfig, ClientError, Request as ClientRequest, MAX_OPS};
 use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::wire::{JobSecret, JOB_SECRET_BYTES};
 
 pub type Handle = [u8; NCCL_NET_HANDLE_MAXSIZE];
 const HANDLE_MAGIC: [u8; 4] = *b"TLYC";
-const PROTO_VERSION: u8 = 1;
+/// 2: the job's secret follows the job id.
+const PROTO_VERSION: u8 = 2;
+/// Where the handle holds the job's secret.
+const SECRET_AT: usize = 16;
 
 /// All-reduces one comm may have in flight (the client's own limit).
 pub const MAX_REQUESTS: usize = MAX_OPS;
 
-/// The servers to use, from `TALLY_SERVERS` (comma or space separated).
-pub fn servers_from_env() -> Vec<String> {
-    std::env::var("TALLY_SERVERS")
-        .unwrap_or_default()
-        .split([',', ' '])
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
+/// The servers to use, from `TALLY_SERVERS` (comma or space separated);
+/// empty where it is unset. A server listed twice, or more than
+/// `servers::MAX_SERVERS`, is refused (`tally_engine::client::servers`
+/// says why a duplicate is not dropped instead).
+pub fn servers_from_env() -> Result<Vec<String>> {
+    servers_from(&std::env::var("TALLY_SERVERS").unwrap_or_default())
+}
+
+/// [`servers_from_env`] of `list`.
+fn servers_from(list: &str) -> Result<Vec<String>> {
+    servers::parse(list).map_err(|e| Error::InvalidUsage(format!("TALLY_SERVERS: {e}")))
 }
 
 /// Whether the servers reduce `dtype` with `op` (NCCL codes): every NCCL type
@@ -67,7 +74,8 @@ pub struct CollCtx {
 /// CollNet devices: one, riding on net device 0, when servers are configured.
 pub fn device_count(devices: Option<&Devices>) -> usize {
     match devices {
-        Some(d) if !d.list.is_empty() && !servers_from_env().is_empty() => 1,
+        // A refused list offers no device either (`coll_init` said why).
+        Some(d) if !d.list.is_empty() && servers_from_env().is_ok_and(|s| !s.is_empty()) => 1,
         _ => 0,
     }
 }
@@ -94,19 +102,24 @@ pub fn listen(ctx: &CollCtx, dev: i32) -> Result<(Box<CollListen>, Handle)> {
         return Err(Error::arg(format!("CollNet device {dev} does not exist (1 device)")));
     }
     // Never 0, which the server may treat as "no job".
-    let job_id = random_u64() | 1;
+    let random = |e: std::io::Error| Error::System(format!("CollNet listen: {e}"));
+    let job_id = u64::from_le_bytes(tally_engine::host::random::bytes().map_err(random)?) | 1;
+    let secret: JobSecret = tally_engine::host::random::bytes().map_err(random)?;
     let mut h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
     h[0..4].copy_from_slice(&HANDLE_MAGIC);
     h[4] = PROTO_VERSION;
     h[8..16].copy_from_slice(&job_id.to_le_bytes());
+    h[SECRET_AT..SECRET_AT + JOB_SECRET_BYTES].copy_from_slice(&secret);
     Ok((Box::new(CollListen { job_id, servers: ctx.servers.clone() }), h))
 }
 
-fn job_of(h: &Handle) -> Result<u64> {
+/// The job id and secret a handle carries.
+fn job_of(h: &Handle) -> Result<(u64, JobSecret)> {
     if h[0..4] != HANDLE_MAGIC || h[4] != PROTO_VERSION {
         return Err(Error::InvalidUsage("a handle is not a tally CollNet handle of this version".into()));
     }
-    Ok(u64::from_le_bytes(h[8..16].try_into().expect("8 bytes")))
+    let secret: JobSecret = h[SECRET_AT..SECRET_AT + JOB_SECRET_BYTES].try_into().expect("32 bytes");
+    Ok((u64::from_le_bytes(h[8..16].try_into().expect("8 bytes")), secret))
 }
 
 impl CollListen {
@@ -163,11 +176,9 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
     for h in handles {
         job_of(h)?;
     }
-    let job_id = job_of(&handles[0])?;
-    if handles.is_empty() {
-        return Err(Error::arg("no handles"));
-    }
+    let (job_id, secret) = job_of(&handles[0])?;
     let mut cfg = ClientConfig::new(listen.servers.clone(), job_id, rank, nranks as u32);
+    cfg.job_secret = secret;
     if let Some(t) = std::env::var("TALLY_TIMEOUT_S").ok().and_then(|s| s.trim().parse::<u64>().ok()).filter(|&t| t > 0) {
         cfg.timeout = Duration::from_secs(t);
     }
@@ -366,5 +377,21 @@ impl CollComm {
         }
         drop(st.client);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_servers_are_taken_in_order_and_a_repeat_is_refused() {
+        assert_eq!(servers_from(" 10.0.0.2:7400,10.0.0.1:7400 ").unwrap(), ["10.0.0.2:7400", "10.0.0.1:7400"]);
+        assert_eq!(servers_from("").unwrap(), Vec::<String>::new());
+        let e = servers_from("10.0.0.1:7400, 10.0.0.1:7400").unwrap_err();
+        assert!(matches!(&e, Error::InvalidUsage(m) if m.starts_with("TALLY_SERVERS: server 10.0.0.1:7400 is listed twice")), "{e}");
+        // A thousand copies of one server made a thousand joins of one job.
+        let e = servers_from(&vec!["127.0.0.1:7400"; 1000].join(",")).unwrap_err();
+        assert!(e.to_string().contains(&format!("1000 servers given, at most {}", servers::MAX_SERVERS)), "{e}");
     }
 }

@@ -422,7 +422,7 @@ pub unsafe extern "C" fn coll_init(ctx: *mut *mut c_void, comm_id: u64, logger: 
     guard("CollNet init", || {
         non_null(ctx, "ctx")?;
         let _ = device::tune_provider_env();
-        let servers = collnet::servers_from_env();
+        let servers = collnet::servers_from_env()?;
         if servers.is_empty() {
             log::info_init(&format!("CollNet comm {comm_id:#x}: TALLY_SERVERS is not set, no CollNet device"));
         } else {

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use tally_engine::client::{Client, ClientConfig};
 use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::wire;
 
 /// The `tally` binary the suites run: the one cargo built in the same
 /// profile as this test, beside its `deps/` folder (`cargo test --workspace`
@@ -291,4 +292,87 @@ pub fn show_output(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// Reads a server's challenge, the first message on every control
+/// connection (`wire::auth`), for tests that play a rank by hand.
+pub fn read_challenge(s: &mut TcpStream) -> wire::Challenge {
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut b = [0u8; core::mem::size_of::<wire::Challenge>()];
+    s.read_exact(&mut b).expect("the server's challenge");
+    let c: wire::Challenge = wire::read(&b).unwrap();
+    c.check().expect("a well-formed challenge");
+    c
+}
+
+/// A new control connection on which `msg` was sent answered to the
+/// server's challenge with `token` (the bytes as a rank sends them).
+pub fn answered_hello(addr: &str, msg: &wire::HelloMessage, token: &[u8; wire::TOKEN_BYTES]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let c = read_challenge(&mut s);
+    let mut m = *msg;
+    m.answer(&c, token);
+    s.write_all(m.as_bytes()).unwrap();
+    s
+}
+
+/// A new control connection on which `bytes` were sent as they are, after
+/// the server's challenge was read.
+pub fn raw_after_challenge(addr: &str, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    read_challenge(&mut s);
+    s.write_all(bytes).unwrap();
+    s
+}
+
+/// The server's reject on `s` (after the challenge was read).
+pub fn read_reject(s: &mut TcpStream) -> wire::Reject {
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut b = vec![0u8; core::mem::size_of::<wire::Reject>()];
+    s.read_exact(&mut b).expect("a reject");
+    wire::read::<wire::Reject>(&b).unwrap()
+}
+
+/// The job secret the ranks of `job` use when nobody set one
+/// (`ClientConfig::job_secret`'s default), as [`client`]'s configurations do.
+pub fn default_secret(job: u64) -> wire::JobSecret {
+    ClientConfig::new(Vec::new(), job, 0, 1).job_secret
+}
+
+/// The reject a server sent on `s`, past the challenge that comes first on
+/// a connection it took into its handshake (one refused at its accept, as
+/// busy, gets the reject alone). An I/O error if none came (closed).
+pub fn reject_after_any_challenge(s: &mut TcpStream) -> std::io::Result<wire::Reject> {
+    let bad = |e: wire::WireError| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string());
+    let mut hdr = [0u8; 8];
+    s.read_exact(&mut hdr)?;
+    if wire::read::<wire::Header>(&hdr).map_err(bad)?.check() == Ok(wire::Kind::Challenge) {
+        let mut rest = [0u8; core::mem::size_of::<wire::Challenge>() - 8];
+        s.read_exact(&mut rest)?;
+        s.read_exact(&mut hdr)?;
+    }
+    let mut b = [0u8; core::mem::size_of::<wire::Reject>()];
+    b[..8].copy_from_slice(&hdr);
+    s.read_exact(&mut b[8..])?;
+    wire::read::<wire::Reject>(&b).map_err(bad)
+}
+
+/// An f32 sum job's spec of `nranks` ranks (window 2, every lcore, no relay,
+/// split, seals or interleave) with pieces of `chunk_elems`, for tests that
+/// play ranks by hand.
+pub fn f32_sum_spec(job_id: u64, nranks: u32, chunk_elems: u32) -> wire::JobSpec {
+    wire::JobSpec {
+        job_id,
+        nranks,
+        dtype: DataType::Float32,
+        op: ReduceOp::Sum,
+        chunk_elems,
+        window: 2,
+        shards: 0,
+        relay: false,
+        split: false,
+        seal_shift: 0,
+        interleave: false,
+        min_piece: 0,
+    }
 }

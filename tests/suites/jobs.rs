@@ -4,13 +4,12 @@
 //! disturb another; a job too large for its share of the slab runs with
 //! smaller pieces (one that cannot fit at all: many_ranks.rs); a rank that
 //! vanishes fails its job quickly and nobody else's.
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use tally_e2e::{client, join_all, sum_job, ServerProcess};
+use tally_e2e::{answered_hello, client, join_all, raw_after_challenge, read_reject, sum_job, ServerProcess};
 use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
-use tally_engine::wire::{self, Hello, JobSpec, Reject, RejectCode};
+use tally_engine::wire::{self, Hello, Reject, RejectCode};
 
 fn server(extra: &[&str]) -> ServerProcess {
     let mut args = vec!["--lcores", "0-1", "--provider", "shm", "--poll", "adaptive", "--slab-size", "8M"];
@@ -18,34 +17,18 @@ fn server(extra: &[&str]) -> ServerProcess {
     ServerProcess::start(&args)
 }
 
-/// Sends raw bytes as a handshake and returns the server's reject.
+/// Sends raw bytes as a handshake (after the server's challenge) and
+/// returns the server's reject.
 fn raw_handshake(addr: &str, bytes: &[u8]) -> Reject {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    s.write_all(bytes).unwrap();
-    let mut b = vec![0u8; core::mem::size_of::<Reject>()];
-    s.read_exact(&mut b).expect("a reject");
-    wire::read::<Reject>(&b).unwrap()
+    read_reject(&mut raw_after_challenge(addr, bytes))
 }
 
 #[test]
 fn malformed_handshakes_are_refused_and_the_server_carries_on() {
     let srv = server(&[]);
-    let spec = JobSpec {
-        job_id: 9,
-        nranks: 2,
-        dtype: DataType::Float32,
-        op: ReduceOp::Sum,
-        chunk_elems: 1024,
-        window: 2,
-        shards: 0,
-        relay: false,
-        split: false,
-        seal_shift: 0,
-        interleave: false,
-        min_piece: 0,
-    };
-    let good = Hello::new(&spec, 0, &[0; 32], b"name").unwrap();
+    let spec = tally_e2e::f32_sum_spec(9, 2, 1024);
+    // An shm endpoint name's form (the server holds names to its own).
+    let good = Hello::new(&spec, 0, &[0; 32], b"fi_shm://name").unwrap();
     let r = raw_handshake(&srv.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!((r.code(), r.field()), (Some(RejectCode::BadField), "magic"), "{r}");
     for (field, mutate) in [
@@ -67,9 +50,9 @@ fn malformed_handshakes_are_refused_and_the_server_carries_on() {
     many.lanes = wire::MAX_LANES as u8;
     let r = raw_handshake(&srv.addr, bytemuck::bytes_of(&many));
     assert_eq!((r.code(), r.field()), (Some(RejectCode::BadField), "lanes"), "{r}");
-    let mut empty = wire::HelloMessage::new(&spec, 0, &[0; 32], &[b"name", b"lane1", b"lane2"]).unwrap();
+    let mut empty = wire::HelloMessage::new(&spec, 0, &[0; 32], &[b"fi_shm://name", b"fi_shm://lane1", b"fi_shm://lane2"]).unwrap();
     empty.lanes[1].len = 0;
-    let r = raw_handshake(&srv.addr, empty.as_bytes());
+    let r = read_reject(&mut answered_hello(&srv.addr, &empty, &[0; 32]));
     assert_eq!((r.code(), r.field()), (Some(RejectCode::BadField), "lanes"), "{r}");
     // A client that connects and says nothing is dropped after the handshake timeout,
     // and meanwhile real jobs run.
@@ -103,6 +86,30 @@ fn wrong_token_is_refused() {
     assert!(srv.wait_log("wrong or missing token", Duration::from_secs(5)));
     let _ = std::fs::remove_file(&dir);
     let _ = std::fs::remove_file(&cfg_path);
+    assert!(srv.stop().success());
+}
+
+/// A job whose start fails on its lcore (its rank's endpoint name, well
+/// formed, cannot be inserted) reports only its own state: its end logs no rounds, where it
+/// used to log those of the job that had its index before.
+#[test]
+fn a_job_that_fails_to_start_reports_none_of_its_predecessors_rounds() {
+    // One lcore, one job index: the second job takes the first one's blocks.
+    let srv = ServerProcess::start(&["--lcores", "0", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "8M", "--max-jobs", "1"]);
+    join_all(sum_job("tcp", &srv.addr, 0x51, 2, 10_000, 3));
+    assert!(srv.wait_log("job 0x51 ended", Duration::from_secs(5)));
+    assert!(srv.log_contains("job 0x51: ") && srv.log_contains(" rounds, first piece in"), "the first job logged its rounds");
+    let spec = tally_e2e::f32_sum_spec(0x52, 1, 1024);
+    // A socket address of the right form that the provider will not insert
+    // (0.0.0.0 is nobody's destination).
+    let m = wire::HelloMessage::new(&spec, 0, &[0; 32], &[&[2u8, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]]).unwrap();
+    let r = read_reject(&mut answered_hello(&srv.addr, &m, &[0; 32]));
+    assert_eq!(r.code(), Some(RejectCode::JobFailed), "{r}");
+    assert!(srv.wait_log("job 0x52 ended", Duration::from_secs(5)), "the failed job ended");
+    assert!(srv.log_contains("job 0x52 failed on lcore 0: cannot reach a client"), "it failed in add_job");
+    assert_eq!(srv.log_count(" rounds, first piece in"), 1, "the failed job logged rounds (its predecessor's)");
+    // The failed insert harmed no later job.
+    join_all(sum_job("tcp", &srv.addr, 0x53, 2, 10_000, 3));
     assert!(srv.stop().success());
 }
 

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_e2e::{bench, scrape, sum, ServerProcess};
-use tally_engine::wire::Reject;
 
 fn server(args: &[&str]) -> ServerProcess {
     let mut all = vec!["--lcores", "0", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "64M", "--metrics", "127.0.0.1:0"];
@@ -54,12 +53,9 @@ fn wait_metrics(maddr: &str, what: &str, cond: impl Fn(&std::collections::HashMa
 /// EOF ("closed" if nothing came).
 fn answer(s: &mut TcpStream) -> String {
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut buf = [0u8; core::mem::size_of::<Reject>()];
-    let code = match s.read_exact(&mut buf) {
-        Ok(()) => match tally_engine::wire::read::<Reject>(&buf) {
-            Ok(r) => r.code().map_or("unknown", |c| c.name()).to_string(),
-            Err(e) => format!("unreadable: {e}"),
-        },
+    let code = match tally_e2e::reject_after_any_challenge(s) {
+        Ok(r) => r.code().map_or("unknown", |c| c.name()).to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => format!("unreadable: {e}"),
         Err(_) => return "closed".into(),
     };
     let mut rest = [0u8; 1];

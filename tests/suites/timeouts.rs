@@ -250,13 +250,9 @@ fn an_idle_job_is_ended_and_its_ranks_told_why() {
 /// Reads what the server says on a raw control connection (a Reject), or
 /// "closed" if it closes without a word.
 fn answer(s: &mut std::net::TcpStream) -> String {
-    use std::io::Read;
-    let mut b = [0u8; core::mem::size_of::<tally_engine::wire::Reject>()];
-    match s.read_exact(&mut b) {
-        Ok(()) => match tally_engine::wire::read::<tally_engine::wire::Reject>(&b) {
-            Ok(r) => r.to_string(),
-            Err(e) => format!("unreadable answer: {e}"),
-        },
+    match tally_e2e::reject_after_any_challenge(s) {
+        Ok(r) => r.to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => format!("unreadable answer: {e}"),
         Err(_) => "closed".into(),
     }
 }

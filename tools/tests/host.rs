@@ -22,7 +22,9 @@ static POOLS: Mutex<()> = Mutex::new(());
 fn tally() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));
     // The decisions read these; the test's own environment must not leak in.
-    for v in ["FI_EFA_FORK_SAFE", "FI_EFA_USE_HUGE_PAGE", "RDMAV_FORK_SAFE", "IBV_FORK_SAFE", "FI_PROVIDER", "TALLY_PROVIDER"] {
+    for v in
+        ["FI_EFA_FORK_SAFE", "FI_EFA_USE_HUGE_PAGE", "RDMAV_FORK_SAFE", "IBV_FORK_SAFE", "FI_PROVIDER", "TALLY_PROVIDER", "TALLY_TOKEN"]
+    {
         c.env_remove(v);
     }
     c.env("TALLY_LOG", "warn");
@@ -461,6 +463,47 @@ fn server_check_refuses_what_a_start_would() {
     let ok = run(&["server", "--check", "--lcores", "0", "--provider", "tcp", "--listen", "127.0.0.1:0"]);
     assert_eq!(ok.code, 0, "{ok:?}");
     assert!(ok.stdout.contains("configuration ok") && ok.stdout.contains("checked on this host"), "{ok:?}");
+}
+
+/// An empty token would read as none and admit anyone, without the warning:
+/// `--check` and the start refuse it alike, with the same words (the two
+/// call the same reader), from a file or from `TALLY_TOKEN`.
+#[test]
+fn server_check_and_start_refuse_an_empty_token() {
+    let dir = std::env::temp_dir().join(format!("tally-empty-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, " \n").unwrap();
+    let cfg = dir.join("server.toml");
+    std::fs::write(&cfg, format!("token_file = \"{}\"\n", token.display())).unwrap();
+    let here = ["--lcores", "0", "--provider", "tcp", "--listen", "127.0.0.1:0", "--slab-size", "8M"];
+    let with_file = [&["--config", cfg.to_str().unwrap()][..], &here].concat();
+    let want = format!("token_file {} is empty: write a token (e.g. `openssl rand -hex 16`) or remove token_file", token.display());
+    let check = run(&[&["server", "--check"][..], &with_file].concat());
+    assert_eq!(check.code, 1, "{check:?}");
+    assert!(check.stderr.contains("a start would fail") && check.stderr.contains(&want), "{check:?}");
+    let started = run(&[&["server"][..], &with_file].concat());
+    assert_eq!(started.code, 1, "{started:?}");
+    assert!(started.stderr.contains(&want), "{started:?}");
+    // TALLY_TOKEN set but empty (no token_file): refused the same way.
+    for sub in [&["server", "--check"][..], &["server"]] {
+        let r = finish(tally().env("TALLY_TOKEN", "").args(sub).args(here).output().expect("run tally"));
+        assert_eq!(r.code, 1, "{sub:?}: {r:?}");
+        assert!(r.stderr.contains("TALLY_TOKEN is set but empty: set a token"), "{sub:?}: {r:?}");
+    }
+    // A token too long or a file unreadable: --check fails as the start would.
+    std::fs::write(&token, "x".repeat(33)).unwrap();
+    let check = run(&[&["server", "--check"][..], &with_file].concat());
+    assert!(check.code == 1 && check.stderr.contains("the token is longer than 32 bytes"), "{check:?}");
+    std::fs::remove_file(&token).unwrap();
+    let check = run(&[&["server", "--check"][..], &with_file].concat());
+    assert!(check.code == 1 && check.stderr.contains(&format!("token: token_file {}:", token.display())), "{check:?}");
+    // With a token written, the check passes and says where it read it.
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let ok = run(&[&["server", "--check"][..], &with_file].concat());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(ok.code, 0, "{ok:?}");
+    assert!(ok.stdout.contains(&format!("token read from {}", token.display())), "{ok:?}");
 }
 
 // ---- shipped configuration files ----

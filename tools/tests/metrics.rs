@@ -1,8 +1,10 @@
 //! `tally server --metrics`: a real server process is scraped over HTTP
 //! while and after a job runs, and the counters must have moved by exactly
-//! what the clients sent; `tally stats --once --json` reads the same
-//! endpoint.
+//! what the clients sent; an ended job's series are gone while the
+//! per-lcore totals keep what it moved; `tally stats --once --json` reads
+//! the same endpoint.
 use std::net::TcpListener;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tally_e2e::{get, scrape, sum, ServerProcess};
 use tally_engine::client::{Client, ClientConfig};
@@ -18,7 +20,10 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn rank(addr: String, rank: u32) -> std::thread::JoinHandle<()> {
+/// A rank of the job: its all-reduces, then two waits at `hold` (its
+/// work done; the test's scrapes done) before its client closes, which ends
+/// the job.
+fn rank(addr: String, rank: u32, hold: Arc<Barrier>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut cfg = ClientConfig::new(vec![addr], JOB, rank, NRANKS);
         cfg.provider = Some("shm".into());
@@ -34,6 +39,8 @@ fn rank(addr: String, rank: u32) -> std::thread::JoinHandle<()> {
             let want = |i: usize| (0..NRANKS).map(|r| (r as usize + i % 97 + round) as f32).sum::<f32>();
             assert!(out.iter().enumerate().all(|(i, v)| *v == want(i)), "rank {rank} round {round}: wrong result");
         }
+        hold.wait();
+        hold.wait();
     })
 }
 
@@ -52,13 +59,13 @@ fn metrics_count_what_the_clients_sent() {
     assert!(!m0.keys().any(|k| k.starts_with("tally_job_")), "{m0:?}");
     assert!(get(&maddr, "/").0.starts_with("HTTP/1.1 404"));
 
-    let hs: Vec<_> = (0..NRANKS).map(|r| rank(srv.addr.clone(), r)).collect();
+    let hold = Arc::new(Barrier::new(NRANKS as usize + 1));
+    let hs: Vec<_> = (0..NRANKS).map(|r| rank(srv.addr.clone(), r, hold.clone())).collect();
     // A scrape while the job runs answers too.
     let during = scrape(&maddr);
     assert!(during.contains_key("tally_jobs{state=\"running\"}"));
-    for h in hs {
-        h.join().expect("rank thread");
-    }
+    // Every rank's all-reduces are done; the job stays until they close.
+    hold.wait();
 
     // Each rank sends its whole buffer once per all-reduce and gets the whole
     // result back. bytes_out counts send completions, which may trail the
@@ -96,6 +103,26 @@ fn metrics_count_what_the_clients_sent() {
     assert!(sum(&m, "tally_lcore_empty_polls_total", "") > 0.0);
     assert!(sum(&m, "tally_lcore_completions_total", "") >= 2.0 * rounds * NRANKS as f64);
     assert_eq!(sum(&m, "tally_lcore_cq_errors_total", ""), 0.0);
+
+    // The ranks close: the job ends, and its series leave /metrics while
+    // the per-lcore totals keep what it moved.
+    hold.wait();
+    for h in hs {
+        h.join().expect("rank thread");
+    }
+    assert!(srv.wait_log(&format!("job {JOB:#x} ended"), Duration::from_secs(5)), "the job ended");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let after = loop {
+        let m = scrape(&maddr);
+        if !m.keys().any(|k| k.starts_with("tally_job_")) || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!after.keys().any(|k| k.starts_with("tally_job_") && k.contains(&job)), "an ended job's series stayed: {after:?}");
+    assert_eq!(sum(&after, "tally_lcore_bytes_in_total", ""), bytes);
+    assert_eq!(sum(&after, "tally_lcore_bytes_out_total", ""), bytes);
+    assert_eq!(after["tally_jobs{state=\"running\"}"], 0.0);
 
     // The terminal view's script mode reads the same endpoint.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tally")).args(["stats", &maddr, "--once", "--json"]).output().unwrap();

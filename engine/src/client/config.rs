@@ -5,7 +5,9 @@ use super::*;
 /// How to reach the servers and cut the work.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Control addresses (`host:port`) of the servers.
+    /// Control addresses (`host:port`) of the servers, each once, in the
+    /// same order on every rank (see [`servers`]), at most
+    /// [`servers::MAX_SERVERS`].
     pub servers: Vec<String>,
     /// The same on every rank of the job.
     pub job_id: u64,
@@ -13,6 +15,15 @@ pub struct ClientConfig {
     pub nranks: u32,
     /// Shared token (TALLY_TOKEN), at most 32 bytes.
     pub token: String,
+    /// The job's secret, the same on every rank of the job and known to no
+    /// one else (`wire::auth`): the servers hold every rank, and a rejoin
+    /// that would fence the job, to it. Draw it once per job
+    /// ([`ClientConfig::draw_job_secret`]) and give it to every rank as the
+    /// job id is given (the plugin carries it in rank 0's CollNet handle).
+    /// The default is derived from the job id, so anyone who knows the id
+    /// (it is on the servers' `/metrics`) can compute it: fine for a job
+    /// whose ranks share a process or a test, not for a shared server.
+    pub job_secret: JobSecret,
     /// Bytes per shard piece (rounded down to whole elements per type).
     /// Default from TALLY_CHUNK (K/M suffixes), else 256 KiB. Over
     /// tcp;ofi_rxm a chunk at or below the eager limit (32 KiB, see
@@ -49,7 +60,8 @@ pub struct ClientConfig {
     pub send_credits: u32,
     /// Smallest piece an all-reduce is cut into to spread it over streams
     /// (see [`op_chunk_bytes`]). Must be the same on every rank. Default
-    /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`].
+    /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`]; at most
+    /// [`MAX_MIN_PIECE`] (a larger one is refused by [`Client::connect`]).
     pub min_piece: usize,
     /// Order each operation's stream set lcore-major (lcore 0 of every
     /// server, then lcore 1 of every server, ...) instead of server-major,
@@ -133,6 +145,34 @@ impl ClientConfig {
         self.copier && self.failover && rails > 1
     }
 
+    /// A secret for a new job from the kernel's random source, to hand to
+    /// every rank as [`ClientConfig::job_secret`].
+    pub fn draw_job_secret() -> Result<JobSecret, ClientError> {
+        crate::host::random::bytes().map_err(|e| ClientError::Config(format!("no job secret: {e}")))
+    }
+
+    /// What [`Client::connect`] refuses before opening anything: no
+    /// servers, a server listed twice or more than
+    /// [`servers::MAX_SERVERS`] of them, a rank outside the job, a
+    /// `min_piece` above [`MAX_MIN_PIECE`].
+    pub fn check(&self) -> Result<(), ClientError> {
+        if self.servers.is_empty() {
+            return Err(ClientError::Config("no servers given (TALLY_SERVERS)".into()));
+        }
+        servers::check(&self.servers).map_err(|e| ClientError::Config(e.to_string()))?;
+        if self.rank >= self.nranks {
+            return Err(ClientError::Config(format!("rank {} is not below nranks {}", self.rank, self.nranks)));
+        }
+        if self.min_piece > MAX_MIN_PIECE {
+            return Err(ClientError::Config(format!(
+                "min_piece (TALLY_MIN_PIECE) of {} bytes is above {}: past the chunk size (TALLY_CHUNK) a larger one changes nothing",
+                self.min_piece,
+                crate::host::units::format_size(MAX_MIN_PIECE as u64)
+            )));
+        }
+        Ok(())
+    }
+
     pub fn new(servers: Vec<String>, job_id: u64, rank: u32, nranks: u32) -> ClientConfig {
         ClientConfig {
             servers,
@@ -140,6 +180,7 @@ impl ClientConfig {
             rank,
             nranks,
             token: std::env::var("TALLY_TOKEN").unwrap_or_default(),
+            job_secret: id_secret(job_id),
             chunk_bytes: env_size("TALLY_CHUNK").unwrap_or(256 << 10),
             window: env_size("TALLY_WINDOW").map_or(0, |w| w.clamp(1, 64) as u32),
             shards: 0,
@@ -206,4 +247,42 @@ pub const AUTO_IN_FLIGHT: usize = 1 << 20;
 /// slabs and of the staging area in use, and no more than the link needs.
 pub fn auto_window(chunk_bytes: usize) -> u32 {
     (AUTO_IN_FLIGHT / chunk_bytes.max(1)).clamp(2, 4) as u32
+}
+
+/// The default job secret: a function of the job id alone (see
+/// [`ClientConfig::job_secret`]), the same on every rank that has the id.
+fn id_secret(job_id: u64) -> JobSecret {
+    let mut s = [0u8; wire::JOB_SECRET_BYTES];
+    s[..8].copy_from_slice(&job_id.to_le_bytes());
+    s[8..24].copy_from_slice(b"tally id secret\0");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_piece_is_bounded_at_config_time() {
+        let mut cfg = ClientConfig::new(vec!["127.0.0.1:7400".into()], 1, 0, 2);
+        cfg.min_piece = MAX_MIN_PIECE;
+        assert!(cfg.check().is_ok());
+        for too_big in [MAX_MIN_PIECE + 1, 0xffff_ffff, usize::MAX] {
+            cfg.min_piece = too_big;
+            let e = cfg.check().unwrap_err();
+            assert!(
+                matches!(&e, ClientError::Config(m) if m.starts_with("min_piece (TALLY_MIN_PIECE)") && m.contains("is above 1 GiB")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_listed_twice_is_refused_at_config_time() {
+        let cfg = ClientConfig::new(vec!["127.0.0.1:7400".into(), "127.0.0.1:7401".into(), "127.0.0.1:7400".into()], 1, 0, 2);
+        let e = cfg.check().unwrap_err();
+        assert!(matches!(&e, ClientError::Config(m) if m.starts_with("server 127.0.0.1:7400 is listed twice")), "{e}");
+        let cfg = ClientConfig::new(vec!["127.0.0.1:7400".into(); 1000], 1, 0, 2);
+        assert!(matches!(cfg.check(), Err(ClientError::Config(m)) if m.starts_with("1000 servers given, at most 256")));
+    }
 }

@@ -259,8 +259,14 @@ impl Client {
         if sub == 0 {
             self.cfg.job_id
         } else {
-            self.cfg.job_id ^ (((s.dtype as u64) << 56) | ((s.op as u64) << 48) | 0x5a5a_0000_0000)
+            self.sub_job_id(s.dtype, s.op)
         }
+    }
+
+    /// The server job of this communicator for (dtype, op) when it is not
+    /// the first pair: derived with the job's secret (`wire::derive_job_id`).
+    pub(super) fn sub_job_id(&self, dtype: DataType, op: ReduceOp) -> u64 {
+        wire::derive_job_id(self.cfg.job_id, &self.cfg.job_secret, &[b'd', dtype as u8, b'o', op as u8])
     }
 }
 

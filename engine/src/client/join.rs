@@ -2,6 +2,7 @@
 //! refused), the retries of a join storm, and the control connections a
 //! joined sub-job keeps. All ranks join each (dtype, op) sub-job in the same
 //! order, so every server sees the same jobs.
+use super::greet::{read_opening, send_answered, Opening};
 use super::*;
 
 impl Client {
@@ -9,7 +10,7 @@ impl Client {
         // The first pair keeps the caller's id; the others derive one.
         match self.subs.iter().position(|s| s.dtype == dtype && s.op == op) {
             Some(0) | None if self.subs.is_empty() => self.cfg.job_id,
-            _ => self.cfg.job_id ^ (((dtype as u64) << 56) | ((op as u64) << 48) | 0x5a5a_0000_0000),
+            _ => self.sub_job_id(dtype, op),
         }
     }
 
@@ -58,24 +59,21 @@ impl Client {
         if self.wants_heartbeats() {
             hellos.iter_mut().for_each(|h| h.hello.flags |= Hello::ALIVE);
         }
-        // Send every Hello first, then wait for the answers: servers admit
-        // the job only when all ranks are in, on all servers at once. The
-        // connects run side by side: one to a server that does not answer
-        // yet (its link down a while) must not hold back this rank's Hellos
-        // to the others, which could then not tell the other ranks at once
-        // if this rank died meanwhile (they would wait out the join timeout).
+        // Connect to every server first, then answer each one's challenge
+        // as it comes and wait for the answers: servers admit the job only
+        // when all ranks are in, on all servers at once. The connects run
+        // side by side, and the challenges are taken as they arrive: a
+        // server that does not answer yet (its link down a while, or its
+        // process frozen after the kernel accepted) must not hold back this
+        // rank's Hellos to the others, which could then not tell the other
+        // ranks at once if this rank died meanwhile (they would wait out the
+        // join timeout).
         let timeout = self.cfg.join_timeout;
         let connected: Vec<Result<TcpStream, ClientError>> = if hellos.len() == 1 {
-            vec![say_hello(&self.cfg.servers[0], &hellos[0], timeout)]
+            vec![connect_control(&self.cfg.servers[0], timeout)]
         } else {
             std::thread::scope(|scope| {
-                let handles: Vec<_> = self
-                    .cfg
-                    .servers
-                    .iter()
-                    .zip(&hellos)
-                    .map(|(server, hello)| scope.spawn(move || say_hello(server, hello, timeout)))
-                    .collect();
+                let handles: Vec<_> = self.cfg.servers.iter().map(|server| scope.spawn(move || connect_control(server, timeout))).collect();
                 handles
                     .into_iter()
                     .map(|h| h.join().unwrap_or_else(|_| Err(ClientError::Config("a connect thread panicked".into()))))
@@ -195,7 +193,8 @@ impl Client {
     /// (its lanes, `Rails::lanes`).
     pub(super) fn hello_to(&self, si: usize, spec: &JobSpec) -> Result<HelloMessage, ClientError> {
         let names: Vec<&[u8]> = self.rails.lanes(si).map(|r| self.rails.name(r).as_bytes()).collect();
-        HelloMessage::new(spec, self.cfg.rank, &self.token, &names).ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))
+        HelloMessage::new(spec, self.cfg.rank, &self.cfg.job_secret, &names)
+            .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))
     }
 
     /// Every server's answer to this rank's Hello, waited for side by side
@@ -212,6 +211,9 @@ impl Client {
     ) -> Result<Vec<Option<Result<Granted, Box<Reject>>>>, ClientError> {
         let n = controls.len();
         let mut answers: Vec<Option<Result<Granted, Box<Reject>>>> = (0..n).map(|_| None).collect();
+        // Whose challenge was taken: a server's first readable turn is its
+        // challenge (or a reject), answered with its Hello.
+        let mut greeted = vec![false; n];
         loop {
             let pending: Vec<bool> = (0..n).map(|si| answers[si].is_none() && controls[si].is_some()).collect();
             if !pending.contains(&true) {
@@ -222,6 +224,16 @@ impl Client {
             let ready = join_wait::readable(&waiting_on, join_wait::TURN_MS);
             for si in (0..n).filter(|&si| ready[si]) {
                 let (server, s) = (&self.cfg.servers[si], controls[si].as_mut().expect("pending servers have a connection"));
+                if !greeted[si] {
+                    greeted[si] = true;
+                    // A reject instead (busy), or a broken connection, is
+                    // read as the answer below, which retries where it may.
+                    if let Ok(Opening::Challenge(c)) = read_opening(s, Duration::from_secs(1)) {
+                        send_answered(s, &hellos[si], &c, &self.token)
+                            .map_err(|e| ClientError::Connect { server: server.clone(), error: e.to_string() })?;
+                        continue;
+                    }
+                }
                 let a = self.answer(server, s, &hellos[si], join_started, self.cfg.join_timeout, true)?;
                 if let Err(r) = &a {
                     if r.code() != Some(RejectCode::Draining) {
@@ -302,7 +314,7 @@ impl Client {
                     let pause = join_backoff(tries, self.cfg.rank).min(limit - waited);
                     log::debug!("server {server} is busy ({r}); joining again in {pause:?} (try {tries})");
                     std::thread::sleep(pause);
-                    *s = hello_again(server, hello, limit.saturating_sub(join_started.elapsed()))?;
+                    *s = hello_again(server, hello, &self.token, limit.saturating_sub(join_started.elapsed()))?;
                     let _ = s.set_read_timeout(Some(limit + Duration::from_secs(5)));
                 }
                 Err(Answer::Rejected(r)) => return Ok(Err(r)),
@@ -314,7 +326,7 @@ impl Client {
                     let pause = join_backoff(tries, self.cfg.rank).min(limit.saturating_sub(join_started.elapsed()));
                     log::info!("server {server}: the join broke off ({e}); joining again in {pause:?}");
                     std::thread::sleep(pause);
-                    *s = hello_again(server, hello, limit.saturating_sub(join_started.elapsed()))?;
+                    *s = hello_again(server, hello, &self.token, limit.saturating_sub(join_started.elapsed()))?;
                     let _ = s.set_read_timeout(Some(limit + Duration::from_secs(5)));
                 }
                 Err(Answer::Io(e)) => return Err(ClientError::Connect { server: server.to_string(), error: e }),
@@ -363,19 +375,38 @@ pub(crate) fn keepalive(s: &TcpStream) {
     }
 }
 
-/// A control connection to `server` (retried until `timeout`) that has sent `hello`.
-pub(super) fn say_hello(server: &str, hello: &HelloMessage, timeout: Duration) -> Result<TcpStream, ClientError> {
+/// A control connection to `server`, retried until `timeout`; nothing
+/// read or sent yet (the server's challenge comes first).
+pub(super) fn connect_control(server: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
     let err = |e: String| ClientError::Connect { server: server.to_string(), error: e };
     let addr = server.to_socket_addrs().map_err(|e| err(e.to_string()))?.next().ok_or_else(|| err("no address".into()))?;
-    let mut s = connect_retry(&addr, timeout).map_err(|e| err(e.to_string()))?;
+    let s = connect_retry(&addr, timeout).map_err(|e| err(e.to_string()))?;
     let _ = s.set_nodelay(true);
-    s.write_all(hello.as_bytes()).map_err(|e| err(e.to_string()))?;
+    Ok(s)
+}
+
+/// A control connection to `server` (retried until `timeout`) that has
+/// sent `hello`, answered to the server's challenge.
+pub(super) fn say_hello(
+    server: &str,
+    hello: &HelloMessage,
+    token: &[u8; TOKEN_BYTES],
+    timeout: Duration,
+) -> Result<TcpStream, ClientError> {
+    let mut s = connect_control(server, timeout)?;
+    super::greet::greet(&mut s, hello, token, timeout)
+        .map_err(|e| ClientError::Connect { server: server.to_string(), error: e.to_string() })?;
     Ok(s)
 }
 
 /// A new control connection to `server` with the same Hello.
-pub(super) fn hello_again(server: &str, hello: &HelloMessage, timeout: Duration) -> Result<TcpStream, ClientError> {
-    say_hello(server, hello, timeout.max(Duration::from_millis(100)))
+pub(super) fn hello_again(
+    server: &str,
+    hello: &HelloMessage,
+    token: &[u8; TOKEN_BYTES],
+    timeout: Duration,
+) -> Result<TcpStream, ClientError> {
+    say_hello(server, hello, token, timeout.max(Duration::from_millis(100)))
 }
 
 /// A TCP connection to `addr`, retried until `timeout`; the error is the
@@ -398,7 +429,8 @@ pub(super) enum Answer {
 
 /// What a server's Accept grants a job.
 pub(crate) struct Granted {
-    pub tag: u16,
+    /// The job's tag and sequence key.
+    pub tag: JobTag,
     /// The job's lcores' endpoint names (the job's shards, in order).
     pub names: Vec<EndpointName>,
     /// Elements per piece (0: as asked).
@@ -438,7 +470,7 @@ pub(super) fn read_answer(s: &mut TcpStream) -> Result<Granted, Answer> {
                 let n = rec.name().map_err(|e| Answer::Io(e.to_string()))?;
                 names.push(EndpointName::from_bytes(n).ok_or_else(|| Answer::Io("bad name".into()))?);
             }
-            Ok(Granted { tag: a.job_tag, names, piece_elems: a.piece_elems, latency: a.latency_split() })
+            Ok(Granted { tag: a.job(), names, piece_elems: a.piece_elems, latency: a.latency_split() })
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
     }

@@ -38,7 +38,8 @@ use crate::dataplane::fabric::{
 };
 use crate::reduce::{DataType, Kernels, ReduceOp};
 use crate::wire::{
-    self, Accept, Boundary, Drain, Hello, HelloMessage, JobSpec, Kind, NameRecord, Reject, RejectCode, SwitchAt, Tag, TOKEN_BYTES,
+    self, Accept, Boundary, Challenge, Drain, Hello, HelloMessage, JobSecret, JobSpec, JobTag, Kind, NameRecord, Reject, RejectCode,
+    SwitchAt, TOKEN_BYTES,
 };
 use std::collections::VecDeque;
 use std::fmt;
@@ -50,12 +51,14 @@ mod config;
 mod control;
 mod error;
 pub mod failover;
+mod greet;
 mod join;
 mod join_wait;
 pub mod liveness;
 pub mod piece_times;
 mod progress;
 pub mod rails;
+pub mod servers;
 mod state;
 pub mod watchdog;
 pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, DEFAULT_SEAL_MIN};
@@ -78,6 +81,16 @@ const BUSY_CHECK_EVERY: u32 = 1024;
 /// The smallest piece an all-reduce is cut into when it is spread over
 /// streams: below this, a piece's fixed costs outweigh the parallelism.
 pub const MIN_SPREAD_PIECE: usize = 4096;
+
+/// The largest `min_piece` (TALLY_MIN_PIECE) a client takes; the servers
+/// refuse a Hello above it alike. [`op_chunk_bytes`] never cuts past the
+/// job's chunk, so a minimum above every chunk a server grants (at most its
+/// `max_chunk`, 1 MiB by default, within its slab per lcore) means "never
+/// spread" and nothing more; 1 GiB is past any of them. The bound keeps the
+/// rounding up to a multiple of `min_piece` far from overflow (a wrapped
+/// share would cut an all-reduce into single elements) and the value within
+/// the Hello's u32.
+pub const MAX_MIN_PIECE: usize = wire::MAX_MIN_PIECE as usize;
 
 /// The chunk size of one all-reduce of `bytes`: the job's `max_chunk`, or,
 /// when fewer than one full chunk per stream would be left, an equal share
@@ -148,12 +161,10 @@ impl Client {
         if cfg.window == 0 {
             cfg.window = config::auto_window(cfg.chunk_bytes);
         }
-        if cfg.servers.is_empty() {
-            return Err(ClientError::Config("no servers given (TALLY_SERVERS)".into()));
-        }
-        if cfg.rank >= cfg.nranks {
-            return Err(ClientError::Config(format!("rank {} is not below nranks {}", cfg.rank, cfg.nranks)));
-        }
+        cfg.check()?;
+        // Resolved here, not in `check`: two spellings of one server are
+        // found only by resolving them (IP literals resolve without DNS).
+        servers::check_resolved(&cfg.servers).map_err(|e| ClientError::Config(e.to_string()))?;
         let token = wire::token_bytes(&cfg.token).ok_or_else(|| ClientError::Config("token longer than 32 bytes".into()))?;
         let local = cfg.servers.iter().all(|s| s.starts_with("127.") || s.starts_with("localhost:") || s.starts_with("[::1]"));
         let provider = select_provider(cfg.provider.as_deref(), local);

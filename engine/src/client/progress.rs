@@ -181,7 +181,7 @@ impl Client {
         let (chunk, seq) = (f.chunk, f.seq);
         // A seal is empty, at the buffers' start.
         let (off, len) = if f.seal { (0, 0) } else { op.span(chunk) };
-        let tag = Tag::new(stream.job_tag, stream.slot_base + slot as u16, seq).0;
+        let tag = stream.job_tag.tag(stream.slot_base + slot as u16, seq).0;
         // (Rails on threads inject nothing: their inject size is 0, which a
         // seal's empty piece would still meet.)
         if is_send && len <= self.rails.inject_size() && self.rails.inject_size() > 0 && self.cfg.send_credits == 0 {

@@ -29,7 +29,7 @@ pub(super) struct Stream {
     pub(super) lcore: u32,
     /// The rail it goes on (`Rails::rail_for` its server and lcore).
     pub(super) rail: usize,
-    pub(super) job_tag: u16,
+    pub(super) job_tag: JobTag,
     pub(super) next_seq: u32,
     /// Oldest sequence not yet complete. Slots are reused in sequence order,
     /// so a new chunk may go out only while `next_seq - head_seq < window`,
@@ -42,7 +42,7 @@ pub(super) struct Stream {
 }
 
 impl Stream {
-    pub(super) fn new(addr: PeerAddr, server: usize, rail: usize, job_tag: u16) -> Stream {
+    pub(super) fn new(addr: PeerAddr, server: usize, rail: usize, job_tag: JobTag) -> Stream {
         Stream {
             lost: false,
             latency: false,

@@ -33,6 +33,8 @@ impl ControlPlane {
             lcores: a.spec.shards,
             server_lcores: names.len() as u32,
             piece_elems: a.spec.chunk_elems,
+            seq_key: a.key,
+            _pad: 0,
         };
         msg.extend_from_slice(bytemuck::bytes_of(&acc));
         for n in names.iter().take(a.spec.shards as usize) {
@@ -197,7 +199,7 @@ impl ControlPlane {
             }
             let now = Instant::now();
             self.failed_joins.retain(|_, t| t.until > now);
-            self.failed_joins.insert(job_id, Tombstone { until: now + self.join_timeout, why: msg, rejoins: true });
+            self.failed_joins.insert(job_id, Tombstone { until: now + self.join_timeout, secret: p.secret, why: msg, rejoins: true });
             return;
         }
         if let Some(i) = self.active_of(conn) {
@@ -214,7 +216,8 @@ impl ControlPlane {
                 let now = Instant::now();
                 self.failed_joins.retain(|_, t| t.until > now);
                 let why = format!("the job failed on this server: its rank {rank} disconnected without finishing");
-                self.failed_joins.insert(job_id, Tombstone { until: now + FAILED_JOB_REFUSED_FOR, why, rejoins: false });
+                let secret = self.active[i].as_ref().map_or([0; wire::JOB_SECRET_BYTES], |a| a.secret);
+                self.failed_joins.insert(job_id, Tombstone { until: now + FAILED_JOB_REFUSED_FOR, secret, why, rejoins: false });
             }
             self.end(i, RejectCode::JobFailed, &format!("rank {rank} disconnected without finishing"));
         }

@@ -6,7 +6,7 @@ use super::*;
 
 impl ControlPlane {
     pub(super) fn join(&mut self, j: Joining) {
-        let Joining { rejoin, heartbeats, conn, peer, spec, rank, names } = j;
+        let Joining { rejoin, heartbeats, conn, peer, spec, rank, names, secret } = j;
         let c = Conn { id: conn, rank, peer, heartbeats };
         if self.draining.is_some() {
             log::info!("{peer}: rank {rank} of job {:#x} refused: the server is draining", spec.job_id);
@@ -18,9 +18,19 @@ impl ControlPlane {
                 refuse(&mut self.net, &c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
                 return;
             }
+            // Fencing ends the running job: only its own ranks may, and they
+            // hold its secret (`wire::auth`); a token and its id are not enough.
+            if !wire::secret_eq(&self.active[i].as_ref().expect("found").secret, &secret) {
+                log::warn!("{peer}: a rejoin of job {:#x} as rank {rank} refused: not the job's secret; the job goes on", spec.job_id);
+                self.counters.refused(RejectCode::Unauthorized);
+                refuse(&mut self.net, &c, RejectCode::Unauthorized, "secret", "not this job's secret: only its own ranks may rejoin it");
+                return;
+            }
             self.fence(i, rank, peer);
         }
-        if let Some(t) = self.failed_joins.get(&spec.job_id) {
+        // A failed job's tombstone holds back its own ranks (its secret), not
+        // another client that picked the same id.
+        if let Some(t) = self.failed_joins.get(&spec.job_id).filter(|t| wire::secret_eq(&t.secret, &secret)) {
             if t.until <= Instant::now() {
                 self.failed_joins.remove(&spec.job_id);
             } else if t.rejoins || !rejoin {
@@ -41,6 +51,7 @@ impl ControlPlane {
         let nranks = spec.nranks as usize;
         let p = self.pending.entry(spec.job_id).or_insert_with(|| Pending {
             spec,
+            secret,
             rejoin,
             conns: (0..nranks).map(|_| None).collect(),
             names: vec![None; nranks],
@@ -48,6 +59,13 @@ impl ControlPlane {
             first_join: Instant::now(),
             deadline: Instant::now() + self.join_timeout,
         });
+        if !wire::secret_eq(&p.secret, &secret) {
+            // Refused alone: the ranks that brought the job's secret go on joining.
+            log::warn!("{peer}: rank {rank} of job {:#x} refused: not the secret the job's first rank brought", spec.job_id);
+            self.counters.refused(RejectCode::Unauthorized);
+            refuse(&mut self.net, &c, RejectCode::Unauthorized, "secret", "not this job's secret (the ranks of a job share one)");
+            return;
+        }
         if p.spec != spec || p.rejoin != rejoin {
             let field = if p.rejoin != rejoin { "flags" } else { mismatch_field(&p.spec, &spec) };
             log::warn!("{peer}: rank {rank} of job {:#x} disagrees with the other ranks on {field}", spec.job_id);
@@ -118,6 +136,15 @@ impl ControlPlane {
         let split = spec.shards > self.latency_lcores as u32;
         let latency_elems = ((1usize << self.latency_max_log2) / spec.dtype.size()) as u32;
         let tag = self.next_tag();
+        // The job's sequence key: what a third party on the fabric cannot guess.
+        let key = match crate::host::random::bytes::<4>() {
+            Ok(b) => u32::from_le_bytes(b),
+            Err(e) => {
+                log::error!("job {:#x} refused: {e}", spec.job_id);
+                self.refuse_all(&mut conns, RejectCode::Internal, "", &e.to_string());
+                return;
+            }
+        };
         let shape = |l: usize| -> (JobSpec, usize, usize) {
             if split && l < self.latency_lcores as usize && latency_elems < spec.chunk_elems {
                 let s = JobSpec { chunk_elems: latency_elems, ..spec };
@@ -176,7 +203,7 @@ impl ControlPlane {
             });
             // Each rank's name for this lcore: its lane l mod lanes.
             let client_names = names.iter().map(|n| n[l % n.len()].clone()).collect();
-            let on = JobOnShard { index: index as u16, tag, spec, base: *off, stride, stage: grant.stage, client_names, split };
+            let on = JobOnShard { index: index as u16, tag, key, spec, base: *off, stride, stage: grant.stage, client_names, split };
             let _ = self.lcores[l].send(Command::AddJob(Box::new(on)));
         }
         log::info!(
@@ -203,6 +230,8 @@ impl ControlPlane {
         self.active[index] = Some(Active {
             job_id: spec.job_id,
             spec,
+            secret: p.secret,
+            key,
             tag,
             conns,
             regions,

@@ -45,8 +45,8 @@
 //! their end, `drain.rs` drains, `failover.rs` is the servers' part of a
 //! failover (lost reports, rejoins, fencing), `liveness.rs` watches the
 //! lcores and sends heartbeats; `conn/` the connections, `admission.rs`
-//! the limits on them, `budget.rs` and `alloc.rs` the slab; `error.rs` why
-//! the control plane could not be set up.
+//! the limits on them, `budget.rs` and `alloc.rs` the slab; `token.rs` the
+//! shared job token; `error.rs` why the control plane could not be set up.
 pub mod alloc;
 pub mod budget;
 
@@ -55,7 +55,7 @@ use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsTable, RoundSum
 use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard, SplitOn};
 use crate::dataplane::split::SplitShared;
 use crate::host::config::ServerConfig;
-use crate::wire::{self, Accept, Boundary, Drain, Header, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, TOKEN_BYTES};
+use crate::wire::{self, Accept, Boundary, Drain, Header, JobSecret, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt};
 use alloc::{RangeAlloc, REGION_ALIGN};
 use bytemuck::Zeroable;
 use conn::{ConnEvent, Connections, Joining, Rules};
@@ -76,6 +76,7 @@ mod join;
 use join::{accept_latency_lcores, refuse};
 mod jobs;
 mod liveness;
+pub mod token;
 
 /// A rank's control connection, as the job logic knows it.
 struct Conn {
@@ -88,6 +89,8 @@ struct Conn {
 
 struct Pending {
     spec: JobSpec,
+    /// Its first rank's secret: every other rank must bring the same.
+    secret: JobSecret,
     rejoin: bool,
     conns: Vec<Option<Conn>>,
     /// Per rank, its endpoint names (see [`conn::Joining::names`]).
@@ -107,6 +110,10 @@ enum Phase {
 struct Active {
     job_id: u64,
     spec: JobSpec,
+    /// What a rejoin must bring to fence it (`wire::auth`).
+    secret: JobSecret,
+    /// Its sequence key (`wire::JobTag`), told to its ranks in the Accept.
+    key: u32,
     tag: u16,
     conns: Vec<Conn>,
     /// (offset, length) of the job's region on lcores 0..shards.
@@ -243,6 +250,8 @@ struct WatchdogFeed {
 /// Why joins of a job id are refused at once, and until when.
 struct Tombstone {
     until: Instant,
+    /// The failed job's: joins with another secret are another job's.
+    secret: JobSecret,
     why: String,
     /// Rejoins too (a join that failed while joining); else only fresh
     /// joins: the ranks of a job that failed here because its connections
@@ -276,18 +285,6 @@ pub const LCORE_QUIET_AFTER: Duration = Duration::from_secs(1);
 /// and the timers that are not handshake deadlines.
 const TICK: Duration = Duration::from_millis(20);
 
-/// Reads the shared token: token_file if configured, else TALLY_TOKEN.
-fn load_token(cfg: &ServerConfig) -> Result<Option<[u8; TOKEN_BYTES]>, SetupError> {
-    let text = match &cfg.token_file {
-        Some(f) => Some(std::fs::read_to_string(f).map_err(|source| SetupError::TokenFile { path: f.clone(), source })?),
-        None => std::env::var("TALLY_TOKEN").ok().filter(|t| !t.is_empty()),
-    };
-    match text {
-        None => Ok(None),
-        Some(t) => wire::token_bytes(&t).map(Some).ok_or(SetupError::TokenTooLong),
-    }
-}
-
 /// Binds the control port, with a backlog deep enough for a thousand ranks
 /// connecting in the same millisecond (std's is 128; past the backlog a
 /// connection waits out a SYN retransmit, a second or more).
@@ -313,7 +310,7 @@ const LISTEN_BACKLOG: i32 = 4096;
 
 /// What a handshake is checked against, from the configuration.
 pub fn rules(cfg: &ServerConfig) -> Result<Rules, SetupError> {
-    let token = load_token(cfg)?;
+    let token = token::load(cfg)?;
     if token.is_none() {
         log::warn!("no token configured (TALLY_TOKEN or token_file): any client that can reach this server may join jobs");
     }
@@ -321,6 +318,8 @@ pub fn rules(cfg: &ServerConfig) -> Result<Rules, SetupError> {
     Ok(Rules {
         limits: Limits { max_ranks: cfg.max_ranks, max_window: cfg.max_window, max_chunk_bytes: cfg.max_chunk, lcores: n },
         token,
+        // The lcores' names are not known yet: `Connections::expect_names`.
+        names: crate::dataplane::fabric::NameShape::Any,
         handshake_timeout: Duration::from_secs(cfg.handshake_timeout_s.max(1)),
         max_handshakes: cfg.max_handshakes as usize,
         max_handshakes_per_source: cfg.max_handshakes_per_source,

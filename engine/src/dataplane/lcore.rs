@@ -81,6 +81,9 @@ pub struct Counters {
     pub bytes_out: AtomicU64,
     pub errors: AtomicU64,
     pub sleeps: AtomicU64,
+    /// Pieces dropped because their sequence did not carry their job's key
+    /// (`wire::JobTag`): sent by a third party, not a rank.
+    pub foreign: AtomicU64,
 }
 
 pub type LcoreStats = CachePadded<Counters>;
@@ -101,6 +104,7 @@ pub struct Snapshot {
     pub bytes_out: u64,
     pub errors: u64,
     pub sleeps: u64,
+    pub foreign: u64,
 }
 
 impl Counters {
@@ -114,6 +118,7 @@ impl Counters {
             bytes_out: r(&self.bytes_out),
             errors: r(&self.errors),
             sleeps: r(&self.sleeps),
+            foreign: r(&self.foreign),
         }
     }
 }

@@ -1,13 +1,14 @@
 //! The host: what tally reads from, and prepares on, the machine it runs
-//! on: its configuration file, CPU lists, sizes and durations as people
-//! write them, hugepage pools, the service manager's notify socket, and
-//! wall-clock times for log lines. Nothing here is on a data path (an lcore
+//! on: its configuration file, its random source, CPU lists, sizes and
+//! durations as people write them, hugepage pools, the service manager's
+//! notify socket, and wall-clock times for log lines. Nothing here is on a data path (an lcore
 //! reads the wall clock only when a round breaks its job's record wait).
 pub mod config;
 pub mod cpuset;
 pub mod fault;
 #[cfg(feature = "fabric")]
 pub mod limits;
+pub mod random;
 pub mod units;
 pub mod wall_clock;
 

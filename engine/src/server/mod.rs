@@ -23,7 +23,7 @@
 use crate::control::{self, alloc::REGION_ALIGN};
 use crate::dataplane::shard::{self, Command, Event};
 
-use crate::dataplane::fabric::{select_provider, EndpointConfig, EndpointName, Hints};
+use crate::dataplane::fabric::{select_provider, EndpointConfig, EndpointName, Hints, NameShape};
 use crate::dataplane::lcore::{self, LcoreSet, PollMode, Snapshot};
 use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsServer, MetricsTable, ServerHealth, ServerPhase};
 use crate::dataplane::slab::{HugepagePolicy, Slab, SlabConfig};
@@ -177,6 +177,10 @@ impl Server {
         // (ARCHITECTURE.md, "Provider facts"), and shm reaches 256 peers at
         // most anyway, so over shm every job gets a piece per rank.
         let plane_cfg = ServerConfig { stage_buffers: if provider.starts_with("shm") { 0 } else { cfg.stage_buffers }, ..cfg.clone() };
+        // Ranks' endpoint names are held to the form of the lcores' own
+        // before any reaches an address vector (`fabric::names`).
+        let mut net = net;
+        net.expect_names(NameShape::of(&provider, &names[0]));
         let plane = control::ControlPlane::new(&plane_cfg, names.clone(), cmd_txs, net, counters.clone(), jobs.clone(), table_for_control)
             .with_watchdog(lcores.lcores().iter().map(|l| l.stats.clone()).collect())
             .with_drain(drain_requested.clone(), drained.clone());

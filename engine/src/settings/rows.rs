@@ -26,7 +26,7 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_TOKEN",
         "",
-        "none: a server admits any client (and warns)",
+        "none: a server admits any client (and warns); set but empty or blank, a server refuses to start",
         &[Server, Client, Tools],
         "shared job token, at most 32 bytes, the same on servers and clients (a server's `token_file` wins)",
     ),
@@ -71,7 +71,7 @@ pub static ENV: &[EnvVar] = &[
         "",
         "none: the plugin offers NCCL no CollNet device",
         &[Plugin, Scripts],
-        "the servers' control addresses, `host:port`, comma- or space-separated, the same on every rank",
+        "the servers' control addresses, `host:port`, comma- or space-separated, the same on every rank, each once (a repeat is refused), at most 256",
     ),
     var(
         "TALLY_CHUNK",
@@ -99,7 +99,7 @@ pub static ENV: &[EnvVar] = &[
         "4K",
         "the plugin: half a chunk; over tcp a whole one",
         &[Client, Plugin],
-        "smallest piece an all-reduce is cut into to spread it over every lcore; the same on every rank (a server refuses a rank that differs)",
+        "smallest piece an all-reduce is cut into to spread it over every lcore, at most 1G; the same on every rank (a server refuses a rank that differs)",
     ),
     var(
         "TALLY_INTERLEAVE",
@@ -380,7 +380,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         flag: "",
         default: "",
         note: "none: `TALLY_TOKEN`, else no token",
-        effect: "file holding the shared job token",
+        effect: "file holding the shared job token; one empty, blank, unreadable or over 32 bytes is refused at start and by `--check`",
     },
     ConfigKey {
         key: "handshake_timeout_s",

@@ -23,8 +23,12 @@ pub struct Hello {
     pub header: Header,
     /// Chosen by the job (all ranks agree, e.g. from rank 0's NCCL handle).
     pub job_id: u64,
-    /// Shared secret; compared in constant time.
-    pub token: [u8; TOKEN_BYTES],
+    /// HMAC of the token over the server's challenge and this message
+    /// (`wire::auth`): the token is proven, never sent.
+    pub proof: [u8; TOKEN_BYTES],
+    /// The job's secret, sealed for the challenge (`wire::auth`); in clear
+    /// between [`Hello::new`] and [`HelloMessage::answer`].
+    pub secret: [u8; JOB_SECRET_BYTES],
     pub rank: u32,
     pub nranks: u32,
     /// NCCL data type code.
@@ -83,6 +87,16 @@ pub struct Accept {
     /// cuts no piece larger (the smallest over its servers). 0: as asked
     /// (what a server from before this field sends).
     pub piece_elems: u32,
+    /// The job's sequence key ([`JobTag`]): drawn at random per job.
+    pub seq_key: u32,
+    pub _pad: u32,
+}
+
+impl Accept {
+    /// The job's dataplane identity: its tag and sequence key.
+    pub fn job(&self) -> JobTag {
+        JobTag { job: self.job_tag, key: self.seq_key }
+    }
 }
 
 impl Accept {
@@ -250,6 +264,11 @@ impl fmt::Debug for Reject {
     }
 }
 
+/// The largest [`JobSpec::min_piece`] (1 GiB): a piece never grows past its
+/// job's chunk, which is far smaller, so a larger minimum changes nothing
+/// but its rounding, which could then overflow (`client::MAX_MIN_PIECE`).
+pub const MAX_MIN_PIECE: u32 = 1 << 30;
+
 /// The largest [`JobSpec::seal_shift`]: seals from 1 TiB.
 pub const MAX_SEAL_SHIFT: u8 = 40;
 
@@ -341,14 +360,17 @@ impl fmt::Debug for Hello {
 }
 
 impl Hello {
-    pub fn new(spec: &JobSpec, rank: u32, token: &[u8; TOKEN_BYTES], name: &[u8]) -> Option<Hello> {
+    /// A Hello for `rank` of the job `spec` carrying the job's `secret`
+    /// (in clear until [`HelloMessage::answer`] seals it) and the rank's
+    /// endpoint `name`.
+    pub fn new(spec: &JobSpec, rank: u32, secret: &JobSecret, name: &[u8]) -> Option<Hello> {
         if name.is_empty() || name.len() > NAME_BYTES {
             return None;
         }
         let mut h = Hello::zeroed();
         h.header = Header::new(Kind::Hello);
         h.job_id = spec.job_id;
-        h.token = *token;
+        h.secret = *secret;
         h.rank = rank;
         h.nranks = spec.nranks;
         h.dtype = spec.dtype as u8;
@@ -395,8 +417,9 @@ impl Hello {
         self.flags & Hello::ALIVE != 0
     }
 
-    /// Validates every field against `limits`; the token is checked by the
-    /// server separately (it needs constant-time comparison and logging).
+    /// Validates every field against `limits`; the proof and the secret
+    /// are checked by the server separately (`wire::auth`: they need the
+    /// challenge and the whole message).
     pub fn check(&self, limits: &Limits) -> Result<JobSpec, FieldError> {
         let bad = |field, reason| Err(FieldError { field, reason });
         if self.header.magic != MAGIC {
@@ -453,6 +476,9 @@ impl Hello {
         if self._pad1 != 0 {
             return bad("padding", "reserved bytes must be zero");
         }
+        if self.min_piece > MAX_MIN_PIECE {
+            return bad("min_piece", "above 1 GiB");
+        }
         let shards = if self.shards == 0 { limits.lcores } else { self.shards };
         Ok(JobSpec {
             job_id: self.job_id,
@@ -497,15 +523,16 @@ pub struct HelloMessage {
 }
 
 impl HelloMessage {
-    /// A Hello naming `names[0]`, with the rest of `names` as its lanes;
-    /// None for no names, more than [`MAX_LANES`], or one empty or too long.
-    pub fn new(spec: &JobSpec, rank: u32, token: &[u8; TOKEN_BYTES], names: &[&[u8]]) -> Option<HelloMessage> {
+    /// A Hello naming `names[0]`, with the rest of `names` as its lanes, to
+    /// be answered to a server's challenge ([`HelloMessage::answer`]); None
+    /// for no names, more than [`MAX_LANES`], or one empty or too long.
+    pub fn new(spec: &JobSpec, rank: u32, secret: &JobSecret, names: &[&[u8]]) -> Option<HelloMessage> {
         let (first, rest) = names.split_first()?;
         if rest.len() >= MAX_LANES {
             return None;
         }
         let mut m = HelloMessage::zeroed();
-        m.hello = Hello::new(spec, rank, token, first)?;
+        m.hello = Hello::new(spec, rank, secret, first)?;
         m.hello.lanes = rest.len() as u8;
         for (r, n) in m.lanes.iter_mut().zip(rest) {
             *r = NameRecord::new(n)?;

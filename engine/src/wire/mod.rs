@@ -1,9 +1,10 @@
 //! The wire: control-plane messages and the dataplane tag layout.
 //!
-//! Control plane (TCP, once per job): a client sends one [`Hello`]; the
-//! server answers with an [`Accept`] header followed by one [`NameRecord`]
-//! per lcore (the fabric address each shard goes to), or with a [`Reject`]
-//! naming the field it refused. While the job runs the server may send a
+//! Control plane (TCP, once per job): the server sends a [`Challenge`], a
+//! client answers with one [`Hello`] that proves the token and carries the
+//! job's secret sealed (`auth.rs`); the server answers with an [`Accept`]
+//! header followed by one [`NameRecord`] per lcore (the fabric address each
+//! shard goes to), or with a [`Reject`] naming the field it refused. While the job runs the server may send a
 //! [`Reject`] with code [`RejectCode::JobFailed`] and close the connection;
 //! a client that finished sends a [`Header`] of kind [`Kind::Bye`] and closes.
 //! A connection that closes without a Bye means the rank died: the job fails
@@ -83,6 +84,7 @@
 //!
 //! Files: this one holds the header, [`Kind`], [`WireError`] and reading;
 //! `join.rs` the handshake (Hello, Accept, Reject, JobSpec, the token),
+//! `auth.rs` its challenge, proof and the job's secret,
 //! `drain.rs` and `failover.rs` their messages, `small.rs` the relay and
 //! split rules, `tag.rs` the tag. Callers name everything as `wire::X`.
 use bytemuck::{Pod, Zeroable};
@@ -91,11 +93,13 @@ use static_assertions::const_assert_eq;
 
 use crate::reduce::{DataType, ReduceOp};
 
+mod auth;
 mod drain;
 mod failover;
 mod join;
 mod small;
 mod tag;
+pub use auth::*;
 pub use drain::*;
 pub use failover::*;
 pub use join::*;
@@ -104,7 +108,10 @@ pub use tag::*;
 
 /// "TLLY" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"TLLY");
-pub const VERSION: u16 = 1;
+/// 2: the server speaks first, a [`Challenge`]; the Hello proves the
+/// token instead of carrying it, and carries the job's secret (`auth.rs`);
+/// the Accept carries the job's sequence key ([`JobTag`]).
+pub const VERSION: u16 = 2;
 /// Bytes of an endpoint name carried on the wire (shm names are paths; EFA's are 32 bytes).
 pub const NAME_BYTES: usize = 256;
 pub const TOKEN_BYTES: usize = 32;
@@ -142,6 +149,9 @@ pub enum Kind {
     /// [`Header`]. A rank that hears none for its liveness time declares
     /// the server lost, as if its connection had closed (see the module doc).
     Alive = 12,
+    /// Server to a new connection, before anything else: the nonce its
+    /// Hello must answer (see [`Challenge`]).
+    Challenge = 13,
 }
 
 impl Kind {
@@ -210,6 +220,7 @@ impl Header {
             10 => Ok(Kind::Recover),
             11 => Ok(Kind::Rejoin),
             12 => Ok(Kind::Alive),
+            13 => Ok(Kind::Challenge),
             k => Err(WireError::BadKind(k)),
         }
     }
@@ -235,9 +246,11 @@ fn expect_kind(h: &Header, want: Kind) -> Result<(), WireError> {
     Ok(())
 }
 
-const_assert_eq!(core::mem::size_of::<Hello>(), 336);
+const_assert_eq!(core::mem::size_of::<Hello>(), 368);
 
-const_assert_eq!(core::mem::size_of::<Accept>(), 24);
+const_assert_eq!(core::mem::size_of::<Challenge>(), 48);
+
+const_assert_eq!(core::mem::size_of::<Accept>(), 32);
 
 const_assert_eq!(core::mem::size_of::<NameRecord>(), 264);
 
@@ -301,7 +314,8 @@ pub fn read<T: Pod>(bytes: &[u8]) -> Result<T, WireError> {
 mod tests {
     use super::*;
 
-    fn spec() -> JobSpec {
+    /// A valid spec, for the wire's tests (`auth.rs`'s too).
+    pub(in crate::wire) fn spec() -> JobSpec {
         JobSpec {
             job_id: 7,
             nranks: 4,
@@ -351,6 +365,8 @@ mod tests {
             ("name_len", |h| h.name_len = 257),
             ("padding", |h| h._pad1 = 1),
             ("seal_shift", |h| h.seal_shift = MAX_SEAL_SHIFT + 1),
+            ("min_piece", |h| h.min_piece = MAX_MIN_PIECE + 1),
+            ("min_piece", |h| h.min_piece = u32::MAX),
             ("lanes", |h| h.lanes = MAX_LANES as u8),
             ("flags", |h| h.flags = 32),
             // Relay with four ranks.
@@ -451,7 +467,7 @@ mod tests {
 
     #[test]
     fn short_and_foreign_bytes_are_errors() {
-        assert_eq!(read::<Hello>(&[0; 10]).unwrap_err(), WireError::Short { need: 336, got: 10 });
+        assert_eq!(read::<Hello>(&[0; 10]).unwrap_err(), WireError::Short { need: 368, got: 10 });
         let hdr: Header = read(b"GET / HTTP/1.1\r\n").unwrap();
         assert!(matches!(hdr.check(), Err(WireError::BadMagic(_))));
     }
@@ -470,6 +486,12 @@ mod tests {
         let t = Tag::new(0xabcd, 0x1234, 0xdeadbeef);
         assert_eq!((t.job(), t.slot(), t.seq()), (0xabcd, 0x1234, 0xdeadbeef));
         assert_eq!(t.0 & !Tag::SEQ_BITS, Tag::new(0xabcd, 0x1234, 0).0);
+        let j = JobTag { job: 0xabcd, key: 0x5a5a_1234 };
+        let keyed = j.tag(7, 42);
+        assert_eq!((keyed.job(), keyed.slot()), (0xabcd, 7), "job and slot in clear: receives match on them");
+        assert_ne!(keyed.seq(), 42, "the sequence is not");
+        assert_eq!(j.seq_of(keyed), 42);
+        assert_ne!(JobTag { key: 1, ..j }.seq_of(keyed), 42, "another key reads another sequence");
     }
 
     #[test]

@@ -145,6 +145,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         rank: None,
         bootstrap: None,
         job_id: 0,
+        job_secret: None,
     };
     if !args.json.json {
         println!("== Part 2: loopback: one reduction server (2 lcores) + {} ranks on this machine, provider {provider} ==", args.ranks);

@@ -4,7 +4,8 @@
 //! would meet: the lcores exist and are inside this process's affinity mask,
 //! the fabric provider is known and present (fi_getinfo), the hugepage pool
 //! can hold the slabs (when hugepages are required), the control and metrics
-//! ports are free. Each failure names what a start would fail on.
+//! ports are free, the token (`token_file`, else `TALLY_TOKEN`) reads. Each
+//! failure names what a start would fail on.
 use crate::host::doctor::checks::{self, Target};
 use crate::host::doctor::facts;
 use tally_engine::host::config::ServerConfig;
@@ -21,6 +22,14 @@ pub fn run(cfg: &ServerConfig) -> Result<(), String> {
             None => format!("{}: {}", c.name, c.detail),
         });
     }
+    // The start's own reader, so that the two cannot disagree on a token.
+    let has_token = match tally_engine::control::token::load(cfg) {
+        Ok(t) => t.is_some(),
+        Err(e) => {
+            refusals.push(format!("token: {e}"));
+            false
+        }
+    };
     refusals.extend(port_in_use("listen", &cfg.listen));
     if let Some(m) = &cfg.metrics {
         refusals.extend(port_in_use("metrics", m));
@@ -55,9 +64,14 @@ pub fn run(cfg: &ServerConfig) -> Result<(), String> {
         );
     }
     println!(
-        "checked on this host: lcores inside the affinity mask, provider {} present, hugepages {}, ports free",
+        "checked on this host: lcores inside the affinity mask, provider {} present, hugepages {}, ports free, {}",
         cfg.provider.as_deref().map_or("(auto: one at least)".to_string(), tally_engine::dataplane::fabric::canonical_provider),
-        if cfg.hugepages == "require" { "enough for the slabs" } else { "not required" }
+        if cfg.hugepages == "require" { "enough for the slabs" } else { "not required" },
+        match (has_token, &cfg.token_file) {
+            (true, Some(path)) => format!("token read from {path}"),
+            (true, None) => "token read from TALLY_TOKEN".to_string(),
+            (false, _) => "no token (the server will admit any client that reaches it, and warn)".to_string(),
+        }
     );
     Ok(())
 }

@@ -92,7 +92,7 @@ use super::rails::Rails;
 use super::{Client, ClientError, Flight, Op, Stream, SubJob};
 use crate::dataplane::fabric::MemoryHandle;
 use crate::reduce::{DataType, ReduceOp};
-use crate::wire::{self, Hello, HelloMessage, JobSpec};
+use crate::wire::{self, Challenge, Hello, HelloMessage, JobSpec};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -632,7 +632,7 @@ mod tests {
     /// Before 9be490d the cleared slot of 11 was reported as not held.
     #[test]
     fn a_flight_completed_out_of_order_counts_as_held() {
-        let mut stream = Stream::new(0, 0, 0, 1);
+        let mut stream = Stream::new(0, 0, 0, crate::wire::JobTag { job: 1, key: 0 });
         (stream.head_seq, stream.head_slot, stream.next_seq, stream.next_slot) = (10, 2, 13, 1);
         let mut flights = [Flight::default(); 4];
         flights[2] = Flight { op: 7, seq: 10, send_done: true, ..Flight::default() };

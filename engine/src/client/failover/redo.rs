@@ -82,7 +82,9 @@ impl Client {
         let (dtype, op, chunk_elems) = (s.dtype, s.op, s.chunk_elems);
         let round_no = s.fo.handled.count_ones() as u64 + 1;
         let dead = s.fo.dead;
-        let base = self.job_id_of(sub) ^ 0x5245_444f_0000_0000 ^ (round_no << 40);
+        // Derived with the job's secret, like a sub-job's (`wire::derive_job_id`).
+        let what = [&b"redo"[..], &round_no.to_le_bytes()].concat();
+        let base = wire::derive_job_id(self.job_id_of(sub), &self.cfg.job_secret, &what);
         let mut ops = vec![ReduceOp::Sum];
         if op != ReduceOp::Sum {
             ops.push(op);
@@ -112,7 +114,7 @@ impl Client {
                 // Named by the rail that carries lcore 0's stream (a redo
                 // job has one shard).
                 let rail = self.rails.rail_for(si, 0);
-                let hello = HelloMessage::new(&spec, self.cfg.rank, &self.token, &[self.rails.name(rail).as_bytes()])
+                let hello = HelloMessage::new(&spec, self.cfg.rank, &self.cfg.job_secret, &[self.rails.name(rail).as_bytes()])
                     .ok_or_else(|| ClientError::Fabric("endpoint name too long".into()))?;
                 let server = &self.cfg.servers[si];
                 let err = |e: String| ClientError::Connect { server: server.clone(), error: e };
@@ -124,7 +126,8 @@ impl Client {
                 let mut c = crate::client::join::connect_retry(&addr, self.cfg.join_timeout.min(REDO_CONNECT_FOR))
                     .map_err(|e| err(e.to_string()))?;
                 let _ = c.set_nodelay(true);
-                c.write_all(hello.as_bytes()).map_err(|e| err(e.to_string()))?;
+                crate::client::greet::greet(&mut c, &hello, &self.token, self.cfg.join_timeout.min(REDO_CONNECT_FOR))
+                    .map_err(|e| err(e.to_string()))?;
                 conns.push((si, c, hello));
             }
             let started = Instant::now();
@@ -218,7 +221,7 @@ impl Client {
         let f = rj.flights[k * REDO_WINDOW as usize + w];
         let it = &r.items[f.item];
         let stream = &rj.streams[k];
-        let tag = wire::Tag::new(stream.job_tag, w as u16, f.seq).0;
+        let tag = stream.job_tag.tag(w as u16, f.seq).0;
         let res = if is_send {
             let (src, mh) = match it.holder {
                 Some(h) if h == self.cfg.rank => {

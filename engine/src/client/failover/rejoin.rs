@@ -22,13 +22,18 @@ pub(in crate::client) enum RejoinPhase {
     Done,
 }
 
+/// A lost server reached again: (sub-job, server, the connection, its
+/// challenge), read on the watcher's thread so that the client's never
+/// waits for a server that accepts and then says nothing.
+pub(in crate::client) type Reached = (usize, usize, TcpStream, Challenge);
+
 /// A thread that tries to reach lost servers (a blocking connect to a dead
 /// host must not stall the data path) and hands over the connections.
 pub struct Watcher {
     /// (sub-job, server, address) still to reach.
     pub(in crate::client) wanted: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, std::net::SocketAddr)>>>,
-    /// Connections made, not yet taken.
-    pub(in crate::client) reached: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, TcpStream)>>>,
+    /// Connections made, each with the server's challenge read, not yet taken.
+    pub(in crate::client) reached: std::sync::Arc<std::sync::Mutex<Vec<Reached>>>,
     pub(in crate::client) stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -36,17 +41,21 @@ impl Watcher {
     pub(in crate::client) fn start() -> Watcher {
         use std::sync::{atomic::AtomicBool, atomic::Ordering, Arc, Mutex};
         let wanted: Arc<Mutex<Vec<(usize, usize, std::net::SocketAddr)>>> = Arc::default();
-        let reached: Arc<Mutex<Vec<(usize, usize, TcpStream)>>> = Arc::default();
+        let reached: Arc<Mutex<Vec<Reached>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (w, r, st) = (wanted.clone(), reached.clone(), stop.clone());
         let _ = std::thread::Builder::new().name("tally-rejoin".into()).spawn(move || {
             while !st.load(Ordering::Relaxed) {
                 let todo: Vec<_> = w.lock().map(|v| v.clone()).unwrap_or_default();
                 for (sub, si, addr) in todo {
-                    if let Ok(c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else { continue };
+                    // A server that refuses at once (busy) is tried again on a later turn.
+                    if let Ok(crate::client::greet::Opening::Challenge(challenge)) =
+                        crate::client::greet::read_opening(&mut c, Duration::from_secs(1))
+                    {
                         if let (Ok(mut wv), Ok(mut rv)) = (w.lock(), r.lock()) {
                             wv.retain(|x| (x.0, x.1) != (sub, si));
-                            rv.push((sub, si, c));
+                            rv.push((sub, si, c, challenge));
                         }
                     }
                 }
@@ -75,7 +84,7 @@ impl Client {
         if s.fo.round.is_some() || s.fo.recovering {
             return Ok(());
         }
-        let reached: Vec<(usize, usize, TcpStream)> = match s.fo.watcher.as_ref().map(|w| w.reached.try_lock()) {
+        let reached: Vec<Reached> = match s.fo.watcher.as_ref().map(|w| w.reached.try_lock()) {
             Some(Ok(mut v)) if v.iter().any(|x| x.0 == sub) => {
                 let (mine, rest): (Vec<_>, Vec<_>) = v.drain(..).partition(|x| x.0 == sub);
                 *v = rest;
@@ -83,7 +92,7 @@ impl Client {
             }
             _ => Vec::new(),
         };
-        for (_, si, mut conn) in reached {
+        for (_, si, mut conn, challenge) in reached {
             let spec = JobSpec {
                 job_id: self.job_id_of(sub),
                 nranks: self.cfg.nranks,
@@ -105,7 +114,8 @@ impl Client {
             }
             let _ = conn.set_nodelay(true);
             crate::client::join::keepalive(&conn);
-            if conn.write_all(hello.as_bytes()).is_ok() && conn.set_nonblocking(true).is_ok() {
+            let sent = crate::client::greet::send_answered(&mut conn, &hello, &challenge, &self.token);
+            if sent.is_ok() && conn.set_nonblocking(true).is_ok() {
                 log::info!("server {} answers again: taking it back into job {:#x}", self.cfg.servers[si], spec.job_id);
                 self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept });
             } else {
@@ -244,7 +254,7 @@ impl Client {
                         born: u64::MAX,
                         latency: k < latency_lcores,
                         lcore: k as u32,
-                        ..Stream::new(addr, si, rail, a.job_tag)
+                        ..Stream::new(addr, si, rail, a.job())
                     });
                 }
                 let s = &mut self.subs[sub];

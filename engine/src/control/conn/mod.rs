@@ -1,8 +1,10 @@
 //! Control connections, all of them on one thread: an epoll loop (mio).
 //!
 //! Every TCP connection to the control port lives here from its accept to
-//! its close: first in its **handshake** (the Hello is read into a
-//! Hello-sized buffer, checked, and turned into a [`ConnEvent::Join`]),
+//! its close: first in its **handshake** (the server's challenge goes out at
+//! once; the Hello that answers it is read into a Hello-sized buffer, its
+//! fields, proof of the token (`wire::auth`) and endpoint names checked,
+//! and turned into a [`ConnEvent::Join`]),
 //! then **joined** (the rank sends at most a few small messages for the
 //! rest of the job: `Boundary`, `Lost`, `Bye`, each parsed here into an
 //! event). Nothing blocks: reads take what the socket has, writes go out as
@@ -23,9 +25,12 @@
 //! it hears [`ConnEvent`]s and answers through [`Connections::send`] and
 //! [`Connections::refuse`].
 use super::admission::{Admission, Verdict};
-use crate::dataplane::fabric::EndpointName;
+use crate::dataplane::fabric::{EndpointName, NameShape};
 use crate::dataplane::metrics::ControlCounters;
-use crate::wire::{self, Header, Hello, HelloMessage, JobSpec, Kind, Limits, Reject, RejectCode, TOKEN_BYTES};
+use crate::host::random;
+use crate::wire::{
+    self, Challenge, Header, Hello, HelloMessage, JobSecret, JobSpec, Kind, Limits, Reject, RejectCode, NONCE_BYTES, TOKEN_BYTES,
+};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token, Waker};
 use std::collections::VecDeque;
@@ -92,12 +97,17 @@ pub struct Joining {
     /// The rank's endpoint names: its Hello's, then its lanes' (lcore `k`
     /// of the job uses name `k mod len`).
     pub names: Vec<EndpointName>,
+    /// The job's secret, unsealed (`wire::auth`): the job logic holds every
+    /// rank and rejoin of the job to its first rank's.
+    pub secret: JobSecret,
 }
 
 /// What a handshake is checked against.
 pub struct Rules {
     pub limits: Limits,
     pub token: Option<[u8; TOKEN_BYTES]>,
+    /// What an endpoint name must look like to this server's provider.
+    pub names: NameShape,
     pub handshake_timeout: Duration,
     pub max_handshakes: usize,
     pub max_handshakes_per_source: u32,
@@ -127,6 +137,8 @@ struct Connection {
     closing: bool,
     /// Refused, reject written, write side shut: waiting for the peer's close.
     lingering: bool,
+    /// The challenge's nonce its Hello must answer (`wire::auth`).
+    nonce: [u8; NONCE_BYTES],
 }
 
 /// Every control connection and the listener, on one mio poll.
@@ -166,8 +178,32 @@ struct Quiet {
     evicted: u64,
     timed_out: u64,
     accept_errors: u64,
+    /// Refused handshakes past the [`LOUD_REFUSALS`] of this second, by [`Refusal`].
+    refused: [u64; 3],
+    /// Refused handshakes logged in full in the second from `loud_since`.
+    loud: u32,
+    loud_since: Option<Instant>,
     last: Option<Instant>,
     sample: Option<IpAddr>,
+}
+
+/// Refused handshakes logged in full each second; the rest are counted
+/// into the summary (a bad client is still told why in its reject).
+const LOUD_REFUSALS: u32 = 4;
+
+/// Why a handshake was refused, as the rate-limited log counts it.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// Bad magic, version, kind, field or endpoint name.
+    Malformed = 0,
+    /// Its proof does not match: a wrong or missing token.
+    Unauthorized = 1,
+    /// The peer closed in the middle of its Hello.
+    Truncated = 2,
+}
+
+impl Refusal {
+    const NAMES: [&'static str; 3] = ["malformed", "with a wrong or missing token", "cut off"];
 }
 
 impl Connections {
@@ -196,6 +232,12 @@ impl Connections {
             accept_stalled: false,
             quiet: Quiet::default(),
         })
+    }
+
+    /// Holds ranks' endpoint names to `shape` from now on (the server's
+    /// lcores opened their endpoints: `fabric::names`).
+    pub fn expect_names(&mut self, shape: NameShape) {
+        self.rules.names = shape;
     }
 
     /// Wakes [`Connections::turn`] from another thread (an lcore's event).
@@ -335,8 +377,30 @@ impl Connections {
             return None;
         }
         let input = if phase == Phase::Handshake { Vec::with_capacity(core::mem::size_of::<Hello>()) } else { Vec::new() };
-        self.slots[slot] =
-            Some(Connection { id, stream, peer, phase, input, output: Vec::new(), sent: 0, closing: false, lingering: false });
+        let nonce = if phase == Phase::Handshake {
+            match random::bytes::<NONCE_BYTES>() {
+                Ok(n) => n,
+                Err(e) => {
+                    log::error!("{peer}: no nonce for its challenge: {e}; closing");
+                    let _ = self.poll.registry().deregister(&mut stream);
+                    self.free.push(slot);
+                    return None;
+                }
+            }
+        } else {
+            [0; NONCE_BYTES]
+        };
+        // The server speaks first: the challenge the Hello must answer.
+        let output = match phase {
+            Phase::Handshake => bytemuck::bytes_of(&Challenge::new(nonce, self.rules.token.is_some())).to_vec(),
+            _ => Vec::new(),
+        };
+        self.slots[slot] = Some(Connection { id, stream, peer, phase, input, output, sent: 0, closing: false, lingering: false, nonce });
+        if phase == Phase::Handshake {
+            let mut out = Vec::new();
+            self.flush(slot, &mut out);
+            self.queued.append(&mut out);
+        }
         Some(id)
     }
 
@@ -484,7 +548,7 @@ impl Connections {
     /// At most one line a second about refused and expired connections.
     fn summarize(&mut self, now: Instant) {
         let q = &mut self.quiet;
-        if q.busy_source + q.evicted + q.timed_out == 0 {
+        if q.busy_source + q.evicted + q.timed_out + q.refused.iter().sum::<u64>() == 0 {
             return;
         }
         if q.last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
@@ -504,9 +568,33 @@ impl Connections {
         if q.timed_out > 0 {
             parts.push(format!("{} closed at their {:?} handshake deadline", q.timed_out, self.rules.handshake_timeout));
         }
+        for (n, what) in q.refused.iter().zip(Refusal::NAMES) {
+            if *n > 0 {
+                parts.push(format!("{n} more handshakes refused {what}"));
+            }
+        }
         let sample = q.sample.map(|s| format!(" (e.g. from {s})")).unwrap_or_default();
         log::warn!("control connections: {}{sample}; {} in their handshake now", parts.join(", "), self.admission.total());
-        *q = Quiet { last: Some(now), accept_errors: q.accept_errors, ..Quiet::default() };
+        *q = Quiet { last: Some(now), accept_errors: q.accept_errors, loud: q.loud, loud_since: q.loud_since, ..Quiet::default() };
+    }
+
+    /// A refused handshake: its line in full while fewer than
+    /// [`LOUD_REFUSALS`] were logged this second, else counted for
+    /// [`Connections::summarize`].
+    fn quiet_refusal(&mut self, why: Refusal, peer: SocketAddr, line: impl FnOnce() -> String) {
+        let now = Instant::now();
+        let q = &mut self.quiet;
+        if q.loud_since.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+            q.loud_since = Some(now);
+            q.loud = 0;
+        }
+        if q.loud < LOUD_REFUSALS {
+            q.loud += 1;
+            log::warn!("{peer}: {}", line());
+        } else {
+            q.refused[why as usize] += 1;
+            q.sample = Some(peer.ip());
+        }
     }
 
     /// Forgets a connection; a joined one is reported closed.

@@ -1,6 +1,6 @@
 //! Reading a control connection: what its socket has, first as the
-//! handshake (one Hello, checked and turned into a [`ConnEvent::Join`] or
-//! refused), then as the joined rank's framed messages (`Boundary`, `Lost`,
+//! handshake (one Hello answering the connection's challenge, checked and
+//! turned into a [`ConnEvent::Join`] or refused), then as the joined rank's framed messages (`Boundary`, `Lost`,
 //! `Bye`, ...), each parsed into a [`ConnEvent`]; and its end of stream.
 use super::*;
 
@@ -48,7 +48,8 @@ impl Connections {
     fn eof(&mut self, slot: usize, out: &mut Vec<ConnEvent>) {
         let Some(c) = self.slots[slot].as_ref() else { return };
         if c.phase == Phase::Handshake && !c.input.is_empty() && !c.closing {
-            log::warn!("{}: connection closed after {} bytes of a handshake", c.peer, c.input.len());
+            let (peer, got) = (c.peer, c.input.len());
+            self.quiet_refusal(Refusal::Truncated, peer, || format!("connection closed after {got} bytes of a handshake"));
         }
         self.drop_slot(slot, out);
     }
@@ -64,10 +65,12 @@ impl Connections {
     }
 
     /// Checks the Hello as far as it arrived: a header that is already wrong
-    /// is refused without waiting for the rest.
+    /// is refused without waiting for the rest; then its fields, then, with
+    /// its lanes' names in, its proof of the token for this connection's
+    /// challenge (`wire::auth`).
     fn handshake(&mut self, slot: usize, out: &mut Vec<ConnEvent>) -> bool {
         let c = self.slots[slot].as_ref().expect("live slot");
-        let (id, peer) = (c.id, c.peer);
+        let (id, peer, nonce) = (c.id, c.peer, c.nonce);
         if c.input.len() >= 8 {
             let hdr: Header = wire::read(&c.input).expect("8 bytes");
             if let Err(e) = hdr.check().and_then(|k| if k == Kind::Hello { Ok(k) } else { Err(wire::WireError::BadKind(k as u16)) }) {
@@ -76,7 +79,7 @@ impl Connections {
                     wire::WireError::BadVersion(_) => "version",
                     _ => "kind",
                 };
-                log::warn!("{peer}: refused handshake: {e}");
+                self.quiet_refusal(Refusal::Malformed, peer, || format!("refused handshake: {e}"));
                 self.counters.refused(RejectCode::BadField);
                 self.refuse_handshake(id, RejectCode::BadField, field, &e.to_string());
                 return false;
@@ -86,18 +89,10 @@ impl Connections {
             return true;
         }
         let hello: Hello = wire::read(&c.input).expect("a whole Hello");
-        if let Some(t) = &self.rules.token {
-            if !wire::token_eq(t, &hello.token) {
-                log::warn!("{peer}: refused: wrong or missing token (job {:#x}, rank {})", hello.job_id, hello.rank);
-                self.counters.refused(RejectCode::Unauthorized);
-                self.refuse_handshake(id, RejectCode::Unauthorized, "token", "wrong or missing token");
-                return false;
-            }
-        }
         let spec = match hello.check(&self.rules.limits) {
             Ok(s) => s,
             Err(e) => {
-                log::warn!("{peer}: refused handshake: {}: {}", e.field, e.reason);
+                self.quiet_refusal(Refusal::Malformed, peer, || format!("refused handshake: {}: {}", e.field, e.reason));
                 self.counters.refused(RejectCode::BadField);
                 self.refuse_handshake(id, RejectCode::BadField, e.field, e.reason);
                 return false;
@@ -107,6 +102,21 @@ impl Connections {
         if c.input.len() < Hello::message_len(&c.input) {
             return true;
         }
+        // The proof covers the whole message; a server without a token
+        // checks it against the zero key its challenge told the rank to use.
+        let key = self.rules.token.unwrap_or([0; TOKEN_BYTES]);
+        if !Hello::proves(&c.input, &key, &nonce) {
+            let (job, rank) = (hello.job_id, hello.rank);
+            let with_token = self.rules.token.is_some();
+            let msg = if with_token { "wrong or missing token" } else { "the proof does not answer this connection's challenge" };
+            self.quiet_refusal(Refusal::Unauthorized, peer, || match with_token {
+                true => format!("refused: wrong or missing token (job {:#x}, rank {})", job, rank),
+                false => format!("refused: {msg} (job {job:#x}, rank {rank})"),
+            });
+            self.counters.refused(RejectCode::Unauthorized);
+            self.refuse_handshake(id, RejectCode::Unauthorized, "token", msg);
+            return false;
+        }
         let c = self.slots[slot].as_ref().expect("live slot");
         let mut names = Vec::with_capacity(1 + hello.lanes as usize);
         for k in 0..=hello.lanes as usize {
@@ -114,14 +124,22 @@ impl Connections {
                 0 => EndpointName::from_bytes(hello.name()),
                 k => HelloMessage::lane(&c.input, k).ok().and_then(|r| r.name().ok().and_then(EndpointName::from_bytes)),
             };
-            let Some(name) = name else {
-                self.counters.refused(RejectCode::BadField);
-                let field = if k == 0 { "name" } else { "lanes" };
-                self.refuse_handshake(id, RejectCode::BadField, field, "an endpoint name is empty or too long");
-                return false;
+            // A name this server's provider could not take is refused here,
+            // for this rank alone: it never reaches an address vector.
+            let problem = match &name {
+                None => Some("an endpoint name is empty or too long".to_string()),
+                Some(n) => self.rules.names.problem(n.as_bytes()),
             };
-            names.push(name);
+            if let Some(why) = problem {
+                let field = if k == 0 { "name" } else { "lanes" };
+                self.quiet_refusal(Refusal::Malformed, peer, || format!("refused handshake: {field}: {why}"));
+                self.counters.refused(RejectCode::BadField);
+                self.refuse_handshake(id, RejectCode::BadField, field, &why);
+                return false;
+            }
+            names.push(name.expect("checked"));
         }
+        let secret = hello.secret(&key, &nonce);
         let c = self.slots[slot].as_mut().expect("live slot");
         c.phase = Phase::Rank;
         c.input.clear();
@@ -135,6 +153,7 @@ impl Connections {
             spec,
             rank: hello.rank,
             names,
+            secret,
         })));
         true
     }

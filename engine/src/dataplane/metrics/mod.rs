@@ -13,9 +13,14 @@
 //! cache line.
 //!
 //! A block belongs to whichever job last occupied its index: the lcore
-//! resets it and stamps the job id in when it processes the job's AddJob.
-//! The block keeps its values after the job ended (so a scrape right after a
-//! job finished still sees what it did) until the index is reused.
+//! resets it and stamps the job id in when it processes the job's AddJob
+//! (first thing, before anything there can fail, so that a job that fails
+//! to start never shows or logs its predecessor's counters). The block
+//! keeps its values after the job ended until the index is reused (the
+//! job-end line's `RoundSummary` reads them then), but [`render`] writes
+//! only the blocks of jobs the control plane still publishes: an ended
+//! job's series leave `/metrics` with it, and the per-lcore totals keep
+//! what it moved.
 //!
 //! The latency histogram has fixed log2 buckets (1 us, 2 us, 4 us, ... up to
 //! about 8.4 s, then +Inf): recording is a leading-zeros count and one
@@ -368,7 +373,7 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
         "# HELP tally_server_draining 1 once the server drains or stops (it admits no new jobs), else 0.\n# TYPE tally_server_draining gauge\ntally_server_draining {}",
         u8::from(health.draining())
     );
-    let lcore_metrics: [LcoreMetric; 7] = [
+    let lcore_metrics: [LcoreMetric; 8] = [
         ("tally_lcore_polls_total", "counter", "Completion-queue polls.", |s| s.polls),
         ("tally_lcore_empty_polls_total", "counter", "Polls that found no completion.", |s| s.empty_polls),
         ("tally_lcore_completions_total", "counter", "Completions handled.", |s| s.completions),
@@ -376,6 +381,12 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
         ("tally_lcore_bytes_out_total", "counter", "Bytes of results sent to ranks (counted on send completion).", |s| s.bytes_out),
         ("tally_lcore_cq_errors_total", "counter", "Completion-queue errors (cancellations excluded).", |s| s.errors),
         ("tally_lcore_sleeps_total", "counter", "Adaptive-mode sleeps after the spin budget ran out.", |s| s.sleeps),
+        (
+            "tally_lcore_foreign_pieces_total",
+            "counter",
+            "Pieces dropped because their sequence did not carry their job's key: sent by a third party on the fabric, not a rank.",
+            |s| s.foreign,
+        ),
     ];
     for (name, kind, help, get) in lcore_metrics {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -443,11 +454,16 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
     cum += r(&control.join_to_running_buckets[BUCKETS]);
     let _ = writeln!(o, "{h}_bucket{{le=\"+Inf\"}} {cum}\n{h}_sum {}\n{h}_count {cum}", r(&control.join_to_running_sum_ns) as f64 * 1e-9);
 
-    // Blocks that ever served a job, with their labels.
+    // The blocks of the jobs the server has now, with their labels: a
+    // block whose job ended (no longer published), or that still holds the
+    // previous occupant of its index (the new job's AddJob not yet
+    // processed by that lcore), is left out, so an ended job's series
+    // disappear with it.
+    let live = |j: usize, b: &JobCounters| jobs.iter().any(|ji| ji.index == Some(j as u16) && ji.job_id == r(&b.job_id));
     let blocks: Vec<(String, &JobCounters)> = (0..table.lcores)
         .flat_map(|l| (0..table.max_jobs).map(move |j| (l, j)))
         .map(|(l, j)| (l, j, table.job(l, j)))
-        .filter(|(_, _, b)| r(&b.in_use) == 1)
+        .filter(|(_, j, b)| r(&b.in_use) == 1 && live(*j, b))
         .map(|(l, j, b)| (format!("job=\"{:#x}\",index=\"{j}\",lcore=\"{l}\"", r(&b.job_id)), b))
         .collect();
     let job_metrics: [JobMetric; 4] = [
@@ -554,7 +570,8 @@ mod tests {
         for ns in [500, 1500, 3000, 3000, 100_000_000_000] {
             t.job(1, 2).record_round(ns);
         }
-        let text = render(&[Snapshot::default(), Snapshot::default()], &t, &[], &ControlCounters::default(), &ServerHealth::new());
+        let jobs = [published(0xab, 2)];
+        let text = render(&[Snapshot::default(), Snapshot::default()], &t, &jobs, &ControlCounters::default(), &ServerHealth::new());
         let l = "job=\"0xab\",index=\"2\",lcore=\"1\"";
         assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000001\"}} 1\n")), "{text}");
         assert!(text.contains(&format!("tally_job_round_latency_seconds_bucket{{{l},le=\"0.000004\"}} 4\n")), "{text}");
@@ -565,6 +582,40 @@ mod tests {
         // Blocks never used are not rendered.
         assert!(!text.contains("lcore=\"0\",index"));
         assert!(!text.contains("index=\"0\""));
+    }
+
+    fn published(job_id: u64, index: u16) -> JobInfo {
+        JobInfo { job_id, tag: Some(1), index: Some(index), nranks: 2, joined: 2, dtype: "f32", op: "sum", state: "running" }
+    }
+
+    #[test]
+    fn only_the_published_jobs_blocks_are_rendered() {
+        let t = MetricsTable::new(2, 2);
+        t.job(0, 0).reset(0xa);
+        t.job(1, 0).reset(0xa);
+        t.job(0, 1).reset(0xb);
+        t.job(0, 0).record_round(1000);
+        let render_with = |jobs: &[JobInfo]| render(&[Snapshot::default(); 2], &t, jobs, &ControlCounters::default(), &ServerHealth::new());
+        let text = render_with(&[published(0xa, 0), published(0xb, 1)]);
+        assert!(text.contains("tally_job_rounds_total{job=\"0xa\",index=\"0\",lcore=\"0\"} 1\n"), "{text}");
+        assert!(text.contains("tally_job_rounds_total{job=\"0xb\",index=\"1\",lcore=\"0\"} 0\n"), "{text}");
+        // Job 0xa ended (no longer published): its series go, 0xb's stay.
+        let text = render_with(&[published(0xb, 1)]);
+        assert!(!text.contains("job=\"0xa\""), "{text}");
+        assert!(text.contains("job=\"0xb\",index=\"1\""), "{text}");
+        // Job 0xc took index 0 and lcore 1 has not reset its block yet: the
+        // block still holding 0xa is not shown under either id.
+        t.job(0, 0).reset(0xc);
+        let text = render_with(&[published(0xc, 0)]);
+        assert!(text.contains("tally_job_rounds_total{job=\"0xc\",index=\"0\",lcore=\"0\"} 0\n"), "{text}");
+        assert!(
+            !text.contains("job=\"0xa\"") && !text.contains("lcore=\"1\",index") && !text.contains("index=\"0\",lcore=\"1\""),
+            "{text}"
+        );
+        // Nothing published: no job series at all; the lcore totals stay.
+        let text = render_with(&[]);
+        assert!(!text.contains("tally_job_rounds_total{"), "{text}");
+        assert!(text.contains("tally_lcore_bytes_in_total{lcore=\"0\"} 0\n"), "{text}");
     }
 
     #[test]

@@ -31,14 +31,26 @@ impl ShardWorker {
             self.result_taken(ji, slot, rank);
             return;
         }
+        match check_piece(job, &c, slot) {
+            Piece::Fits => {}
+            Piece::Foreign => {
+                // Not from the job's rank (see `check_piece`): dropped, and
+                // the receive posted again for the rank's own piece.
+                bump(&stats.foreign, 1);
+                if let Err(e) = self.post(c.context) {
+                    self.fail(ji, format!("reposting a receive after a foreign piece: {e}"));
+                }
+                return;
+            }
+            Piece::Bad(p) => {
+                let s = job.slots[slot];
+                let msg = format!("{p} (rank {rank}, slot {slot}, tag {:#x}, expected seq {}, length {})", c.tag, s.seq, c.len);
+                self.fail(ji, msg);
+                return;
+            }
+        }
         bump(&stats.bytes_in, c.len as u64);
         bump(&self.metrics.job(self.lcore, ji).bytes_in, c.len as u64);
-        if let Some(p) = piece_problem(job, &c, slot) {
-            let s = job.slots[slot];
-            let msg = format!("{p} (rank {rank}, slot {slot}, tag {:#x}, expected seq {}, length {})", c.tag, s.seq, c.len);
-            self.fail(ji, msg);
-            return;
-        }
         job.arrived_bits[slot * job.words_per_slot + rank / 64] |= 1 << (rank % 64);
         if job.slots[slot].arrived == 0 {
             if let Some(done) = job.finished {
@@ -117,22 +129,42 @@ impl ShardWorker {
     }
 }
 
-/// What is wrong with a piece received for `slot`, if anything: its tag
-/// names another job or slot, its sequence number is not the slot's
-/// round's, or its length is not whole elements or not the round's.
+/// What a received piece is to its slot.
+enum Piece {
+    Fits,
+    /// Its sequence, read with the job's key, is nowhere near the slot's
+    /// round: it was not sent by a rank of the job, which all hold the key
+    /// (`wire::JobTag`), but by a third party on the fabric that learnt the
+    /// job's tag. Dropped and counted; the job goes on.
+    Foreign,
+    /// Wrong in a way a rank of the job could be: the job fails.
+    Bad(&'static str),
+}
+
+/// What a piece received for `slot` is: its tag names another job or slot,
+/// its sequence number is not the slot's round's (a few rounds off: a rank
+/// out of step; further: a piece without the job's key), or its length is
+/// not whole elements or not the round's.
 #[inline]
-fn piece_problem(job: &Job, c: &Completion, slot: usize) -> Option<&'static str> {
+fn check_piece(job: &Job, c: &Completion, slot: usize) -> Piece {
     let tag = Tag(c.tag);
     let s = job.slots[slot];
+    let keyed = JobTag { job: job.on.tag, key: job.on.key };
+    // How far the piece's round is from the slot's, in sequence numbers:
+    // a rank out of step is off by a few windows; a guess without the key
+    // is almost never this close (4 windows of 2^32).
+    let off = keyed.seq_of(tag).wrapping_sub(s.seq) as i32;
     if tag.job() != job.on.tag || tag.slot() as usize != slot {
-        Some("a chunk carried another job's or slot's tag")
-    } else if tag.seq() != s.seq {
-        Some("a chunk arrived with an unexpected sequence number")
+        Piece::Bad("a chunk carried another job's or slot's tag")
+    } else if off.unsigned_abs() > 4 * job.on.spec.window {
+        Piece::Foreign
+    } else if off != 0 {
+        Piece::Bad("a chunk arrived with an unexpected sequence number")
     } else if !c.len.is_multiple_of(job.on.spec.dtype.size()) {
-        Some("a chunk's length is not a whole number of elements")
+        Piece::Bad("a chunk's length is not a whole number of elements")
     } else if s.arrived > 0 && c.len as u32 != s.len {
-        Some("ranks sent chunks of different lengths")
+        Piece::Bad("ranks sent chunks of different lengths")
     } else {
-        None
+        Piece::Fits
     }
 }

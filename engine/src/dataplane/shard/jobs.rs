@@ -8,6 +8,15 @@ impl ShardWorker {
     pub(super) fn add_job(&mut self, on: JobOnShard) {
         let ji = on.index as usize;
         let tag = on.tag;
+        // The block is this job's from here, failed start or not: the
+        // job-end line (`RoundSummary` over every lcore's block) and
+        // `/metrics` read it, and a start that fails below must not show
+        // the previous occupant's rounds as its own. This lcore is the
+        // block's only writer; a scrape may briefly see a half-reset block,
+        // which is harmless for counters.
+        if ji < self.metrics.max_jobs {
+            self.metrics.job(self.lcore, ji).reset(on.spec.job_id);
+        }
         let mut peers = Vec::with_capacity(on.client_names.len());
         for name in &on.client_names {
             match self.ep.insert_peer(name) {
@@ -42,9 +51,6 @@ impl ShardWorker {
             let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
             return;
         }
-        // This lcore is the block's only writer; a scrape may briefly see
-        // a half-reset block, which is harmless for counters.
-        self.metrics.job(self.lcore, ji).reset(on.spec.job_id);
         // SAFETY: base + len <= slab length, checked just above.
         let region = unsafe { self.slab.as_ptr().add(on.base) };
         let words_per_slot = (on.spec.nranks as usize).div_ceil(64);

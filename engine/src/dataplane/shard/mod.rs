@@ -72,7 +72,7 @@ use crate::dataplane::metrics::MetricsTable;
 use crate::dataplane::slab::Slab;
 use crate::dataplane::split::SplitShared;
 use crate::reduce::{DataType, Kernels, ReduceError, MAX_INPUTS};
-use crate::wire::{self, JobSpec, Tag, SPLIT_MAX, SPLIT_MAX_RANKS};
+use crate::wire::{self, JobSpec, JobTag, Tag, SPLIT_MAX, SPLIT_MAX_RANKS};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -172,6 +172,9 @@ pub enum Event {
 pub struct JobOnShard {
     pub index: u16,
     pub tag: u16,
+    /// The job's sequence key ([`crate::wire::JobTag`]): pieces whose
+    /// sequence does not carry it are dropped (`complete.rs`).
+    pub key: u32,
     /// The job as admitted: `chunk_elems` is the piece the control plane
     /// granted (`budget.rs`), which every receive is posted for.
     pub spec: JobSpec,

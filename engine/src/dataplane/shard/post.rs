@@ -19,9 +19,10 @@ impl ShardWorker {
         let (piece, is_send) = (local >> 1, local & 1 == 1);
         let (slot, rank) = ((piece / n) as usize, (piece % n) as usize);
         let s = job.slots[slot];
+        let keyed = JobTag { job: job.on.tag, key: job.on.key };
         if is_send && s.len as usize <= self.ep.inject_size() {
             let buf = job.send_ptr(slot, rank, s.len);
-            let tag = Tag::new(job.on.tag, slot as u16, s.seq);
+            let tag = keyed.tag(slot as u16, s.seq);
             // SAFETY: the buffer holds the reduced result (or the relayed
             // piece, received whole); inject copies it before returning.
             return match unsafe { self.ep.inject(buf, s.len as usize, job.peers[rank], tag.0) } {
@@ -39,7 +40,7 @@ impl ShardWorker {
         }
         let r = if is_send {
             let buf = job.send_ptr(slot, rank, s.len);
-            let tag = Tag::new(job.on.tag, slot as u16, s.seq);
+            let tag = keyed.tag(slot as u16, s.seq);
             // SAFETY: the slot's result (piece 0, or the accumulator) or the
             // relayed piece is not written again until every send of this
             // round completed (the receives are reposted only then).

@@ -128,12 +128,16 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     // Unique among concurrent launches: wall-clock nanoseconds mixed with the pid.
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let job_id = (nanos ^ (std::process::id() as u64).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    // Drawn here, given to every rank: only this job's ranks hold it.
+    let secret = tally_engine::client::ClientConfig::draw_job_secret().map_err(|e| e.to_string())?;
+    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children = Vec::new();
     let per = ranks_per_process(args);
     for rank in (0..args.ranks).step_by(per as usize) {
         let mut c = Command::new(&exe);
         c.args(["bench", "allreduce", "--rank", &rank.to_string(), "--bootstrap", &boot, "--job-id", &job_id.to_string()]);
+        c.args(["--job-secret", &secret]);
         c.args(["--ranks-per-process", &per.to_string()]);
         if let Some(ms) = args.sleep_ms {
             c.args(["--sleep-ms", &ms.to_string()]);

@@ -111,6 +111,26 @@ pub struct AllreduceArgs {
     /// The job id the ranks share (set by the launcher).
     #[arg(long, hide = true, default_value_t = 0)]
     pub job_id: u64,
+    /// The job's secret the ranks share, 64 hex digits (drawn by the
+    /// launcher; `ClientConfig::job_secret`). Like every argument, other
+    /// users of the host can read it in the process list: the bench's
+    /// jobs are the host's own.
+    #[arg(long, hide = true)]
+    pub job_secret: Option<String>,
+}
+
+/// A job secret from its 64 hex digits.
+pub fn parse_secret(hex: &str) -> Result<tally_engine::wire::JobSecret, String> {
+    let b = hex.trim().as_bytes();
+    if b.len() != 2 * tally_engine::wire::JOB_SECRET_BYTES {
+        return Err(format!("--job-secret: {} hex digits, not 64", b.len()));
+    }
+    let digit = |c: u8| (c as char).to_digit(16).ok_or_else(|| format!("--job-secret: {:?} is not a hex digit", c as char));
+    let mut s = [0u8; tally_engine::wire::JOB_SECRET_BYTES];
+    for (i, pair) in b.chunks(2).enumerate() {
+        s[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+    }
+    Ok(s)
 }
 
 fn default_sizes() -> Vec<usize> {

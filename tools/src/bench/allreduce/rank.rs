@@ -2,7 +2,7 @@
 //! joining the job, then timing and checking every mode and size, rank 0
 //! printing a `RESULT` row for each (see [`crate::bench::report`]).
 use super::overlap;
-use super::plan::{check_busy, plan, ranks_per_process, resolve_poll, AllreduceArgs};
+use super::plan::{check_busy, parse_secret, plan, ranks_per_process, resolve_poll, AllreduceArgs};
 use super::timing::{last_rank_times, mono_ns, OpTimes, GATHER_STAMPS};
 use super::verify::{check, fill};
 use crate::bench::report::{Row, LOOP_LINES_ENV};
@@ -205,6 +205,9 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             plugin = Some(d);
         } else if mode == "agg" {
             let mut cfg = ClientConfig::new(args.servers.clone(), args.job_id, rank, n);
+            if let Some(hex) = &args.job_secret {
+                cfg.job_secret = parse_secret(hex)?;
+            }
             cfg.provider = Some(p.provider.clone());
             cfg.chunk_bytes = p.chunk;
             cfg.window = args.window.agg(p.chunk);

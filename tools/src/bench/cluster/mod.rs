@@ -90,9 +90,10 @@ pub fn run(args: &ClusterArgs) -> Result<(), String> {
 
 /// Gives the servers and ranks this process starts a shared fresh token
 /// (TALLY_TOKEN, which they inherit) unless one is set, as a deployment
-/// would have. Call before any thread starts.
+/// would have. Call before any thread starts. A blank one is replaced too:
+/// the servers would refuse to start with it.
 pub fn ensure_job_token() {
-    if std::env::var_os("TALLY_TOKEN").is_none() {
+    if std::env::var("TALLY_TOKEN").map_or(true, |t| t.trim().is_empty()) {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let token = format!("{:x}", (nanos ^ u128::from(std::process::id()) << 64) as u64);
         // Order matters: set_var races with threads that read the

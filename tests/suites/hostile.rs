@@ -1,0 +1,344 @@
+//! A shared server against wrong and hostile peers, each attack beside a
+//! legitimate job, against a real `tally server` process: the server lives,
+//! the legitimate job finishes with every element right, and the log says
+//! what happened.
+//!
+//! - a rank of another provider (shm names sent to a tcp server), and
+//!   crafted endpoint names: that join is refused, naming the provider;
+//!   every job after it runs (it once left the address vector refusing
+//!   every later insert);
+//! - a token holder outside a job: a `REJOIN` with the running job's id
+//!   (from `/metrics`) but not its secret is refused and the job goes on;
+//!   so is a join into a gathering job with another secret;
+//! - the control plane captured: the token is nowhere in a Hello, and a
+//!   captured Hello replayed on a new connection is refused;
+//! - a storm of malformed handshakes logs a few lines a second, not one each.
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tally_e2e::{answered_hello, client, join_all, raw_after_challenge, read_challenge, read_reject, sum_job, tally_bin, ServerProcess};
+use tally_engine::client::{Client, ClientConfig};
+use tally_engine::reduce::{DataType, ReduceOp};
+use tally_engine::wire::{self, Hello, HelloMessage, JobSecret, JobSpec, RejectCode, TOKEN_BYTES};
+
+const TOKEN: &str = "hostile-suite-token-0123456789ab";
+
+fn token_bytes() -> [u8; TOKEN_BYTES] {
+    wire::token_bytes(TOKEN).unwrap()
+}
+
+/// A tcp server on one lcore with the suite's token and a metrics port.
+fn server(provider: &str) -> ServerProcess {
+    ServerProcess::start_with(
+        "127.0.0.1:0",
+        &["--lcores", "0", "--provider", provider, "--poll", "adaptive", "--slab-size", "16M", "--metrics", "127.0.0.1:0"],
+        &[("TALLY_TOKEN", TOKEN)],
+    )
+}
+
+/// Rank configurations of a job holding the token and `secret`.
+fn rank_cfg(addr: &str, job: u64, rank: u32, n: u32, secret: JobSecret) -> ClientConfig {
+    let mut c = client("tcp", addr, job, rank, n);
+    c.token = TOKEN.into();
+    c.job_secret = secret;
+    c
+}
+
+/// A job of `n` rank threads, `rounds` f32 sums of 64 KiB each (every
+/// element checked); `progress` counts rank 0's rounds.
+fn job(
+    addr: &str,
+    job: u64,
+    n: u32,
+    rounds: usize,
+    secret: JobSecret,
+    progress: Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
+    ranks_of(addr, job, n, 0..n, rounds, secret, progress)
+}
+
+/// Ranks `which` of [`job`].
+fn ranks_of(
+    addr: &str,
+    job: u64,
+    n: u32,
+    which: std::ops::Range<u32>,
+    rounds: usize,
+    secret: JobSecret,
+    progress: Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<Result<(), String>>> {
+    which
+        .map(|rank| {
+            let cfg = rank_cfg(addr, job, rank, n, secret);
+            let progress = progress.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                for round in 0..rounds {
+                    let count = 16 << 10;
+                    let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 97 + round) as f32).collect();
+                    let mut out = vec![0f32; count];
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
+                    for (i, v) in out.iter().enumerate() {
+                        let want: f32 = (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum();
+                        if *v != want {
+                            return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
+                        }
+                    }
+                    if rank == 0 {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+fn wait_rounds(progress: &AtomicUsize, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while progress.load(Ordering::Relaxed) < n {
+        assert!(Instant::now() < deadline, "the job did not reach round {n}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn spec(job_id: u64, nranks: u32) -> JobSpec {
+    tally_e2e::f32_sum_spec(job_id, nranks, 4096)
+}
+
+/// `tally bench allreduce --mode agg` against `addr` over `provider`: its
+/// exit status and output.
+fn bench(addr: &str, provider: &str) -> (bool, String) {
+    let out = Command::new(tally_bin())
+        .args(["bench", "allreduce", "--mode", "agg", "--servers", addr, "--ranks", "2", "--provider", provider])
+        .args(["--sizes", "64K", "--iters", "3", "--warmup", "1", "--timeout", "30", "--json"])
+        .env("TALLY_TOKEN", TOKEN)
+        .env("TALLY_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tally bench allreduce");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn a_rank_of_another_provider_is_refused_and_every_later_job_runs() {
+    let srv = server("tcp");
+    // The sequence that once disabled the server: an shm job at a tcp server.
+    let (ok, out) = bench(&srv.addr, "shm");
+    assert!(!ok, "an shm job on a tcp server cannot run: {out}");
+    assert!(out.contains("looks like shm's") && out.contains("TALLY_PROVIDER"), "the client is told why: {out}");
+    assert!(srv.wait_log("looks like shm's", Duration::from_secs(5)), "the server logs it");
+    let (ok, out) = bench(&srv.addr, "tcp");
+    assert!(ok, "the tcp job after it runs: {out}");
+    // Crafted names: each refused for its own join; a job runs after them all.
+    let sockaddr = |family: u16, port: u16, len: usize| {
+        let mut b = vec![0u8; len];
+        b[..2].copy_from_slice(&family.to_ne_bytes());
+        b[2..4].copy_from_slice(&port.to_be_bytes());
+        b
+    };
+    let crafted: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", vec![0xff; 16]),
+        ("no port", sockaddr(libc::AF_INET as u16, 0, 16)),
+        ("inet, inet6's length", sockaddr(libc::AF_INET as u16, 9, 28)),
+        ("a unix family", sockaddr(libc::AF_UNIX as u16, 9, 16)),
+        ("inet6 at an inet server", sockaddr(libc::AF_INET6 as u16, 9, 28)),
+        ("efa-like", vec![0xfe; 32]),
+    ];
+    for (what, name) in &crafted {
+        let m = HelloMessage::new(&spec(0x4001, 1), 0, &[1; 32], &[&name[..]]).unwrap();
+        let r = read_reject(&mut answered_hello(&srv.addr, &m, &token_bytes()));
+        assert_eq!((r.code(), r.field()), (Some(RejectCode::BadField), "name"), "{what}: {r}");
+    }
+    join_all(job(&srv.addr, 0x4002, 2, 5, [2; 32], Arc::default()));
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn a_token_holder_without_the_jobs_secret_cannot_act_on_it() {
+    let srv = server("tcp");
+    let secret: JobSecret = ClientConfig::draw_job_secret().unwrap();
+    let id = 0x5e_c8e7;
+    let progress = Arc::new(AtomicUsize::new(0));
+    let ranks = job(&srv.addr, id, 2, 300, secret, progress.clone());
+    wait_rounds(&progress, 5);
+    // The job's id is on /metrics, as an attacker finds it.
+    let (_, body) = tally_e2e::get(&srv.metrics_addr(), "/metrics");
+    assert!(body.contains(&format!("{id:#x}")) || body.contains(&id.to_string()), "the id is on /metrics");
+    let mut rejoin = HelloMessage::new(&spec(id, 2), 0, &[0x77; 32], &[&[2u8, 0, 0, 9, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0][..]]).unwrap();
+    rejoin.hello.flags |= Hello::REJOIN;
+    for rank in 0..2 {
+        rejoin.hello.rank = rank;
+        let r = read_reject(&mut answered_hello(&srv.addr, &rejoin, &token_bytes()));
+        assert_eq!((r.code(), r.field()), (Some(RejectCode::Unauthorized), "secret"), "{r}");
+    }
+    // Without REJOIN it is told the job runs; nothing else happens either.
+    rejoin.hello.flags &= !Hello::REJOIN;
+    let r = read_reject(&mut answered_hello(&srv.addr, &rejoin, &token_bytes()));
+    assert_eq!(r.code(), Some(RejectCode::JobMismatch), "{r}");
+    let done = progress.load(Ordering::Relaxed);
+    for r in ranks {
+        r.join().unwrap().expect("the job finishes, every element right");
+    }
+    assert!(done < 300, "the attack ran while the job did ({done} rounds)");
+    assert!(srv.log_contains("not the job's secret; the job goes on"), "{:?}", srv.log.lock().unwrap());
+    assert!(!srv.log_contains("fencing"), "nothing was fenced");
+
+    // A join into a gathering job with another secret: refused alone, and
+    // the job's own rank 1 completes it after.
+    let first = ranks_of(&srv.addr, 0x5e_c8e8, 2, 0..1, 3, secret, Arc::default());
+    std::thread::sleep(Duration::from_millis(500));
+    let intruder =
+        HelloMessage::new(&spec(0x5e_c8e8, 2), 1, &[0x66; 32], &[&[2u8, 0, 0, 9, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0][..]]).unwrap();
+    let r = read_reject(&mut answered_hello(&srv.addr, &intruder, &token_bytes()));
+    assert_eq!((r.code(), r.field()), (Some(RejectCode::Unauthorized), "secret"), "{r}");
+    let second = ranks_of(&srv.addr, 0x5e_c8e8, 2, 1..2, 3, secret, Arc::default());
+    join_all(first);
+    join_all(second);
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn the_token_never_crosses_the_wire_and_a_captured_hello_does_not_replay() {
+    let srv = server("tcp");
+    let name = [2u8, 0, 0, 9, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    let m = HelloMessage::new(&spec(0x7e57, 2), 0, &[3; 32], &[&name[..]]).unwrap();
+    // What a rank sends, as a capture of the control plane sees it.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    let c = read_challenge(&mut s);
+    let mut captured = m;
+    captured.answer(&c, &token_bytes());
+    let bytes = captured.as_bytes().to_vec();
+    assert!(!bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()), "the token is not in the Hello");
+    assert!(!bytes.windows(32).any(|w| w == [3; 32]), "nor the job's secret");
+    s.write_all(&bytes).unwrap();
+    // The capture replayed on a connection of its own: another challenge.
+    let r = read_reject(&mut raw_after_challenge(&srv.addr, &bytes));
+    assert_eq!((r.code(), r.field()), (Some(RejectCode::Unauthorized), "token"), "{r}");
+    // Without the token, or with another: refused the same way.
+    for token in [[0u8; TOKEN_BYTES], wire::token_bytes("guess").unwrap()] {
+        let r = read_reject(&mut answered_hello(&srv.addr, &m, &token));
+        assert_eq!(r.code(), Some(RejectCode::Unauthorized), "{r}");
+    }
+    drop(s);
+    join_all(job(&srv.addr, 0x7e58, 2, 3, [4; 32], Arc::default()));
+    assert!(srv.wait_log("wrong or missing token", Duration::from_secs(5)));
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn a_storm_of_bad_handshakes_logs_a_few_lines_a_second() {
+    let srv = ServerProcess::start(&["--lcores", "0", "--provider", "shm", "--poll", "adaptive", "--slab-size", "8M"]);
+    let t0 = Instant::now();
+    let storm = 2000;
+    let mut open = Vec::new();
+    for k in 0..storm {
+        let mut s = TcpStream::connect(&srv.addr).unwrap();
+        // Bad magic, then a truncated Hello: refused, and closed early.
+        if k % 2 == 0 {
+            let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
+        } else {
+            let _ = s.write_all(bytemuck::bytes_of(&wire::Header::new(wire::Kind::Hello)));
+        }
+        open.push(s);
+        if open.len() >= 64 {
+            open.clear();
+        }
+    }
+    drop(open);
+    let took = t0.elapsed();
+    // The server still serves.
+    join_all(sum_job("shm", &srv.addr, 0x5707, 2, 10_000, 2));
+    std::thread::sleep(Duration::from_millis(1200));
+    let lines = srv.log_count("refused handshake") + srv.log_count("bytes of a handshake");
+    let summaries = srv.log_count("more handshakes refused");
+    let secs = t0.elapsed().as_secs_f64().ceil() as usize;
+    eprintln!("HOSTILE storm: {storm} bad handshakes in {took:.2?}: {lines} full lines, {summaries} summaries over {secs} s");
+    assert!(lines <= 4 * (secs + 1), "{lines} lines for {storm} bad handshakes in {secs} s");
+    assert!(summaries >= 1, "the rest are counted in a summary");
+    assert!(srv.stop().success());
+}
+
+/// Rank 1 played by hand over its own tcp endpoint: what a third party that
+/// took over its fabric address (rxm trusts the address a connection
+/// claims) can send. A piece of the job's tag, slot and round but without
+/// the job's sequence key is dropped and counted; the rank's real piece
+/// after it is summed, and rank 0 (a real client) gets every element right.
+#[test]
+fn a_blind_piece_with_the_jobs_tag_is_dropped_and_the_job_goes_on() {
+    use tally_engine::dataplane::fabric::{Completion, Endpoint, EndpointConfig, Hints, PostError};
+    let srv = server("tcp");
+    let (id, count) = (0xb11d, 1024usize);
+    let secret = [9u8; 32];
+    let rank0 = {
+        let mut cfg = rank_cfg(&srv.addr, id, 0, 2, secret);
+        cfg.relay = false;
+        std::thread::spawn(move || -> Result<Vec<f32>, String> {
+            let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+            let send: Vec<f32> = (0..count).map(|i| i as f32).collect();
+            let mut out = vec![0f32; count];
+            c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            Ok(out)
+        })
+    };
+    let ecfg = EndpointConfig { hints: Hints::new("tcp").with_node(Some("127.0.0.1")), cq_size: 0, contexts: 16, wait_object: false };
+    let mut ep = Endpoint::open(&ecfg).unwrap();
+    let name = ep.name().unwrap();
+    // Rank 0's spec, as its client cuts it (tally_e2e::client's settings).
+    let s = JobSpec { chunk_elems: (16 << 10) / 4, ..spec(id, 2) };
+    let m = HelloMessage::new(&s, 1, &secret, &[name.as_bytes()]).unwrap();
+    let mut conn = answered_hello(&srv.addr, &m, &token_bytes());
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut b = [0u8; core::mem::size_of::<wire::Accept>()];
+    std::io::Read::read_exact(&mut conn, &mut b).unwrap();
+    let accept: wire::Accept = wire::read(&b).unwrap();
+    assert_eq!(accept.header.check(), Ok(wire::Kind::Accept), "rank 1 admitted");
+    let mut rec = [0u8; core::mem::size_of::<wire::NameRecord>()];
+    std::io::Read::read_exact(&mut conn, &mut rec).unwrap();
+    let lcore = wire::read::<wire::NameRecord>(&rec).unwrap();
+    let at = ep.insert_peer(&tally_engine::dataplane::fabric::EndpointName::from_bytes(lcore.name().unwrap()).unwrap()).unwrap();
+    let job = accept.job();
+    let forged = vec![1.0e9f32; count];
+    let real: Vec<f32> = (0..count).map(|i| 2.0 * i as f32).collect();
+    let mut result = vec![0f32; count];
+    let poll = |ep: &mut Endpoint, want: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut done = 0;
+        let mut buf = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 8];
+        while done < want {
+            assert!(Instant::now() < deadline, "rank 1: {done} of {want} completions");
+            done += ep.poll(&mut buf).expect("poll");
+        }
+    };
+    let send = |ep: &mut Endpoint, data: &[f32], tag: u64, ctx: u32| loop {
+        // SAFETY: `data` outlives the send, which is polled to completion below.
+        match unsafe { ep.send(data.as_ptr().cast(), data.len() * 4, None, at, tag, ctx) } {
+            Ok(()) => return,
+            Err(PostError::Again) => {
+                let mut buf = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 8];
+                let _ = ep.poll(&mut buf);
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+    };
+    // SAFETY: `result` outlives the receive, polled to completion below.
+    unsafe { ep.recv(result.as_mut_ptr().cast(), count * 4, None, Some(at), job.tag(0, 0).0, 0, 0) }.unwrap();
+    // The forgery: slot 0, round 0, the job's tag; its key guessed wrong.
+    send(&mut ep, &forged, wire::JobTag { key: job.key ^ 0x0bad_5eed, ..job }.tag(0, 0).0, 1);
+    send(&mut ep, &real, job.tag(0, 0).0, 2);
+    poll(&mut ep, 3);
+    let out = rank0.join().unwrap().expect("rank 0's all-reduce");
+    let wrong = (0..count).filter(|&i| out[i] != 3.0 * i as f32 || result[i] != 3.0 * i as f32).count();
+    assert_eq!(wrong, 0, "every element of both ranks' results: {:?}", &out[..4]);
+    let foreign = tally_e2e::sum(&tally_e2e::scrape(&srv.metrics_addr()), "tally_lcore_foreign_pieces_total", "");
+    eprintln!("HOSTILE blind piece: dropped and counted {foreign}, 0 wrong of {count} on both ranks");
+    assert_eq!(foreign, 1.0, "the forged piece is counted");
+    drop(conn);
+    assert!(srv.stop().success());
+}
