@@ -32,7 +32,15 @@ pub(crate) fn read_opening(s: &mut TcpStream, timeout: Duration) -> std::io::Res
         let mut hdr = [0u8; 8];
         loop {
             // Peeked, not read: a reject stays for `read_answer`.
-            let n = s.peek(&mut hdr)?;
+            let n = match s.peek(&mut hdr) {
+                Ok(n) => n,
+                // The read timeout ran out: a server whose kernel accepted
+                // but whose process says nothing (frozen, or not tally).
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Err(Error::new(ErrorKind::TimedOut, format!("no challenge from the server within {wait:?} of connecting")));
+                }
+                Err(e) => return Err(e),
+            };
             if n == 0 {
                 return Err(Error::new(ErrorKind::UnexpectedEof, "the server closed the connection before its challenge"));
             }
