@@ -40,6 +40,8 @@ const SPEC: JobSpec = JobSpec {
     seal_shift: 0,
     interleave: false,
     min_piece: 0,
+    reserve: 0,
+    sibling: false,
 };
 /// What the server accepts (its defaults' order of magnitude).
 const LIMITS: Limits = Limits { max_ranks: 1024, max_window: 64, max_chunk_bytes: 4 << 20, lcores: 4 };
@@ -123,11 +125,11 @@ enum Malformed {
     /// `window` = 0: refused in the middle of the field checks.
     BadWindow,
     /// Non-zero reserved bytes: the last field check.
-    BadPadding,
+    BadReserve,
 }
 
 impl Malformed {
-    const ALL: [Malformed; 5] = [Malformed::Short, Malformed::Foreign, Malformed::WrongToken, Malformed::BadWindow, Malformed::BadPadding];
+    const ALL: [Malformed; 5] = [Malformed::Short, Malformed::Foreign, Malformed::WrongToken, Malformed::BadWindow, Malformed::BadReserve];
 
     /// The bytes, and the field the refusal must name.
     fn bytes(self) -> (Vec<u8>, &'static str) {
@@ -142,7 +144,7 @@ impl Malformed {
             }
             Malformed::WrongToken => hello = answered(&SPEC, 3, &[0x42; TOKEN_BYTES]),
             Malformed::BadWindow => hello.window = 0,
-            Malformed::BadPadding => hello._pad1 = 1,
+            Malformed::BadReserve => hello.reserve = 8,
         }
         let field = match self {
             Malformed::WrongToken => "token",
@@ -160,7 +162,7 @@ impl fmt::Display for Malformed {
             Malformed::Foreign => "2_foreign",
             Malformed::WrongToken => "3_wrong_token",
             Malformed::BadWindow => "4_bad_window",
-            Malformed::BadPadding => "5_bad_padding",
+            Malformed::BadReserve => "5_bad_reserve",
         })
     }
 }

@@ -32,7 +32,7 @@ use tally_engine::host::config::ServerFile;
 use tally_engine::reduce::{DataType, ReduceOp};
 use tally_engine::wire::{
     self, Boundary, Drain, Header, Hello, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt, WireError, MAX_LANES,
-    MAX_MIN_PIECE, MAX_RANKS, MAX_SEAL_SHIFT, MAX_WINDOW, NAME_BYTES,
+    MAX_MIN_PIECE, MAX_RANKS, MAX_RESERVE, MAX_SEAL_SHIFT, MAX_WINDOW, NAME_BYTES,
 };
 
 /// xorshift64* (Vigna): small, fast, good enough to drive a fuzzer.
@@ -114,6 +114,13 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         seal_shift: if rng.chance(2) { rng.below(41) as u8 } else { 0 },
         interleave: rng.chance(2),
         min_piece: if rng.chance(2) { rng.below(MAX_MIN_PIECE as u64 + 1) as u32 } else { 0 },
+        reserve: 0,
+        sibling: false,
+    };
+    let spec = match rng.below(3) {
+        0 => JobSpec { reserve: rng.below(MAX_RESERVE as u64 + 1) as u8, ..spec },
+        1 => JobSpec { sibling: true, ..spec },
+        _ => spec,
     };
     let name = rng.some_bytes(1, NAME_BYTES as u64);
     let h = Hello::new(&spec, rng.below(nranks as u64) as u32, &[7; 32], &name).expect("a valid hello");
@@ -156,7 +163,15 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(h.name_len >= 1 && h.name_len as usize <= NAME_BYTES, "{}", ctx());
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
     assert!((h.lanes as usize) < MAX_LANES, "{}", ctx());
-    assert_eq!((h._pad1, h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE)), (0, 0), "{}", ctx());
+    assert_eq!(
+        h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE | Hello::SIBLING),
+        0,
+        "{}",
+        ctx()
+    );
+    assert!(h.reserve <= MAX_RESERVE && spec.reserve == h.reserve, "{}", ctx());
+    assert_eq!(spec.sibling, h.flags & Hello::SIBLING != 0, "{}", ctx());
+    assert!(!spec.sibling || spec.reserve == 0, "{}", ctx());
     assert!(spec.min_piece == h.min_piece && spec.min_piece <= MAX_MIN_PIECE, "{}", ctx());
     assert!(h.seal_shift <= MAX_SEAL_SHIFT && spec.seal_shift == h.seal_shift, "{}", ctx());
     assert_eq!(spec.relay, h.flags & Hello::RELAY != 0, "{}", ctx());
@@ -305,7 +320,7 @@ fn mutate_field(rng: &mut Rng, h: &mut Hello) {
         8 if rng.below(2) == 0 => h.lanes = v as u8,
         8 => h.flags = v as u8,
         9 if rng.below(2) == 0 => h.seal_shift = v as u8,
-        9 if rng.below(2) == 0 => h._pad1 = v as u8,
+        9 if rng.below(2) == 0 => h.reserve = v as u8,
         9 => h.min_piece = v,
         10 => h.header.kind = v as u16,
         _ => h.header.version = v as u16,

@@ -196,6 +196,9 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         // least (over tcp whole chunks: tcp_defaults).
         cfg.min_piece = cfg.min_piece.max(cfg.chunk_bytes / 2);
     }
+    if std::env::var_os("TALLY_COMM_JOBS").is_none() {
+        cfg.reserve = COMM_JOBS - 1;
+    }
     let mut client = Client::connect(cfg).map_err(client_error)?;
     client.join(DataType::Float32, ReduceOp::Sum).map_err(client_error)?;
     let c = client.config();
@@ -225,6 +228,14 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
     }
     Ok(c)
 }
+
+/// Jobs (dtype, op pairs) a communicator keeps room for on every server
+/// from its start unless TALLY_COMM_JOBS says otherwise: f32 sum, which it
+/// joins at init, and one more (bf16 sum in mixed-precision training), so
+/// that a server filled meanwhile cannot fail the run at its first bf16
+/// all-reduce (`control::reserve`). More pairs than this still run where
+/// the servers have free capacity.
+pub const COMM_JOBS: u8 = 2;
 
 /// Pieces in flight per server lcore over tcp unless TALLY_WINDOW says
 /// otherwise: the servers' default `max_window`, and room for all of NCCL's

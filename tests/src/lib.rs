@@ -374,5 +374,7 @@ pub fn f32_sum_spec(job_id: u64, nranks: u32, chunk_elems: u32) -> wire::JobSpec
         seal_shift: 0,
         interleave: false,
         min_piece: 0,
+        reserve: 0,
+        sibling: false,
     }
 }

@@ -12,7 +12,9 @@
 //!   so is a join into a gathering job with another secret;
 //! - the control plane captured: the token is nowhere in a Hello, and a
 //!   captured Hello replayed on a new connection is refused;
-//! - a storm of malformed handshakes logs a few lines a second, not one each.
+//! - a storm of malformed handshakes logs a few lines a second, not one each;
+//! - a flood of messages for no receive is discarded and counted;
+//! - a server that asks for no token gets no secret from a rank that holds one.
 use std::io::Write;
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
@@ -123,6 +125,27 @@ fn bench(addr: &str, provider: &str) -> (bool, String) {
         .output()
         .expect("run tally bench allreduce");
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Joins a rank by hand (its Hello `m`, for `ep`'s name): the control
+/// connection, kept open (the rank stays in its job), the Accept, and the
+/// first lcore's address in `ep`'s address vector.
+fn join_by_hand(
+    addr: &str,
+    ep: &mut tally_engine::dataplane::fabric::Endpoint,
+    m: &HelloMessage,
+) -> (TcpStream, wire::Accept, tally_engine::dataplane::fabric::PeerAddr) {
+    let mut conn = answered_hello(addr, m, &token_bytes());
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut b = [0u8; core::mem::size_of::<wire::Accept>()];
+    std::io::Read::read_exact(&mut conn, &mut b).unwrap();
+    let accept: wire::Accept = wire::read(&b).unwrap();
+    assert_eq!(accept.header.check(), Ok(wire::Kind::Accept), "rank {} admitted", m.hello.rank);
+    let mut rec = [0u8; core::mem::size_of::<wire::NameRecord>()];
+    std::io::Read::read_exact(&mut conn, &mut rec).unwrap();
+    let lcore = wire::read::<wire::NameRecord>(&rec).unwrap();
+    let at = ep.insert_peer(&tally_engine::dataplane::fabric::EndpointName::from_bytes(lcore.name().unwrap()).unwrap()).unwrap();
+    (conn, accept, at)
 }
 
 #[test]
@@ -292,17 +315,7 @@ fn a_blind_piece_with_the_jobs_tag_is_dropped_and_the_job_goes_on() {
     let name = ep.name().unwrap();
     // Rank 0's spec, as its client cuts it (tally_e2e::client's settings).
     let s = JobSpec { chunk_elems: (16 << 10) / 4, ..spec(id, 2) };
-    let m = HelloMessage::new(&s, 1, &secret, &[name.as_bytes()]).unwrap();
-    let mut conn = answered_hello(&srv.addr, &m, &token_bytes());
-    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut b = [0u8; core::mem::size_of::<wire::Accept>()];
-    std::io::Read::read_exact(&mut conn, &mut b).unwrap();
-    let accept: wire::Accept = wire::read(&b).unwrap();
-    assert_eq!(accept.header.check(), Ok(wire::Kind::Accept), "rank 1 admitted");
-    let mut rec = [0u8; core::mem::size_of::<wire::NameRecord>()];
-    std::io::Read::read_exact(&mut conn, &mut rec).unwrap();
-    let lcore = wire::read::<wire::NameRecord>(&rec).unwrap();
-    let at = ep.insert_peer(&tally_engine::dataplane::fabric::EndpointName::from_bytes(lcore.name().unwrap()).unwrap()).unwrap();
+    let (conn, accept, at) = join_by_hand(&srv.addr, &mut ep, &HelloMessage::new(&s, 1, &secret, &[name.as_bytes()]).unwrap());
     let job = accept.job();
     let forged = vec![1.0e9f32; count];
     let real: Vec<f32> = (0..count).map(|i| 2.0 * i as f32).collect();
@@ -341,4 +354,123 @@ fn a_blind_piece_with_the_jobs_tag_is_dropped_and_the_job_goes_on() {
     assert_eq!(foreign, 1.0, "the forged piece is counted");
     drop(conn);
     assert!(srv.stop().success());
+}
+
+/// Messages for no receive: a token holder who learnt an lcore's endpoint
+/// name (here from a job of its own) floods it with pieces whose tags no
+/// job of that lcore holds. Without the lcore's sweep they would wait in
+/// the provider's queue of unexpected messages for good (2,000 of 64 KiB
+/// once held 145 MB of a server's memory). Each is discarded and counted;
+/// a job running beside the flood is unharmed. The server's resident memory
+/// grows by what the queue held at its peak (rxm 1.17 grows its buffer pool
+/// 16.9 MB at a time and never shrinks it), not by all of the flood, as
+/// before (2,000 messages held 145 MB for good). Not bounded: a sender
+/// faster than the lcore's discards still grows the queue (docs/security.md).
+#[test]
+fn a_flood_of_messages_for_no_receive_is_discarded_and_memory_comes_back() {
+    use tally_engine::dataplane::fabric::{Completion, Endpoint, EndpointConfig, Hints, PostError};
+    let srv = server("tcp");
+    let metrics = srv.metrics_addr();
+    // Warm the server up (its first job's regions, connections and pools)
+    // before the baseline is read.
+    let progress = Arc::new(AtomicUsize::new(0));
+    join_all(job(&srv.addr, 0xf100, 2, 10, [3u8; 32], progress));
+    // The attacker's own job (one rank, never sending): its Accept names the lcore.
+    let ecfg = EndpointConfig { hints: Hints::new("tcp").with_node(Some("127.0.0.1")), cq_size: 0, contexts: 64, wait_object: false };
+    let mut ep = Endpoint::open(&ecfg).unwrap();
+    let name = ep.name().unwrap();
+    let (conn, accept, at) =
+        join_by_hand(&srv.addr, &mut ep, &HelloMessage::new(&spec(0xf10d, 1), 0, &[4u8; 32], &[name.as_bytes()]).unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+    let before = srv.status("VmRSS");
+    // The flood: tags of jobs this lcore does not run, and of the
+    // attacker's own job at slots past its window.
+    let (n, len) = (4000u32, 64usize << 10);
+    // A job beside the flood, from before it to after it, every element checked.
+    let progress = Arc::new(AtomicUsize::new(0));
+    let beside = job(&srv.addr, 0xf101, 2, 60, [5u8; 32], progress.clone());
+    wait_rounds(&progress, 2);
+    let junk = vec![0x5au8; len];
+    let own = accept.job();
+    let mut sent = 0u32;
+    let mut buf = [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 16];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ctx = 0u32;
+    while sent < n {
+        assert!(Instant::now() < deadline, "the attacker sent {sent} of {n}");
+        let tag = if sent.is_multiple_of(2) {
+            wire::Tag::new(own.job ^ 0x4000 ^ (sent as u16 & 0xff), (sent % 7) as u16, sent)
+        } else {
+            own.tag(1000 + (sent % 50) as u16, sent)
+        };
+        // SAFETY: `junk` outlives every send (the endpoint is dropped first).
+        match unsafe { ep.send(junk.as_ptr(), len, None, at, tag.0, ctx % 64) } {
+            Ok(()) => {
+                sent += 1;
+                ctx += 1;
+            }
+            Err(PostError::ContextBusy(_)) => ctx += 1,
+            Err(PostError::Again) => {}
+            Err(e) => panic!("send: {e}"),
+        }
+        let _ = ep.poll(&mut buf);
+    }
+    // The server discards them as its lcore comes to them.
+    let discarded = || tally_e2e::sum(&tally_e2e::scrape(&metrics), "tally_lcore_unexpected_discarded_total", "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while discarded() < n as f64 {
+        let _ = ep.poll(&mut buf);
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} messages discarded; server RSS {before} kB before, {} kB now",
+            discarded(),
+            srv.status("VmRSS")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    join_all(beside);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = srv.status("VmRSS");
+    eprintln!(
+        "HOSTILE flood: {n} messages of {} KiB for no receive: {} discarded; server RSS {} MB before, {} MB after ({:+.1}%); the job beside it 0 wrong",
+        len >> 10,
+        discarded(),
+        before / 1024,
+        after / 1024,
+        (after as f64 / before as f64 - 1.0) * 100.0
+    );
+    assert_eq!(discarded(), n as f64, "only the flood is discarded");
+    // Below three quarters of the flood (it held all of it, and more, before
+    // the sweep): the peak the queue reaches depends on how the two
+    // processes share a busy machine's cores, so no tighter figure holds.
+    let flood_kb = (n as u64 * len as u64) >> 10;
+    assert!(after < before + flood_kb * 3 / 4, "resident memory {before} kB before a flood of {flood_kb} kB, {after} kB after");
+    drop(ep);
+    drop(conn);
+    assert!(srv.stop().success());
+}
+
+/// Whatever answers at a server's address and asks for no token (a server
+/// started without one, or one posing as it) gets nothing from a rank that
+/// holds a token: the rank refuses, saying why, and sends no Hello, whose
+/// job secret would go sealed with a key of zeros (`wire::auth`).
+#[test]
+fn a_rank_with_a_token_sends_no_secret_to_a_server_that_asks_for_none() {
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = fake.local_addr().unwrap().to_string();
+    let impostor = std::thread::spawn(move || {
+        let (mut s, _) = fake.accept().unwrap();
+        s.write_all(bytemuck::bytes_of(&wire::Challenge::new([7; 32], false))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut s, &mut got);
+        got.len()
+    });
+    let secret = [6u8; 32];
+    let err = Client::connect(rank_cfg(&addr, 0x5ec, 0, 1, secret))
+        .and_then(|mut c| c.allreduce(&[0u8; 64], &mut [0u8; 64], DataType::Float32, ReduceOp::Sum))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("the server asks for no token and this rank holds one (TALLY_TOKEN)"), "{err}");
+    assert_eq!(impostor.join().unwrap(), 0, "the rank sent nothing to the impostor");
 }

@@ -254,3 +254,110 @@ fn the_job_end_line_names_the_rank_its_rounds_waited_for() {
     assert!(ms[late] > 4.0 * (ms[0] + ms[1]), "{line}");
     assert!(line.contains(&format!("(rank {late}, ended ")) && line.ends_with(" UTC)"), "{line}");
 }
+
+/// One rank of a communicator that keeps room for `reserve` later jobs
+/// (TALLY_COMM_JOBS=reserve+1): its f32 all-reduce (the first job), then, once
+/// `go` is passed, its first bf16 one (the later job), every element checked.
+fn communicator_rank(addr: &str, job: u64, rank: u32, reserve: u8, go: std::sync::Arc<std::sync::Barrier>) -> Result<(), String> {
+    let mut cfg = client("shm", addr, job, rank, 2);
+    cfg.reserve = reserve;
+    // A region of 2 ranks x window 2 x 64 KiB: 256 KiB on each lcore.
+    cfg.chunk_bytes = 64 << 10;
+    let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+    let n = 4096;
+    let send: Vec<f32> = (0..n).map(|i| (rank as usize + i % 13) as f32).collect();
+    let mut out = vec![0f32; n];
+    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+        .map_err(|e| format!("f32: {e}"))?;
+    if let Some(i) = (0..n).find(|&i| out[i] != (1 + 2 * (i % 13)) as f32) {
+        return Err(format!("f32 element {i} = {}", out[i]));
+    }
+    go.wait();
+    go.wait();
+    // Small integers: exact in bf16, and their sums too.
+    let send: Vec<u16> = (0..n).map(|i| half::bf16::from_f32((rank as usize + i % 13) as f32).to_bits()).collect();
+    let mut out = vec![0u16; n];
+    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Bfloat16, ReduceOp::Sum)
+        .map_err(|e| format!("bf16: {e}"))?;
+    if let Some(i) = (0..n).find(|&i| half::bf16::from_bits(out[i]).to_f32() != (1 + 2 * (i % 13)) as f32) {
+        return Err(format!("bf16 element {i} = {}", half::bf16::from_bits(out[i])));
+    }
+    Ok(())
+}
+
+/// A communicator's room (`control::reserve`): its first job keeps a job
+/// slot and slab room for its later job, so that another job that comes
+/// meanwhile is refused rather than the communicator's bf16 all-reduce
+/// mid-run; once the communicator ends, its slots serve others.
+#[test]
+fn a_communicators_later_job_finds_the_room_its_first_job_kept() {
+    let srv = server(&["--max-jobs", "2"]);
+    let go = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let (addr, go) = (srv.addr.clone(), go.clone());
+            std::thread::spawn(move || communicator_rank(&addr, 0xc0, rank, 1, go))
+        })
+        .collect();
+    go.wait();
+    assert!(srv.log_contains("job 0xc0: room kept for 1 later jobs of its communicator"), "{:?}", srv.log.lock().unwrap());
+    // Another job while the communicator runs: the server's second slot is the room.
+    let err = join_all_err(sum_job("shm", &srv.addr, 0xd0, 2, 1024, 1));
+    assert!(err.contains("too many jobs") && err.contains("keeps their slots for other jobs"), "{err}");
+    go.wait();
+    join_all(ranks.into_iter().map(|h| std::thread::spawn(move || h.join().unwrap())).collect());
+    assert!(srv.wait_log("takes room 1 of 1 kept by job 0xc0", Duration::from_secs(5)), "{:?}", srv.log.lock().unwrap());
+    // The communicator's two jobs end with its ranks; then the other job runs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while srv.log_count("ended; its slab regions are free") < 2 {
+        assert!(Instant::now() < deadline, "the communicator's jobs did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    join_all(sum_job("shm", &srv.addr, 0xd1, 2, 1024, 2));
+    assert!(srv.stop().success());
+}
+
+/// A server without the room a communicator asks for refuses its first
+/// job, at init, with the reason: job slots, then slab.
+#[test]
+fn a_communicator_is_refused_at_init_where_its_room_is_not() {
+    let go = std::sync::Arc::new(std::sync::Barrier::new(3));
+    // A job takes at most a quarter of an lcore's slab: 8 jobs' room of
+    // 256 KiB is not in 1 MiB.
+    let base = ["--lcores", "0-1", "--provider", "shm", "--poll", "adaptive"];
+    for (args, reserve, want) in [
+        (
+            ["--slab-size", "8M", "--max-jobs", "1"],
+            1,
+            "asks room for 2 jobs (its dtype and op pairs, TALLY_COMM_JOBS) and this server has 1 of its 1 job slots free",
+        ),
+        (
+            ["--slab-size", "1M", "--max-jobs", "16"],
+            7,
+            "asks room for 8 jobs (its dtype and op pairs, TALLY_COMM_JOBS) of 256 KiB each on lcore 0, which has",
+        ),
+    ] {
+        let srv = ServerProcess::start(&[&base[..], &args[..]].concat());
+        let errs: Vec<String> = (0..2)
+            .map(|rank| {
+                let (addr, go) = (srv.addr.clone(), go.clone());
+                std::thread::spawn(move || communicator_rank(&addr, 0xc1, rank, reserve, go))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap().expect_err("refused"))
+            .collect();
+        for e in &errs {
+            assert!(e.starts_with("f32: ") && e.contains(want), "{args:?}: {e}");
+        }
+        // The server goes on: a job that reserves nothing runs.
+        join_all(sum_job("shm", &srv.addr, 0xd2, 2, 1024, 1));
+        assert!(srv.stop().success());
+    }
+}
+
+/// The first error of a job's rank threads (every one must fail).
+fn join_all_err(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) -> String {
+    let errs: Vec<String> = hs.into_iter().map(|h| h.join().unwrap().expect_err("refused")).collect();
+    errs.into_iter().next().unwrap_or_default()
+}

@@ -63,6 +63,14 @@ pub struct ClientConfig {
     /// from TALLY_MIN_PIECE, else [`MIN_SPREAD_PIECE`]; at most
     /// [`MAX_MIN_PIECE`] (a larger one is refused by [`Client::connect`]).
     pub min_piece: usize,
+    /// Later jobs (dtype, op pairs after the first) the servers keep room
+    /// for from the first job's admission, so that none is refused for
+    /// capacity mid-run: a server without the room refuses the first job
+    /// instead ([`wire::JobSpec::reserve`]). 0 to [`wire::MAX_RESERVE`];
+    /// the same on every rank. Default from TALLY_COMM_JOBS (the jobs of a
+    /// communicator in all, so this is one less), else 0; the plugin's
+    /// default is 1 (f32 at init and one more, such as bf16).
+    pub reserve: u8,
     /// Order each operation's stream set lcore-major (lcore 0 of every
     /// server, then lcore 1 of every server, ...) instead of server-major,
     /// so that an operation of fewer chunks than streams (NCCL's CollNet
@@ -154,7 +162,8 @@ impl ClientConfig {
     /// What [`Client::connect`] refuses before opening anything: no
     /// servers, a server listed twice or more than
     /// [`servers::MAX_SERVERS`] of them, a rank outside the job, a
-    /// `min_piece` above [`MAX_MIN_PIECE`].
+    /// `min_piece` above [`MAX_MIN_PIECE`], a `reserve` above
+    /// [`wire::MAX_RESERVE`] or TALLY_COMM_JOBS outside 1 to 8.
     pub fn check(&self) -> Result<(), ClientError> {
         if self.servers.is_empty() {
             return Err(ClientError::Config("no servers given (TALLY_SERVERS)".into()));
@@ -169,6 +178,21 @@ impl ClientConfig {
                 self.min_piece,
                 crate::host::units::format_size(MAX_MIN_PIECE as u64)
             )));
+        }
+        if self.reserve > wire::MAX_RESERVE {
+            return Err(ClientError::Config(format!(
+                "room for {} later jobs of a communicator: at most {}",
+                self.reserve,
+                wire::MAX_RESERVE
+            )));
+        }
+        if let Ok(v) = std::env::var("TALLY_COMM_JOBS") {
+            if comm_jobs_from_env().is_none() {
+                return Err(ClientError::Config(format!(
+                    "TALLY_COMM_JOBS={v:?}: the jobs (dtype, op pairs) a communicator reserves room for, 1 to {}",
+                    wire::MAX_RESERVE + 1
+                )));
+            }
         }
         Ok(())
     }
@@ -194,6 +218,7 @@ impl ClientConfig {
             sleep_ms: 1,
             send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
+            reserve: comm_jobs_from_env().map_or(0, |n| n - 1),
             interleave: std::env::var("TALLY_INTERLEAVE").is_ok_and(|v| v.trim() == "1"),
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
             seal_min: match std::env::var("TALLY_SEAL_MIN") {
@@ -216,6 +241,11 @@ impl ClientConfig {
             piece_times: std::env::var("TALLY_PIECE_TIMES").is_ok_and(|v| v.trim() == "1"),
         }
     }
+}
+
+/// TALLY_COMM_JOBS, when it is a number of jobs from 1 to 8.
+pub fn comm_jobs_from_env() -> Option<u8> {
+    std::env::var("TALLY_COMM_JOBS").ok()?.trim().parse::<u8>().ok().filter(|n| (1..=wire::MAX_RESERVE + 1).contains(n))
 }
 
 /// Where failover seals all-reduces from ([`ClientConfig::seal_min`]).

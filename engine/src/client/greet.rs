@@ -70,13 +70,22 @@ pub(crate) fn read_opening(s: &mut TcpStream, timeout: Duration) -> std::io::Res
 }
 
 /// Sends `hello` on `s` answered to `challenge` (its own copy: a message
-/// answers one challenge).
+/// answers one challenge). A rank that holds a token answers no challenge
+/// that asks for none: its job's secret would go sealed with a key of
+/// zeros, readable by whatever answered at the server's address (a server
+/// started without the token, or one posing as it). Nothing is sent then.
 pub(crate) fn send_answered(
     s: &mut TcpStream,
     hello: &HelloMessage,
     challenge: &Challenge,
     token: &[u8; TOKEN_BYTES],
 ) -> std::io::Result<()> {
+    if challenge.flags & Challenge::TOKEN_REQUIRED == 0 && *token != [0; TOKEN_BYTES] {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the server asks for no token and this rank holds one (TALLY_TOKEN): the job's secret is not sent where it could be read; give the server the same token (token_file or TALLY_TOKEN), or run the ranks without one",
+        ));
+    }
     let mut m = *hello;
     m.answer(challenge, token);
     s.write_all(m.as_bytes())

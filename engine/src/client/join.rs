@@ -54,6 +54,9 @@ impl Client {
             // The server holds every rank to the same order and cut.
             interleave: self.cfg.interleave,
             min_piece: wire_min_piece(self.cfg.min_piece),
+            // The first job holds the room of the later ones on each server.
+            reserve: if self.subs.is_empty() { self.cfg.reserve } else { 0 },
+            sibling: !self.subs.is_empty() && self.cfg.reserve > 0,
         };
         let mut hellos = (0..self.cfg.servers.len()).map(|si| self.hello_to(si, &spec)).collect::<Result<Vec<_>, _>>()?;
         if self.wants_heartbeats() {
@@ -248,6 +251,9 @@ impl Client {
                             }
                             "padding" if h.min_piece > 0 => {
                                 " (this server predates the Hello's min_piece, which TALLY_MIN_PIECE and the plugin over tcp set: upgrade the servers with their clients)"
+                            }
+                            "padding" if h.reserve > 0 => {
+                                " (this server predates reserving room for a communicator's later jobs: upgrade it, or set TALLY_COMM_JOBS=1 on every rank)"
                             }
                             "seal_shift" => " (set TALLY_FAILOVER and TALLY_SEAL_MIN alike on every rank of the job)",
                             "min_piece" => " (set TALLY_MIN_PIECE alike on every rank of the job, or on none)",

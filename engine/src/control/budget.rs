@@ -189,6 +189,8 @@ mod tests {
             seal_shift: 0,
             interleave: false,
             min_piece: 0,
+            reserve: 0,
+            sibling: false,
         }
     }
 

@@ -124,6 +124,8 @@ impl ControlPlane {
                 self.quarantined.len()
             );
         }
+        // After the quarantine: a slot it holds is not kept again as a room.
+        self.job_left(i, &a.spec, &a.secret);
     }
 
     pub(super) fn released(&mut self, lcore: usize, tag: u16) {

@@ -102,13 +102,17 @@ impl ControlPlane {
         let spec = p.spec;
         let mut conns: Vec<Conn> = p.conns.into_iter().map(|c| c.expect("all joined")).collect();
         let names: Vec<Vec<EndpointName>> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
-        let Some(index) = (0..self.active.len()).find(|&i| self.active[i].is_none() && self.quarantined[i].is_none()) else {
+        // A communicator's later job takes the room its first job kept
+        // (`reserve`); any other job a slot no job, quarantine or room holds.
+        let room = if spec.sibling { self.take_room(&p.secret, spec.job_id) } else { None };
+        let Some(index) = room.or_else(|| (0..self.active.len()).find(|&i| self.slot_is_free(i))) else {
             log::warn!("job {:#x} refused: already serving {} jobs", spec.job_id, self.active.len());
+            let hint = if spec.sibling { LATER_JOB_HINT } else { "" };
             self.refuse_all(
                 &mut conns,
                 RejectCode::TooManyJobs,
                 "",
-                &format!("the server already runs its limit of {} jobs", self.active.len()),
+                &format!("the server already runs its limit of {} jobs (or keeps their slots for other jobs){hint}", self.active.len()),
             );
             return;
         };
@@ -124,7 +128,8 @@ impl ControlPlane {
             Ok(g) => g,
             Err(e) => {
                 log::warn!("job {:#x} refused: {e}", spec.job_id);
-                self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &e.to_string());
+                let hint = if spec.sibling { LATER_JOB_HINT } else { "" };
+                self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &format!("{e}{hint}"));
                 return;
             }
         };
@@ -145,8 +150,9 @@ impl ControlPlane {
                 return;
             }
         };
+        let latency_lcores = self.latency_lcores as usize;
         let shape = |l: usize| -> (JobSpec, usize, usize) {
-            if split && l < self.latency_lcores as usize && latency_elems < spec.chunk_elems {
+            if split && l < latency_lcores && latency_elems < spec.chunk_elems {
                 let s = JobSpec { chunk_elems: latency_elems, ..spec };
                 let stride = s.piece_bytes().next_multiple_of(budget::PIECE_ALIGN);
                 (s, stride, spec.window as usize * slot_strides(spec.dtype, spec.nranks, grant.stage) * stride)
@@ -189,9 +195,20 @@ impl ControlPlane {
                         crate::host::units::format_size(total as u64)
                     );
                     log::warn!("job {:#x} refused: {msg}", spec.job_id);
-                    self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &msg);
+                    let hint = if spec.sibling { LATER_JOB_HINT } else { "" };
+                    self.refuse_all(&mut conns, RejectCode::NoCapacity, "", &format!("{msg}{hint}"));
                     return;
                 }
+            }
+        }
+        if spec.reserve > 0 {
+            if let Err((code, msg)) = self.keep_rooms(index, &spec, &p.secret, &regions, grant.stride, grant.stage > 0) {
+                for (l, (off, len)) in regions.iter().enumerate() {
+                    self.allocs[l].release(*off, *len);
+                }
+                log::warn!("job {:#x} refused: {msg}", spec.job_id);
+                self.refuse_all(&mut conns, code, "reserve", &msg);
+                return;
             }
         }
         for (l, (off, _)) in regions.iter().enumerate() {
@@ -292,6 +309,9 @@ impl ControlPlane {
     }
 }
 
+/// What a communicator's later job refused for capacity is told.
+const LATER_JOB_HINT: &str = ": a later job (dtype, op pair) of a communicator, past the room its first job reserved (TALLY_COMM_JOBS, on every rank, reserves room for that many pairs at init)";
+
 /// Refuses a rank's join: the reject, then the close (counted by reason).
 pub(super) fn refuse(net: &mut Connections, c: &Conn, code: RejectCode, field: &str, msg: &str) {
     net.refuse(c.id, code, field, msg);
@@ -324,6 +344,10 @@ pub(super) fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
         "seal_shift"
     } else if a.min_piece != b.min_piece {
         "min_piece"
+    } else if a.reserve != b.reserve {
+        "reserve"
+    } else if a.sibling != b.sibling {
+        "flags"
     } else {
         "shards"
     }

@@ -76,6 +76,7 @@ mod join;
 use join::{accept_latency_lcores, refuse};
 mod jobs;
 mod liveness;
+mod reserve;
 pub mod token;
 
 /// A rank's control connection, as the job logic knows it.
@@ -202,6 +203,8 @@ pub struct ControlPlane {
     /// lcores that still have operations out. Released lcore by lcore.
     quarantined: Vec<Option<Quarantine>>,
     allocs: Vec<RangeAlloc>,
+    /// What communicators' first jobs keep for their later jobs (`reserve`).
+    rooms: Vec<reserve::Rooms>,
     conn_job: HashMap<u64, u64>,
     published: Arc<Mutex<Vec<JobInfo>>>,
     /// The lcores' per-job counters, read (never written) for the idle check.
@@ -359,6 +362,7 @@ impl ControlPlane {
             last_tag: 0,
             quarantined: (0..cfg.max_jobs).map(|_| None).collect(),
             allocs,
+            rooms: Vec::new(),
             conn_job: HashMap::new(),
             published,
             metrics,

@@ -84,6 +84,9 @@ pub struct Counters {
     /// Pieces dropped because their sequence did not carry their job's key
     /// (`wire::JobTag`): sent by a third party, not a rank.
     pub foreign: AtomicU64,
+    /// Messages that reached the lcore for no receive of its and were
+    /// discarded (`shard::sweep`).
+    pub discarded: AtomicU64,
 }
 
 pub type LcoreStats = CachePadded<Counters>;
@@ -105,6 +108,7 @@ pub struct Snapshot {
     pub errors: u64,
     pub sleeps: u64,
     pub foreign: u64,
+    pub discarded: u64,
 }
 
 impl Counters {
@@ -119,6 +123,7 @@ impl Counters {
             errors: r(&self.errors),
             sleeps: r(&self.sleeps),
             foreign: r(&self.foreign),
+            discarded: r(&self.discarded),
         }
     }
 }

@@ -69,7 +69,8 @@ impl Server {
         let mode = PollMode::parse(&cfg.poll).ok_or(StartError::Poll)?;
         let kernels = Kernels::detect().map_err(StartError::Kernels)?;
         let per_job = cfg.max_window * cfg.max_ranks * 2;
-        let contexts = per_job as u64 * cfg.max_jobs as u64;
+        // Two more past every job's: the sweep's (`dataplane::shard::sweep`).
+        let contexts = per_job as u64 * cfg.max_jobs as u64 + 2;
         if contexts > 1 << 22 {
             return Err(StartError::TooManyContexts(contexts));
         }

@@ -102,6 +102,13 @@ pub static ENV: &[EnvVar] = &[
         "smallest piece an all-reduce is cut into to spread it over every lcore, at most 1G; the same on every rank (a server refuses a rank that differs)",
     ),
     var(
+        "TALLY_COMM_JOBS",
+        "1",
+        "the plugin: 2",
+        &[Client, Plugin],
+        "jobs (dtype, op pairs) a communicator keeps room for on every server from its start (1 to 8): a server without the room refuses it at init, and no later pair up to this many can be refused mid-run; the same on every rank",
+    ),
+    var(
         "TALLY_INTERLEAVE",
         "0",
         "",

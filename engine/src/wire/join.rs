@@ -54,7 +54,10 @@ pub struct Hello {
     /// is); see [`JobSpec::seal_shift`]. A byte that was padding: a server
     /// from before seals refuses a job that seals.
     pub seal_shift: u8,
-    pub _pad1: u8,
+    /// [`JobSpec::reserve`]: later jobs of this communicator the server
+    /// keeps room for. A byte that was padding: a server from before
+    /// refuses a job that reserves.
+    pub reserve: u8,
     /// [`JobSpec::min_piece`]. Bytes that were padding: a server from
     /// before refuses a rank that sets it.
     pub min_piece: u32,
@@ -269,6 +272,10 @@ impl fmt::Debug for Reject {
 /// but its rounding, which could then overflow (`client::MAX_MIN_PIECE`).
 pub const MAX_MIN_PIECE: u32 = 1 << 30;
 
+/// The most later jobs a communicator's first job reserves room for
+/// ([`JobSpec::reserve`]): a client opens at most 8 (dtype, op) pairs.
+pub const MAX_RESERVE: u8 = 7;
+
 /// The largest [`JobSpec::seal_shift`]: seals from 1 TiB.
 pub const MAX_SEAL_SHIFT: u8 = 40;
 
@@ -318,6 +325,17 @@ pub struct JobSpec {
     /// rank must use the same: the server holds them to it, as it does
     /// `interleave`.
     pub min_piece: u32,
+    /// The job is a communicator's first, and the server keeps a job slot
+    /// and the same slab room as this job's for each of `reserve` later jobs
+    /// of it (its other dtype and op pairs), from this job's admission
+    /// until it ends, so that none of them can be refused for capacity
+    /// mid-run (`control::reserve`); a server without the room refuses
+    /// this job. At most [`MAX_RESERVE`].
+    pub reserve: u8,
+    /// The job is a later one of a communicator whose first job reserved
+    /// room: it takes a room of the running job with the same secret, or,
+    /// when none is left, free capacity as any job does.
+    pub sibling: bool,
 }
 
 impl JobSpec {
@@ -379,6 +397,7 @@ impl Hello {
         h.window = spec.window;
         h.shards = spec.shards;
         h.seal_shift = spec.seal_shift;
+        h.reserve = spec.reserve;
         h.min_piece = spec.min_piece;
         if spec.relay {
             h.flags |= Hello::RELAY;
@@ -388,6 +407,9 @@ impl Hello {
         }
         if spec.interleave {
             h.flags |= Hello::INTERLEAVE;
+        }
+        if spec.sibling {
+            h.flags |= Hello::SIBLING;
         }
         h.name_len = name.len() as u16;
         h.name[..name.len()].copy_from_slice(name);
@@ -408,6 +430,9 @@ impl Hello {
     /// The job's ranks cut over the streams lcore-major
     /// ([`JobSpec::interleave`]). A server from before it refuses the bit.
     pub const INTERLEAVE: u8 = 16;
+    /// A later job of a communicator whose first job reserved room
+    /// ([`JobSpec::sibling`]). A server from before it refuses the bit.
+    pub const SIBLING: u8 = 32;
 
     pub fn rejoin(&self) -> bool {
         self.flags & Hello::REJOIN != 0
@@ -456,7 +481,7 @@ impl Hello {
         if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
             return bad("name_len", "endpoint name empty or too long");
         }
-        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE) != 0 {
+        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE | Hello::SIBLING) != 0 {
             return bad("flags", "unknown flag bits");
         }
         let relay = self.flags & Hello::RELAY != 0;
@@ -473,8 +498,12 @@ impl Hello {
         if self.seal_shift > MAX_SEAL_SHIFT {
             return bad("seal_shift", "seals above 1 TiB");
         }
-        if self._pad1 != 0 {
-            return bad("padding", "reserved bytes must be zero");
+        let sibling = self.flags & Hello::SIBLING != 0;
+        if self.reserve > MAX_RESERVE {
+            return bad("reserve", "room for more than 7 later jobs of a communicator");
+        }
+        if sibling && self.reserve != 0 {
+            return bad("reserve", "a communicator's later job reserves nothing");
         }
         if self.min_piece > MAX_MIN_PIECE {
             return bad("min_piece", "above 1 GiB");
@@ -493,6 +522,8 @@ impl Hello {
             seal_shift: self.seal_shift,
             interleave: self.flags & Hello::INTERLEAVE != 0,
             min_piece: self.min_piece,
+            reserve: self.reserve,
+            sibling,
         })
     }
 

@@ -329,6 +329,8 @@ mod tests {
             seal_shift: 0,
             interleave: false,
             min_piece: 0,
+            reserve: 0,
+            sibling: false,
         }
     }
     const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };
@@ -363,12 +365,17 @@ mod tests {
             ("shards", |h| h.shards = 3),
             ("name_len", |h| h.name_len = 0),
             ("name_len", |h| h.name_len = 257),
-            ("padding", |h| h._pad1 = 1),
+            ("reserve", |h| h.reserve = 8),
             ("seal_shift", |h| h.seal_shift = MAX_SEAL_SHIFT + 1),
             ("min_piece", |h| h.min_piece = MAX_MIN_PIECE + 1),
             ("min_piece", |h| h.min_piece = u32::MAX),
             ("lanes", |h| h.lanes = MAX_LANES as u8),
-            ("flags", |h| h.flags = 32),
+            ("flags", |h| h.flags = 64),
+            // A later job of a communicator reserves nothing.
+            ("reserve", |h| {
+                h.flags = Hello::SIBLING;
+                h.reserve = 1
+            }),
             // Relay with four ranks.
             ("flags", |h| h.flags = Hello::RELAY),
         ];

@@ -108,6 +108,10 @@ impl Client {
                 // Redo jobs cut nothing over a stream set.
                 interleave: false,
                 min_piece: 0,
+                // Short-lived, on free capacity: the communicator's room
+                // stays for its own later jobs.
+                reserve: 0,
+                sibling: false,
             };
             let mut conns = Vec::new();
             for &si in &survivors {

@@ -106,6 +106,9 @@ impl Client {
                 seal_shift: self.subs[sub].seal_shift,
                 interleave: self.subs[sub].interleave,
                 min_piece: super::super::join::wire_min_piece(self.cfg.min_piece),
+                // As at the first join: the first job reserves, the later ones take.
+                reserve: if sub == 0 { self.cfg.reserve } else { 0 },
+                sibling: sub > 0 && self.cfg.reserve > 0,
             };
             let Ok(mut hello) = self.hello_to(si, &spec) else { continue };
             hello.hello.flags |= Hello::REJOIN;

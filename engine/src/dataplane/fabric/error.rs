@@ -125,6 +125,11 @@ impl CompletionError {
     pub fn is_canceled(&self) -> bool {
         self.code == sys::FI_ECANCELED as i32
     }
+
+    /// A peek that found no unexpected message (`Endpoint::peek_unexpected`).
+    pub fn is_no_message(&self) -> bool {
+        self.code == sys::FI_ENOMSG as i32
+    }
 }
 
 impl fmt::Debug for CompletionError {

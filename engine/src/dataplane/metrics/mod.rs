@@ -373,7 +373,7 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
         "# HELP tally_server_draining 1 once the server drains or stops (it admits no new jobs), else 0.\n# TYPE tally_server_draining gauge\ntally_server_draining {}",
         u8::from(health.draining())
     );
-    let lcore_metrics: [LcoreMetric; 8] = [
+    let lcore_metrics: [LcoreMetric; 9] = [
         ("tally_lcore_polls_total", "counter", "Completion-queue polls.", |s| s.polls),
         ("tally_lcore_empty_polls_total", "counter", "Polls that found no completion.", |s| s.empty_polls),
         ("tally_lcore_completions_total", "counter", "Completions handled.", |s| s.completions),
@@ -386,6 +386,12 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
             "counter",
             "Pieces dropped because their sequence did not carry their job's key: sent by a third party on the fabric, not a rank.",
             |s| s.foreign,
+        ),
+        (
+            "tally_lcore_unexpected_discarded_total",
+            "counter",
+            "Messages that reached the lcore for no receive of its (another job's tag, a slot or sequence no rank of its jobs sends) and were discarded.",
+            |s| s.discarded,
         ),
     ];
     for (name, kind, help, get) in lcore_metrics {

@@ -15,7 +15,11 @@ impl ShardWorker {
     pub(super) fn on_completion(&mut self, c: Completion, stats: &Counters) {
         let (ji, local) = ((c.context / self.per_job) as usize, c.context % self.per_job);
         let Some(job) = self.jobs.get_mut(ji).and_then(Option::as_mut) else {
-            bump(&stats.errors, 1);
+            if self.sweep.owns(c.context) {
+                self.on_sweep(c, stats);
+            } else {
+                bump(&stats.errors, 1);
+            }
             return;
         };
         job.outstanding = job.outstanding.saturating_sub(1);
@@ -94,6 +98,10 @@ impl ShardWorker {
     /// without a job of this lcore's is the lcore's error. Returns the
     /// completions it stands for (1).
     pub(super) fn on_failed_completion(&mut self, e: CompletionError, stats: &Counters) -> usize {
+        if e.context.is_some_and(|c| self.sweep.owns(c)) {
+            self.on_sweep_failed(e);
+            return 1;
+        }
         // Canceled operations of a draining job are how jobs end, not errors.
         if !e.is_canceled() {
             bump(&stats.errors, 1);
@@ -149,16 +157,11 @@ enum Piece {
 fn check_piece(job: &Job, c: &Completion, slot: usize) -> Piece {
     let tag = Tag(c.tag);
     let s = job.slots[slot];
-    let keyed = JobTag { job: job.on.tag, key: job.on.key };
-    // How far the piece's round is from the slot's, in sequence numbers:
-    // a rank out of step is off by a few windows; a guess without the key
-    // is almost never this close (4 windows of 2^32).
-    let off = keyed.seq_of(tag).wrapping_sub(s.seq) as i32;
     if tag.job() != job.on.tag || tag.slot() as usize != slot {
         Piece::Bad("a chunk carried another job's or slot's tag")
-    } else if off.unsigned_abs() > 4 * job.on.spec.window {
+    } else if !near_round(job, s.seq, tag) {
         Piece::Foreign
-    } else if off != 0 {
+    } else if round_off(job, s.seq, tag) != 0 {
         Piece::Bad("a chunk arrived with an unexpected sequence number")
     } else if !c.len.is_multiple_of(job.on.spec.dtype.size()) {
         Piece::Bad("a chunk's length is not a whole number of elements")
@@ -167,4 +170,20 @@ fn check_piece(job: &Job, c: &Completion, slot: usize) -> Piece {
     } else {
         Piece::Fits
     }
+}
+
+/// How far a piece's round is from its slot's (`seq`), in sequence numbers,
+/// its tag's sequence read with the job's key.
+#[inline(always)]
+fn round_off(job: &Job, seq: u32, tag: Tag) -> i32 {
+    JobTag { job: job.on.tag, key: job.on.key }.seq_of(tag).wrapping_sub(seq) as i32
+}
+
+/// Whether a piece's round is near its slot's (`seq`): a rank out of step
+/// is off by a few windows; a guess without the job's key is almost never
+/// this close (4 windows of 2^32). Also how the sweep (`sweep.rs`) tells an
+/// early piece, which a receive will take, from a third party's.
+#[inline(always)]
+pub(super) fn near_round(job: &Job, seq: u32, tag: Tag) -> bool {
+    round_off(job, seq, tag).unsigned_abs() <= 4 * job.on.spec.window
 }

@@ -323,6 +323,8 @@ impl ShardWorker {
         self.check_commands();
         self.expire_drains();
         self.expire_stragglers(now);
+        self.sweep();
+        self.trim_after_sweep();
     }
 
     pub(super) fn check_commands(&mut self) {

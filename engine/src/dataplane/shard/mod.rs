@@ -86,6 +86,7 @@ mod post;
 mod relay;
 mod split_round;
 mod staged;
+mod sweep;
 
 use error::RoundError;
 
@@ -429,6 +430,8 @@ pub struct ShardWorker {
     /// How long a slot's first piece waits for the other ranks' pieces.
     op_timeout: std::time::Duration,
     next_housekeeping: Instant,
+    /// Looking at and discarding unexpected messages (`sweep.rs`).
+    sweep: sweep::Sweep,
     /// Fault injection, for tests of the server's watchdog and heartbeats:
     /// from this time on the lcore blocks for good, as inside a provider call
     /// that does not return (`TALLY_FAULT_STALL=LCORE@SECONDS`). None in real use.
@@ -463,6 +466,9 @@ impl ShardWorker {
     pub fn new(setup: ShardSetup) -> ShardWorker {
         let ShardSetup { lcore, ep, slab, mh, kernels, max_jobs, per_job, commands, events, metrics, op_timeout } = setup;
         let capacity = ep.context_capacity() as usize;
+        // The sweep's two contexts are the ones past every job's, where the endpoint has them.
+        let sweep_context = max_jobs as u32 * per_job;
+        let sweep = sweep::Sweep::new(ep.can_sweep() && sweep_context as usize + 2 <= capacity, sweep_context);
         ShardWorker {
             lcore,
             ep,
@@ -483,6 +489,7 @@ impl ShardWorker {
             metrics,
             op_timeout,
             next_housekeeping: Instant::now(),
+            sweep,
             stall_at: crate::host::fault::stall_at("TALLY_FAULT_STALL", lcore),
         }
     }
@@ -496,6 +503,10 @@ impl Worker for ShardWorker {
         }
         if !self.retry.is_empty() {
             self.retry_posts();
+        }
+        if self.sweep.eager > 0 {
+            self.sweep.eager -= 1;
+            self.sweep();
         }
         let released = if self.split_waits > 0 { self.check_split_waits() } else { 0 };
         // Queue depth gauge: one plain store on this lcore's own cache line.

@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 mod complete;
 mod post;
+mod unexpected;
 
 /// An address-vector entry: a peer endpoint this endpoint can reach.
 pub type PeerAddr = sys::fi_addr_t;

@@ -5,7 +5,7 @@
 use super::*;
 
 impl Endpoint {
-    fn take_context(&mut self, id: u32) -> Result<*mut c_void, PostError> {
+    pub(super) fn take_context(&mut self, id: u32) -> Result<*mut c_void, PostError> {
         let ctx = self.contexts.get_mut(id as usize).ok_or(PostError::BadContext(id))?;
         if ctx.in_flight {
             return Err(PostError::ContextBusy(id));
@@ -26,7 +26,7 @@ impl Endpoint {
         }
     }
 
-    fn posted(&mut self, id: u32, ret: isize, call: &'static str, is_send: bool) -> Result<(), PostError> {
+    pub(super) fn posted(&mut self, id: u32, ret: isize, call: &'static str, is_send: bool) -> Result<(), PostError> {
         if ret == 0 {
             let ctx = &mut self.contexts[id as usize];
             ctx.in_flight = true;
