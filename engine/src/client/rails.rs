@@ -63,9 +63,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod copier;
+mod idle;
 mod rail_loop;
 mod stream_copy;
 use copier::{CopierShared, CopyLane};
+use idle::EmptyTurns;
 use rail_loop::RailLoop;
 
 /// The most rails a client runs.
@@ -209,6 +211,13 @@ impl Bell {
         }
     }
 
+    /// Sleeps until rung, or `ms` passes.
+    fn wait(&self, ms: u32) {
+        let mut pfd = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd on our eventfd.
+        unsafe { libc::poll(&mut pfd, 1, ms.min(i32::MAX as u32) as i32) };
+    }
+
     fn drain(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
@@ -220,34 +229,6 @@ impl Drop for Bell {
     fn drop(&mut self) {
         // SAFETY: the descriptor is ours and closed once.
         unsafe { libc::close(self.fd) };
-    }
-}
-
-/// A polling thread's empty turns in a row, and when they call for a sleep
-/// (after `spin_polls`): the rails' and the copier's loops.
-struct EmptyTurns {
-    empty: u32,
-    spin_polls: u32,
-}
-
-impl EmptyTurns {
-    fn new(spin_polls: u32) -> EmptyTurns {
-        EmptyTurns { empty: 0, spin_polls }
-    }
-
-    /// Counts a turn; true when the thread should sleep now.
-    #[inline]
-    fn sleep_after(&mut self, worked: bool) -> bool {
-        if worked {
-            self.empty = 0;
-            return false;
-        }
-        self.empty = self.empty.saturating_add(1);
-        if self.empty >= self.spin_polls {
-            self.empty = 0;
-            return true;
-        }
-        false
     }
 }
 
@@ -812,14 +793,6 @@ mod tests {
 
     fn all(rails: usize, servers: usize) -> Vec<Vec<usize>> {
         (0..servers).map(|si| lanes(rails, servers, si).collect()).collect()
-    }
-
-    #[test]
-    fn a_thread_sleeps_after_spin_polls_empty_turns_in_a_row() {
-        let mut t = EmptyTurns::new(3);
-        let turns = [false, false, true, false, false, false, false, false, false];
-        let slept: Vec<bool> = turns.iter().map(|&w| t.sleep_after(w)).collect();
-        assert_eq!(slept, [false, false, false, false, false, true, false, false, true]);
     }
 
     #[test]

@@ -34,6 +34,7 @@
 //! to each staged piece (a hop back through the rail, a copy from another
 //! core's cache, one more busy thread) outweighs the rail time it saves
 //! there; which of those, is not known.
+use super::idle::QUIET_SLEEP_MS;
 use super::{stream_copy, Bell, EmptyTurns, Shared};
 use crate::dataplane::fabric::Completion;
 use crossbeam_queue::ArrayQueue;
@@ -111,7 +112,7 @@ impl Copier {
         while !self.sh.stop.load(Ordering::Relaxed) {
             let worked = self.turn();
             if idle.sleep_after(worked) {
-                self.sleep();
+                self.sleep(idle.quiet());
             }
         }
     }
@@ -153,16 +154,16 @@ impl Copier {
         any
     }
 
-    fn sleep(&self) {
+    /// Sleeps on the bell; a quiet copier (see `EmptyTurns`) longer, as
+    /// every job it gets rings it.
+    fn sleep(&self, quiet: bool) {
         let bell = &self.sh.bell;
         bell.sleeping.store(true, Ordering::SeqCst);
         // Checked after the flag is up: a rail that handed a job before it
         // saw the flag down, one that hands one after it rings.
         let idle = self.rails.iter().all(|r| r.copy.as_ref().is_none_or(|l| l.jobs.is_empty()));
         if idle && !self.sh.stop.load(Ordering::SeqCst) {
-            let mut pfd = libc::pollfd { fd: bell.fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd on the copier's eventfd.
-            unsafe { libc::poll(&mut pfd, 1, self.sleep_ms.min(i32::MAX as u32) as i32) };
+            bell.wait(if quiet { QUIET_SLEEP_MS.max(self.sleep_ms) } else { self.sleep_ms });
         }
         bell.sleeping.store(false, Ordering::SeqCst);
         bell.drain();
