@@ -25,8 +25,11 @@ use super::*;
 
 /// What a communicator's first job keeps for its later jobs.
 pub(super) struct Rooms {
-    /// The first job's id, and the secret its later jobs bring.
+    /// The first job's id and job slot (a rejoined job of the same id may
+    /// run beside its fenced predecessor a while), and the secret its later
+    /// jobs bring.
     pub(super) owner: u64,
+    owner_slot: usize,
     secret: JobSecret,
     /// The range kept per lcore for one later job.
     lens: Vec<usize>,
@@ -122,7 +125,7 @@ impl ControlPlane {
             free.iter().map(|r| r.slot).collect::<Vec<_>>(),
             crate::host::units::format_size(lens.first().copied().unwrap_or(0) as u64)
         );
-        self.rooms.push(Rooms { owner: spec.job_id, secret: *secret, lens, free, reserved: want });
+        self.rooms.push(Rooms { owner: spec.job_id, owner_slot: index, secret: *secret, lens, free, reserved: want });
         Ok(())
     }
 
@@ -136,7 +139,7 @@ impl ControlPlane {
     /// job's rooms go back with it; a later job's room is kept again for
     /// its communicator while the first job runs.
     pub(super) fn job_left(&mut self, index: usize, spec: &JobSpec, secret: &JobSecret) {
-        if let Some(k) = self.rooms.iter().position(|r| r.owner == spec.job_id && wire::secret_eq(&r.secret, secret)) {
+        if let Some(k) = self.rooms.iter().position(|r| r.owner == spec.job_id && r.owner_slot == index) {
             let rooms = self.rooms.swap_remove(k);
             for room in &rooms.free {
                 self.release_room(room);
