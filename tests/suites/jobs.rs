@@ -288,7 +288,8 @@ fn communicator_rank(addr: &str, job: u64, rank: u32, reserve: u8, go: std::sync
 /// A communicator's room (`control::reserve`): its first job keeps a job
 /// slot and slab room for its later job, so that another job that comes
 /// meanwhile is refused rather than the communicator's bf16 all-reduce
-/// mid-run; once the communicator ends, its slots serve others.
+/// mid-run, and so is one that claims to be its later job without its
+/// secret; once the communicator ends, its slots serve others.
 #[test]
 fn a_communicators_later_job_finds_the_room_its_first_job_kept() {
     let srv = server(&["--max-jobs", "2"]);
@@ -304,6 +305,12 @@ fn a_communicators_later_job_finds_the_room_its_first_job_kept() {
     // Another job while the communicator runs: the server's second slot is the room.
     let err = join_all_err(sum_job("shm", &srv.addr, 0xd0, 2, 1024, 1));
     assert!(err.contains("too many jobs") && err.contains("keeps their slots for other jobs"), "{err}");
+    // A job that says it is a later job of a communicator but lacks its
+    // secret takes no room: refused alike, the room kept.
+    let forged = wire::JobSpec { sibling: true, ..tally_e2e::f32_sum_spec(0xd3, 1, 1024) };
+    let m = wire::HelloMessage::new(&forged, 0, &[9; 32], &[b"fi_shm://forged"]).unwrap();
+    let r = read_reject(&mut answered_hello(&srv.addr, &m, &[0; 32]));
+    assert_eq!(r.code(), Some(RejectCode::TooManyJobs), "{r}");
     go.wait();
     join_all(ranks.into_iter().map(|h| std::thread::spawn(move || h.join().unwrap())).collect());
     assert!(srv.wait_log("takes room 1 of 1 kept by job 0xc0", Duration::from_secs(5)), "{:?}", srv.log.lock().unwrap());

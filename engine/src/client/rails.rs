@@ -53,21 +53,20 @@
 //! thread as commands too, and the client waits for their answer: they
 //! happen at joins, recoveries and stops, never per chunk.
 use crate::dataplane::fabric::call_watch::CallWatch;
-use crate::dataplane::fabric::{
-    Completion, CompletionError, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PollError, PostError,
-};
+use crate::dataplane::fabric::{Completion, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PollError, PostError};
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 mod copier;
 mod idle;
+mod queue;
 mod rail_loop;
 mod stream_copy;
 use copier::{CopierShared, CopyLane};
 use idle::EmptyTurns;
+use queue::{ask, queue, Bell, Cmd, Event, Reply, Shared};
 use rail_loop::RailLoop;
 
 /// The most rails a client runs.
@@ -125,136 +124,6 @@ pub fn lanes(rails: usize, servers: usize, si: usize) -> core::iter::StepBy<core
     } else {
         (si % servers..rails).step_by(servers)
     }
-}
-
-/// An operation queued to a rail thread.
-enum Cmd {
-    Send {
-        buf: *const u8,
-        len: usize,
-        dest: PeerAddr,
-        tag: u64,
-        ctx: u32,
-    },
-    Recv {
-        buf: *mut u8,
-        len: usize,
-        src: Option<PeerAddr>,
-        tag: u64,
-        ignore: u64,
-        ctx: u32,
-    },
-    /// A receive whose bytes are copied to `to` once it completes, before
-    /// the rail hands the completion back (failover's staged results: the
-    /// copy out of the staging slot runs on the copier, or on the rail's
-    /// thread without one, instead of on the caller's).
-    RecvCopy {
-        buf: *mut u8,
-        len: usize,
-        src: Option<PeerAddr>,
-        tag: u64,
-        ctx: u32,
-        to: *mut u8,
-    },
-    /// Cancel one operation (or drop it, if still queued on the rail),
-    /// answer [`Reply::Done`]. A canceled [`Cmd::RecvCopy`] copies nothing
-    /// from then on, even if its receive still completes.
-    Cancel(u32),
-    /// Cancel everything, drain, answer [`Reply::Done`].
-    CancelAll,
-    /// Add a peer to the rail's address vector, answer [`Reply::Peer`]
-    /// (boxed: a name is large, and this is rare).
-    InsertPeer(Box<EndpointName>),
-}
-
-// SAFETY: the buffer pointers belong to the client's caller, who keeps them
-// valid until their operation completes (the contract of `Client::start`);
-// the rail thread only hands them to libfabric, as the caller's thread would.
-unsafe impl Send for Cmd {}
-
-/// What a rail thread hands back.
-enum Event {
-    Done(Completion),
-    /// An error completion (boxed: rare, and keeps the ring's slots small).
-    Failed(Box<CompletionError>),
-    /// Posting or polling failed outright.
-    Broken(FabricError),
-}
-
-enum Reply {
-    Peer(Result<PeerAddr, FabricError>),
-    Done,
-}
-
-/// A sleeper's flag and the eventfd that wakes it.
-struct Bell {
-    sleeping: AtomicBool,
-    fd: i32,
-}
-
-impl Bell {
-    fn new() -> std::io::Result<Bell> {
-        // SAFETY: plain eventfd creation; the descriptor is owned by the Bell.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Bell { sleeping: AtomicBool::new(false), fd })
-    }
-
-    /// Wakes the sleeper if it sleeps (a system call only then).
-    fn ring(&self) {
-        if self.sleeping.load(Ordering::SeqCst) {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-            unsafe { libc::write(self.fd, (&one as *const u64).cast(), 8) };
-        }
-    }
-
-    /// Sleeps until rung, or `ms` passes.
-    fn wait(&self, ms: u32) {
-        let mut pfd = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd on our eventfd.
-        unsafe { libc::poll(&mut pfd, 1, ms.min(i32::MAX as u32) as i32) };
-    }
-
-    fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
-        unsafe { libc::read(self.fd, (&mut v as *mut u64).cast(), 8) };
-    }
-}
-
-impl Drop for Bell {
-    fn drop(&mut self) {
-        // SAFETY: the descriptor is ours and closed once.
-        unsafe { libc::close(self.fd) };
-    }
-}
-
-/// What a rail thread and the client share.
-struct Shared {
-    cmds: ArrayQueue<Cmd>,
-    events: ArrayQueue<Event>,
-    replies: ArrayQueue<Reply>,
-    /// Rung by the client after queueing to a sleeping rail.
-    bell: Bell,
-    /// Rung by the rail after queueing events while the client sleeps.
-    owner: Arc<Bell>,
-    stop: AtomicBool,
-    /// Set by [`Rails::abandon`]: the rail is stuck in a provider call; if
-    /// that call returns, the rail makes no other and ends.
-    abandoned: AtomicBool,
-    /// Staged results this rail copied out, and the ns those copies took
-    /// (timed only with `TALLY_PIECE_TIMES`; written by the rail alone).
-    copies: AtomicU64,
-    copy_ns: AtomicU64,
-    /// The ns of the rail's turns, and of those that moved something
-    /// (timed only with `TALLY_PIECE_TIMES`; written by the rail alone).
-    turn_ns: AtomicU64,
-    busy_ns: AtomicU64,
-    /// The rings to and from the copier, where the client runs one.
-    copy: Option<CopyLane>,
 }
 
 struct Rail {
@@ -736,54 +605,6 @@ impl Drop for Rails {
                 let _ = t.join();
             }
         }
-    }
-}
-
-/// Queues a data operation; a full ring is `EAGAIN` (the client retries).
-#[inline]
-fn queue(sh: &Shared, c: Cmd) -> Result<(), PostError> {
-    if sh.abandoned.load(Ordering::Relaxed) {
-        return Err(PostError::Fabric(FabricError { call: "rail abandoned (stuck in a provider call)", code: libc::EIO }));
-    }
-    match sh.cmds.push(c) {
-        Ok(()) => {
-            sh.bell.ring();
-            Ok(())
-        }
-        Err(_) => Err(PostError::Again),
-    }
-}
-
-/// Queues a command, waiting (bounded) for room.
-fn force(sh: &Shared, mut c: Cmd) -> Result<(), FabricError> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match sh.cmds.push(c) {
-            Ok(()) => {
-                sh.bell.ring();
-                return Ok(());
-            }
-            Err(back) if Instant::now() < deadline => {
-                c = back;
-                std::thread::yield_now();
-            }
-            Err(_) => return Err(FabricError { call: "rail: command ring full for 5 s", code: libc::ETIMEDOUT }),
-        }
-    }
-}
-
-/// Queues a command and waits (bounded) for the rail's answer.
-fn ask(sh: &Shared, c: Cmd) -> Result<Reply, FabricError> {
-    force(sh, c)?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(r) = sh.replies.pop() {
-            return Ok(r);
-        }
-        if Instant::now() > deadline {
-            return Err(FabricError { call: "rail: no answer in 5 s", code: libc::ETIMEDOUT });
-        }
-        std::thread::yield_now();
     }
 }
 
