@@ -246,6 +246,14 @@ pub const TCP_WINDOW: u32 = 16;
 /// otherwise (where the eager limit allows it; see [`tcp_defaults`]).
 pub const TCP_MAX_PIECE: usize = 128 << 10;
 
+/// Cores below which the plugin sends pieces of at most [`FEW_CORES_PIECE`]
+/// over tcp (the threshold below which `client::rails::auto_rails` keeps
+/// one rail too).
+pub const FEW_CORES: usize = 8;
+
+/// The largest piece over tcp on a host of fewer than [`FEW_CORES`] cores.
+pub const FEW_CORES_PIECE: usize = 32 << 10;
+
 /// The client's settings over tcp;ofi_rxm where the user set none.
 ///
 /// - Pieces of the eager limit the process runs with
@@ -280,9 +288,18 @@ pub const TCP_MAX_PIECE: usize = 128 << 10;
 /// 0.65-0.78 of the link at 16 and 64 MiB, no credits and window 16
 /// 0.90-0.99; on 4 GPUs the figures above. At 4-16 Gbit/s every setting
 /// gave 0.96-1.00.
+///
+/// On a host of fewer than [`FEW_CORES`] cores pieces are at most
+/// [`FEW_CORES_PIECE`]: there the CPU, not the count of messages, is what
+/// runs out, and 128 KiB pieces cost twice the CPU per byte (2-core
+/// machine, `bench cluster --hosts 8 --rates 0.25 --sizes 16M --mode
+/// agg-plugin`: 0.60-0.61 of the bound at 6.7-7.1 worker CPU s/GB with 128
+/// KiB pieces, 0.86 at 3.7-4.0 with 32 KiB ones, agg 0.91 beside them).
 fn tcp_defaults(cfg: &mut ClientConfig) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = if cores >= FEW_CORES { TCP_MAX_PIECE } else { FEW_CORES_PIECE };
     if std::env::var_os("TALLY_CHUNK").is_none() {
-        cfg.chunk_bytes = tally_engine::dataplane::fabric::defaults::eager_limit().clamp(4 << 10, TCP_MAX_PIECE);
+        cfg.chunk_bytes = tally_engine::dataplane::fabric::defaults::eager_limit().clamp(4 << 10, most);
     }
     if std::env::var_os("TALLY_MIN_PIECE").is_none() {
         cfg.min_piece = cfg.chunk_bytes;

@@ -82,6 +82,20 @@ const RING: usize = 4096;
 /// Gbit/s, 0.73-0.87 of the bound on two rails, 0.97-1.01 on four).
 pub const AUTO_MIN_RAILS: usize = 4;
 
+/// Says so when rail `r`, given no core of its own, would share the one core
+/// the connecting thread is pinned to (its threads inherit that mask): two
+/// pollers on one core take turns, and every hand-over between the caller
+/// and its rail waits for one.
+fn warn_if_one_core(r: usize) {
+    if let Ok(cores) = crate::host::cpuset::allowed() {
+        if let [only] = cores.as_slice() {
+            log::warn!(
+                "rail {r} has no core of its own (TALLY_RAIL_CORES) and shares core {only}, the one this thread is pinned to, with the caller: small all-reduces wait for the two to take turns"
+            );
+        }
+    }
+}
+
 /// How many rails a client of `servers` servers over `provider` runs when
 /// its configuration says 0 (auto): one per server but at least
 /// [`AUTO_MIN_RAILS`] (so one server's lcores spread over lanes), up to
@@ -222,6 +236,9 @@ impl Rails {
             });
             let sh = shared.clone();
             let core = cores.get(i).copied();
+            if core.is_none() {
+                warn_if_one_core(i);
+            }
             let thread = std::thread::Builder::new()
                 .name(format!("tally-rail{i}"))
                 .spawn(move || {

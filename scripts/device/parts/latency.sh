@@ -13,10 +13,13 @@ say "round trip for the ratios below (4 KiB, cores 2,8, median of 20000): $(pyth
 for n in ${LAT_RANKS:-2 4 8}; do
     lc=2; [ "$n" -ge 8 ] && lc=2-3
     say ""
-    say "## $n ranks (pinned to cores 8-15), server lcores $lc, busy, shm: back-to-back"
+    # Two cores per rank: its own and its rail thread's (shm drives its one
+    # endpoint from a rail thread); where the host has fewer, they wrap.
+    last=$((8 + 2 * n - 1)); [ "$last" -ge "$C" ] && last=$((C - 1))
+    say "## $n ranks (pinned to cores 8-$last, a rank and its rail on two), server lcores $lc, busy, shm: back-to-back"
     lat() { # FILE BENCH-ARGS...
         local f=$1; shift
-        timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --cores 8-15 --poll busy --provider shm \
+        timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --cores "8-$last" --poll busy --provider shm \
             --mode agg,ring --json "$@" 2>>"$OUT/lat.err" >"$f" || say "FAILED (see lat.err)"
     }
     lat "$OUT/lat$n-small.json" --sizes 4K --iters 10000 --warmup 500

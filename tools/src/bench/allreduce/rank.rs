@@ -153,7 +153,11 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 args.ranks
             );
         }
-        let block = if rails > 1 { 1 + rails + copier as usize } else { 1 };
+        // One rail has a thread too over shm (`wants_rail_threads`): left
+        // unlisted it would spin on the rank's own core (4 KiB agg p50 7.0-7.5
+        // us against 4.3-4.9 before shm had a rail thread, nvidia-h200-x2).
+        let threads = tally_engine::client::rails::wants_rail_threads(&p.provider, rails);
+        let block = if threads { 1 + rails + copier as usize } else { 1 };
         let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
         rail_cores = (1..block).map(at).collect();
         let core = at(0);
