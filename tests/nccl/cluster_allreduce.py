@@ -22,9 +22,22 @@ and busbw = algbw*2(n-1)/n as one JSON line per size. The timed loop
 all-reduces a copy of the input scaled by 2^-60 in place: the sums grow by
 the world size each time and stay finite and normal in f32 and bf16.
 
+Each rank also reads its own process CPU (every thread: NCCL's proxy, the
+plugin's; timing.py) over the timed loop, and over --idle-s seconds of sleep
+right after it, with no collective in flight (the idle cost of a rank with
+the plugin loaded). One all-reduce of a small float32 tensor (each rank's
+figures in its own row, zeros elsewhere: every sum exact) brings them to
+rank 0, whose JSON line has them per rank: rank_cpu_s (over the loop),
+rank_main_cpu_s (the Python main thread alone, which spins in the CUDA
+synchronize ending the loop), rank_cpu_s_per_GB and rank_cpu_s_per_GB_nomain
+(per GB all-reduced: bytes x iters / 1e9), rank_idle_core_pct (% of a core
+over the sleep) and idle_s (the sleep's wall time, rank 0's).
+
 --dry-run needs no GPU and no torch: the ranks rendezvous over TCP through
 the shaped links and reach every server's control port, which is what the
-real run needs from the testbed.
+real run needs from the testbed; each measures its idle CPU over --idle-s
+(a plain Python process: it checks the reading, not the plugin) and rank 0
+prints them in a line "ranks' idle CPU ...".
 """
 import argparse
 import json
@@ -33,7 +46,7 @@ import socket
 import sys
 import time
 
-from timing import time_allreduces
+from timing import idle_cpu, time_allreduces
 
 
 def parse_size(s):
@@ -49,8 +62,17 @@ def env_int(name):
     return int(v)
 
 
+def idle_pct(seconds):
+    """This process's CPU over an idle sleep of `seconds`, % of a core, and the sleep's wall time."""
+    if seconds <= 0:
+        return None, 0.0
+    cpu, wall = idle_cpu(seconds)
+    return cpu / wall * 100, wall
+
+
 def dry_run(args, rank, world, master):
     """Rendezvous over TCP and reach every server: the testbed works."""
+    idle, _ = idle_pct(args.idle_s)
     servers = [s for s in os.environ.get("TALLY_SERVERS", "").split(",") if s]
     reached = 0
     for s in servers:
@@ -61,14 +83,18 @@ def dry_run(args, rank, world, master):
     if rank == 0:
         ls = socket.create_server((master, args.port))
         ls.settimeout(30)
-        peers = []
-        while len(peers) < world - 1:
+        peers = {0: idle}
+        while len(peers) < world:
             c, _ = ls.accept()
-            peers.append(int(c.recv(16).decode()))
+            r, pct = c.recv(64).decode().split()
+            peers[int(r)] = None if pct == "-" else float(pct)
             c.sendall(b"ok")
             c.close()
-        rec = {"label": args.label, "dry_run": True, "world": world, "ranks_reached": len(peers) + 1, "servers_reached": reached}
+        rec = {"label": args.label, "dry_run": True, "world": world, "ranks_reached": len(peers), "servers_reached": reached}
         print(json.dumps(rec), flush=True)
+        if args.idle_s > 0:
+            print(f"ranks' idle CPU over {args.idle_s:g} s (% of a core, rank order): "
+                  + " ".join("-" if peers[r] is None else f"{peers[r]:.2f}" for r in sorted(peers)), flush=True)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(rec) + "\n")
@@ -81,7 +107,7 @@ def dry_run(args, rank, world, master):
                 if time.time() > deadline:
                     raise
                 time.sleep(0.2)
-        c.sendall(str(rank).encode())
+        c.sendall(f"{rank} {'-' if idle is None else idle}".encode())
         assert c.recv(16) == b"ok"
         c.close()
     if reached != len(servers):
@@ -97,6 +123,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--per-op-sync", action="store_true", help="bracket each timed all-reduce with synchronize (labelled)")
     ap.add_argument("--port", type=int, default=29600)
+    ap.add_argument("--idle-s", type=float, default=1.0, help="seconds of idle after each timed loop whose process CPU is read (0: none)")
     ap.add_argument("--out", help="rank 0 appends its JSON lines here too")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
@@ -148,6 +175,13 @@ def main():
             t.copy_(mine)
             t.mul_(2.0**-60)
             tm = time_allreduces(lambda: dist.all_reduce(t), args.warmup, args.iters, dist.barrier, args.per_op_sync)
+            idle, idle_wall = idle_pct(args.idle_s)
+            # Every rank's CPU figures to every rank: row r is rank r's.
+            cpu = torch.zeros(world, 3, dtype=torch.float32, device=dev)
+            cpu[rank] = torch.tensor([tm["cpu"]["process_s"], tm["cpu"]["main_s"], idle or 0.0], dtype=torch.float32, device=dev)
+            dist.all_reduce(cpu)
+            cpu = cpu.tolist()
+            gb = n * esize * args.iters / 1e9
             algbw = n * esize / tm["t"] / 1e9
             rec = {
                 "label": args.label,
@@ -165,6 +199,12 @@ def main():
                 "wrong": wrong,
                 "off_correct_rounding": off,
                 "host": tm.get("host", {}),
+                "rank_cpu_s": [round(c[0], 4) for c in cpu],
+                "rank_main_cpu_s": [round(c[1], 4) for c in cpu],
+                "rank_cpu_s_per_GB": [round(c[0] / gb, 4) for c in cpu],
+                "rank_cpu_s_per_GB_nomain": [round((c[0] - c[1]) / gb, 4) for c in cpu],
+                "rank_idle_core_pct": [round(c[2], 3) for c in cpu] if idle is not None else [],
+                "idle_s": round(idle_wall, 3),
                 "each_us": [round(x * 1e6) for x in tm.get("in_order", [])],
             }
             if rank == 0:

@@ -13,7 +13,11 @@ operation, for when that is what is asked; callers label it.
 Over the back-to-back loop the machine's CPU is read too (`host_cpu`): cores
 busy and the share of the time some task waited for a CPU
 (/proc/pressure/cpu), as `tally bench cluster` gives per row, since every
-emulated node of tests/nccl/cluster_proof.sh shares one machine.
+emulated node of tests/nccl/cluster_proof.sh shares one machine. And the
+rank's own process CPU (`cpu`: user + system of every thread of the process,
+NCCL's proxy and the plugin's threads included, and of the Python main thread
+alone, which spins in the CUDA synchronize that ends the loop); `idle_cpu`
+gives the same over a sleep with no all-reduce in flight.
 """
 import os
 import statistics
@@ -51,6 +55,26 @@ def host_load(before, after):
     return out
 
 
+def proc_cpu():
+    """(CPU seconds of every thread of this process, of the calling thread)
+    so far: CLOCK_PROCESS_CPUTIME_ID and CLOCK_THREAD_CPUTIME_ID."""
+    return time.process_time(), time.thread_time()
+
+
+def cpu_since(before):
+    """{process_s, main_s}: proc_cpu() now less `before`."""
+    now = proc_cpu()
+    return {"process_s": now[0] - before[0], "main_s": now[1] - before[1]}
+
+
+def idle_cpu(seconds):
+    """(CPU seconds of this process, wall seconds) over a sleep of `seconds`:
+    what a rank costs between all-reduces, with nothing in flight."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    return time.process_time() - c0, time.perf_counter() - t0
+
+
 def percentile(sorted_values, q):
     """The q-quantile (0..1) of an ascending list, nearest rank."""
     if not sorted_values:
@@ -63,8 +87,9 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
     """Runs `op` (one all-reduce, enqueued on the current CUDA stream's
     device) `warmup` times, then `iters` timed times. Returns a dict: t (s
     per operation), p50, p99, max (s, per operation), method (a label), and
-    for the back-to-back loop host (host_load over it) and in_order (each
-    operation's time, s, in loop order)."""
+    cpu (cpu_since over the timed operations: this process's CPU seconds and
+    its main thread's), and for the back-to-back loop host (host_load over
+    it) and in_order (each operation's time, s, in loop order)."""
     import torch
 
     for _ in range(warmup):
@@ -74,6 +99,7 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
     torch.cuda.synchronize()
     if per_op_sync:
         times = []
+        cpu = proc_cpu()
         for _ in range(iters):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -87,9 +113,10 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
             "p99": percentile(times, 0.99),
             "max": times[-1],
             "method": "median of operations each bracketed by synchronize",
+            "cpu": cpu_since(cpu),
         }
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-    cpu0 = host_cpu()
+    cpu0, cpu = host_cpu(), proc_cpu()
     t0 = time.perf_counter()
     for k in range(iters):
         events[k].record()
@@ -97,7 +124,7 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
     events[iters].record()
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    host = host_load(cpu0, host_cpu())
+    host, cpu = host_load(cpu0, host_cpu()), cpu_since(cpu)
     in_order = [events[k].elapsed_time(events[k + 1]) / 1e3 for k in range(iters)]
     each = sorted(in_order)
     return {
@@ -107,6 +134,7 @@ def time_allreduces(op, warmup, iters, barrier, per_op_sync=False):
         "max": each[-1],
         "method": "back-to-back loop, barrier before it only (wall / iterations)",
         "host": host,
+        "cpu": cpu,
         # Each operation's time in loop order: where a slow one falls.
         "in_order": in_order,
     }

@@ -1,8 +1,12 @@
 # shellcheck shell=bash
 # nccl and nccl-sync (linerate.sh): real NCCL on the host's GPUs
 # (tests/nccl/cluster_proof.sh) at LR_NCCL_RATE (32) Gbit/s and half.
-#   nccl       LR_NCCL_SIZES (16M,64M,256M), f32 and bf16, the four modes,
-#              timed as measuring.md says (back to back).
+#   nccl       LR_NCCL_SIZES (16M,64M,256M), f32 and bf16, cluster_proof.sh's
+#              default modes (NCCL's Socket ring at its defaults and, at
+#              LR_NCCL_RATE only, tuned: TUNED_RINGS, "2x8 4x4 8x2", empty for
+#              none; the ring over tally; CollNet forced and auto), timed as
+#              measuring.md says (back to back), each rank's CPU over the
+#              loop and IDLE_S (1) s idle after it.
 #   nccl-sync  the same timed the old way (a synchronize around every
 #              all-reduce, PER_OP_SYNC=1), ring over Socket and CollNet, f32,
 #              LR_NCCL_SYNC_SIZES (16M): what the ranks' launch skew costs.
