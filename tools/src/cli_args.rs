@@ -119,7 +119,9 @@ pub struct CoresArg {
 pub struct ModeArg {
     /// What to time, comma-separated: agg (through reduction servers, tally's
     /// client), agg-plugin (through libnccl-net-tally.so's ncclCollNet, as NCCL
-    /// drives it), ring (ranks to each other, no server).
+    /// drives it), ring (ranks to each other, no server); bench cluster also
+    /// takes tcp (plain TCP streams moving agg's bytes per link: the kernel's
+    /// own cost, after the others).
     #[arg(long, value_delimiter = ',', default_value = "agg,ring")]
     pub mode: Vec<String>,
 }

@@ -56,6 +56,9 @@ enum Bench {
     Allreduce(allreduce::plan::AllreduceArgs),
     /// Emulated cluster: N servers + N workers in network namespaces with shaped links (root).
     Cluster(cluster::args::ClusterArgs),
+    /// One end of bench cluster's kernel baseline (--mode tcp): a plain TCP stream, paced over stdin.
+    #[command(hide = true)]
+    TcpStream(cluster::tcp_stream::TcpStreamArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Bench(Bench::P2p(args)) => p2p::run(args),
         Command::Bench(Bench::Allreduce(args)) => allreduce::run(args),
         Command::Bench(Bench::Cluster(args)) => cluster::run(args),
+        Command::Bench(Bench::TcpStream(args)) => cluster::tcp_stream::run(args),
         Command::Hugepages(args) => host::run_hugepages(args),
         Command::EfaEnv(args) => host::run_efa_env(args),
         Command::Settings(args) => settings::run(args),
@@ -123,7 +127,7 @@ mod tests {
     fn bench_lists_all_four_subcommands() {
         let cmd = Cli::command();
         let bench = cmd.find_subcommand("bench").expect("tally bench");
-        let names: Vec<&str> = bench.get_subcommands().map(|c| c.get_name()).collect();
+        let names: Vec<&str> = bench.get_subcommands().filter(|c| !c.is_hide_set()).map(|c| c.get_name()).collect();
         assert_eq!(names, ["reduce", "p2p", "allreduce", "cluster"]);
         let about = bench.get_about().expect("an about line").to_string();
         for what in ["reduce kernels", "transport", "all-reduce", "emulated cluster"] {

@@ -23,6 +23,16 @@ fn netns_ok() -> Result<(), String> {
     }
 }
 
+/// Runs `cmd` (a `--json` run), which must succeed, and parses its one JSON document.
+fn json_of(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    // Not a terminal: no progress line.
+    assert!(!stderr.contains('\r'), "progress drawn into a pipe: {stderr:?}");
+    serde_json::from_str(stdout.trim()).expect("one JSON document")
+}
+
 fn namespaces() -> Vec<String> {
     let o = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
     String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect()
@@ -41,22 +51,17 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
     let dir = std::env::temp_dir().join(format!("tally-cluster-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (svg, log) = (dir.join("c.svg"), dir.join("c.log"));
-    let out = tally()
-        .args(["bench", "cluster", "--hosts", "2", "--rates", "1,0.5", "--sizes", "1M,4M", "--iters", "3", "--json"])
-        .args(["--chunk", "256K", "--timeout", "120", "--mode", "agg,agg-plugin,ring"])
-        // --min-time off; --min-bytes 8M gives 1M eight iterations, 4M the three of --iters.
-        .args(["--min-time", "0", "--min-bytes", "8M"])
-        .arg("--plot")
-        .arg(&svg)
-        .arg("--log")
-        .arg(&log)
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
-    // Not a terminal: no progress line.
-    assert!(!stderr.contains('\r'), "progress drawn into a pipe: {stderr:?}");
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
+    let v = json_of(
+        tally()
+            .args(["bench", "cluster", "--hosts", "2", "--rates", "1,0.5", "--sizes", "1M,4M", "--iters", "3", "--json"])
+            .args(["--chunk", "256K", "--timeout", "120", "--mode", "agg,agg-plugin,ring"])
+            // --min-time off; --min-bytes 8M gives 1M eight iterations, 4M the three of --iters.
+            .args(["--min-time", "0", "--min-bytes", "8M"])
+            .arg("--plot")
+            .arg(&svg)
+            .arg("--log")
+            .arg(&log),
+    );
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2 * 3 * 2, "2 rates x 3 modes x 2 sizes: {v}");
     for r in rows {
@@ -91,6 +96,58 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
     let me = format!("tly{}x", std::process::id());
     assert!(namespaces().iter().all(|n| !n.starts_with("tly") || !n.contains(&me)), "namespaces left: {:?}", namespaces());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every rank process's CPU over each timed loop and between loops, and
+/// the kernel baseline (`--mode tcp`: plain TCP streams over the same
+/// links, worker i <-> server i) in the same run, each a row.
+#[test]
+fn cluster_reports_every_ranks_cpu_and_the_kernels_tcp_beside_agg() {
+    if let Err(why) = netns_ok() {
+        eprintln!("skipped the emulated cluster: {why}");
+        return;
+    }
+    // --min-time's default times each size for about 500 ms: enough clock
+    // ticks of every process's CPU to be counted.
+    let mut run = tally();
+    run.args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--sizes", "1M,2M", "--mode", "agg,tcp", "--json"]);
+    let v = json_of(run.args(["--timeout", "120"]));
+    let rows = v["rows"].as_array().unwrap();
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["agg", "agg", "tcp", "tcp"], "the streams after the all-reduces: {v}");
+    let num = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+    for r in rows {
+        assert_eq!(r["wrong"], 0, "{r}");
+        // One figure per rank, each rank busy over its loop.
+        let ranks: Vec<f64> = r["rank_cpu_s"].as_array().expect("rank_cpu_s").iter().map(|s| s.as_f64().unwrap()).collect();
+        assert_eq!(ranks.len(), 2, "{r}");
+        assert!(ranks.iter().all(|&s| s > 0.0), "a rank's CPU over its loop is 0: {r}");
+        assert!(num(r, "loop_wall_s") > 0.0, "{r}");
+        let (median, max) = (num(r, "rank_cpu_s_per_gb_median"), num(r, "rank_cpu_s_per_gb_max"));
+        assert!(median > 0.0 && median <= max, "{r}");
+        assert!(num(r, "server_cpu_s_per_gb") >= 0.0, "{r}");
+        let frac = num(r, "fraction");
+        assert!(frac > 0.0 && frac < 1.5, "fraction {frac} of the link bound: {r}");
+        assert!((num(r, "bound_GBps") - 1.0 / 8.0).abs() < 1e-9, "agg's bound, R, for both: {r}");
+    }
+    // Between loops: none before a rate's first loop; before the second,
+    // a share of a core per rank and their mean.
+    assert!(rows[0]["between_loops_s"].is_null() && rows[0]["between_loops_core_share"].is_null(), "{}", rows[0]);
+    let gap = &rows[1];
+    assert!(num(gap, "between_loops_s") > 0.0, "{gap}");
+    let shares: Vec<f64> = gap["between_loops_core_share"].as_array().expect("shares").iter().map(|s| s.as_f64().unwrap()).collect();
+    assert_eq!(shares.len(), 2, "{gap}");
+    assert!(shares.iter().all(|&s| s >= 0.0), "{gap}");
+    assert!((num(gap, "between_loops_core_share_mean") - shares.iter().sum::<f64>() / 2.0).abs() < 1e-9, "{gap}");
+    // The streams moved every byte (an end that did not fails the run), as
+    // many per iteration as agg's rows of the same size, and their
+    // processes' CPU is theirs.
+    for (r, agg) in rows[2..].iter().zip(&rows[..2]) {
+        assert_eq!(r["bytes"], agg["bytes"], "{r}");
+        assert!(r["iters"].as_u64().is_some_and(|i| i >= 1) && num(r, "algbw_GBps") > 0.0, "{r}");
+        assert!(r["between_loops_s"].is_null(), "new processes, no loop before: {r}");
+        assert!(num(r, "worker_cpu_s") > 0.0, "{r}");
+    }
 }
 
 #[test]

@@ -11,9 +11,18 @@
 //!
 //! Each row also gives the CPU time that the timed loop cost, per GB
 //! all-reduced, workers and servers apart (what sizes reduction servers in
-//! cores per 100 Gbit/s): worker 0 reports its own process's (`cpu_s`), and
-//! announces each loop (`LOOP <mode> <bytes>`) so that this process reads
-//! the servers' from /proc over the same interval.
+//! cores per 100 Gbit/s): worker 0 announces each loop (`LOOP <mode>
+//! <bytes>`) so that this process reads every server's and every rank
+//! process's CPU from /proc over the same interval, and each rank's between
+//! loops (from a result to the next loop: what a rank costs when it is not
+//! timing all-reduces, set-up and warm-up included); worker 0 also reports
+//! its own over the loop alone (`cpu_s`).
+//!
+//! `--mode tcp` adds the kernel's own cost beside them: plain TCP streams
+//! between the same namespaces over the same links, worker i to server i,
+//! moving the bytes agg moves per link, timed as a loop and reported in
+//! the same row (`tcp_baseline`, its ends `tcp_stream`): what any
+//! transport over TCP pays per byte before tally's own work.
 //!
 //! Everything it makes (namespaces, links, processes) is removed when it
 //! ends, and namespaces left by a run that was killed are swept at the next
@@ -35,17 +44,21 @@
 //!
 //! [`args`]: the flags; [`netns`]: namespaces and links; [`shaping`]: rates
 //! and tbf; [`placement`]: cores; [`workers`]: one rate's run;
-//! [`server_cpu`]: the servers' CPU time; [`tcp_loss`]: loss on the links;
-//! [`host_cpu`]: the machine's CPU, busy and waited for; [`table`]: what
-//! is reported.
+//! [`loop_cpu`]: what each loop cost, read at its start and end;
+//! [`proc_cpu`]: processes' CPU time; [`tcp_baseline`] and [`tcp_stream`]:
+//! the kernel baseline; [`tcp_loss`]: loss on the links; [`host_cpu`]: the
+//! machine's CPU, busy and waited for; [`table`]: what is reported.
 pub mod args;
 pub mod host_cpu;
+pub mod loop_cpu;
 pub mod netns;
 pub mod placement;
-pub mod server_cpu;
+pub mod proc_cpu;
 pub mod shaping;
 pub mod table;
+pub mod tcp_baseline;
 pub mod tcp_loss;
+pub mod tcp_stream;
 pub mod workers;
 
 use crate::logfile;
@@ -58,7 +71,8 @@ use shaping::{default_rate, shape};
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use table::{cpu_note, format_cluster_header, format_cluster_row, print_header, write_plot, ClusterOutcome};
+use table::{cpu_note, format_cluster_header, format_cluster_row, print_header, rank_cpu_lines, write_plot, ClusterOutcome};
+use tcp_baseline::{run_tcp, Streams};
 use tcp_loss::{tbf_drops, LinkLoss, NetLoss};
 use workers::{run_command, run_rate, Servers};
 
@@ -109,8 +123,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     if !(1..=crate::bench::allreduce::overlap::MAX_IN_FLIGHT).contains(&args.agg_in_flight) {
         return Err(format!("--agg-in-flight: between 1 and {}", crate::bench::allreduce::overlap::MAX_IN_FLIGHT));
     }
-    if let Some(m) = args.mode.mode.iter().find(|m| !matches!(m.as_str(), "agg" | "agg-plugin" | "ring")) {
-        return Err(format!("--mode: expected agg, agg-plugin or ring, got {m:?}"));
+    if let Some(m) = args.mode.mode.iter().find(|m| !matches!(m.as_str(), "agg" | "agg-plugin" | "ring" | "tcp")) {
+        return Err(format!("--mode: expected agg, agg-plugin, ring or tcp, got {m:?}"));
     }
     if let Some(why) = unavailable(args.iproute.iproute.as_deref()) {
         return Err(format!("the emulated cluster cannot run here: {why}"));
@@ -255,6 +269,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         let running = Servers { addrs: &servers, pids: &server_pids };
         let host_before = HostCpu::now();
         run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
+        let streams = Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref() };
+        run_tcp(&mut bed, &streams, &mut progress, &mut out)?;
         progress.finish();
         let host = HostLoad::over(host_before);
         let links = loss_over(&bed, rate, before);
@@ -267,6 +283,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                 println!("{}", format_cluster_row(&out, r));
             }
             println!("{}", cpu_note());
+            rank_cpu_lines(&out.rows[first..]).iter().for_each(|l| println!("{l}"));
             println!("{}", links.note());
             if let Some(h) = host {
                 println!("{}", h.note(rate, "over all its loops and set-ups"));

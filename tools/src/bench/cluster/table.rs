@@ -1,11 +1,12 @@
 //! What a cluster run reports: a row per rate, mode and size with its link
 //! bound, the fraction reached, agg/ring and the CPU cost per GB; the table,
-//! its header lines and the plot.
+//! its header lines, the ranks' CPU lines under it and the plot.
 use super::args::{loops_at, ClusterArgs};
 use super::host_cpu::{HostLoad, RateLoad};
+use super::loop_cpu::{OverLoop, RankCpu};
 use super::placement::worker_rails;
 use super::shaping::{auto_chunk, tbf_auto_burst};
-use super::tcp_loss::{LinkLoss, NetLoss};
+use super::tcp_loss::LinkLoss;
 use crate::bench::plot;
 use crate::bench::report::{method_line, Row};
 use serde::Serialize;
@@ -21,7 +22,9 @@ pub struct ClusterRow {
     /// algbw / bound.
     pub fraction: f64,
     /// Worker 0's process CPU seconds (user + system, every thread) over
-    /// the timed loop (the row's `cpu_s`); None where the worker reported none.
+    /// the timed loop (the row's `cpu_s`, its own getrusage: the loop
+    /// alone); None where the worker reported none. Every rank's, read
+    /// from /proc: `rank_cpu_s`.
     pub worker_cpu_s: Option<f64>,
     /// Every server's CPU seconds together over the same loop (from its
     /// `LOOP` line to its result, `/proc/<pid>/stat`); None where a server
@@ -33,6 +36,9 @@ pub struct ClusterRow {
     /// server_cpu_s per GB of input the servers together received
     /// (hosts x bytes x iters); None for the ring, which sends them nothing.
     pub server_cpu_s_per_gb: Option<f64>,
+    /// Every rank process's CPU over the loop and between loops (`loop_cpu`).
+    #[serde(flatten)]
+    pub ranks: RankCpu,
     /// Over the same loop, in every host's namespace: TCP segments
     /// retransmitted and retransmission timeouts (`tcp_loss`); None where
     /// a namespace could not be read.
@@ -53,40 +59,40 @@ pub struct ClusterRow {
 
 impl ClusterRow {
     /// A worker's row at link `rate` (Gbit/s) among `hosts` workers, with
-    /// the servers' CPU seconds over its loop.
-    pub(super) fn new(
-        rate: f64,
-        hosts: u32,
-        row: Row,
-        server_cpu_s: Option<f64>,
-        loss: Option<NetLoss>,
-        host_cpu: Option<HostLoad>,
-    ) -> ClusterRow {
+    /// what its loop cost (`over`).
+    pub(super) fn new(rate: f64, hosts: u32, row: Row, over: &OverLoop) -> ClusterRow {
         let link = rate / 8.0;
         let n = hosts as f64;
         let bound_gbps = if row.mode == "ring" { link * n / (2.0 * (n - 1.0)) } else { link };
         // GB this worker all-reduced in the loop; none in rows without iters.
-        let gb = (row.bytes * row.iters) as f64 / 1e9;
+        let gb = row_gb(&row);
         let per_gb = |s: f64, gb: f64| (gb > 0.0).then(|| s / gb);
         let worker_cpu_s = (row.cpu_s > 0.0).then_some(row.cpu_s);
         let served = if row.mode == "ring" { 0.0 } else { n * gb };
+        let loss = over.loss;
         ClusterRow {
             link_gbit: rate,
             bound_gbps,
             fraction: row.algbw_gbps / bound_gbps,
             worker_cpu_s,
-            server_cpu_s,
+            server_cpu_s: over.server_cpu_s,
             worker_cpu_s_per_gb: worker_cpu_s.and_then(|s| per_gb(s, gb)),
-            server_cpu_s_per_gb: server_cpu_s.and_then(|s| per_gb(s, served)),
+            server_cpu_s_per_gb: over.server_cpu_s.and_then(|s| per_gb(s, served)),
+            ranks: RankCpu::new(over.ranks.as_ref(), over.between.as_ref(), gb),
             tcp_retrans: loss.map(|l| l.retrans),
             tcp_timeouts: loss.map(|l| l.timeouts),
             tcp_loss_probes: loss.map(|l| l.loss_probes),
             dev_drops: loss.map(|l| l.dev_drops),
             sock_drops: loss.map(|l| l.sock_drops),
-            host_cpu,
+            host_cpu: over.host,
             row,
         }
     }
+}
+
+/// GB a rank all-reduced in the row's loop (size x iters).
+fn row_gb(row: &Row) -> f64 {
+    (row.bytes * row.iters) as f64 / 1e9
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -105,10 +111,10 @@ impl ClusterOutcome {
         self.rows.iter().map(|r| r.row.wrong).sum()
     }
 
-    /// agg algbw / ring algbw at the same rate and size.
+    /// agg algbw / ring algbw at the same rate and size (agg and agg-plugin rows).
     pub fn agg_over_ring(&self, r: &ClusterRow) -> Option<f64> {
         let ring = self.rows.iter().find(|x| x.row.mode == "ring" && x.row.bytes == r.row.bytes && x.link_gbit == r.link_gbit)?;
-        (r.row.mode != "ring").then(|| r.row.algbw_gbps / ring.row.algbw_gbps)
+        r.row.mode.starts_with("agg").then(|| r.row.algbw_gbps / ring.row.algbw_gbps)
     }
 }
 
@@ -217,7 +223,7 @@ pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
         r.bound_gbps,
         r.fraction,
         ratio,
-        cpu(r.worker_cpu_s_per_gb),
+        cpu(r.ranks.rank_cpu_s_per_gb_median),
         cpu(r.server_cpu_s_per_gb),
         host,
         r.row.wrong
@@ -226,16 +232,32 @@ pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
 
 /// The lines under the table that say what the CPU columns are.
 pub fn cpu_note() -> &'static str {
-    "# wkr/srv cpu s/GB: CPU seconds (user + system, every thread) over the timed loop per GB all-reduced: wkr = worker 0's\n\
-     #   process, per GB of its buffer (size x iters); srv = every server together, per GB of input they received\n\
-     #   (hosts x size x iters; \"-\" for ring, which does not use them). Cores per 100 Gbit/s = cpu s/GB x 12.5.\n\
-     #   With busy polling (placement line) srv is every lcore's whole time, as a busy poller spins; --poll adaptive\n\
-     #   gives the work itself. host busy,wt: the machine's cores busy over the loop, and the share of its time some\n\
-     #   task waited for a CPU (/proc/pressure/cpu): every emulated host shares this machine."
+    "# wkr/srv cpu s/GB: CPU seconds (user + system, every thread, /proc/<pid>/stat) over the timed loop per GB all-reduced:\n\
+     #   wkr = the median over the rank processes, each per GB of its buffer (size x iters; each rank's below); srv = every\n\
+     #   server together, per GB of input they received (hosts x size x iters; \"-\" for ring, which does not use them).\n\
+     #   tcp rows: plain TCP streams, worker i <-> server i, each end sending and receiving the buffer's bytes per iteration\n\
+     #   (the bytes agg moves per link): wkr and srv are the stream processes', receive plus send, the kernel's own cost.\n\
+     #   Cores per 100 Gbit/s = cpu s/GB x 12.5. With busy polling (placement line) srv is every lcore's whole time, as a\n\
+     #   busy poller spins; --poll adaptive gives the work itself. host busy,wt: the machine's cores busy over the loop, and\n\
+     #   the share of its time some task waited for a CPU (/proc/pressure/cpu): every emulated host shares this machine."
+}
+
+/// The lines under a rate's table giving every rank's CPU, a row each:
+/// min/median/max over ranks, over the loop and over the gap before it.
+pub fn rank_cpu_lines(rows: &[ClusterRow]) -> Vec<String> {
+    let mut lines = vec![
+        "# each rank process's CPU, min/median/max over ranks: over the loop (% of a core, s/GB); between loops, from the".to_string(),
+        "#   previous loop's result to this loop's start (the check, set-up, warm-up and barriers: not idle time), % of a core:"
+            .to_string(),
+    ];
+    lines.extend(rows.iter().map(|r| format!("#   {} {}: {}", r.row.mode, format_size(r.row.bytes as u64), r.ranks.text(row_gb(&r.row)))));
+    lines
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::loop_cpu::Stretch;
+    use super::super::tcp_loss::NetLoss;
     use super::*;
 
     #[test]
@@ -253,17 +275,37 @@ mod tests {
         };
         // 16 MB x 20 = 0.32 GB per worker; 4 hosts: 1.28 GB into the servers.
         let loss = NetLoss { retrans: 3, timeouts: 1, dev_drops: 2, sock_drops: 4, loss_probes: 5, ..NetLoss::default() };
-        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), Some(1.28), Some(loss), None);
+        let ranks = Stretch { wall_s: 1.0, cpu_s: vec![0.64, 0.32, 0.96, 0.64] };
+        let over = OverLoop { server_cpu_s: Some(1.28), ranks: Some(ranks), loss: Some(loss), ..OverLoop::default() };
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.64), &over);
         assert_eq!((r.tcp_retrans, r.tcp_timeouts, r.dev_drops, r.sock_drops), (Some(3), Some(1), Some(2), Some(4)));
         assert_eq!(r.tcp_loss_probes, Some(5));
         assert!((r.worker_cpu_s_per_gb.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
         assert!((r.server_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9, "{r:?}");
-        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), Some(0.0), None, None);
+        assert!((r.ranks.rank_cpu_s_per_gb_median.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
+        assert!((r.ranks.rank_cpu_s_per_gb_max.unwrap() - 3.0).abs() < 1e-9, "{r:?}");
+        let over = OverLoop { server_cpu_s: Some(0.0), ..OverLoop::default() };
+        let r = ClusterRow::new(1.0, 4, row("ring", 0.32), &over);
         assert!((r.worker_cpu_s_per_gb.unwrap() - 1.0).abs() < 1e-9 && r.server_cpu_s_per_gb.is_none(), "{r:?}");
-        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), None, None, None);
+        let r = ClusterRow::new(1.0, 4, row("agg", 0.0), &OverLoop::default());
         assert!(
             r.tcp_timeouts.is_none() && r.worker_cpu_s.is_none() && r.worker_cpu_s_per_gb.is_none() && r.server_cpu_s_per_gb.is_none(),
             "{r:?}"
         );
+        assert!(r.ranks.rank_cpu_s.is_none(), "{r:?}");
+        // The kernel baseline's streams use the servers' hosts: per GB of their input, as agg.
+        let over = OverLoop { server_cpu_s: Some(0.64), ..OverLoop::default() };
+        let r = ClusterRow::new(1.0, 4, row("tcp", 0.16), &over);
+        assert!((r.server_cpu_s_per_gb.unwrap() - 0.5).abs() < 1e-9, "{r:?}");
+        // agg/ring for agg rows only.
+        let out = ClusterOutcome {
+            hosts: 4,
+            placement: String::new(),
+            rows: vec![ClusterRow::new(1.0, 4, row("ring", 0.1), &over), r.clone()],
+            links: Vec::new(),
+            host_cpu: Vec::new(),
+        };
+        assert_eq!(out.agg_over_ring(&r), None);
+        assert_eq!(out.agg_over_ring(&ClusterRow::new(1.0, 4, row("agg", 0.1), &over)), Some(1.0));
     }
 }

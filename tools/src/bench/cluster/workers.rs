@@ -1,15 +1,14 @@
 //! The workers of one link rate: `tally bench allreduce` ranks in every
 //! worker namespace (or the caller's `--workers-run` command), worker 0's
-//! rows read back with the servers' CPU time over each timed loop, every
-//! wait bounded, and the TCP counters and the machine's CPU over each loop.
+//! rows read back with the servers' and every rank's CPU time over each
+//! timed loop and between loops, every wait bounded, and the TCP counters
+//! and the machine's CPU over each loop (`loop_cpu`).
 use super::args::{loops_at, ClusterArgs};
-use super::host_cpu::{HostCpu, HostLoad};
+use super::loop_cpu::{step_name, LoopTracker};
 use super::netns::{addr, Iproute, Testbed};
 use super::placement::worker_rails;
-use super::server_cpu::{server_cpu_over, servers_cpu_ticks};
 use super::shaping::chunk_for;
 use super::table::{ClusterOutcome, ClusterRow};
-use super::tcp_loss::NetLoss;
 use crate::bench::report::{format_row, Row, LOOP_LINES_ENV};
 use crate::logfile;
 use crate::progress::Progress;
@@ -24,6 +23,12 @@ use tally_engine::host::cpuset::{restrict_current_thread, CoreList};
 pub(super) struct Servers<'a> {
     pub(super) addrs: &'a [String],
     pub(super) pids: &'a [u32],
+}
+
+/// The all-reduce modes of `--mode`: those the ranks run (not the kernel
+/// baseline's `tcp`, which `tcp_baseline` runs after them).
+pub(super) fn allreduce_modes(args: &ClusterArgs) -> Vec<String> {
+    args.mode.mode.iter().filter(|m| *m != "tcp").cloned().collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -43,6 +48,10 @@ pub(super) fn run_rate(
     let job = (nanos ^ u64::from(std::process::id()).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let boot = format!("{}:{}", addr('w', 0), 29000 + nanos % 1000);
     let log_level = if logfile::redirected() { "info" } else { "warn" };
+    let modes = allreduce_modes(args);
+    if modes.is_empty() {
+        return Ok(());
+    }
     let first_child = bed.children.len();
     let mut results = None;
     for i in 0..args.hosts {
@@ -58,7 +67,7 @@ pub(super) fn run_rate(
             "--fabric-addr",
             &addr('w', i),
         ]);
-        c.args(["--mode", &args.mode.mode.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.loops.iters.to_string()]);
+        c.args(["--mode", &modes.join(","), "--sizes", &args.sizes.join(","), "--iters", &args.loops.iters.to_string()]);
         c.args(["--min-bytes", &loops_at(args, rate).min_bytes.to_string()]);
         c.args([
             "--warmup",
@@ -85,7 +94,7 @@ pub(super) fn run_rate(
         c.env("TALLY_LOG", log_level).stdin(Stdio::null()).stderr(Stdio::piped());
         c.stdout(if i == 0 { Stdio::piped() } else { Stdio::null() });
         if i == 0 {
-            // LOOP lines: the servers' CPU time is read over each timed loop.
+            // LOOP lines: the servers' and ranks' CPU time is read over each timed loop.
             c.env(LOOP_LINES_ENV, "1");
         }
         let mut child = c.spawn().map_err(|e| format!("cannot start worker {i}: {e}"))?;
@@ -95,7 +104,7 @@ pub(super) fn run_rate(
         }
         bed.children.push(child);
     }
-    let steps: Vec<String> = args.mode.mode.iter().flat_map(|m| args.sizes.iter().map(move |s| format!("{rate} Gbit/s {m} {s}"))).collect();
+    let steps: Vec<String> = modes.iter().flat_map(|m| args.sizes.iter().map(move |s| format!("{rate} Gbit/s {m} {s}"))).collect();
     progress.working_on(steps[0].clone());
     // Rank 0's RESULT lines arrive on a thread so that the wait is bounded.
     let (tx, rx) = mpsc::channel();
@@ -109,13 +118,9 @@ pub(super) fn run_rate(
     });
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let mut got = 0;
-    // The loop worker 0 announced last, with the servers' CPU ticks and
-    // the hosts' TCP counters then (through the servers and workers, one
-    // process in each host's namespace).
-    let mut started: Option<(String, Option<u64>)> = None;
-    let mut loss_then: Option<NetLoss> = None;
-    let mut host_then: Option<HostCpu> = None;
-    let hosts_pids: Vec<u32> = servers.pids.iter().copied().chain(bed.children[first_child..].iter().map(|c| c.id())).collect();
+    // The servers and ranks, one process in each host's namespace.
+    let rank_pids = bed.children[first_child..].iter().map(|c| c.id()).collect();
+    let mut tracker = LoopTracker::new(servers.pids.to_vec(), rank_pids);
     while got < steps.len() {
         let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(l) => l,
@@ -123,18 +128,14 @@ pub(super) fn run_rate(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
         if let Some(step) = line.strip_prefix("LOOP ") {
-            started = Some((step.to_string(), servers_cpu_ticks(servers.pids)));
-            loss_then = NetLoss::of(&hosts_pids);
-            host_then = HostCpu::now();
+            tracker.start(step);
             continue;
         }
         let Some(j) = line.strip_prefix("RESULT ") else { continue };
         let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
-        let server_cpu_s = server_cpu_over(started.take(), &row, servers.pids);
-        let loss = loss_then.take().and_then(|then| Some(NetLoss::of(&hosts_pids)?.since(then)));
-        let host_cpu = HostLoad::over(host_then.take());
+        let over = tracker.finish(&step_name(&row.mode, row.bytes));
         log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
-        out.rows.push(ClusterRow::new(rate, args.hosts, row, server_cpu_s, loss, host_cpu));
+        out.rows.push(ClusterRow::new(rate, args.hosts, row, &over));
         got += 1;
         progress.step();
         if let Some(s) = steps.get(got) {
@@ -171,33 +172,8 @@ pub(super) fn run_command(
     cores: Option<&CoreList>,
 ) -> Result<(), String> {
     let first_child = bed.children.len();
-    let tools = &bed.tools;
     let names: Vec<String> = (0..args.hosts).map(|i| ns('w', i)).collect();
-    // The children started before a failure still go to the testbed, which kills them.
-    let (spawned, error) = std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let mut children = Vec::new();
-                if let Some(list) = cores {
-                    if let Err(e) = restrict_current_thread(list) {
-                        return (children, Some(e.to_string()));
-                    }
-                }
-                for (i, name) in names.iter().enumerate() {
-                    match spawn_command(tools, args, rate, cmd, servers, name, i as u32) {
-                        Ok(c) => children.push(c),
-                        Err(e) => return (children, Some(e)),
-                    }
-                }
-                (children, None)
-            })
-            .join()
-            .unwrap_or_else(|_| (Vec::new(), Some("the thread starting the workers panicked".into())))
-    });
-    bed.children.extend(spawned);
-    if let Some(e) = error {
-        return Err(e);
-    }
+    spawn_on(bed, cores, names.len(), |tools, i| spawn_command(tools, args, rate, cmd, servers, &names[i], i as u32))?;
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let mut failed = Vec::new();
     for (i, c) in bed.children[first_child..].iter_mut().enumerate() {
@@ -211,6 +187,39 @@ pub(super) fn run_command(
     } else {
         Err(format!("link rate {rate} Gbit/s: {}", failed.join("; ")))
     }
+}
+
+/// Starts `count` processes, `spawn(tools, i)` each, from a thread
+/// restricted to `cores` where given (the children inherit its mask), and
+/// hands them to the testbed, those started before a failure too (it
+/// kills them).
+pub(super) fn spawn_on<F>(bed: &mut Testbed, cores: Option<&CoreList>, count: usize, spawn: F) -> Result<(), String>
+where
+    F: Fn(&Iproute, usize) -> Result<Child, String> + Sync,
+{
+    let tools = &bed.tools;
+    let (spawned, error) = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut children = Vec::new();
+                if let Some(list) = cores {
+                    if let Err(e) = restrict_current_thread(list) {
+                        return (children, Some(e.to_string()));
+                    }
+                }
+                for i in 0..count {
+                    match spawn(tools, i) {
+                        Ok(c) => children.push(c),
+                        Err(e) => return (children, Some(e)),
+                    }
+                }
+                (children, None)
+            })
+            .join()
+            .unwrap_or_else(|_| (Vec::new(), Some("the thread starting the processes panicked".into())))
+    });
+    bed.children.extend(spawned);
+    error.map_or(Ok(()), Err)
 }
 
 /// Starts `--workers-run`'s command as worker `i`, in its namespace `ns`.
@@ -236,7 +245,7 @@ fn spawn_command(tools: &Iproute, args: &ClusterArgs, rate: f64, cmd: &str, serv
     Ok(child)
 }
 
-fn wait_until(c: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+pub(super) fn wait_until(c: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
     loop {
         match c.try_wait() {
             Ok(Some(s)) => return Some(s),
