@@ -107,7 +107,8 @@ cluster() { # rate logname cmd...
 }
 
 declare -A verdict
-base_env="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
+# The Socket ring's own defaults unless a mode tunes them (not the caller's).
+base_env="-u NCCL_SOCKET_NTHREADS -u NCCL_NSOCKS_PERTHREAD NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
 base_env="$base_env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV,TUNING,COLL PYTHONUNBUFFERED=1"
 run() { # mode rate
     local mode=$1 rate=$2 env name="$1-$2"

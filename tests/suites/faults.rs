@@ -231,23 +231,36 @@ fn kill_a_rank_process(provider: &str, attempts: u64) {
 
 /// A rank process whose rail thread blocks for good inside a provider call
 /// (`TALLY_FAULT_RAIL_STALL`: what a shm call spinning on the lock of a peer
-/// that died holding it looks like; shm clients drive their endpoint from a
-/// rail thread for this reason). The rank gets its watchdog's error naming
+/// that died holding it looks like; `TALLY_SHM_RAIL=1` drives the endpoint
+/// from a rail thread for this). The rank gets its watchdog's error naming
 /// the call and exits, where it used to spin for ever; the other rank (a
 /// bench process too, checking every element of every all-reduce) fails
 /// and exits; the server ends the job and computes a new one.
 #[test]
 fn a_rank_stuck_inside_a_provider_call_gets_an_error_naming_it_and_exits_shm() {
+    rank_stuck_inside_a_provider_call(&[("TALLY_SHM_RAIL", "1")], "fi_tsend on rail 0", 0x7100);
+}
+
+/// The same where the caller's thread drives shm's endpoint (the default):
+/// no thread can hand it an error, so its watchdog ends the process with the
+/// report (`watchdog::OnStuck::Exit`, exit status 70), and the rest goes as
+/// above.
+#[test]
+fn a_rank_whose_own_thread_is_stuck_inside_a_provider_call_exits_naming_it_shm() {
+    rank_stuck_inside_a_provider_call(&[], "fi_tsend on the caller's thread", 0x7200);
+}
+
+fn rank_stuck_inside_a_provider_call(env: &[(&str, &str)], names: &str, job: u64) {
     let srv = server("shm", &[]);
-    let job = 0x7100;
     let boot = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let fault = [("TALLY_FAULT_RAIL_STALL", "0@2"), ("TALLY_PROVIDER_WATCHDOG_S", "2")];
+    let mut fault = vec![("TALLY_FAULT_RAIL_STALL", "0@2"), ("TALLY_PROVIDER_WATCHDOG_S", "2")];
+    fault.extend_from_slice(env);
     let started = Instant::now();
     let mut ranks =
-        [rank_process_with("shm", &srv.addr, &boot, job, 0, 2, &[]), rank_process_with("shm", &srv.addr, &boot, job, 1, 2, &fault)];
+        [rank_process_with("shm", &srv.addr, &boot, job, 0, 2, env), rank_process_with("shm", &srv.addr, &boot, job, 1, 2, &fault)];
     // Both end by themselves: rank 1's rail sticks 2 s after its start, its
     // watchdog reports it 2 s later; rank 0 then fails.
     let mut ended: [Option<(std::process::ExitStatus, Duration)>; 2] = [None, None];
@@ -278,16 +291,12 @@ fn a_rank_stuck_inside_a_provider_call_gets_an_error_naming_it_and_exits_shm() {
     eprintln!("FAULT rail-stuck (shm): rank 1 said: {}", errs[1].trim());
     eprintln!("FAULT rail-stuck (shm): rank 0 said: {}", errs[0].trim());
     assert!(!st1.success() && !st0.success(), "a rank succeeded with rank 1's rail stuck:\n{errs:?}");
-    assert!(
-        errs[1].contains("fi_tsend on rail 0") && errs[1].contains("has not returned"),
-        "rank 1's error does not name the call:\n{}",
-        errs[1]
-    );
+    assert!(errs[1].contains(names) && errs[1].contains("has not returned"), "rank 1's error does not name the call:\n{}", errs[1]);
     assert!(!errs[0].contains("wrong"), "rank 0 saw a wrong element:\n{}", errs[0]);
     assert!(srv.wait_log(&format!("job {job:#x} ended"), ERROR_BOUND), "the server did not end the job");
     // As after a rank's SIGKILL over shm: a result send to the rank that left
     // may never complete, and then that lcore completes no send again.
-    let new = join_results(sum_job("shm", &srv.addr, 0x7101, 2, 50_000, 3));
+    let new = join_results(sum_job("shm", &srv.addr, job + 1, 2, 50_000, 3));
     eprintln!("FAULT rail-stuck (shm): a new job afterwards: {new:?}");
     if let Err(e) = new {
         assert!(e.contains("completes an endpoint's sends in order"), "the new job failed otherwise than by shm's blocked sends: {e}");

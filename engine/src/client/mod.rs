@@ -210,7 +210,11 @@ impl Client {
             format!("rank {}", cfg.rank),
             rails.provider(),
             rails.call_watches().to_vec(),
-            rails.has_threads(),
+            match (rails.has_threads(), rails::calls_may_spin_forever(rails.provider())) {
+                (true, _) => watchdog::OnStuck::Report,
+                (false, true) => watchdog::OnStuck::Exit,
+                (false, false) => watchdog::OnStuck::Log,
+            },
             cfg.provider_watchdog,
         );
         Ok(Client {

@@ -32,16 +32,21 @@
 //! few cores) and for providers that want buffers registered (EFA): a
 //! registration belongs to one domain, and every rail is its own domain.
 //!
-//! shm is the exception ([`wants_rail_threads`]): its calls take spinlocks
-//! in memory shared with other processes, and a peer killed while holding
-//! one leaves the caller spinning inside the call for ever (libfabric 1.17;
-//! a rank once spun for 45 minutes). So even its one endpoint runs on a rail
-//! thread: a stuck call then costs that thread, the client's watchdog turns
-//! it into an error naming the call, and the client *abandons* the rail
-//! ([`Rails::abandon`]): nothing waits on it again, no buffer is handed to
-//! it, and should the call ever return, the rail makes no other provider
-//! call (with manual progress, no byte moves into a buffer the caller took
-//! back) and leaves its endpoint unclosed.
+//! shm's calls take spinlocks in memory shared with other processes, and a
+//! peer killed while holding one leaves the caller spinning inside the call
+//! for ever (libfabric 1.17 to today's; a rank once spun for 45 minutes).
+//! Its one endpoint is still driven by the caller's thread: on a rail
+//! thread every small all-reduce paid the hop there and back (4 KiB agg p50
+//! 7.0-7.5 us against 4.3-4.9, 2 ranks, nvidia-h200-x2; 1.7 round trips on
+//! a 16-core host). A stuck call then ends the process, with the client's
+//! watchdog naming the call (`watchdog::OnStuck::Exit`): the rank exits
+//! instead of hanging. With `TALLY_SHM_RAIL=1` ([`wants_rail_threads`]) the
+//! endpoint runs on a rail thread instead: a stuck call then costs that
+//! thread, the watchdog turns it into an error naming the call, and the
+//! client *abandons* the rail ([`Rails::abandon`]): nothing waits on it
+//! again, no buffer is handed to it, and should the call ever return, the
+//! rail makes no other provider call (with manual progress, no byte moves
+//! into a buffer the caller took back) and leaves its endpoint unclosed.
 //!
 //! With failover on and `ClientConfig::copier` (`TALLY_COPIER=1`; off by
 //! default, `copier.rs` says why), a client with rails also runs the
@@ -111,10 +116,24 @@ pub fn auto_rails(provider: &str, servers: usize, cores: usize) -> usize {
 }
 
 /// Whether a client of `rails` rails over `provider` drives them from rail
-/// threads: always for several, and for one where the provider's calls can
-/// block on another process (shm, see the module's doc).
+/// threads: always for several; for shm's one only with `TALLY_SHM_RAIL=1`
+/// (see the module's doc).
 pub fn wants_rail_threads(provider: &str, rails: usize) -> bool {
-    rails > 1 || provider == "shm"
+    rails > 1 || (provider == "shm" && shm_rail())
+}
+
+/// Whether `provider`'s calls can spin for ever on a lock another process
+/// holds (shm's, in memory shared with its peers): a caller's thread stuck
+/// so ends its process (`watchdog::OnStuck::Exit`).
+pub fn calls_may_spin_forever(provider: &str) -> bool {
+    provider == "shm"
+}
+
+/// `TALLY_SHM_RAIL=1`: shm's one endpoint on a rail thread (a stuck call is
+/// the error of the all-reduce, not the end of the process; every operation
+/// pays the hop to that thread and back).
+pub fn shm_rail() -> bool {
+    std::env::var("TALLY_SHM_RAIL").is_ok_and(|v| v.trim() == "1")
 }
 
 /// The rails a client runs when it asked for `asked` (0: [`auto_rails`],
@@ -166,6 +185,10 @@ pub struct Rails {
     /// Per endpoint: which provider call its driver is inside (for the
     /// client's watchdog, `client::watchdog`).
     watches: Vec<Arc<CallWatch>>,
+    /// Fault injection for one endpoint on the caller's thread: when its
+    /// next send blocks for good, as inside `fi_tsend`
+    /// (`TALLY_FAULT_RAIL_STALL=0@SECONDS`). None in real use.
+    caller_stall: Option<std::time::Instant>,
 }
 
 impl Rails {
@@ -180,8 +203,21 @@ impl Rails {
             in_order_sends: ep.in_order_sends(),
             inject_size: ep.inject_size(),
             watches: vec![ep.call_watch()],
+            caller_stall: crate::host::fault::stall_at("TALLY_FAULT_RAIL_STALL", 0),
             mode: Mode::Direct(ep),
         })
+    }
+
+    /// Fault injection: blocks the caller's thread for good with the
+    /// endpoint's watch showing a send in progress, as a send spinning on a
+    /// dead peer's lock would, once `caller_stall` is due.
+    #[cold]
+    fn stall_caller(ep: &Endpoint) -> ! {
+        log::warn!("fault injection (TALLY_FAULT_RAIL_STALL): the caller's thread blocks for good, as inside fi_tsend");
+        ep.call_watch().enter(crate::dataplane::fabric::call_watch::Call::Send);
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
     }
 
     /// One thread per endpoint, each pinned to the matching core of `cores`
@@ -216,6 +252,7 @@ impl Rails {
             // Inject copies at the call; a queued send may be posted later.
             inject_size: 0,
             watches: eps.iter().map(|e| e.call_watch()).collect(),
+            caller_stall: None,
             mode: Mode::Threaded { rails: Vec::with_capacity(eps.len()), owner: owner.clone(), held: None, next: 0, copier: None },
         };
         for (i, ep) in eps.into_iter().enumerate() {
@@ -438,6 +475,7 @@ impl Rails {
         ctx: u32,
     ) -> Result<(), PostError> {
         match &mut self.mode {
+            Mode::Direct(ep) if self.caller_stall.is_some_and(|t| std::time::Instant::now() >= t) => Self::stall_caller(ep),
             // SAFETY: the caller's promise, passed on.
             Mode::Direct(ep) => unsafe { ep.send(buf, len, mh, dest, tag, ctx) },
             Mode::Threaded { rails, .. } => queue(&rails[r].shared, Cmd::Send { buf, len, dest, tag, ctx }),
@@ -487,6 +525,7 @@ impl Rails {
     #[inline]
     pub unsafe fn inject(&mut self, buf: *const u8, len: usize, dest: PeerAddr, tag: u64) -> Result<(), PostError> {
         match &mut self.mode {
+            Mode::Direct(ep) if self.caller_stall.is_some_and(|t| std::time::Instant::now() >= t) => Self::stall_caller(ep),
             // SAFETY: the caller's promise, passed on.
             Mode::Direct(ep) => unsafe { ep.inject(buf, len, dest, tag) },
             Mode::Threaded { .. } => Err(PostError::Fabric(FabricError { call: "fi_tinject (not on rails)", code: libc::ENOTSUP })),

@@ -14,16 +14,41 @@
 //! checks [`Watchdog::stuck`] where it reads its control connections) and
 //! abandons the stuck rails ([`Watchdog::stuck_rails`]), so the caller, or
 //! NCCL through the plugin, gets an error naming the call instead of a hang.
-//! Rails drive shm's one endpoint too, the provider whose calls can spin on
-//! a dead peer's lock (see `client::rails`). Where the caller's own thread
-//! is the one inside the call (one endpoint over tcp or EFA, whose locks
-//! live in this process), the log line is all that can be done from outside
-//! it. The plugin's ncclNet endpoints (point-to-point, driven by NCCL's
-//! threads) get the log line too.
+//! Where the caller's own thread is the one inside the call, nothing outside
+//! it can hand it an error. Over shm, whose calls spin on locks in memory
+//! shared with other processes (a peer killed holding one leaves the call
+//! spinning for ever), the watchdog then ends the process ([`OnStuck::Exit`]):
+//! the rank exits with the report, as a rank whose rail was stuck does, and
+//! its job fails over or ends instead of hanging (and PyTorch's own watchdog
+//! would end a hung rank after its timeout, minutes later). shm's one
+//! endpoint is driven by the caller for this reason's cost: a rail thread
+//! there put a thread hop on every small all-reduce (`client::rails`;
+//! `TALLY_SHM_RAIL=1` keeps it, and the error instead of the exit). Over tcp
+//! or EFA, whose locks live in this process, the log line is all
+//! ([`OnStuck::Log`]), as for the plugin's ncclNet endpoints (point-to-point,
+//! driven by NCCL's threads).
 use crate::dataplane::fabric::call_watch::CallWatch;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// What the watchdog does once a call passed the limit, besides its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStuck {
+    /// Rails drive the endpoints: raise the report for the caller (the
+    /// client turns it into the error of the all-reduce it waits on) and
+    /// mark the rail stuck.
+    Report,
+    /// The caller's thread is the one inside the call, and the call may
+    /// never return (shm): end the process with the report.
+    Exit,
+    /// The log line only.
+    Log,
+}
+
+/// The exit status of a process the watchdog ends ([`OnStuck::Exit`]):
+/// sysexits' EX_SOFTWARE.
+pub const EXIT_STUCK: i32 = 70;
 
 pub struct Watchdog {
     stop: Arc<AtomicBool>,
@@ -38,10 +63,11 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Watches `watches` (rail i's endpoint, or the caller's one when not
-    /// `threaded`) for `limit`; `who` names the owner in the report ("rank
-    /// 3"). None: the limit is zero (off), or no thread.
-    pub fn start(who: String, provider: &str, watches: Vec<Arc<CallWatch>>, threaded: bool, limit: Duration) -> Option<Watchdog> {
+    /// Watches `watches` (rail i's endpoint, or the caller's one unless
+    /// [`OnStuck::Report`]) for `limit`; `who` names the owner in the report
+    /// ("rank 3"). None: the limit is zero (off), or no thread.
+    pub fn start(who: String, provider: &str, watches: Vec<Arc<CallWatch>>, on_stuck: OnStuck, limit: Duration) -> Option<Watchdog> {
+        let threaded = on_stuck == OnStuck::Report;
         if limit.is_zero() || watches.is_empty() {
             return None;
         }
@@ -82,6 +108,13 @@ impl Watchdog {
                             since.elapsed().as_secs_f64()
                         );
                         log::error!("{msg}");
+                        if on_stuck == OnStuck::Exit {
+                            // Straight to the kernel: exit's handlers and
+                            // destructors could call into the stuck provider.
+                            eprintln!("tally: {msg}; ending the process (exit status {EXIT_STUCK}): no thread can return it to the caller");
+                            // SAFETY: _exit takes no pointer and does not return.
+                            unsafe { libc::_exit(EXIT_STUCK) };
+                        }
                         if threaded {
                             if let Ok(mut m) = rep.lock() {
                                 m.get_or_insert(msg);
@@ -135,7 +168,7 @@ mod tests {
     fn a_call_that_does_not_return_is_reported_by_name_and_one_that_returns_is_not() {
         let (stuck, busy) = (Arc::new(CallWatch::default()), Arc::new(CallWatch::default()));
         let limit = Duration::from_millis(200);
-        let w = Watchdog::start("rank 3".into(), "tcp;ofi_rxm", vec![busy.clone(), stuck.clone()], true, limit).unwrap();
+        let w = Watchdog::start("rank 3".into(), "tcp;ofi_rxm", vec![busy.clone(), stuck.clone()], OnStuck::Report, limit).unwrap();
         stuck.enter(Call::CqRead);
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(5) && w.stuck().is_none() {

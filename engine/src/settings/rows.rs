@@ -151,6 +151,13 @@ pub static ENV: &[EnvVar] = &[
         "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread)",
     ),
     var(
+        "TALLY_SHM_RAIL",
+        "",
+        "off: the caller's thread drives shm's one endpoint",
+        &[Client, Plugin],
+        "1: shm's one endpoint on a rail thread: a call stuck on a dead peer's lock is then the all-reduce's error, not the end of the process, and every operation pays a thread hop (about 3 us a small all-reduce)",
+    ),
+    var(
         "TALLY_RAIL_CORES",
         "",
         "the connecting thread's affinity",
@@ -241,7 +248,7 @@ pub static ENV: &[EnvVar] = &[
         "",
         "off",
         &[Client, Tests],
-        "fault injection, `RAIL@SECONDS`: that client rail thread blocks for good, as inside a provider call",
+        "fault injection, `RAIL@SECONDS`: that client rail thread (rail 0: also the caller's thread where it drives its one endpoint) blocks for good, as inside a provider call",
     ),
     dev(
         "TALLY_PIECE_TIMES",

@@ -18,13 +18,13 @@ for pair in 14,15 2,8 8,9 2,3 0,8; do
     say "cores $pair: $(python3 "$DEVICE_DIR/summarise.py" p2p-pairs "$OUT/pingpong-$pair.json")"
 done
 say ""
-say "## 2 ranks, agg 4 KiB, busy: lcore 2, ranks on 8,9 and on 14,15"
-for rc in 8,9 14,15; do
+say "## 2 ranks, agg 4 KiB, busy: lcore 2, ranks and their rail threads (shm) on 8-11 and on 12-15"
+for rc in 8-11 12-15; do
     timeout 120 "$TALLY" bench allreduce --ranks 2 --lcores 2 --cores $rc --poll busy --provider shm --sizes 4K --iters 20000 --warmup 1000 \
         --mode agg,ring 2>>"$OUT/profile.err" | grep -E "^ +(agg|ring)" | sed "s/^/ranks $rc /" | tee -a "$S"
 done
 say "## one hop through a server: agg, 1 rank (core 8), lcore 2, busy, 4 KiB, back-to-back (vs ping-pong round trip cores 2,8)"
-timeout 120 "$TALLY" bench allreduce --ranks 1 --lcores 2 --cores 8 --poll busy --provider shm --sizes 4K,64K --iters 20000 --warmup 1000 \
+timeout 120 "$TALLY" bench allreduce --ranks 1 --lcores 2 --cores 8,9 --poll busy --provider shm --sizes 4K,64K --iters 20000 --warmup 1000 \
     --mode agg 2>>"$OUT/profile.err" | grep -E "^ +agg" | tee -a "$S"
 perf_unpack
 if [ -n "$PERF" ] && ! $PERF --version >/dev/null 2>&1; then
@@ -32,11 +32,11 @@ if [ -n "$PERF" ] && ! $PERF --version >/dev/null 2>&1; then
 fi
 [ -n "$PERF" ] || return 0
 say ""
-say "## perf: 2 ranks (cores 8,9), lcore 2, 4 KiB agg loop; cycles by core and symbol"
-perf_during 2 4 "$OUT/perf-lat.data" -F 9999 -C 2,8,9 -- "$TALLY" bench allreduce --ranks 2 --lcores 2 --cores 8,9 --poll busy \
+say "## perf: 2 ranks (cores 8 and 10, their rail threads 9 and 11), lcore 2, 4 KiB agg loop; cycles by core and symbol"
+perf_during 2 4 "$OUT/perf-lat.data" -F 9999 -C 2,8,9,10,11 -- "$TALLY" bench allreduce --ranks 2 --lcores 2 --cores 8-11 --poll busy \
     --provider shm --sizes 4K --iters 400000 --warmup 1000 --mode agg >"$OUT/perf-lat.txt" 2>>"$OUT/profile.err"
 grep -E "^ +agg" "$OUT/perf-lat.txt" | tee -a "$S"
-for c in 2 8; do
+for c in 2 8 9; do
     say "core $c:"
     $PERF report -i "$OUT/perf-lat.data" --cpu $c --no-children --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -"${PF_LINES:-25}" | tee -a "$S"
 done

@@ -2,7 +2,7 @@
 //! reduction server in-process when none is given, starts every rank (or
 //! process of rank threads) as a child process of this binary, and prints
 //! rank 0's `RESULT` rows as they come.
-use super::plan::{check_busy, plan, ranks_per_process, resolve_poll, AllreduceArgs, Plan};
+use super::plan::{check_busy, plan, pollers_per_rank, ranks_per_process, resolve_poll, AllreduceArgs, Plan};
 use super::rank::ensure_fds;
 use crate::bench::report::{self, format_row, method_line, Row};
 use crate::logfile;
@@ -102,7 +102,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let lcores = if hosting { tally_engine::host::cpuset::CoreList::parse(&args.lcores).map_or(0, |l| l.len()) } else { 0 };
     // `--poll auto` becomes busy or adaptive here, for the hosted server and every rank.
     let mut resolved = args.clone();
-    resolved.poll.poll = resolve_poll(args, args.ranks as usize + lcores)?;
+    resolved.poll.poll = resolve_poll(args, args.ranks as usize * pollers_per_rank(args, &p.provider) + lcores)?;
     let args = &resolved;
     check_busy(args, args.ranks as usize + lcores, &format!("{} ranks and {lcores} server lcores", args.ranks))?;
     // A hosted server has a control connection and a connection per lcore to every rank.

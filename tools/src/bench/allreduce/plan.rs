@@ -209,6 +209,15 @@ pub(super) fn check_busy(args: &AllreduceArgs, pollers: usize, what: &str) -> Re
     Ok(())
 }
 
+/// The threads that poll for one rank: its own, and its rail threads where
+/// the client runs them (several rails, or shm's one: `wants_rail_threads`).
+/// `auto` counts them all: a rank's rail spinning on a core another poller
+/// has is as bad as two ranks on one.
+pub(super) fn pollers_per_rank(args: &AllreduceArgs, provider: &str) -> usize {
+    let rails = super::rank::rails_of(args, provider);
+    1 + if tally_engine::client::rails::wants_rail_threads(provider, rails) { rails } else { 0 }
+}
+
 /// `--poll` for `pollers` busy-capable threads on this process's allowed
 /// cores. Servers given by `--servers` have pollers this process cannot
 /// count (on loopback, or in network namespaces of this machine, as tests

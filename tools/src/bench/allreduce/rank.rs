@@ -2,7 +2,7 @@
 //! joining the job, then timing and checking every mode and size, rank 0
 //! printing a `RESULT` row for each (see [`crate::bench::report`]).
 use super::overlap;
-use super::plan::{check_busy, parse_secret, plan, ranks_per_process, resolve_poll, AllreduceArgs};
+use super::plan::{check_busy, parse_secret, plan, pollers_per_rank, ranks_per_process, resolve_poll, AllreduceArgs};
 use super::timing::{last_rank_times, mono_ns, OpTimes, GATHER_STAMPS};
 use super::verify::{check, fill};
 use crate::bench::report::{Row, LOOP_LINES_ENV};
@@ -68,7 +68,8 @@ pub(super) fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     }
     // A rank started by hand may leave `--poll auto`; the launcher passes busy or adaptive.
     let mut resolved = args.clone();
-    resolved.poll.poll = resolve_poll(args, (last - first) as usize)?;
+    let provider = plan(args)?.provider;
+    resolved.poll.poll = resolve_poll(args, (last - first) as usize * pollers_per_rank(args, &provider))?;
     let args = &resolved;
     check_busy(args, (last - first) as usize, &format!("{} rank threads", last - first))?;
     // Rank 0 also holds a bootstrap connection to every other rank.
@@ -111,7 +112,7 @@ pub(super) fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
 }
 
 /// The rails an agg rank runs: --rails, else TALLY_RAILS, else auto.
-fn rails_of(args: &AllreduceArgs, provider: &str) -> usize {
+pub(super) fn rails_of(args: &AllreduceArgs, provider: &str) -> usize {
     let asked = args.rails.unwrap_or_else(|| ClientConfig::new(Vec::new(), 0, 0, 1).rails);
     tally_engine::client::rails::resolve_rails(asked, provider, args.servers.len())
 }
@@ -158,6 +159,13 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
         // us against 4.3-4.9 before shm had a rail thread, nvidia-h200-x2).
         let threads = tally_engine::client::rails::wants_rail_threads(&p.provider, rails);
         let block = if threads { 1 + rails + copier as usize } else { 1 };
+        if block > 1 && (args.ranks as usize) * block > cores.len() && rank == 0 {
+            eprintln!(
+                "warning: {} cores for {} ranks of {block} polling threads each (the rank's and its rails'): some share a core, and two pollers on one core take turns",
+                cores.len(),
+                args.ranks
+            );
+        }
         let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
         rail_cores = (1..block).map(at).collect();
         let core = at(0);

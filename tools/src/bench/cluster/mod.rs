@@ -3,7 +3,10 @@
 //! N server hosts and N worker hosts, each a network namespace with one veth
 //! link to a bridge, shaped with tc tbf to rate R in both directions (egress
 //! on both ends of each veth). Addresses from 198.18.0.0/15 (the range set
-//! aside for benchmarking), provider tcp;ofi_rxm, adaptive polling. Workers
+//! aside for benchmarking), provider tcp;ofi_rxm, polling as `--poll`
+//! says (`auto`: busy only where every poller, lcores, workers and their
+//! rails, has a core beside the kernel's TCP work: `placement::auto_poll`;
+//! nearly always adaptive, since every host shares this machine). Workers
 //! run agg (through the servers) and ring all-reduce; the table gives
 //! algbw, busbw, the link-rate bound, the fraction of it reached and
 //! agg/ring. This is where reduction servers win: each worker sends and
@@ -66,7 +69,7 @@ use crate::progress::Progress;
 use args::{cores_mask, cpu_mask, ClusterArgs, Rps};
 use host_cpu::{HostCpu, HostLoad, RateLoad};
 use netns::{addr, build_network, sweep_stale, unavailable, HostNet, Iproute, Testbed};
-use placement::place;
+use placement::{place, worker_rails};
 use shaping::{default_rate, shape};
 use std::process::Stdio;
 use std::sync::mpsc;
@@ -160,11 +163,20 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     };
     build_network(&bed.tools, &sw, &hosts, &ns, &net)?;
 
-    // `place` gives server lcores cores of their own where it leaves any to
-    // the workers, so auto is busy exactly when every worker has one too.
-    let worker_core_count = worker_list.as_ref().map_or(0, |l| l.len());
-    let poll = args.poll.poll.resolve(args.hosts as usize, worker_core_count).as_str();
-    let placement = format!("{placement}; {poll} polling");
+    // `auto`: busy only where every poller (lcores, workers, their rails)
+    // has a core beside what the kernel's TCP of every link needs.
+    let top_rate = rates.iter().copied().fold(0.0, f64::max);
+    let pollers = placement::pollers(args.hosts, &server_lcores, worker_rails(args.hosts, worker_cores.as_deref()).0);
+    let poll = match args.poll.poll {
+        crate::cli_args::PollMode::Auto => placement::auto_poll(pollers, args.hosts, top_rate, cores),
+        other => other,
+    }
+    .as_str();
+    let placement = if args.poll.poll == crate::cli_args::PollMode::Auto {
+        format!("{placement}; {poll} polling (auto: {pollers} pollers and the kernel's TCP at {top_rate} Gbit/s on {cores} cores)")
+    } else {
+        format!("{placement}; {poll} polling")
+    };
     let log_level = if logfile::redirected() { "info" } else { "warn" };
     let mut servers = Vec::new();
     // The servers' own pids: `ip netns exec` (and `env`) exec the command, keeping the pid.
