@@ -189,6 +189,7 @@ pub fn client(provider: &str, addr: &str, job: u64, rank: u32, n: u32) -> Client
     c.window = 2;
     c.timeout = Duration::from_secs(30);
     c.spin_polls = 16;
+    c.rail_spin_polls = 16;
     c
 }
 

@@ -34,6 +34,7 @@ fn ranks_between_all_reduces_use_next_to_no_cpu() {
                 // Two rail threads per rank, spinning as long as by default before a sleep.
                 cfg.rails = 2;
                 cfg.spin_polls = 2048;
+                cfg.rail_spin_polls = 2048;
                 let ranks = ranks.clone();
                 std::thread::spawn(move || -> Result<(), String> {
                     let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;

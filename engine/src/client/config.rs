@@ -47,8 +47,14 @@ pub struct ClientConfig {
     /// thousand-node job start over a minute or more. (The server has its
     /// own, `join_timeout_s`, for all ranks to arrive.)
     pub join_timeout: Duration,
-    /// Spin this many empty polls before sleeping on the CQ.
+    /// Spin this many empty polls before sleeping on the CQ, where the
+    /// caller's thread waits (`Client::wait`). Default from
+    /// TALLY_SPIN_POLLS, else 2048.
     pub spin_polls: u32,
+    /// The same for each rail thread and the copier, which the CQ's
+    /// descriptor or the client's bell wakes. Default from
+    /// TALLY_RAIL_SPIN_POLLS, else [`RAIL_SPIN_POLLS`].
+    pub rail_spin_polls: u32,
     /// Longest sleep on the CQ (ms) before polling again. Traffic wakes the
     /// client through the CQ's descriptor (tcp), so this bounds only a
     /// missed wake-up; shm and EFA nap 50 us whatever it says. Hundreds of
@@ -214,7 +220,8 @@ impl ClientConfig {
             join_timeout: Duration::from_secs(
                 std::env::var("TALLY_JOIN_TIMEOUT_S").ok().and_then(|v| v.trim().parse().ok()).filter(|&s| s > 0).unwrap_or(120),
             ),
-            spin_polls: 2048,
+            spin_polls: std::env::var("TALLY_SPIN_POLLS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(2048),
+            rail_spin_polls: std::env::var("TALLY_RAIL_SPIN_POLLS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(RAIL_SPIN_POLLS),
             sleep_ms: 1,
             send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
@@ -259,6 +266,17 @@ pub const DEFAULT_SEAL_MIN: usize = 8 << 20;
 pub const DEFAULT_LIVENESS_MS: u64 = 2000;
 
 /// A positive size from the environment (K/M/G suffixes), if set and valid.
+/// Empty turns a rail thread or the copier makes before it sleeps, unless
+/// TALLY_RAIL_SPIN_POLLS says otherwise. Four rails spinning 2,048 turns
+/// after each piece cost a CollNet rank under real NCCL 8.8-9.7 CPU s/GB
+/// (the NCCL Socket ring's: 2.0-4.3); with 128, 3.6-4.4 at 4 Gbit/s and 1.6-1.7
+/// against 2.3-2.6 at 16 Gbit/s, the link held alike (0.87-0.98 of the
+/// bound against 0.73-0.97, alternated twice; nvidia-h200, G=2 on one GPU,
+/// `tests/nccl/cluster_proof.sh`). A rail that sleeps is woken by its CQ's
+/// descriptor or the client's bell, so a short spin costs a wake-up, not
+/// the link.
+pub const RAIL_SPIN_POLLS: u32 = 128;
+
 pub(super) fn env_size(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| crate::host::units::parse_size(&v).ok()).map(|v| v as usize).filter(|&v| v > 0)
 }

@@ -192,7 +192,7 @@ impl Client {
                 eps.push(open()?);
             }
             let copier = cfg.runs_copier(eps.len());
-            Rails::threaded(eps, cfg.spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize, cfg.piece_times, copier)
+            Rails::threaded(eps, cfg.rail_spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize, cfg.piece_times, copier)
         }
         .map_err(|e| ClientError::Fabric(e.to_string()))?
         .serve(cfg.servers.len());

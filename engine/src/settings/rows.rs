@@ -151,6 +151,20 @@ pub static ENV: &[EnvVar] = &[
         "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread)",
     ),
     var(
+        "TALLY_SPIN_POLLS",
+        "2048",
+        "",
+        &[Client, Plugin],
+        "empty polls a client's waiting thread makes before it sleeps until traffic (busy benchmarks: as many as fit in a u32)",
+    ),
+    var(
+        "TALLY_RAIL_SPIN_POLLS",
+        "128",
+        "",
+        &[Client, Plugin],
+        "empty turns each rail thread and the copier make before they sleep until traffic or the client's bell",
+    ),
+    var(
         "TALLY_SHM_RAIL",
         "",
         "off: the caller's thread drives shm's one endpoint",

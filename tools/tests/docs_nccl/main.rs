@@ -304,7 +304,10 @@ fn quoted_figures_hold() {
     // libfabric 1.17, where tally sets the limit to that), a window of 16
     // (and sets the window nowhere else), and leaves its sends unpaced.
     assert_eq!(plugin.matches("cfg.window =").count(), 1, "the window is set in tcp_defaults only");
-    assert!(plugin.contains("defaults::eager_limit().clamp(4 << 10, TCP_MAX_PIECE)") && !plugin.contains("cfg.send_credits ="));
+    assert!(plugin.contains("defaults::eager_limit().clamp(4 << 10, most)") && !plugin.contains("cfg.send_credits ="));
+    assert!(plugin.contains("let most = if cores >= FEW_CORES { TCP_MAX_PIECE } else { FEW_CORES_PIECE };"));
+    assert!(plugin.contains("pub const FEW_CORES: usize = 8;") && plugin.contains("pub const FEW_CORES_PIECE: usize = 32 << 10;"));
+    assert!(md.contains("On a host of fewer than 8 cores the pieces are 32 KiB at most"), "the few-cores rule on the page");
     assert!(plugin.contains("pub const TCP_MAX_PIECE: usize = 128 << 10;"));
     assert!(plugin.contains("cfg.min_piece = cfg.chunk_bytes;"), "whole pieces over tcp");
     let limit_1_17 = tally_engine::dataplane::fabric::defaults::PROVIDER_DEFAULTS;

@@ -229,6 +229,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             cfg.rails = rails;
             cfg.rail_cores = rail_cores.clone();
             cfg.spin_polls = if busy { u32::MAX } else { tally_engine::dataplane::lcore::adaptive_spin() };
+            cfg.rail_spin_polls = cfg.spin_polls;
             cfg.sleep_ms = args.sleep_ms.unwrap_or(if ranks_per_process(args) > 1 { THREAD_SLEEP_MS } else { cfg.sleep_ms });
             min_piece = cfg.min_piece.max(dsize);
             let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;

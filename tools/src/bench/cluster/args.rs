@@ -33,7 +33,7 @@ pub struct ClusterArgs {
     pub dtype: DtypeArg,
     /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin NCCL's
     /// iallreduce pieces, which its client cuts as under NCCL), or auto
-    /// (32 KiB up to 8 Gbit/s, then 16 KiB per Gbit/s: `auto_chunk`).
+    /// (32 KiB up to 4 Gbit/s, 128 KiB up to 16, then 16 KiB per Gbit/s: `auto_chunk`).
     #[arg(long, default_value = "auto")]
     pub chunk: String,
     #[command(flatten)]

@@ -49,19 +49,31 @@ pub(super) fn shape(
     Ok(())
 }
 
-/// `--chunk auto`: 32 KiB up to 8 Gbit/s (the rxm eager limit tally sets,
-/// fabric::defaults), then 16 KiB per Gbit/s (256 KiB at 16), at most 1 MiB.
-/// Measured on 16 cores, 4 + 4 and 8 + 8 hosts, agg fraction of the link
-/// bound by chunk (eager): 32K gave 0.99 at 2 and 4 Gbit/s and 0.90-1.00 at
-/// 8, but 0.50 at 16, where 256K gave 0.85-0.92 (per-piece CPU cost). Small
-/// pieces keep each operation's fill and drain and the skew between workers
-/// short.
+/// `--chunk auto`: 32 KiB up to 4 Gbit/s, 128 KiB (rxm's eager limit
+/// on libfabric 1.17, fabric::defaults) up to 16, then 16 KiB per Gbit/s
+/// (512 KiB at 32), at most 1 MiB.
+///
+/// Each piece costs the sender and the receiver system calls and wake-ups
+/// whatever its size, so up to the eager limit larger ones cost less CPU
+/// per byte: on 16 cores (nvidia-h200, 4 + 4 hosts, 64 MiB, adaptive) the
+/// servers spent 1.05 CPU s/GB of input with 32 KiB at 8 Gbit/s, 0.85 with
+/// 64 KiB, 0.78 with 128 KiB and 0.87 with 256 KiB (a rendezvous each), all
+/// at 0.98-0.99 of the bound (the kernel's TCP alone: 0.60); at 16 Gbit/s,
+/// two runs, 128 KiB reached 0.74-0.81 at 0.60-0.70 s/GB, 256 KiB 0.65-0.76
+/// at 0.78-0.83 (earlier, 32 KiB 0.50). At 2 and 4 Gbit/s (busy polling
+/// there) 32 KiB gave 0.99, 128 KiB 0.96-0.98: the links' tbf bucket (2 ms
+/// of the rate, at least 64 KiB) holds few 128 KiB messages; and on the
+/// 2-core machine 128 KiB pieces at 0.25 Gbit/s cost twice the CPU per
+/// byte of 32 KiB ones (the plugin's, `collnet::FEW_CORES`).
 pub fn auto_chunk(rate_gbit: f64) -> u64 {
-    if rate_gbit <= 8.0 {
+    if rate_gbit <= 4.0 {
         return 32 << 10;
     }
+    if rate_gbit <= 16.0 {
+        return 128 << 10;
+    }
     let want = rate_gbit * 16.0 * 1024.0;
-    (2f64.powi(want.log2().round() as i32) as u64).clamp(32 << 10, 1 << 20)
+    (2f64.powi(want.log2().round() as i32) as u64).clamp(128 << 10, 1 << 20)
 }
 
 pub(super) fn chunk_for(args: &ClusterArgs, rate: f64) -> String {
@@ -95,8 +107,10 @@ mod tests {
     #[test]
     fn auto_chunk_follows_the_link_rate() {
         assert_eq!(auto_chunk(0.25), 32 << 10);
-        assert_eq!(auto_chunk(8.0), 32 << 10);
-        assert_eq!(auto_chunk(16.0), 256 << 10);
+        assert_eq!(auto_chunk(2.0), 32 << 10);
+        assert_eq!(auto_chunk(4.0), 32 << 10);
+        assert_eq!(auto_chunk(8.0), 128 << 10);
+        assert_eq!(auto_chunk(16.0), 128 << 10);
         assert_eq!(auto_chunk(32.0), 512 << 10);
         assert_eq!(auto_chunk(200.0), 1 << 20);
     }
