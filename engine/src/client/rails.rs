@@ -35,7 +35,7 @@
 //! shm's calls take spinlocks in memory shared with other processes, and a
 //! peer killed while holding one leaves the caller spinning inside the call
 //! for ever (libfabric 1.17 to today's; a rank once spun for 45 minutes).
-//! Its one endpoint is still driven by the caller's thread: on a rail
+//! Its one endpoint is driven by the caller's thread all the same: on a rail
 //! thread every small all-reduce paid the hop there and back (4 KiB agg p50
 //! 7.0-7.5 us against 4.3-4.9, 2 ranks, nvidia-h200-x2; 1.7 round trips on
 //! a 16-core host). A stuck call then ends the process, with the client's

@@ -210,7 +210,8 @@ pub(super) fn check_busy(args: &AllreduceArgs, pollers: usize, what: &str) -> Re
 }
 
 /// The threads that poll for one rank: its own, and its rail threads where
-/// the client runs them (several rails, or shm's one: `wants_rail_threads`).
+/// the client runs them (several rails, or shm's one with TALLY_SHM_RAIL=1:
+/// `wants_rail_threads`).
 /// `auto` counts them all: a rank's rail spinning on a core another poller
 /// has is as bad as two ranks on one.
 pub(super) fn pollers_per_rank(args: &AllreduceArgs, provider: &str) -> usize {

@@ -154,9 +154,9 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 args.ranks
             );
         }
-        // One rail has a thread too over shm (`wants_rail_threads`): left
-        // unlisted it would spin on the rank's own core (4 KiB agg p50 7.0-7.5
-        // us against 4.3-4.9 before shm had a rail thread, nvidia-h200-x2).
+        // One rail has a thread too over shm with TALLY_SHM_RAIL=1
+        // (`wants_rail_threads`): left unlisted it would spin on the rank's
+        // own core (4 KiB agg p50 8 ms on a 16-core host).
         let threads = tally_engine::client::rails::wants_rail_threads(&p.provider, rails);
         let block = if threads { 1 + rails + copier as usize } else { 1 };
         if block > 1 && (args.ranks as usize) * block > cores.len() && rank == 0 {
