@@ -86,6 +86,18 @@ impl Switch {
         ip(&["link", "set", &local, "up"]);
     }
 
+    /// Shapes `host`'s link to `mbit` Mbit/s both ways (tc tbf on both of
+    /// its ends): a slow link keeps data in flight, as a loaded one does.
+    pub fn shape(&self, host: &str, mbit: u32) {
+        let rate = format!("{mbit}mbit");
+        let tbf = ["root", "tbf", "rate", &rate, "burst", "64kb", "latency", "50ms"];
+        for (ns, dev) in [(self.namespace("sw"), self.port(host)), (self.namespace(host), "eth0".to_string())] {
+            let out = Command::new("ip").args(["netns", "exec", &ns, "tc", "qdisc", "replace", "dev", &dev]).args(tbf).output();
+            let out = out.unwrap_or_else(|e| panic!("tc in {ns}: {e}"));
+            assert!(out.status.success(), "tc qdisc replace dev {dev} in {ns}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+    }
+
     /// Sets `host`'s switch port up or down.
     pub fn set_port(&self, host: &str, up: bool) {
         ip(&["-n", &self.namespace("sw"), "link", "set", &self.port(host), if up { "up" } else { "down" }]);

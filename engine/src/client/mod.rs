@@ -138,6 +138,10 @@ pub struct Client {
     batch: [Completion; 32],
     /// What failover did so far.
     stats: failover::FailoverStats,
+    /// Per server, the IP addresses of its endpoints as its Accepts named
+    /// them (tcp only): where a lost one's watcher looks for connections
+    /// still backed off (`failover::Watcher`).
+    server_ips: Vec<Vec<std::net::IpAddr>>,
     /// Sampled pieces' round trips (`ClientConfig::piece_times`).
     piece_times: piece_times::PieceTimes,
     /// Reports a provider call that does not return (None: off).
@@ -232,6 +236,7 @@ impl Client {
             last_progress: Instant::now(),
             failed: false,
             stats: failover::FailoverStats::default(),
+            server_ips: vec![Vec::new(); cfg.servers.len()],
             piece_times: piece_times::PieceTimes::default(),
             kernels: Kernels::best(),
             idle_polls: 0,

@@ -5,12 +5,52 @@
 use super::*;
 
 impl ControlPlane {
+    /// A rank takes this server back after an outage (a cut link, a frozen
+    /// process): whether a connection of this process to its endpoints
+    /// still waits out TCP's retransmission backoff from it
+    /// (`host::tcp_backoff`). Results the job sends it would wait too, up to
+    /// about as long again as the outage lasted; the rank, refused as busy,
+    /// asks again within a second. The backoff is capped meanwhile, where
+    /// the kernel can, so that the connection resends soon.
+    fn backed_off_towards(&self, c: &Conn, names: &[EndpointName]) -> bool {
+        if !self.net.names_are_socket_addresses() {
+            return false;
+        }
+        let mut ips: Vec<std::net::IpAddr> = names.iter().filter_map(|n| crate::host::tcp_backoff::name_ip(n.as_bytes())).collect();
+        ips.sort_unstable();
+        ips.dedup();
+        let b = crate::host::tcp_backoff::scan(&ips, self.net.listen_port(), true);
+        if b.backed_off > 0 {
+            // Debug: the rank asks again every half second, and logs the wait once itself.
+            log::debug!(
+                "{}: rank {} takes this server back, but {} of its connections to the rank still wait out TCP's retransmission \
+                 backoff from the outage (resend in up to {} ms{}): refused as busy until they resent",
+                c.peer,
+                c.rank,
+                b.backed_off,
+                b.rto_ms,
+                if b.capped > 0 { ", capped" } else { "" }
+            );
+        }
+        b.backed_off > 0
+    }
+
     pub(super) fn join(&mut self, j: Joining) {
         let Joining { rejoin, heartbeats, conn, peer, spec, rank, names, secret } = j;
         let c = Conn { id: conn, rank, peer, heartbeats };
         if self.draining.is_some() {
             log::info!("{peer}: rank {rank} of job {:#x} refused: the server is draining", spec.job_id);
             refuse(&mut self.net, &c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
+            return;
+        }
+        if rejoin && self.backed_off_towards(&c, &names) {
+            refuse(
+                &mut self.net,
+                &c,
+                RejectCode::Busy,
+                "",
+                "this server's connections to you still wait out TCP's backoff; try again shortly",
+            );
             return;
         }
         if let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == spec.job_id && a.phase != Phase::Ending)) {

@@ -1,7 +1,8 @@
 //! The host: what tally reads from, and prepares on, the machine it runs
 //! on: its configuration file, its random source, CPU lists, sizes and
 //! durations as people write them, hugepage pools, the service manager's
-//! notify socket, and wall-clock times for log lines. Nothing here is on a data path (an lcore
+//! notify socket, this process's TCP connections that wait out a
+//! retransmission backoff, and wall-clock times for log lines. Nothing here is on a data path (an lcore
 //! reads the wall clock only when a round breaks its job's record wait).
 pub mod config;
 pub mod cpuset;
@@ -16,3 +17,5 @@ pub mod wall_clock;
 pub mod hugepages;
 #[cfg(feature = "fabric")]
 pub mod sd_notify;
+#[cfg(feature = "fabric")]
+pub mod tcp_backoff;

@@ -347,13 +347,8 @@ impl Client {
         s.fo.handled |= r.dead;
         let took = s.fo.noticed.take().map_or(Duration::ZERO, |t| t.elapsed());
         // Take them back when they return (restarted on the same address).
-        let watcher = s.fo.watcher.get_or_insert_with(Watcher::start);
-        if let Ok(mut w) = watcher.wanted.lock() {
-            for si in bits(r.dead) {
-                if let Some(addr) = self.cfg.servers[si].to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                    w.push((sub, si, addr));
-                }
-            }
+        for si in bits(r.dead) {
+            self.watch_again(sub, si);
         }
         self.stats.recoveries += 1;
         self.stats.last_recovery = took;

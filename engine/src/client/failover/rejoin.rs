@@ -27,11 +27,30 @@ pub(in crate::client) enum RejoinPhase {
 /// waits for a server that accepts and then says nothing.
 pub(in crate::client) type Reached = (usize, usize, TcpStream, Challenge);
 
+/// A lost server the watcher tries to reach.
+#[derive(Clone)]
+pub(in crate::client) struct Wanted {
+    pub(in crate::client) sub: usize,
+    pub(in crate::client) server: usize,
+    /// Its control address.
+    pub(in crate::client) addr: std::net::SocketAddr,
+    /// The addresses of its endpoints (tcp's names; empty for other
+    /// providers): this process's connections to them are looked at
+    /// (`host::tcp_backoff`) before it is taken back.
+    pub(in crate::client) data_ips: Vec<std::net::IpAddr>,
+}
+
 /// A thread that tries to reach lost servers (a blocking connect to a dead
 /// host must not stall the data path) and hands over the connections.
+///
+/// A server reached again is handed over only once none of this process's
+/// connections to its endpoints waits out a retransmission backoff left by
+/// the cut (`host::tcp_backoff`): whatever the job sent it would queue
+/// behind that. While it is away the watcher caps those connections'
+/// backoff (where the kernel can) so that they resend soon after it returns.
 pub struct Watcher {
-    /// (sub-job, server, address) still to reach.
-    pub(in crate::client) wanted: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, std::net::SocketAddr)>>>,
+    /// Lost servers still to reach.
+    pub(in crate::client) wanted: std::sync::Arc<std::sync::Mutex<Vec<Wanted>>>,
     /// Connections made, each with the server's challenge read, not yet taken.
     pub(in crate::client) reached: std::sync::Arc<std::sync::Mutex<Vec<Reached>>>,
     pub(in crate::client) stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -40,21 +59,40 @@ pub struct Watcher {
 impl Watcher {
     pub(in crate::client) fn start() -> Watcher {
         use std::sync::{atomic::AtomicBool, atomic::Ordering, Arc, Mutex};
-        let wanted: Arc<Mutex<Vec<(usize, usize, std::net::SocketAddr)>>> = Arc::default();
+        let wanted: Arc<Mutex<Vec<Wanted>>> = Arc::default();
         let reached: Arc<Mutex<Vec<Reached>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (w, r, st) = (wanted.clone(), reached.clone(), stop.clone());
         let _ = std::thread::Builder::new().name("tally-rejoin".into()).spawn(move || {
+            // Servers whose wait for a backoff was logged (once each time).
+            let mut told: Vec<(usize, usize)> = Vec::new();
             while !st.load(Ordering::Relaxed) {
-                let todo: Vec<_> = w.lock().map(|v| v.clone()).unwrap_or_default();
-                for (sub, si, addr) in todo {
-                    let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else { continue };
+                let todo: Vec<Wanted> = w.lock().map(|v| v.clone()).unwrap_or_default();
+                for want in todo {
+                    let (sub, si) = (want.sub, want.server);
+                    let backoff = crate::host::tcp_backoff::scan(&want.data_ips, want.addr.port(), true);
+                    let Ok(mut c) = TcpStream::connect_timeout(&want.addr, Duration::from_secs(1)) else { continue };
+                    if backoff.backed_off > 0 {
+                        if !told.contains(&(sub, si)) {
+                            told.push((sub, si));
+                            log::info!(
+                                "server {} answers again, but {} of this process's connections to it still wait out TCP's \
+                                 retransmission backoff from the outage (resend in up to {} ms{}): taking it back once they resent",
+                                want.addr,
+                                backoff.backed_off,
+                                backoff.rto_ms,
+                                if backoff.capped > 0 { ", capped" } else { "" }
+                            );
+                        }
+                        continue;
+                    }
                     // A server that refuses at once (busy) is tried again on a later turn.
                     if let Ok(crate::client::greet::Opening::Challenge(challenge)) =
                         crate::client::greet::read_opening(&mut c, Duration::from_secs(1))
                     {
                         if let (Ok(mut wv), Ok(mut rv)) = (w.lock(), r.lock()) {
-                            wv.retain(|x| (x.0, x.1) != (sub, si));
+                            wv.retain(|x| (x.sub, x.server) != (sub, si));
+                            told.retain(|x| *x != (sub, si));
                             rv.push((sub, si, c, challenge));
                         }
                     }
@@ -138,14 +176,27 @@ impl Client {
         Ok(())
     }
 
+    /// Has the watcher try to reach server `si` of sub-job `sub` (started
+    /// on the first loss).
     pub(in crate::client) fn watch_again(&mut self, sub: usize, si: usize) {
-        if let (Some(w), Some(addr)) =
-            (self.subs[sub].fo.watcher.as_ref(), self.cfg.servers[si].to_socket_addrs().ok().and_then(|mut a| a.next()))
-        {
-            if let Ok(mut v) = w.wanted.lock() {
-                v.push((sub, si, addr));
-            }
+        let Some(addr) = self.cfg.servers[si].to_socket_addrs().ok().and_then(|mut a| a.next()) else { return };
+        let data_ips = self.server_ips[si].clone();
+        let watcher = self.subs[sub].fo.watcher.get_or_insert_with(Watcher::start);
+        if let Ok(mut v) = watcher.wanted.lock() {
+            v.push(Wanted { sub, server: si, addr, data_ips });
         }
+    }
+
+    /// Keeps the IP addresses of server `si`'s endpoint names (tcp only:
+    /// other providers' names are not socket addresses).
+    pub(in crate::client) fn note_server_ips<'a>(&mut self, si: usize, names: impl Iterator<Item = &'a [u8]>) {
+        if !self.rails.provider().starts_with("tcp") {
+            return;
+        }
+        let mut ips: Vec<std::net::IpAddr> = names.filter_map(crate::host::tcp_backoff::name_ip).collect();
+        ips.sort_unstable();
+        ips.dedup();
+        self.server_ips[si] = ips;
     }
 
     /// Advances rejoin `i` with what arrived; false: it is over (taken
@@ -243,6 +294,12 @@ impl Client {
                     return Ok(false);
                 }
                 let mut added = Vec::new();
+                let names = (0..a.lcores as usize).filter_map(|k| {
+                    let off = hdr.len() + k * core::mem::size_of::<wire::NameRecord>();
+                    wire::read::<wire::NameRecord>(&msg[off..]).ok()
+                });
+                let names: Vec<wire::NameRecord> = names.collect();
+                self.note_server_ips(si, names.iter().filter_map(|r| r.name().ok()));
                 let latency_lcores = a.latency_split().map_or(0, |(l, _)| l);
                 for k in 0..a.lcores as usize {
                     let off = hdr.len() + k * core::mem::size_of::<wire::NameRecord>();

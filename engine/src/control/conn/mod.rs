@@ -240,6 +240,17 @@ impl Connections {
         self.rules.names = shape;
     }
 
+    /// Whether ranks' endpoint names are socket addresses (tcp): then this
+    /// process's connections to them are TCP sockets (`host::tcp_backoff`).
+    pub fn names_are_socket_addresses(&self) -> bool {
+        matches!(self.rules.names, NameShape::SocketAddress { .. })
+    }
+
+    /// The port ranks' control connections come to.
+    pub fn listen_port(&self) -> u16 {
+        self.listener.local_addr().map_or(0, |a| a.port())
+    }
+
     /// Wakes [`Connections::turn`] from another thread (an lcore's event).
     pub fn waker(&self) -> Arc<Waker> {
         self.waker.clone()
