@@ -90,8 +90,15 @@ fn no_source_file_is_over_700_lines() {
     for (p, _) in LONG_FILES {
         assert!(root.join(p).exists(), "LONG_FILES names {p}, which does not exist");
     }
-    assert!(checked > 300, "only {checked} source files found");
+    assert!(checked > 250, "only {checked} source files found");
     assert!(long.is_empty(), "source files over {MAX_LINES} lines (split them by concept):\n  {}", long.join("\n  "));
+}
+
+/// Whether `line` is a `#[cfg(...)]` that holds only under test:
+/// `#[cfg(test)]`, `#[cfg(all(test, target_arch = "x86_64"))]`.
+fn is_test_cfg(line: &str) -> bool {
+    let t = line.trim();
+    t == "#[cfg(test)]" || (t.starts_with("#[cfg(all(") && t.contains("(test,"))
 }
 
 /// The line ranges (0-based, inclusive start, exclusive end) of a file's
@@ -100,7 +107,7 @@ fn test_regions(lines: &[&str]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < lines.len() {
-        if lines[i].trim() == "#[cfg(test)]" {
+        if is_test_cfg(lines[i]) {
             let indent = lines[i].len() - lines[i].trim_start().len();
             if let Some(open) = lines.get(i + 1).filter(|l| l.trim_start().starts_with("mod ") && l.trim_end().ends_with('{')) {
                 let _ = open;
@@ -127,7 +134,7 @@ fn test_module_files(root: &Path, files: &[String]) -> BTreeSet<String> {
             _ => rel.trim_end_matches(".rs").to_string(),
         };
         for w in lines.windows(2) {
-            if w[0].trim() != "#[cfg(test)]" {
+            if !is_test_cfg(w[0]) {
                 continue;
             }
             let decl = w[1].trim().trim_start_matches("pub ").trim_start_matches("pub(crate) ");
@@ -352,7 +359,7 @@ fn imports_keep_the_layer_table() {
 #[test]
 fn the_rules_parse_what_they_rely_on() {
     let top: BTreeSet<String> = ["reduce", "wire", "client", "control", "dataplane"].iter().map(|s| s.to_string()).collect();
-    let table = "## Layers and what may call what\n\n| module | may use |\n|---|---|\n\
+    let table = "\n## Layers and what may call what\n\n| module | may use |\n|---|---|\n\
                  | `reduce`, `ring::bootstrap` | nothing of the crate |\n\
                  | `client` | `dataplane::fabric` (`precise_naps`), `wire`; never `control` |\n\n## Next\n| module | may use |\n";
     let rows = layer_table(table, &top);
@@ -370,4 +377,5 @@ fn the_rules_parse_what_they_rely_on() {
     assert_eq!(module_of("engine/src/control/conn/mod.rs"), path("control::conn"));
     let lines = ["use super::*;", "#[cfg(test)]", "mod tests {", "    use super::*;", "}", "fn f() {}"];
     assert_eq!(test_regions(&lines), [(1, 5)]);
+    assert!(is_test_cfg("#[cfg(all(test, target_arch = \"x86_64\"))]") && !is_test_cfg("#[cfg(feature = \"std\")]"));
 }
