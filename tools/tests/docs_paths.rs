@@ -25,16 +25,15 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+mod repo_tree;
+use repo_tree::{files_under, repo};
+
 /// The top-level folders a path from the root starts with.
 const ROOTS: &[&str] =
     &["engine/", "ffi-plugin/", "tools/", "benches/", "scripts/", "tests/", "config/", "docs/", "docker/", "fuzz/", ".ci/"];
 
 /// File name extensions that make a relative code span a path.
 const EXTENSIONS: &[&str] = &["rs", "sh", "py", "md", "toml", "yaml", "yml", "json", "service", "sbatch", "c", "h"];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tools/ has a parent").to_path_buf()
-}
 
 /// The pages checked: the root's Markdown files, scripts/README.md and docs/.
 fn pages(root: &Path) -> Vec<PathBuf> {
@@ -48,29 +47,6 @@ fn pages(root: &Path) -> Vec<PathBuf> {
     docs.sort();
     v.extend(docs);
     v
-}
-
-/// Every file of the tree as a path from the root with `/` separators,
-/// leaving out build outputs and git's own files.
-fn tree(root: &Path) -> BTreeSet<String> {
-    fn walk(dir: &Path, rel: &str, out: &mut BTreeSet<String>) {
-        for e in std::fs::read_dir(dir).expect("readable folder") {
-            let e = e.expect("folder entry");
-            let name = e.file_name().to_string_lossy().into_owned();
-            if rel.is_empty() && (name.starts_with("target") || name == ".git") {
-                continue;
-            }
-            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
-            if e.file_type().expect("file type").is_dir() {
-                walk(&e.path(), &path, out);
-            } else {
-                out.insert(path);
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    walk(root, "", &mut out);
-    out
 }
 
 /// `a/{b,c}.rs` -> `a/b.rs`, `a/c.rs` (nested alternatives too).
@@ -168,7 +144,7 @@ fn name_mentions(line: &str) -> Vec<String> {
 #[test]
 fn every_path_the_docs_name_exists() {
     let root = repo();
-    let files = tree(&root);
+    let files: BTreeSet<String> = files_under(&root, "").into_iter().collect();
     let dirs: BTreeSet<String> = files.iter().flat_map(|f| f.match_indices('/').map(move |(i, _)| f[..i].to_string())).collect();
     let exists = |p: &str| {
         let p = p.trim_end_matches('/');

@@ -19,7 +19,10 @@
 //! checked on small examples at the end, so a parser that finds nothing
 //! cannot pass everything.
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod repo_tree;
+use repo_tree::{files_under, repo};
 
 /// The most lines a source file may have.
 const MAX_LINES: usize = 700;
@@ -34,34 +37,6 @@ const LONG_FILES: &[(&str, &str)] = &[];
 
 /// The source files the size rule covers, by extension.
 const SOURCE_EXTENSIONS: &[&str] = &["rs", "py", "sh", "c", "h"];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tools/ has a parent").to_path_buf()
-}
-
-/// Every file under `dir` as a path from the root, with `/` separators,
-/// leaving out build outputs and git's own files.
-fn files_under(root: &Path, dir: &str) -> Vec<String> {
-    fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) {
-        for e in std::fs::read_dir(dir).expect("readable folder") {
-            let e = e.expect("folder entry");
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("target") || name == ".git" || name == "__pycache__" {
-                continue;
-            }
-            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
-            if e.file_type().expect("file type").is_dir() {
-                walk(&e.path(), &path, out);
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&root.join(dir), dir.trim_end_matches('/'), &mut out);
-    out.sort();
-    out
-}
 
 fn read(root: &Path, rel: &str) -> String {
     std::fs::read_to_string(root.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
