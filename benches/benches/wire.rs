@@ -27,22 +27,7 @@ fn main() {
 const HELLO_BYTES: usize = size_of::<Hello>();
 
 /// A typical job: 8 ranks of bf16, 512 KiB pieces, window 4, on 2 of the server's lcores.
-const SPEC: JobSpec = JobSpec {
-    job_id: 0x7a11_0000_0042,
-    nranks: 8,
-    dtype: DataType::Bfloat16,
-    op: ReduceOp::Sum,
-    chunk_elems: 256 << 10,
-    window: 4,
-    shards: 2,
-    relay: false,
-    split: false,
-    seal_shift: 0,
-    interleave: false,
-    min_piece: 0,
-    reserve: 0,
-    sibling: false,
-};
+const SPEC: JobSpec = JobSpec::new(0x7a11_0000_0042, 8, DataType::Bfloat16, ReduceOp::Sum, 256 << 10, 4, 2);
 /// What the server accepts (its defaults' order of magnitude).
 const LIMITS: Limits = Limits { max_ranks: 1024, max_window: 64, max_chunk_bytes: 4 << 20, lcores: 4 };
 const TOKEN: [u8; TOKEN_BYTES] = *b"0123456789abcdef0123456789abcdef";

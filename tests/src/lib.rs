@@ -362,20 +362,5 @@ pub fn reject_after_any_challenge(s: &mut TcpStream) -> std::io::Result<wire::Re
 /// split, seals or interleave) with pieces of `chunk_elems`, for tests that
 /// play ranks by hand.
 pub fn f32_sum_spec(job_id: u64, nranks: u32, chunk_elems: u32) -> wire::JobSpec {
-    wire::JobSpec {
-        job_id,
-        nranks,
-        dtype: DataType::Float32,
-        op: ReduceOp::Sum,
-        chunk_elems,
-        window: 2,
-        shards: 0,
-        relay: false,
-        split: false,
-        seal_shift: 0,
-        interleave: false,
-        min_piece: 0,
-        reserve: 0,
-        sibling: false,
-    }
+    wire::JobSpec::new(job_id, nranks, DataType::Float32, ReduceOp::Sum, chunk_elems, 2, 0)
 }

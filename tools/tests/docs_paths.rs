@@ -11,7 +11,13 @@
 //!   expanding `{a,b}` alternatives; a `*` pattern is left alone;
 //! - a relative path in a code span (`shard/chunk.rs`, `rails/rail_loop.rs`:
 //!   two or more components, ending in a file name with an extension): some
-//!   file of the repository must end with those components.
+//!   file of the repository must end with those components;
+//! - a file name alone (`doctor.rs`, `cluster_proof.sh`), in a code span with
+//!   a known extension or anywhere as a `.rs` name: some file of the
+//!   repository must have that name. (Three such names outlived their files
+//!   in ARCHITECTURE.md while this check skipped them.) Names of other
+//!   projects' files in prose (`platform.md`, `efa_installer.sh`) are left
+//!   alone; a Rust file named in the docs is always ours.
 //!
 //! Paths outside the repository (absolute ones, `$VARS`, `~`, URLs), build
 //! outputs (`target/`) and placeholders (a component in capitals, as in
@@ -19,16 +25,15 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+mod repo_tree;
+use repo_tree::{files_under, repo};
+
 /// The top-level folders a path from the root starts with.
 const ROOTS: &[&str] =
     &["engine/", "ffi-plugin/", "tools/", "benches/", "scripts/", "tests/", "config/", "docs/", "docker/", "fuzz/", ".ci/"];
 
 /// File name extensions that make a relative code span a path.
 const EXTENSIONS: &[&str] = &["rs", "sh", "py", "md", "toml", "yaml", "yml", "json", "service", "sbatch", "c", "h"];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tools/ has a parent").to_path_buf()
-}
 
 /// The pages checked: the root's Markdown files, scripts/README.md and docs/.
 fn pages(root: &Path) -> Vec<PathBuf> {
@@ -42,29 +47,6 @@ fn pages(root: &Path) -> Vec<PathBuf> {
     docs.sort();
     v.extend(docs);
     v
-}
-
-/// Every file of the tree as a path from the root with `/` separators,
-/// leaving out build outputs and git's own files.
-fn tree(root: &Path) -> BTreeSet<String> {
-    fn walk(dir: &Path, rel: &str, out: &mut BTreeSet<String>) {
-        for e in std::fs::read_dir(dir).expect("readable folder") {
-            let e = e.expect("folder entry");
-            let name = e.file_name().to_string_lossy().into_owned();
-            if rel.is_empty() && (name.starts_with("target") || name == ".git") {
-                continue;
-            }
-            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
-            if e.file_type().expect("file type").is_dir() {
-                walk(&e.path(), &path, out);
-            } else {
-                out.insert(path);
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    walk(root, "", &mut out);
-    out
 }
 
 /// `a/{b,c}.rs` -> `a/b.rs`, `a/c.rs` (nested alternatives too).
@@ -130,15 +112,45 @@ fn relative_mentions(line: &str) -> Vec<String> {
     out
 }
 
+/// File names alone in `line`: code spans of one component with a known
+/// extension, and `.rs` names anywhere.
+fn name_mentions(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, span) in line.split('`').enumerate() {
+        let one = span.contains('.') && !span.contains('/') && span.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        if k % 2 == 1 && one && !span.starts_with('.') && span.rsplit('.').next().is_some_and(|x| EXTENSIONS.contains(&x)) {
+            out.push(span.to_string());
+        }
+    }
+    for (i, _) in line.match_indices(".rs") {
+        let after = line[i + 3..].chars().next();
+        if after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let start = line[..i].rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).map_or(0, |j| j + 1);
+        let before = line[..start].chars().next_back();
+        // Part of a path (checked above) or of a longer word.
+        if start == i || before.is_some_and(|c| c == '/' || c == '.') {
+            continue;
+        }
+        let name = &line[start..i + 3];
+        if !out.iter().any(|o| o == name) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
 #[test]
 fn every_path_the_docs_name_exists() {
     let root = repo();
-    let files = tree(&root);
+    let files: BTreeSet<String> = files_under(&root, "").into_iter().collect();
     let dirs: BTreeSet<String> = files.iter().flat_map(|f| f.match_indices('/').map(move |(i, _)| f[..i].to_string())).collect();
     let exists = |p: &str| {
         let p = p.trim_end_matches('/');
         files.contains(p) || dirs.contains(p)
     };
+    let names: BTreeSet<&str> = files.iter().map(|f| f.rsplit('/').next().unwrap_or(f)).collect();
     let mut stale = Vec::new();
     let mut checked = 0;
     for page in pages(&root) {
@@ -154,6 +166,12 @@ fn every_path_the_docs_name_exists() {
                     if !exists(&p) {
                         stale.push(format!("{rel}:{}: {p}", n + 1));
                     }
+                }
+            }
+            for m in name_mentions(line).into_iter().filter(|p| !is_placeholder(p)) {
+                checked += 1;
+                if !names.contains(m.as_str()) {
+                    stale.push(format!("{rel}:{}: {m} (no file has that name)", n + 1));
                 }
             }
             for m in relative_mentions(line) {
@@ -184,4 +202,8 @@ fn the_parser_finds_what_the_check_relies_on() {
     );
     assert!(relative_mentions("`/etc/tally/server.toml` `target/release/tally` `./x/y.sh`").is_empty());
     assert!(is_placeholder("device/parts/NAME.sh") && !is_placeholder("scripts/README.md"));
+    assert_eq!(
+        name_mentions("host checks (`doctor.rs`, `efa_env.rs`), in server_cmd.rs; not `a/b.rs`, engine/x.rs, `demo.log` or measuring.md"),
+        ["doctor.rs", "efa_env.rs", "server_cmd.rs"]
+    );
 }

@@ -1,6 +1,9 @@
 //! How a client reaches its servers and cuts its work ([`ClientConfig`]):
 //! the fields, their defaults and the environment variables that set them.
-use super::*;
+use super::{servers, watchdog, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
+use crate::client::error::ClientError;
+use crate::wire::{self, JobSecret};
+use std::time::Duration;
 
 /// How to reach the servers and cut the work.
 #[derive(Debug, Clone)]

@@ -16,7 +16,13 @@
 //! keeps using the draining server. A server that refuses a sub-job's join
 //! because it drains is left out of that sub-job (every rank gets the same
 //! answer from it).
-use super::*;
+use super::state::Leave;
+use super::Client;
+use crate::client::error::ClientError;
+use crate::reduce::{DataType, ReduceOp};
+use crate::wire::{self, Boundary, Drain, Kind, Reject, SwitchAt};
+use std::io::{Read, Write};
+use std::time::Instant;
 
 impl Client {
     /// A server that ended the job, or drains, says so on the control

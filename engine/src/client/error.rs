@@ -1,5 +1,5 @@
 //! What a client's calls fail with ([`ClientError`]).
-use super::*;
+use std::fmt;
 
 #[derive(Debug)]
 pub enum ClientError {

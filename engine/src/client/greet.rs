@@ -4,7 +4,10 @@
 //! server that refuses at once (too many handshakes from this address)
 //! sends a reject instead, left unread here for the answer's reader; one
 //! of another protocol version is told apart by its header.
-use super::*;
+use crate::wire::{self, Challenge, HelloMessage, Kind, TOKEN_BYTES};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 /// Longest wait for a server's challenge on a connection it accepted: it
 /// sends it at once, so only a server frozen after its accept takes long.

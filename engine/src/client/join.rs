@@ -3,7 +3,18 @@
 //! joined sub-job keeps. All ranks join each (dtype, op) sub-job in the same
 //! order, so every server sees the same jobs.
 use super::greet::{read_opening, send_answered, Opening};
-use super::*;
+use super::state::{Flight, GenScratch, Leave, Pacing, Stream, SubJob};
+use super::{failover, join_wait, Client, MAX_SUBJOBS};
+use crate::client::error::ClientError;
+use crate::client::failover::{Fo, Stage};
+use crate::client::liveness::Liveness;
+use crate::dataplane::fabric::EndpointName;
+use crate::reduce::{DataType, ReduceOp};
+use crate::wire::{self, Accept, Hello, HelloMessage, JobSpec, JobTag, Kind, NameRecord, Reject, RejectCode, TOKEN_BYTES};
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 impl Client {
     pub(super) fn job_id_for(&self, dtype: DataType, op: ReduceOp) -> u64 {

@@ -24,6 +24,64 @@
 //! fail over (one server, shm, `TALLY_FAILOVER=0`) do not check: losing
 //! their only server is an error, and waiting for one that resumes is
 //! better; the client's own `timeout` bounds that wait.
+//!
+//! # Failure detection: each way a server can fail
+//!
+//! What a job with several servers sees of each way a server can fail (tcp, default settings;
+//! figures from this 2-core machine, `tests/suites/grayfail.rs`, `linkcut.rs`, `failover.rs`,
+//! `plugin_drain.rs`):
+//!
+//! | failure | how the ranks see it | how long | what the job sees | what operators see |
+//! |---|---|---|---|---|
+//! | process dies (SIGKILL, crash) | its control connection closes (the kernel closes its sockets) | at once | a slower all-reduce: recovery 10-80 ms | ranks log `server ... lost (it closed the job's connection)`; the leader logs `every rank reported losing servers` |
+//! | process frozen (SIGSTOP, a host in a soft lockup) | no heartbeat for `TALLY_LIVENESS_MS` | 2 s (longest stall measured 1.97-2.03 s) | a stall of the liveness time, then failover | ranks log `server ... lost (no heartbeat for 2.0 s ...)` |
+//! | an lcore stuck in a provider call | its poll counter stands still: the control plane withholds the job's heartbeats after 1 s (`LCORE_QUIET_AFTER`), ends the job at 5 s (`LCORE_STUCK_AFTER`) | 2 s (liveness) | failover, as for a freeze | server logs `heartbeats withheld: lcore N has not polled`, then `lcore N ... stuck inside the fabric provider`; `tally_control_heartbeats_withheld_total` |
+//! | link cut (switch port down, no FIN/RST) | no heartbeat | 2 s (1.95-2.03 s measured); TCP keepalive (probes after 2 s idle, every second, 3 of them) would take 5 s | as for a freeze | as for a freeze |
+//! | server drains (SIGTERM) | a `Drain` on the control connection | at once | nothing: the job moves off at an agreed operation | server logs `drained` |
+//! | a rank dies during the join | the servers it reached see its connection close; the ranks wait on every server's answer at once (`client/join_wait.rs`), so a server that already admitted the job and then failed it ends the others' join even while another server (frozen, cut off, never reached by the dead rank) still holds it | at once (120 ms measured with a frozen server holding the join); a rank that reached no server: the join timeout (120 s) | the others' join fails: `rank N left ... while the job was joining`, or `it ended the job ... while this rank waited for the other servers' answers` | `tally_control_joins_failed_total` |
+//! | the client's own provider call does not return | `CallWatch` count stands still (`client/watchdog.rs`) | `TALLY_PROVIDER_WATCHDOG_S` (10 s) | on a rail thread (several rails; shm's one with `TALLY_SHM_RAIL=1`): the all-reduce fails naming the call, the rail is abandoned (`Rails::abandon`: no more calls, no join, its endpoint left open) and the rank can exit; shm's one endpoint on the caller's thread (the default: no hop on a small all-reduce's path): the process ends with the report, exit status 70 (`OnStuck::Exit`, `_exit`: no handler may call into the stuck provider); one endpoint on the caller's thread over tcp or EFA (whose locks are the process's own): only the log line | error log `fi_tsend on rail 0 (provider shm) has not returned for 10 s`, then `rail 0 is abandoned`; or `fi_tsend on the caller's thread (provider shm) ...; ending the process (exit status 70)` |
+//!
+//! A whole server frozen (SIGSTOP) freezes its control thread with its lcores: on resuming, a gap of
+//! more than a second in the control thread's own checks gives the lcores a fresh start instead of
+//! reading their old poll counters as "stuck" (a 6 s stop in the soak otherwise failed every job).
+//!
+//! **Heartbeats**: the module doc of `engine/src/client/liveness.rs` is the long version. The
+//! server's side is `ControlPlane::beat` (`control/liveness.rs`): the control thread sends them, so a
+//! frozen process sends none, and only for jobs whose lcores all polled within the last second. Cost:
+//! 8 bytes per rank per 250 ms on the control connection and a system call per rank per beat on the
+//! control thread; nothing on the data path.
+//!
+//! **Fencing.** A server declared lost may come back (resumed after a freeze, or its link restored
+//! while it still runs the job, the ranks' FINs lost with the link); it must not serve the job as it
+//! stood, and must free what the job held. How it learns that it was dropped and ends the stale job:
+//! `engine/src/wire/mod.rs`. It logs `rank N disconnected without finishing` (the ranks' FIN, or its
+//! own write reaching a closed socket) or `fencing the stale job`
+//! (`tally_control_jobs_fenced_total`), admits the rejoin under a new tag, and is taken back at an
+//! operation boundary as a restarted server is. A tag comes back only after 65535 other jobs
+//! (`ControlPlane::next_tag`; why, and the timings: [measurements, "Failure
+//! detection"](docs/measurements.md#failure-detection)); until then the provider keeps the stale
+//! job's unexpected messages (memory): draining them is not done. Sends a rank posted to a frozen or
+//! cut-off server before declaring it lost stay in the provider's queue and read the caller's input
+//! buffer when they finally go: harmless to a fenced job, but the buffer must stay mapped (it does
+//! under NCCL and PyTorch, whose buffers live on).
+//!
+//! **Joins under a link blip.** A rank's join connection gets its keepalive only once the Accept is
+//! read: a link down for seconds must not break a join the server may have admitted (the other ranks
+//! would run a job this rank can no longer enter); TCP retransmits what the blip held up, and the
+//! join deadline bounds the wait. A rank whose join connection broke anyway (the server restarted)
+//! joins again: from the same endpoint it replaces its first connection in the pending job
+//! (`rank N joined again`); another endpoint claiming that rank is refused as a duplicate. A job that
+//! failed here because a rank disconnected refuses fresh joins of its id for 10 s with that reason,
+//! so a rank late to a job the others left gets an error at once (rejoins are exempt: they are how
+//! the job takes a fenced server back). A rank connects to its servers side by side, so a server that
+//! does not answer yet holds back none of its Hellos to the others (had it died meanwhile, they could
+//! not have told the other ranks at once); how it then waits on every answer at once, and why a rank
+//! that dies before any server heard it is caught only by the join timeout (NCCL's bootstrap or the
+//! launcher sees that death first): `engine/src/client/join_wait.rs`. A redo job's join waits at most
+//! the all-reduce's timeout (`TALLY_TIMEOUT_S`): a rank that died before joining it never comes, and
+//! the ranks waiting there read nothing else. Redo joins are a reconnect storm (every rank of every
+//! job on the lost server at once): a refused or timed-out connect is retried for up to 10 s
+//! (`REDO_CONNECT_FOR`), and a `busy` answer as any join's is.
 use std::time::{Duration, Instant};
 
 /// When each server of a sub-job was last heard (None: not armed: no

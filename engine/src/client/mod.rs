@@ -33,19 +33,12 @@
 //! Operations are asynchronous underneath ([`Client::start`] and
 //! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
 //! is the blocking convenience.
-use crate::dataplane::fabric::{
-    select_provider, Completion, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle, PeerAddr, PollError, PostError,
-};
+use crate::dataplane::fabric::{select_provider, Completion, Endpoint, EndpointConfig, Hints, MemoryHandle};
 use crate::reduce::{DataType, Kernels, ReduceOp};
-use crate::wire::{
-    self, Accept, Boundary, Challenge, Drain, Hello, HelloMessage, JobSecret, JobSpec, JobTag, Kind, NameRecord, Reject, RejectCode,
-    SwitchAt, TOKEN_BYTES,
-};
+use crate::wire::{self, Kind, TOKEN_BYTES};
 use std::collections::VecDeque;
-use std::fmt;
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::time::Instant;
 
 mod config;
 mod control;
@@ -63,8 +56,6 @@ mod state;
 pub mod watchdog;
 pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, DEFAULT_SEAL_MIN};
 pub use error::ClientError;
-use failover::{Fo, Stage};
-use liveness::Liveness;
 use rails::Rails;
 use state::*;
 

@@ -11,7 +11,12 @@
 //! finish uploading early and their results flow back while later chunks
 //! go up. Receives are posted as before (they cost no bandwidth).
 use super::piece_times::PieceTimes;
-use super::*;
+use super::state::{Flight, Op, SLOW_OP};
+use super::{failover, Client, BUSY_CHECK_EVERY, IDLE_CHECK_EVERY};
+use crate::client::error::ClientError;
+use crate::dataplane::fabric::{PollError, PostError};
+use crate::wire;
+use std::time::Instant;
 
 impl Client {
     /// Posts chunks while streams have room.

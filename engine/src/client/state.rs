@@ -2,7 +2,15 @@
 //! (one per server lcore), the chunks in flight on each (`Flight`), the
 //! stream sets operations are cut over (`Gen`), and each all-reduce in
 //! progress (`Op`). Only the client's own modules see inside.
-use super::*;
+use crate::client::failover::{Fo, Stage};
+use crate::client::liveness::Liveness;
+use crate::client::rails::Rails;
+use crate::dataplane::fabric::{MemoryHandle, PeerAddr};
+use crate::reduce::{DataType, ReduceOp};
+use crate::wire::JobTag;
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 /// One (server, lcore) stream of a sub-job.
 pub(super) struct Stream {

@@ -32,6 +32,42 @@
 //! rank-order sum of that element, however the all-reduce was cut, and every
 //! rank cuts alike (a server gives every rank of a job the same answer, and
 //! each rank takes the smallest piece over its servers).
+//!
+//! # Many ranks: staged receives, what a server holds
+//!
+//! `tally bench allreduce --ranks N` runs ranks past 64 as threads, 64 per process
+//! (`--ranks-per-process`; `tools/src/bench/allreduce/mod.rs`); hundreds fit a small machine because
+//! they run in `SCHED_IDLE`, sleep up to 20 ms on their CQ (`ClientConfig::sleep_ms`) and shrink
+//! tcp;ofi_rxm's buffers. Over tcp what grows with ranks is per connection (libfabric 1.17's
+//! `tcpx_progress` walks every connection on every CQ read; `scripts/build/libfabric.sh` builds a
+//! later one to run beside it). `scripts/device/session.sh rankscale` measures issue 18's target,
+//! server input GB/s per lcore at 1024 against 8 ranks: with equal messages 1024 ranks are within 20%
+//! of 8 where loopback's receive processing leaves the sending core, as a NIC's does. Each of these,
+//! and the figures: [measurements, "Many ranks"](docs/measurements.md#many-ranks).
+//!
+//! **Staged receives** (the mode: "The data path of one chunk"; the budget's side:
+//! `engine/src/control/budget.rs`). A job whose pieces would have to shrink to fit its budget keeps
+//! its piece and is staged instead (`stage_buffers`, `--stage-buffers`, default 64; not over shm;
+//! `budget::can_stage`). The staged default slab measures as a 2 GiB slab did, and 16, 64 or 120
+//! buffers a slot alike, so the default stays 64
+//! ([measurements](docs/measurements.md#staged-receives)). `tests/suites/many_ranks.rs` runs a staged
+//! job of 48 rank threads (8 buffers a slot) and compares every element bit for bit with the
+//! rank-order fold (f32 sum and f64 avg of mixed-magnitude floats, where reversing the order inside
+//! one fold group fails it; bf16 sum and f16 avg against the f32 sum rounded once, which a 16-bit
+//! accumulator fails in 23,563 of 40,001 elements), plus i32 max, f32 prod, u64 min, i8 sum and bf16
+//! max through the load generator; and a staged job of 12 whose rank 9 (not yet posted) vanishes
+//! without a word: the others are refused naming rank 9 within 5 s, the job is freed, a job running
+//! meanwhile is untouched and the next staged job is exact. A staged job of 12 also goes through a
+//! drain (`tests/suites/drain.rs`) and a SIGKILL failover (`tests/suites/failover.rs`), whose redo
+//! job is staged too: a redo job must keep the job's piece (a rank refuses smaller ones), and with a
+//! slab too small for a piece per rank the redo was refused before staging, so the failover failed.
+//!
+//! **What a server holds.** The default `max_ranks` of 1024 also sizes each lcore's operation-context
+//! table (`max_jobs x max_window x max_ranks x 2` entries), allocated zeroed so that only the
+//! contexts jobs use become resident (`engine/tests/fabric.rs` checks it). shm's 256 peers and
+//! tcp;ofi_rxm's 2048 receives per endpoint bound jobs too ("Provider facts"). Memory, threads and
+//! join times from 8 to 1024 ranks, and join storms:
+//! [measurements](docs/measurements.md#threads-memory-joins).
 use super::alloc::RangeAlloc;
 use crate::dataplane::shard::slot_strides;
 use crate::host::units::format_size;
@@ -176,22 +212,7 @@ mod tests {
     use crate::reduce::{DataType, ReduceOp};
 
     fn spec(nranks: u32, window: u32, piece: usize, dtype: DataType) -> JobSpec {
-        JobSpec {
-            job_id: 1,
-            nranks,
-            dtype,
-            op: ReduceOp::Sum,
-            chunk_elems: (piece / dtype.size()) as u32,
-            window,
-            shards: 1,
-            relay: false,
-            split: false,
-            seal_shift: 0,
-            interleave: false,
-            min_piece: 0,
-            reserve: 0,
-            sibling: false,
-        }
+        JobSpec::new(1, nranks, dtype, ReduceOp::Sum, (piece / dtype.size()) as u32, window, 1)
     }
 
     const MIB: usize = 1 << 20;

@@ -1,7 +1,39 @@
 //! Draining (SIGTERM): no new job is admitted, every running job's ranks
 //! agree on a switch operation from which they use only their other
 //! servers, and the server exits once no job uses it.
-use super::*;
+//!
+//! # Drain, beyond the messages
+//!
+//! A training run lasts days; servers get upgraded under it. The first SIGTERM (or SIGINT) puts
+//! `tally server` into draining (`Server::drain`); a second stops it at once (jobs still there get a
+//! `shutdown` reject). A draining server admits no new job (reject code `draining`: a client with
+//! other servers leaves it out of that sub-job, every rank alike) and moves its running jobs off
+//! without an error, from an operation K all ranks agree on. The long version (`Drain`, `Boundary`,
+//! `SwitchAt`, why K is the first operation all ranks can switch at): the module docs of
+//! `engine/src/control/mod.rs` (server), `engine/src/client/control.rs` (rank) and
+//! `engine/src/wire/mod.rs` (messages); the code is `control/drain.rs`. Beyond them:
+//! - A client peeks its control connections as "The hot path" says, so it answers while all-reduces
+//!   are in flight, queued, or at its next call when idle (a time gate on those peeks was dropped:
+//!   [measurements, "Drain"](docs/measurements.md#drain)). A rank that said Bye counts as answered.
+//! - From K, `op_chunk_bytes` and the rotation use the new S. Streams keep their own sequence
+//!   numbers, so the remaining servers see nothing new. An operation's chunking depends only on its
+//!   size and stream set, which all ranks agree on: results stay bit-identical.
+//! - With no job left the server logs `drained` and exits with status 0; at `drain_timeout_s`
+//!   (`--drain-timeout`, default 60) it ends the rest with a `draining` reject naming the timeout.
+//!   Meanwhile `Server::jobs` and `/metrics` (`tally_jobs{state="draining"}`) count its jobs as
+//!   `draining` (not an lcore draining a job that ends: `State::Draining` in `dataplane/shard/`).
+//! - Any `Boundary::STAY` makes K = STAY. With several servers draining at once a rank says STAY
+//!   unless some server not draining remains, so no job is left without a server. Each sub-job
+//!   (dtype, op) is its own server job and negotiates alone.
+//! - Limits: a rank that does not call into the client for longer than the drain timeout (or a client
+//!   built before drain, which never answers) leaves its job there until the timeout ends it; ranks
+//!   holding all-reduces while the switch is agreed count that time against their own `timeout`.
+use super::{ControlPlane, Draining, JobDrain, Phase};
+use crate::control::join::refuse;
+use crate::dataplane::metrics::ServerPhase;
+use crate::wire::{Boundary, Drain, RejectCode, SwitchAt};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 impl ControlPlane {
     /// Starts draining when asked; ends it when no job is left, or ends the

@@ -2,7 +2,10 @@
 //! rank until all reported the same set (the leader's `Recover`), the
 //! rejoin of a restarted server, and fencing a job whose ranks dropped this
 //! server while it was frozen.
-use super::*;
+use super::{ControlPlane, JobDrain, JobRecovery, Phase};
+use crate::wire::{self, Header, Kind, RejectCode};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 
 impl ControlPlane {
     /// A rank lost other servers of job `conn`'s job and takes this server

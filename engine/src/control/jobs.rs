@@ -1,7 +1,45 @@
 //! A job's life after admission: its lcores ready, ranks saying Bye or
 //! vanishing, the job ended (by a failure, an lcore, a timeout or its
 //! ranks), and its slab regions freed once every lcore let go.
-use super::*;
+//!
+//! # Jobs: admission, Bye, time limits
+//!
+//! A job is admitted when all its ranks sent matching handshakes (each answering its connection's
+//! challenge with a proof of the token, a bad field refused by name, every rank bringing the secret
+//! the first one brought: docs/security.md). It gets an index in every lcore's job table, a tag (a
+//! rolling 16-bit count: `engine/src/control/mod.rs`), a random 32-bit sequence key (`wire::JobTag`:
+//! a piece whose sequence does not carry it is dropped and counted, not the job's failure) and a region of `window x nranks x piece` bytes in each
+//! lcore's slab (first fit). The server chooses the piece within the job's budget (a quarter of the
+//! slab, at most its largest free range) and the ranks cut to the smallest granted: the module doc of
+//! `engine/src/control/budget.rs` has the rule, why, and why results do not depend on the piece. A
+//! job that does not fit even at 4 KiB pieces is refused (`no capacity`) with the most ranks that fit
+//! at its window and the largest window at its ranks. `max_ranks` defaults to the wire's limit, 1024.
+//!
+//! A client that finishes sends `Bye`; a connection that closes without it fails the job at once for
+//! every rank. A rank that said Bye takes part in no later round (every round it was in had completed
+//! before it left), so a round begun after it, or begun and not complete when the lcore hears of it
+//! (`Command::RankFinished`), fails the job at once naming that rank: ranks whose loops disagree on
+//! the number of all-reduces get an error, not the op timeout (`tests/suites/timeouts.rs`); in a
+//! relay job (a rank can be done before the lcore took its last piece in) only rounds begun later do.
+//!
+//! Time limits, each a configuration key and a `tally server` flag ending only the job concerned,
+//! with a reject that says why: `handshake_timeout_s` (`--handshake-timeout`, default 10: a
+//! connection without a complete Hello by then is told `timeout` and closed; until then it costs a
+//! descriptor, a Hello-sized buffer and a place in the handshake table: Admission above,
+//! `tests/suites/storm.rs`); `join_timeout_s` (`--join-timeout`, default 120, counted from the first
+//! rank: a thousand-node job's ranks start over a minute or more); `op_timeout_s` (`--op-timeout`: a
+//! straggler, `ShardWorker::expire_stragglers`, as the module doc of
+//! `engine/src/dataplane/shard/mod.rs` says); `idle_timeout_s` (`--idle-timeout`, 0: never: a job
+//! that moved no bytes for that long, `engine/src/control/mod.rs`). A client's own `timeout` bounds,
+//! with its own error, an all-reduce that makes no progress (a server vanished, a link went down).
+use super::{Active, ControlPlane, Phase, Quarantine, Tombstone, FAILED_JOB_REFUSED_FOR};
+use crate::control::join::{accept_latency_lcores, refuse};
+use crate::dataplane::metrics::RoundSummary;
+use crate::dataplane::shard::Command;
+use crate::wire::{self, Accept, Header, Kind, NameRecord, Reject, RejectCode};
+use bytemuck::Zeroable;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 impl ControlPlane {
     /// The active job that control connection `conn` belongs to. (By

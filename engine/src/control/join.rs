@@ -2,7 +2,16 @@
 //! (or the join timeout), checked against each other, then the job placed
 //! on lcores with a slab region on each (`budget`, `alloc`) and the Accepts
 //! sent; or every rank refused with the reason.
-use super::*;
+use super::{budget, Active, Conn, ControlPlane, Pending, Phase};
+use crate::control::alloc::REGION_ALIGN;
+use crate::control::conn::{Connections, Joining};
+use crate::dataplane::fabric::EndpointName;
+use crate::dataplane::shard::{slot_strides, Command, JobOnShard, SplitOn};
+use crate::dataplane::split::SplitShared;
+use crate::wire::{self, Accept, JobSpec, RejectCode};
+use bytemuck::Zeroable;
+use std::sync::Arc;
+use std::time::Instant;
 
 impl ControlPlane {
     /// A rank takes this server back after an outage (a cut link, a frozen

@@ -2,7 +2,10 @@
 //! ends its jobs), the systemd watchdog fed from this loop, and the
 //! heartbeats sent to ranks that asked for them (only for jobs whose lcores
 //! all polled lately, so that a frozen or stuck server sends none).
-use super::*;
+use super::{ControlPlane, Phase, LCORE_QUIET_AFTER, LCORE_STUCK_AFTER};
+use crate::wire::{Header, Kind, RejectCode};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 impl ControlPlane {
     /// Sends `WATCHDOG=1` when it is due (see [`WatchdogFeed`]).

@@ -47,18 +47,50 @@
 //! lcores and sends heartbeats; `conn/` the connections, `admission.rs`
 //! the limits on them, `budget.rs` and `alloc.rs` the slab; `token.rs` the
 //! shared job token; `error.rs` why the control plane could not be set up.
+//!
+//! # A server: threads, the control loop, admission
+//!
+//! `Server::start` (engine/src/server/mod.rs) launches one lcore per configured core
+//! (`lcore::launch`). On its own thread, after pinning, each lcore opens its own libfabric endpoint
+//! (own fabric, domain, AV, CQ, `FI_THREAD_DOMAIN`, manual progress), maps its slab (hugetlb 1G/2M,
+//! else THP, else 4K pages: `engine/src/dataplane/slab/mod.rs`) touching it there so pages are
+//! NUMA-local, registers it once, and becomes a `ShardWorker` that nothing else references.
+//!
+//! **The control plane is one thread**: every control connection, from its accept to its close, is a
+//! non-blocking socket on one mio (epoll) poll. The module doc of `engine/src/control/conn/mod.rs` is
+//! the long version (handshakes, a joined rank's few messages, per-connection out-buffers for answers
+//! up to a `Recover` of megabytes to a thousand ranks), with why mio and not a tokio runtime: nothing
+//! here awaits anything but sockets and deadlines. A peer that leaves 64 MiB unread is closed.
+//! Deadlines are timers of that loop: handshake deadlines are a FIFO (one timeout for all, so it is
+//! sorted), and a job's join deadline and the 20 ms tick (idle check, lcore watchdog, drain request,
+//! stop) bound each `epoll_wait`. A server's threads are its lcores, this thread, the metrics
+//! endpoint's and the main thread, whatever the number of connections; at start it raises its
+//! open-files limit to the hard limit and warns when that is short of what the ranks it may admit can
+//! hold (`engine/src/host/limits.rs`).
+//!
+//! **Admission** (`control/admission.rs`, whose module doc has the two bounds on unauthenticated
+//! handshakes and why they let a rank with a valid token through a storm):
+//! `max_handshakes_per_source` defaults to 256 (`--max-handshakes-per-source`), `max_handshakes` to
+//! 16,384 (`--max-handshakes`). A client told `busy` joins again after a jittered backoff (50 ms
+//! doubling to 2 s) until its join deadline (`ClientConfig::join_timeout`, `TALLY_JOIN_TIMEOUT_S`,
+//! default 120 s), then fails saying how long it tried. Refused and expired connections are
+//! summarized in one log line a second. A refused connection is not closed at once: its Hello may
+//! already sit unread in the server's socket, and closing with unread bytes sends a reset that can
+//! reach the client before the reject does; the reject is followed by a FIN and the socket lingers
+//! (up to 1 s, at most 4096 at once) until the client closes. Storms measured: [measurements, "Many
+//! ranks"](docs/measurements.md#many-ranks). An lcore checks its commands every 32nd empty poll, not
+//! every one: with the housekeeping clock read, that cost a busy lcore 9% of its turns
+//! ([measurements](docs/measurements.md#a-server)).
 pub mod alloc;
 pub mod budget;
 
 use crate::dataplane::fabric::EndpointName;
-use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsTable, RoundSummary, ServerHealth, ServerPhase};
-use crate::dataplane::shard::{slot_strides, Command, Event, JobOnShard, SplitOn};
-use crate::dataplane::split::SplitShared;
+use crate::dataplane::metrics::{ControlCounters, JobInfo, MetricsTable, ServerHealth, ServerPhase};
+use crate::dataplane::shard::{Command, Event};
 use crate::host::config::ServerConfig;
-use crate::wire::{self, Accept, Boundary, Drain, Header, JobSecret, JobSpec, Kind, Limits, NameRecord, Reject, RejectCode, SwitchAt};
+use crate::wire::{JobSecret, JobSpec, Limits, RejectCode};
 use alloc::{RangeAlloc, REGION_ALIGN};
-use bytemuck::Zeroable;
-use conn::{ConnEvent, Connections, Joining, Rules};
+use conn::{ConnEvent, Connections, Rules};
 use error::SetupError;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -73,7 +105,7 @@ mod drain;
 pub mod error;
 mod failover;
 mod join;
-use join::{accept_latency_lcores, refuse};
+use join::refuse;
 mod jobs;
 mod liveness;
 mod reserve;

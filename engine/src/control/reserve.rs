@@ -21,7 +21,8 @@
 //! A later job without a room left (more pairs than reserved) is admitted
 //! from free capacity as any job, and refused with a hint if there is none.
 //! Redo jobs of failover take no room: they are short-lived.
-use super::*;
+use super::ControlPlane;
+use crate::wire::{self, JobSecret, JobSpec, RejectCode};
 
 /// What a communicator's first job keeps for its later jobs.
 pub(super) struct Rooms {

@@ -15,6 +15,18 @@
 //!   CQ's wait object (or briefly, on providers without one) until the next
 //!   completion or the stop request. Tests and small machines use this: a
 //!   busy poller on an oversubscribed machine starves everything else.
+//!
+//! # Poll modes
+//!
+//! `busy` spins (dedicated, isolated cores). `adaptive` spins 16 empty polls (`TALLY_ADAPTIVE_SPIN`),
+//! then sleeps in `poll(2)` on the CQ's wait fd, after `fi_trywait`, where the provider has one
+//! (tcp;ofi_rxm), else naps 50 us (shm 1.17, EFA), with a 1 us timer slack (`lcore::precise_naps`);
+//! why: [measurements](docs/measurements.md#poll-modes). The loop is `fn run` in
+//! `engine/src/dataplane/lcore.rs`; a rail thread sleeps the same way (`RailLoop::sleep`), after
+//! `ClientConfig::spin_polls` empty turns. A rail or copier with nothing to do over several sleeps
+//! is quiet (`engine/src/client/rails/idle.rs`): it sleeps after every empty turn, and with nothing
+//! in flight on the client's bell alone for up to 50 ms, so a rank between all-reduces costs about
+//! 0.2% of a core, not half of one (`tests/suites/idle.rs`).
 use crate::host::cpuset::{self, CoreList};
 use crossbeam_utils::CachePadded;
 use std::fmt;

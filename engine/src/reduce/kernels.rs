@@ -3,7 +3,15 @@
 //! elements) and dispatching it to the chosen table's kernel, in each form:
 //! one-pass (`reduce`, `reduce_raw`), partials (`reduce_partials`),
 //! accumulate, and staged (`fold`, `finish_fold`).
-use super::*;
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
+#[cfg(target_arch = "aarch64")]
+use super::neon;
+use super::{
+    scalar, DataType, Isa, IsaError, Kernel, Kernels, ReduceError, ReduceOp, Table, WideTable, MAX_INPUTS, TILE_BYTES, TILE_GROUP,
+};
 
 impl Kernels {
     /// The best kernels for this CPU, or those `TALLY_ISA` names

@@ -63,14 +63,12 @@
 //!
 //! Nothing on the per-chunk path allocates: the lanes, slots and completion
 //! array are sized at [`Ring::new`].
-use crate::dataplane::fabric::{
-    Completion, Endpoint, EndpointConfig, EndpointName, FabricError, Hints, MemoryHandle, PeerAddr, PollError, PostError, MAX_NAME_LEN,
-};
+use crate::dataplane::fabric::{Endpoint, EndpointConfig, EndpointName, FabricError, Hints, MemoryHandle, PeerAddr, MAX_NAME_LEN};
 use crate::dataplane::slab::{Slab, SlabConfig};
 use crate::reduce::{DataType, Kernels, ReduceOp};
 use bootstrap::{Bootstrap, BootstrapError};
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub mod bootstrap;
 mod pass;

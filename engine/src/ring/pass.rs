@@ -3,7 +3,10 @@
 //! chunk positions, blocks of `window`), and [`Pass`] is the event loop that
 //! posts, completes and forwards them (see "Pipelining" in the `ring`
 //! module doc).
-use super::*;
+use super::{tag, Entry, Lane, Ring, RingError, IDLE_LANE, SPIN_POLLS, TAG_CHUNK_BITS, WAIT_MS};
+use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
+use crate::reduce::{DataType, Kernels, ReduceOp};
+use std::time::{Duration, Instant};
 
 impl Ring {
     /// Checks the call, runs the pipeline, and on failure makes sure that

@@ -27,9 +27,12 @@
 //! ([`Challenge::TOKEN_REQUIRED`] clear): ranks then key both with 32 zero
 //! bytes, so nothing is authenticated and the secret can be read off the
 //! wire; the server still holds ranks to it.
-use super::*;
+use super::{expect_kind, read, token_eq, Header, Hello, HelloMessage, Kind, WireError, TOKEN_BYTES};
+use bytemuck::{Pod, Zeroable};
+use core::mem::size_of;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use static_assertions::const_assert_eq;
 
 /// Bytes of a challenge's nonce.
 pub const NONCE_BYTES: usize = 32;
@@ -55,6 +58,7 @@ pub struct Challenge {
     /// Fresh from the server's random source for this connection.
     pub nonce: [u8; NONCE_BYTES],
 }
+const_assert_eq!(size_of::<Challenge>(), 48);
 
 impl Challenge {
     /// The server checks tokens: the rank keys its proof and seal with its

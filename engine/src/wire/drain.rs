@@ -1,6 +1,9 @@
 //! A drain's messages: the server's `Drain`, each rank's `Boundary` (its
 //! first operation not yet cut), and the server's `SwitchAt`.
-use super::*;
+use super::{expect_kind, Header, Kind, WireError};
+use bytemuck::{Pod, Zeroable};
+use core::mem::size_of;
+use static_assertions::const_assert_eq;
 
 /// Server to every rank of a running job: this server is draining. It
 /// admits no new jobs and exits when no job uses it (or after `timeout_s`).
@@ -12,6 +15,7 @@ pub struct Drain {
     pub timeout_s: u32,
     pub _pad: u32,
 }
+const_assert_eq!(size_of::<Drain>(), 16);
 
 /// A rank's answer to a [`Drain`]: the first operation it may still move.
 #[repr(C)]
@@ -22,6 +26,7 @@ pub struct Boundary {
     /// into chunks; [`Boundary::STAY`]: the rank has no other server.
     pub next_op: u64,
 }
+const_assert_eq!(size_of::<Boundary>(), 16);
 
 /// The server's decision after every rank's [`Boundary`].
 #[repr(C)]
@@ -32,6 +37,7 @@ pub struct SwitchAt {
     /// [`Boundary::STAY`]: the job stays on this server until it ends.
     pub op: u64,
 }
+const_assert_eq!(size_of::<SwitchAt>(), 16);
 
 impl Drain {
     pub fn new(timeout_s: u32) -> Drain {

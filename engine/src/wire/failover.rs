@@ -1,6 +1,81 @@
 //! Failover's messages: a rank's `Lost` report, the leader's `Failover`
 //! (report too) and `Recover` (every report and the switch operation).
-use super::*;
+//!
+//! # Failover around these messages: staging, seals, streams, recovery, rejoin
+//!
+//! A server can also die without warning (SIGKILL, a crashed host). A job with other servers keeps
+//! running: the interrupted all-reduces are redone on the survivors with a bit-identical result, and
+//! the caller sees a slower all-reduce, not an error. The module doc of
+//! `engine/src/client/failover/mod.rs` is the long version (why staging results makes a redo
+//! always possible, and which need no staging; the recovery, the rejoin, the limits); the messages are
+//! `engine/src/wire/failover.rs`, the servers' part `ControlPlane::lost`
+//! (`engine/src/control/failover.rs`). Not said there:
+//!
+//! **Staging** (`failover/stage.rs`) takes per stream twice the window of piece-sized slots (2 MiB
+//! blocks and up on transparent huge pages). Results whose proof comes within the operation skip it:
+//! where send and receive buffers do not overlap, a result whose stream carries the same
+//! operation's result W later is received straight into the caller's buffer (`Op::direct`,
+//! `client/state.rs`), since that later result proves every rank holds it before the operation can
+//! complete here; a recovery that finds such a result some rank lacks copies it from the caller's
+//! buffer into its slot first (`stage_direct_results`).
+//!
+//! **Seals** give the same proof for the rest of an all-reduce of at least `TALLY_SEAL_MIN` (8 MiB;
+//! `ClientConfig::seal_min`) in a job that can fail over (`JobSpec::seal_shift`, a byte of the Hello
+//! that was padding): each stream's share ends in an empty piece, its sequence number taken after the
+//! share's last chunk (`Client::take_seal`), that a rank sends only once every earlier sequence of
+//! the stream completed here (`post_seal`, from `finish_flight`). To the server it is a piece of
+//! length 0 like any other: it answers once every rank sent it, that is once every rank holds the
+//! whole share, and the operation completes here only after every stream's seal came back. So none
+//! of its results is staged unless it is in place. A recovery redoes no seal: a lost stream's seal
+//! counts as done, since the recovery's items stand for the results it stood for; and a rank whose
+//! operation completed had every rank's seal, so every rank's reported head is past that
+//! operation's pieces there and none of them becomes an item. The price is a round trip per
+//! operation after its last results, one window slot at each operation's end, and the ranks
+//! finishing together: on the device that cost what the copy did at 16 and 64 MiB (with 2-9% less
+//! worker CPU per GB) and more at 4 MiB, hence the threshold ([measurements,
+//! "Failover"](docs/measurements.md#failover)). Every rank must cut alike, so `TALLY_FAILOVER` and
+//! `TALLY_SEAL_MIN` must agree across a job's ranks: a server refuses a Hello whose `seal_shift`
+//! differs (`tests/suites/failover.rs`, `ranks_that_disagree_on_failover_are_refused_at_the_join`).
+//! The same holds for everything else that decides the cut: the stream order (`TALLY_INTERLEAVE`,
+//! the Hello's `INTERLEAVE` flag) and the smallest spread piece (`TALLY_MIN_PIECE`, the Hello's
+//! `min_piece`, 0 for the default so that older ranks meet newer ones); ranks that differ would
+//! meet with different pieces in one slot, so the server refuses them (`tests/suites/agg.rs`).
+//! What is left to copy is every piece of an in-place all-reduce, and the last W pieces per stream
+//! of an unsealed one: all of a 4 MiB all-reduce at 32 Gbit/s (512 KiB pieces, 16 streams, the auto
+//! window of 2). Failover is off over shm; single-server jobs and `TALLY_FAILOVER=0` skip staging
+//! and seals.
+//!
+//! **Streams live from one operation to another**: from `born` (0, or the switch operation of the
+//! rejoin that added it) to `died` (that of the recovery from losing it); operation k's stream set is
+//! every stream with `born <= k < died` on a server not drained away, so every rank cuts k alike,
+//! even one that issues k only after the switch.
+//!
+//! **Recovery details.** Redo jobs (`failover/redo.rs`) run on lcore 0 with window 4; a rank whose
+//! chunks are redone and whose operations before K are cut says Bye to them. A second loss while a
+//! recovery's chunks are in flight fails the job with an error naming both losses. With no server
+//! left every rank fails with "every server of job ... is lost ... no server left to fail over to".
+//! The window limit of 32 is the report's bitmap. On EFA the redo jobs' slots and the identity piece
+//! are registered too. A vanished host (powered off, link down) or a server making no progress
+//! (frozen, hung) is noticed by missing heartbeats ("Failure detection").
+//!
+//! **Rejoin** (`failover/rejoin.rs`). The `Watcher` thread tries the lost servers every half second
+//! (a blocking connect to a dead host must not stall the data path). One that answers `busy` (every
+//! rank of every job reconnecting at once) is tried again half a second later, the ranks already in
+//! waiting within the server's `join_timeout_s`
+//! (`a_restarted_server_that_answers_busy_is_taken_back_once_it_has_room`); one that refuses
+//! otherwise, or grants smaller pieces than the job uses, is left out for good. After a cut link,
+//! tcp;ofi_rxm's connections (one per endpoint pair, for the process's life) still hold the data in
+//! flight at the cut, resent only when TCP's backoff timer fires, up to about as long again as the
+//! cut lasted: a server taken back at once made the next all-reduce wait for it (5.2 s after a 20 s
+//! cut). So over tcp a lost server is taken back only once none of the process's connections to
+//! its endpoints is backed off, on the rank (the watcher) and on the server (a rejoin Hello is
+//! answered `busy` meanwhile), and while it is away the watcher caps their backoff at 1 s on
+//! kernels that can (`engine/src/host/tcp_backoff.rs` says how, and why the give-up time is kept).
+//! Recovery and rejoin times: [measurements, "Failover"](docs/measurements.md#failover).
+use super::{expect_kind, Header, Kind, WireError, MAX_RANKS};
+use bytemuck::{Pod, Zeroable};
+use core::mem::size_of;
+use static_assertions::const_assert_eq;
 
 /// The largest report a rank may attach to a [`Lost`] (the server keeps
 /// one per rank until every rank reported).
@@ -22,6 +97,7 @@ pub struct Lost {
     pub report_len: u32,
     pub _pad: u32,
 }
+const_assert_eq!(size_of::<Lost>(), 32);
 
 /// Server to every rank of a job: a rank reported losing the servers in
 /// `dead` (the union of what ranks reported so far). A rank that has not
@@ -32,6 +108,7 @@ pub struct Failover {
     pub header: Header,
     pub dead: u64,
 }
+const_assert_eq!(size_of::<Failover>(), 16);
 
 /// Server to every rank, once every rank reported the same `dead` set:
 /// operations from `switch_op` (the largest boundary) on run without those
@@ -45,6 +122,7 @@ pub struct Recover {
     pub nranks: u32,
     pub report_len: u32,
 }
+const_assert_eq!(size_of::<Recover>(), 32);
 
 impl Lost {
     pub fn new(dead: u64, boundary: u64, report_len: u32) -> Lost {

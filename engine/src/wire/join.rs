@@ -11,7 +11,15 @@
 //! over several rails. A server from before lanes refuses such a Hello (its
 //! `lanes` byte was padding that had to be zero); a rank with no more rails
 //! than servers sends none, and meets old and new servers alike.
-use super::*;
+use super::{
+    copy_truncated, nul_terminated, read, Header, JobSecret, JobTag, Kind, WireError, JOB_SECRET_BYTES, MAGIC, MAX_RANKS, MAX_WINDOW,
+    NAME_BYTES, RELAY_MAX, SPLIT_MAX, SPLIT_MAX_RANKS, SPLIT_MIN_RANKS, TOKEN_BYTES, VERSION,
+};
+use crate::reduce::{DataType, ReduceOp};
+use bytemuck::{Pod, Zeroable};
+use core::fmt;
+use core::mem::size_of;
+use static_assertions::const_assert_eq;
 
 /// The most endpoint names one Hello carries (its own and the lanes').
 pub const MAX_LANES: usize = 8;
@@ -64,6 +72,7 @@ pub struct Hello {
     /// The client's fabric endpoint name (first `name_len` bytes).
     pub name: [u8; NAME_BYTES],
 }
+const_assert_eq!(size_of::<Hello>(), 368);
 
 /// The server's answer: `lcores` [`NameRecord`]s follow.
 #[repr(C)]
@@ -94,6 +103,7 @@ pub struct Accept {
     pub seq_key: u32,
     pub _pad: u32,
 }
+const_assert_eq!(size_of::<Accept>(), 32);
 
 impl Accept {
     /// The job's dataplane identity: its tag and sequence key.
@@ -125,6 +135,7 @@ pub struct NameRecord {
     pub _pad: [u8; 6],
     pub bytes: [u8; NAME_BYTES],
 }
+const_assert_eq!(size_of::<NameRecord>(), 264);
 
 impl NameRecord {
     pub fn new(name: &[u8]) -> Option<NameRecord> {
@@ -226,6 +237,7 @@ pub struct Reject {
     /// Human-readable reason, NUL-padded.
     pub message: [u8; 216],
 }
+const_assert_eq!(size_of::<Reject>(), 256);
 
 impl Reject {
     pub fn new(code: RejectCode, field: &str, message: &str) -> Reject {
@@ -339,6 +351,30 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
+    /// A job of `nranks` ranks reducing `dtype` with `op` in pieces of
+    /// `chunk_elems`, `window` pieces in flight, on `shards` lcores (0: every
+    /// one), with none of the options: no relay, split, seals or interleave,
+    /// the default smallest piece, no reserved rooms, not a sibling. Set
+    /// those with struct update syntax: `JobSpec { relay: true, ..JobSpec::new(..) }`.
+    pub const fn new(job_id: u64, nranks: u32, dtype: DataType, op: ReduceOp, chunk_elems: u32, window: u32, shards: u32) -> JobSpec {
+        JobSpec {
+            job_id,
+            nranks,
+            dtype,
+            op,
+            chunk_elems,
+            window,
+            shards,
+            relay: false,
+            split: false,
+            seal_shift: 0,
+            interleave: false,
+            min_piece: 0,
+            reserve: 0,
+            sibling: false,
+        }
+    }
+
     /// Bytes of one shard piece.
     pub fn piece_bytes(&self) -> usize {
         self.chunk_elems as usize * self.dtype.size()

@@ -91,8 +91,6 @@ use bytemuck::{Pod, Zeroable};
 use core::fmt;
 use static_assertions::const_assert_eq;
 
-use crate::reduce::{DataType, ReduceOp};
-
 mod auth;
 mod drain;
 mod failover;
@@ -226,18 +224,6 @@ impl Header {
     }
 }
 
-const_assert_eq!(core::mem::size_of::<Drain>(), 16);
-
-const_assert_eq!(core::mem::size_of::<Boundary>(), 16);
-
-const_assert_eq!(core::mem::size_of::<SwitchAt>(), 16);
-
-const_assert_eq!(core::mem::size_of::<Lost>(), 32);
-
-const_assert_eq!(core::mem::size_of::<Failover>(), 16);
-
-const_assert_eq!(core::mem::size_of::<Recover>(), 32);
-
 fn expect_kind(h: &Header, want: Kind) -> Result<(), WireError> {
     let k = h.check()?;
     if k != want {
@@ -245,16 +231,6 @@ fn expect_kind(h: &Header, want: Kind) -> Result<(), WireError> {
     }
     Ok(())
 }
-
-const_assert_eq!(core::mem::size_of::<Hello>(), 368);
-
-const_assert_eq!(core::mem::size_of::<Challenge>(), 48);
-
-const_assert_eq!(core::mem::size_of::<Accept>(), 32);
-
-const_assert_eq!(core::mem::size_of::<NameRecord>(), 264);
-
-const_assert_eq!(core::mem::size_of::<Reject>(), 256);
 
 fn copy_truncated(dst: &mut [u8], src: &[u8]) {
     // Keep at least one NUL, and cut on a char boundary so the text stays UTF-8.
@@ -313,25 +289,11 @@ pub fn read<T: Pod>(bytes: &[u8]) -> Result<T, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reduce::{DataType, ReduceOp};
 
     /// A valid spec, for the wire's tests (`auth.rs`'s too).
     pub(in crate::wire) fn spec() -> JobSpec {
-        JobSpec {
-            job_id: 7,
-            nranks: 4,
-            dtype: DataType::Float32,
-            op: ReduceOp::Sum,
-            chunk_elems: 1024,
-            window: 4,
-            shards: 2,
-            relay: false,
-            split: false,
-            seal_shift: 0,
-            interleave: false,
-            min_piece: 0,
-            reserve: 0,
-            sibling: false,
-        }
+        JobSpec::new(7, 4, DataType::Float32, ReduceOp::Sum, 1024, 4, 2)
     }
     const LIMITS: Limits = Limits { max_ranks: 64, max_window: 16, max_chunk_bytes: 1 << 20, lcores: 2 };
 

@@ -88,14 +88,10 @@
 //! never took blocks every later send completion of the rank for good.
 //! shm is one host's transport, where servers and ranks die together
 //! anyway; tcp;ofi_rxm and EFA complete sends per peer.
-use super::rails::Rails;
-use super::{Client, ClientError, Flight, Op, Stream, SubJob};
+use super::{Client, ClientError, Flight, Stream};
 use crate::dataplane::fabric::MemoryHandle;
 use crate::reduce::{DataType, ReduceOp};
-use crate::wire::{self, Challenge, Hello, HelloMessage, JobSpec};
-use std::collections::VecDeque;
-use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
+use crate::wire::{self};
 use std::time::{Duration, Instant};
 
 mod redo;

@@ -1,7 +1,14 @@
 //! Redo jobs: sibling jobs joined on the survivors for one recovery, which
 //! carry its items (relayed or recomputed) with sequence numbers of their
 //! own, and hand their results to the operations waiting for them.
-use super::*;
+use super::{bits, Item, Stage, Watcher, REDO_CONNECT_FOR, REDO_WINDOW};
+use crate::client::{Client, ClientError, Stream};
+use crate::reduce::ReduceOp;
+use crate::wire::{self, HelloMessage, JobSpec};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 /// A sibling job on the survivors that carries one recovery's items.
 pub(in crate::client) struct RedoJob {
@@ -92,27 +99,13 @@ impl Client {
         let survivors: Vec<usize> = (0..self.cfg.servers.len()).filter(|&si| dead & (1u64 << si) == 0).collect();
         let mut jobs = Vec::new();
         for (j, &rop) in ops.iter().enumerate() {
-            let spec = JobSpec {
-                job_id: base ^ ((j as u64 + 1) << 32) ^ (rop as u64),
-                nranks: self.cfg.nranks,
-                dtype,
-                op: rop,
-                chunk_elems: chunk_elems as u32,
-                window: REDO_WINDOW,
-                shards: 1,
-                // Redo chunks are whole results, whatever their size.
-                relay: false,
-                split: false,
-                // Its own flights, every result staged: no seals.
-                seal_shift: 0,
-                // Redo jobs cut nothing over a stream set.
-                interleave: false,
-                min_piece: 0,
-                // Short-lived, on free capacity: the communicator's room
-                // stays for its own later jobs.
-                reserve: 0,
-                sibling: false,
-            };
+            // None of the options: redo chunks are whole results whatever
+            // their size (no relay or split), every result is staged in its
+            // own flights (no seals), nothing is cut over a stream set (no
+            // interleave), and the job is short-lived on free capacity (the
+            // communicator's room stays for its own later jobs).
+            let job_id = base ^ ((j as u64 + 1) << 32) ^ (rop as u64);
+            let spec = JobSpec::new(job_id, self.cfg.nranks, dtype, rop, chunk_elems as u32, REDO_WINDOW, 1);
             let mut conns = Vec::new();
             for &si in &survivors {
                 // Named by the rail that carries lcore 0's stream (a redo

@@ -1,7 +1,12 @@
 //! Taking a lost server back: a thread ([`Watcher`]) tries to reach it, a
 //! Hello flagged REJOIN admits this rank again, and from the switch the
 //! ranks agree on its new streams carry operations again.
-use super::*;
+use super::REDO_CONTEXTS_PER_SERVER;
+use crate::client::{Client, ClientError, Flight, Stream};
+use crate::wire::{self, Challenge, Hello, JobSpec};
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
 
 /// A lost server that answered again, on its way back into the job.
 pub(in crate::client) struct Rejoin {

@@ -2,7 +2,10 @@
 //! staging slot holds, so that a recovery can relay a result this rank has
 //! and a slower one lacks (the module above says which results are staged
 //! and why).
-use super::*;
+use super::seq_ge;
+use crate::client::rails::Rails;
+use crate::client::{Client, ClientError, Op, SubJob};
+use crate::dataplane::fabric::MemoryHandle;
 
 /// Where a sub-job's results land before they are copied out: per stream,
 /// twice the window of piece-sized slots, and what each holds. One block

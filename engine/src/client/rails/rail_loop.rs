@@ -5,6 +5,60 @@
 //! copy staged results out where asked (`Cmd::RecvCopy`; or hand them to
 //! the copier, see `copier`, and take them back) and hand the completions
 //! back. Nothing here allocates, locks or logs per operation.
+//!
+//! # Rails: why, lanes, the copy of staged results, how many
+//!
+//! Over tcp the kernel copies every byte a worker moves (rxm copies an eager message once more) on
+//! the thread that drives the endpoint's progress, and one thread's endpoint tops out near 2-2.7 GB/s
+//! each way: short of a 16 Gbit/s link (2 GB/s each way), let alone 32 ([measurements,
+//! "Rails"](docs/measurements.md#rails)). So a client of several servers runs *rails*: one endpoint
+//! per rail, each its own fabric and domain and its own thread, while the client's logic stays on the
+//! caller's thread (`Rails` has the endpoint's calls, `send`, `recv`, `poll`, `wait`, `cancel`,
+//! `insert_peer`, with a rail index). The module doc of `engine/src/client/rails.rs` is the long
+//! version (with *lanes*: where rails outnumber servers, lcore `k` of a server talks to its lane
+//! `k mod lanes`), `rails/rail_loop.rs` the thread's loop, and `engine/src/wire/join.rs` how a Hello
+//! names the lanes. Besides: each stream keeps its rail (`Stream::rail`); every Hello a server
+//! receives names the rank's lanes (redo and rejoin Hellos too), and lcore `k` of the job inserts
+//! name `k mod lanes` (`control/join.rs`, `admit`); refused by a server from before lanes, the
+//! client's error says to upgrade it or lower `TALLY_RAILS`.
+//!
+//! With failover on, the rail that received a staged result copies it into the caller's buffer
+//! before handing the completion back (`Rails::recv` with `copy_to`), with streaming stores
+//! (`rails/stream_copy.rs`; `TALLY_STAGE_COPY=plain` for ordinary ones). With `TALLY_COPIER=1` the
+//! *copier* does it instead: one more thread per client (`rails/copier.rs`) to which the rail hands
+//! the result, and which hands the completion back to that rail, so that only rails talk to the
+//! client and a cancel is answered only once the rail's jobs are back. On the plugin's path, where
+//! nearly every piece is staged, the copy on the rail's own thread (2.2-2.9 µs per 32 KiB piece, as they were) looked
+//! like the whole of what failover cost the rails, busy in 74-91% of their turns at 32 Gbit/s; the
+//! copier took that gap away on one host and cost real NCCL 10% at 16 MiB on another, so it is off
+//! by default ([The copier](docs/measurements.md#the-copier-2026-11-27-a-fifth-session)).
+//! `TALLY_RAIL_CORES` pins it to the core after the rails'. In place (the output is the
+//! input) the caller's thread still copies, once it has seen the result, since a recovery may send
+//! the input again. The staging blocks are touched at the join (`failover/stage.rs`, `prefault`).
+//! What the copy costs, and what was tried against it: [measurements](docs/measurements.md#rails).
+//!
+//! `ClientConfig::rails` (`TALLY_RAILS`): 0, the default, is `rails::auto_rails`: over tcp, for jobs
+//! of two or more servers on hosts of 8 or more cores (as the thread that connects sees them), one
+//! rail per server but at least 4 (`AUTO_MIN_RAILS`: two servers get two lanes each) and at most 8;
+//! else 1, which is no thread: the caller's thread drives one endpoint (EFA, whose registrations
+//! belong to one domain; one server; small hosts; the 2-core CI). A job on one server gets one rail
+//! unless `TALLY_RAILS` asks for more, which keeps its small operations on the caller's thread. shm's
+//! one endpoint is the caller's too: its calls can spin for ever on a lock a dead peer held (once a
+//! rank spun 45 minutes, once a CI run hung), and the watchdog then ends the process naming the call
+//! ("Failure detection"); `TALLY_SHM_RAIL=1` puts it on a rail thread instead (`rails::wants_rail_threads`),
+//! which turns that into the all-reduce's error at the cost of a thread hop each way on every
+//! operation (4 KiB agg, 2 ranks, busy, 16-core device: p50 5.37 us = 1.24 round trips on the
+//! caller's thread, 7.34 us = 1.55 on a rail thread). With rails no message goes by inject (a queued send may be posted after the
+//! caller's buffer changed). Each rail costs a thread and an rxm endpoint (rxm's pools: 50-85 MB);
+//! `TALLY_RAIL_CORES` pins them (and the copier), and `tally bench allreduce --cores` gives each rank a
+//! block of cores, its own, its rails', then its copier's (if it runs one) where every rank's block fits.
+//!
+//! Rails took 4 hosts from 0.63-0.64 of the link bound to 0.99 at 16 Gbit/s. NCCL's two channels per
+//! node held 16 MiB back at 32 Gbit/s, so the plugin sets `NCCL_MIN_NCHANNELS=4` when CollNet servers
+//! are configured and the user set nothing (`device::COLLNET_NCCL_DEFAULTS`,
+//! `ffi-plugin/src/device.rs`). The runs (32 Gbit/s, lanes, real NCCL), the CPU per GB, and why
+//! libfabric 1.17 stays what `make deps`, the image and the tarballs use: [measurements,
+//! "Rails"](docs/measurements.md#rails).
 use super::copier::{CopyJob, LANE};
 use super::idle::QUIET_SLEEP_MS;
 use super::{Cmd, EmptyTurns, Event, Reply, Shared, RING};

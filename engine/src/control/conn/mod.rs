@@ -28,13 +28,11 @@ use super::admission::{Admission, Verdict};
 use crate::dataplane::fabric::{EndpointName, NameShape};
 use crate::dataplane::metrics::ControlCounters;
 use crate::host::random;
-use crate::wire::{
-    self, Challenge, Header, Hello, HelloMessage, JobSecret, JobSpec, Kind, Limits, Reject, RejectCode, NONCE_BYTES, TOKEN_BYTES,
-};
+use crate::wire::{Challenge, Hello, JobSecret, JobSpec, Limits, Reject, RejectCode, NONCE_BYTES, TOKEN_BYTES};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token, Waker};
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -2,7 +2,10 @@
 //! handshake (one Hello answering the connection's challenge, checked and
 //! turned into a [`ConnEvent::Join`] or refused), then as the joined rank's framed messages (`Boundary`, `Lost`,
 //! `Bye`, ...), each parsed into a [`ConnEvent`]; and its end of stream.
-use super::*;
+use super::{ConnEvent, Connections, Joining, Phase, Refusal};
+use crate::dataplane::fabric::EndpointName;
+use crate::wire::{self, Header, Hello, HelloMessage, Kind, RejectCode, TOKEN_BYTES};
+use std::io::{ErrorKind, Read};
 
 impl Connections {
     /// Reads what the socket has and acts on it.

@@ -17,6 +17,63 @@
 //!
 //! The stamps are milliseconds since the [`ServerHealth`] was made, so that
 //! an `Instant` fits one `AtomicU64`.
+//!
+//! # Observability: metrics, job-end lines, health, systemd
+//!
+//! Per-lcore counters (`lcore::Counters`: polls, empty polls, completions, bytes in/out, errors,
+//! sleeps; `Server::stats` reads them) and per-(lcore, job) counter blocks with a round-latency
+//! histogram (`engine/src/dataplane/metrics/mod.rs`, whose module doc says how they are laid out,
+//! written and read) are served as Prometheus text on `/metrics` by
+//! `tally server --metrics ADDR:PORT` from its own thread; `tally stats` renders them live. A job's
+//! series (`tally_job_*{job,index,lcore}`) are written only while the control plane publishes the job
+//! (`JobInfo`, joining to ending): an ended job's series leave `/metrics`, the per-lcore totals keep
+//! what it moved, and its job-end line (below) keeps its rounds. Per-lcore
+//! gauges: operations in flight (written by the lcore), and the bytes of its slab held by job regions
+//! and the slab's size (`tally_lcore_slab_used_bytes`, `tally_lcore_slab_bytes`, written by the
+//! control plane, which carves the slabs). The control plane's own (`ControlCounters`, one writer:
+//! the control thread): connections in their handshake (`tally_control_handshakes`) and past it
+//! (`tally_control_joined`), accepted, handshakes closed at their deadline, refusals by reason
+//! (`tally_control_refusals_total{reason}`: busy, unauthorized, bad_field, no_capacity, ...) and a
+//! histogram of the time from a job's first join to its running
+//! (`tally_control_join_to_running_seconds`). The server's own: `tally_build_info{version,target} 1`
+//! (the crate version; the target from the compiler's constants, `x86_64-linux-gnu`; no git commit,
+//! which would need git at build time) and `tally_server_draining` (0, then 1 from the moment the
+//! control plane starts a drain).
+//!
+//! **A job's end** is logged with its rounds over all its lcores (`RoundSummary`: how many, the mean
+//! and the histogram buckets of the median, the 99th percentile and the slowest, from a round's first
+//! piece in to its results posted), and with how long the rounds waited for their last piece after
+//! the one before it, summed by that last piece's rank (ranks 0-6 apart, the rest together), with
+//! the longest wait, its rank and the wall-clock time it ended (`JobCounters::record_last_wait`, from `complete.rs`; a slot's first
+//! round, which waits for the ranks to start, is left out). A rank that is late again and again, a
+//! straggler, stands out there from a network's random tail; a rank late at every server of a job by
+//! the same amount was late itself (its process, its host or its link), not one server. The lcore
+//! reads the clock for a round's first piece and its last two, not for every rank's.
+//!
+//! **Health and readiness** (`engine/src/dataplane/metrics/health.rs`, `http.rs`: their module docs
+//! are the long version, the endpoint's bounds included). The metrics port also answers `/healthz`
+//! and `/readyz`, each a line of plain text read from `ServerHealth`. *Alive* (`/healthz`): 200 while
+//! the control loop's last stamp is at most 5 s old, else 503 "the control loop has not turned for X
+//! s"; busy lcores do not make it late (they are other threads), and a stuck lcore is the control
+//! loop's watchdog's business ("Failure detection"). *Ready* (`/readyz`): 200 only while serving and
+//! alive, else 503 naming the phase (serving from the control loop's first turn, draining from
+//! `start_drain`). A request is at most 8 KiB. Nobody who reaches the port (it takes no token) can keep
+//! a probe out: every connection is served at once on the endpoint's thread, a request has 2 s from
+//! its accept and an answer 2 s to go out, however slowly bytes come, and a source holds at most 8
+//! connections, 256 in all, a newcomer displacing the oldest one still waiting for its request.
+//!
+//! **systemd** (`engine/src/host/sd_notify.rs`, whose module doc has the protocol;
+//! `tools/src/cmd/server.rs`, `config/tally-server.service`, `Type=notify`). `tally server` sends
+//! `READY=1` and a `STATUS=` where it prints "tally server ready on ..." (`Server::start` returned:
+//! lcores up, listener bound, control thread started), `STOPPING=1` at the first signal, and
+//! `STATUS=draining: N jobs left` as the drain goes. When `WATCHDOG_USEC` is set (and `WATCHDOG_PID`,
+//! if set, is this process), the control loop sends `WATCHDOG=1` every half of it from its own turn
+//! (`ControlPlane::feed_watchdog`), so the pings stop when the loop stops turning and systemd
+//! (`WatchdogSec=10s` in the unit) kills and restarts the server; the main thread could not tell.
+//! Kubernetes probes the same `/healthz` and `/readyz` over HTTP (config/k8s/).
+//!
+//! The release profile keeps frame pointers and line tables (`.cargo/config.toml`,
+//! `Cargo.toml`) so `perf record -g` gives readable stacks: docs/profiling.md.
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};

@@ -6,8 +6,11 @@
 //! error fails its job, and a rank's connection that failed is told to the
 //! other lcores. Nothing here allocates, locks, makes a system call of its
 //! own or logs per chunk.
-use super::*;
-use crate::dataplane::fabric::CompletionError;
+use super::{finished_message, Event, Job, ShardWorker, State};
+use crate::dataplane::fabric::{Completion, CompletionError};
+use crate::dataplane::lcore::{bump, Counters};
+use crate::wire::{JobTag, Tag};
+use std::time::Instant;
 
 impl ShardWorker {
     /// A completion of this lcore's endpoint, decoded from its context id

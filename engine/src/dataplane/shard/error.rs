@@ -2,7 +2,8 @@
 //! `String`: it is built on the per-chunk path, where nothing allocates; the
 //! text (kept as it was, for the logs and the tests that read it) is made
 //! only when the job fails.
-use super::*;
+use crate::dataplane::fabric::PostError;
+use crate::reduce::ReduceError;
 use core::fmt;
 
 /// Why a fold, a combine or a post inside one failed.

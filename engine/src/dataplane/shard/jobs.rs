@@ -2,7 +2,11 @@
 //! posted), failing, draining and forgetting it, the housekeeping tick
 //! (straggler and drain timeouts), commands from the control plane, and
 //! posts retried after EAGAIN.
-use super::*;
+use super::{
+    finished_message, per_slot, Command, Event, Job, JobOnShard, ShardWorker, Slot, SplitPart, State, DRAIN_TIMEOUT, HOUSEKEEPING_EVERY,
+};
+use crate::wire::SPLIT_MAX_RANKS;
+use std::time::Instant;
 
 impl ShardWorker {
     pub(super) fn add_job(&mut self, on: JobOnShard) {

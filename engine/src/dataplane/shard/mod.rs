@@ -66,13 +66,66 @@
 //! `relay.rs`, `split_round.rs`; `post.rs` posts receives and results and
 //! ends a slot's round; `error.rs` says why a round failed its job.
 //! `jobs.rs` adds, drains and times out jobs (off the per-chunk path).
-use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError, PostError};
+//!
+//! # The data path of one chunk
+//!
+//! Client side: the module docs of `engine/src/client/mod.rs` (the cut into chunks, `op_chunk_bytes`,
+//! the streams and their rotation: each shard goes straight to the lcore that owns it, the RSS idea,
+//! no dispatcher) and `client/progress.rs` (the posts; pacing with `send_credits`) are the long
+//! version. A chunk is at most `chunk_elems` (the piece the servers granted, see Jobs), and an
+//! all-reduce smaller than S full chunks is cut into S equal ones of at least 4 KiB
+//! (`TALLY_MIN_PIECE`). Pieces are tagged `job(16) | slot(16) | seq(32)` (`wire/tag.rs`); one at or
+//! below the provider's inject size (shm: 4 KiB) goes with `fi_tinject`, which has no send completion
+//! (`TALLY_INJECT=0` turns that off, here and on the server). Slots are reused in sequence order.
+//! `send_credits` is `TALLY_SEND_CREDITS` (`tally bench allreduce --send-credits`); the sends it
+//! holds back wait in a per-server FIFO. A credit comes back when the caller's thread sees the send
+//! completion (from the rail thread, through the ring between them), so with small pieces one credit
+//! holds a server to a piece per round trip of that hop. The plugin over tcp runs none (NCCL's
+//! steps pace its sends; one credit, then four, cost CollNet at 32 Gbit/s), with a window of 16
+//! (ffi-plugin `tcp_defaults`, [measurements](docs/measurements.md#collnet-at-32-gbits-the-plugins-pacing)).
+//!
+//! Server side (`dataplane/shard/`), for job J on lcore k, slot s (the **one-pass** mode):
+//!
+//! 1. Receives for every (slot, rank) were posted up front into the job's slab region, directed
+//!    at that rank's address, matching job and slot but not the sequence.
+//! 2. A receive completes: the context id says (job, slot, rank) without any lookup. The tag's
+//!    job, slot and sequence and the length are checked; a mismatch fails job J only.
+//! 3. When the last rank's piece of the slot is in, `reduce_raw` sums the pieces in rank order
+//!    into piece 0 (bit-identical whatever the arrival order; 16-bit types accumulate in f32 and
+//!    round once). Past 8 pieces it works in 16 KiB tiles of the output, 8 inputs at a time,
+//!    the running result staying in L1 (`Kernels::run`): the same operations in the same order
+//!    per element, but 8 memory streams at a time instead of one per rank, which the hardware
+//!    prefetchers can follow (1024 inputs of 256 KiB: 9.0 -> 27 GB/s). 16-bit types, which
+//!    storing between groups would round, keep their running result as f32 partials in a 16 KiB
+//!    stack tile (`Kernels::run_wide`, the staged form's kernels below) and round once. Figures:
+//!    [measurements, "The data path of one chunk"](docs/measurements.md#the-data-path-of-one-chunk).
+//! 4. Piece 0 is sent to every rank with the same tag (by inject when it fits: that send is
+//!    done at once).
+//! 5. When all those sends completed, the slot's sequence advances by `window` and its receives
+//!    are reposted.
+//!
+//! A **staged** job (`JobOnShard::stage` = B > 0: its piece per rank would not fit its slab budget,
+//! see Many ranks) differs in steps 1, 3 and 4: a slot holds an accumulator and B receive buffers,
+//! rank r is posted into buffer r mod B, and pieces are folded into the accumulator in rank order as
+//! they come, up to 8 per kernel call (`ShardWorker::fold`, the kernels' staged form
+//! `Kernels::fold`), then finished once (`Kernels::finish_fold`: `avg` divided): the same left fold
+//! as the one-pass reduce, so the same bits. The long version is "Staged receives" in
+//! `engine/src/dataplane/shard/mod.rs` (16-bit floats' f32 partials included); the kernels' side is
+//! "The staged form" in `engine/src/reduce/mod.rs`, and the SIMD kernels keep a register pair's
+//! partials in register order, which only the same kernels read back (`simd::WideLanes`).
+//! `tally bench reduce --staged 8 --inputs 64 --sizes 128K` times the staged form; its vector loads
+//! must stay inline (out of line they cost a fifth of a staged 1024-rank bf16 job's lcore time:
+//! [measurements](docs/measurements.md#the-data-path-of-one-chunk)).
+//!
+//! The **relay** (two ranks) and the **split** (4-64 ranks) are the small all-reduces' modes:
+//! "Small all-reduces" below. Steps 2-5 of every mode follow "The hot path" above.
+use crate::dataplane::fabric::{Completion, Endpoint, MemoryHandle, PeerAddr, PollError};
 use crate::dataplane::lcore::{bump, Counters, Worker};
 use crate::dataplane::metrics::MetricsTable;
 use crate::dataplane::slab::Slab;
 use crate::dataplane::split::SplitShared;
-use crate::reduce::{DataType, Kernels, ReduceError, MAX_INPUTS};
-use crate::wire::{self, JobSpec, JobTag, Tag, SPLIT_MAX, SPLIT_MAX_RANKS};
+use crate::reduce::{DataType, Kernels};
+use crate::wire::{JobSpec, SPLIT_MAX};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -87,8 +140,6 @@ mod relay;
 mod split_round;
 mod staged;
 mod sweep;
-
-use error::RoundError;
 
 /// Control plane to lcore.
 pub enum Command {

@@ -2,7 +2,11 @@
 //! last is in the pieces are reduced in rank order into piece 0 (so the
 //! result is the same bit for bit whatever the arrival order), which goes
 //! back to every rank.
-use super::*;
+use super::ShardWorker;
+use crate::dataplane::lcore::bump;
+use crate::dataplane::shard::error::RoundError;
+use crate::reduce::MAX_INPUTS;
+use std::time::Instant;
 
 impl ShardWorker {
     /// A piece of one-pass slot `slot` is in (checked and counted): after

@@ -4,7 +4,11 @@
 //! slot's receives. A refused post is a [`PostError`] (no allocation); it
 //! becomes the job's failure reason only when the job fails. Nothing here
 //! allocates, locks, makes a system call of its own or logs per chunk.
-use super::*;
+use super::{ShardWorker, State};
+use crate::dataplane::fabric::PostError;
+use crate::dataplane::lcore::bump;
+use crate::wire::{JobTag, Tag};
+use std::time::Instant;
 
 impl ShardWorker {
     /// Posts the operation a context id stands for (receive into its piece,

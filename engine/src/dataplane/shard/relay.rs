@@ -3,7 +3,7 @@
 //! `JobSpec::relays`, the bound `RELAY_MAX` in `wire/small.rs`); a slot's
 //! round ends when both pieces went on. A piece goes on to a rank only once
 //! that rank was heard from (see `Job::heard`).
-use super::*;
+use super::ShardWorker;
 
 impl ShardWorker {
     /// Rank `rank`'s piece of relay slot `slot` is in (checked and

@@ -1,7 +1,11 @@
 //! A split job's small pieces (see `wire` and `dataplane::split`): each
 //! lcore of the group folds its ranks' pieces, and the combining lcore adds
 //! the groups' partials in group order and sends the result to every rank.
-use super::*;
+use super::{ShardWorker, State};
+use crate::dataplane::lcore::bump;
+use crate::dataplane::shard::error::RoundError;
+use crate::wire::{self, SPLIT_MAX_RANKS};
+use std::time::Instant;
 
 impl ShardWorker {
     /// A piece of split slot `slot` is in (checked and counted): this

@@ -1,7 +1,10 @@
 //! The staged form: a job whose pieces cannot all be held at once folds
 //! them into an accumulator as they come (`Kernels::fold`), a few at a time
 //! (see "Staged receives" in the `shard` module doc).
-use super::*;
+use super::ShardWorker;
+use crate::dataplane::lcore::bump;
+use crate::dataplane::shard::error::RoundError;
+use std::time::Instant;
 
 impl ShardWorker {
     /// A piece of staged slot `slot` is in (checked and counted): the run

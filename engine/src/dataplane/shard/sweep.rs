@@ -34,8 +34,10 @@
 //! the sockets faster let the sender send faster. The kernel's socket
 //! buffer, left to fill, is what holds a sender back.)
 use super::complete::near_round;
-use super::*;
-use crate::dataplane::fabric::CompletionError;
+use super::{ShardWorker, State};
+use crate::dataplane::fabric::{Completion, CompletionError, PostError};
+use crate::dataplane::lcore::{bump, Counters};
+use crate::wire::Tag;
 
 /// Turns of eager looking after a discard: a few ms of a busy loop, some
 /// seconds of a sleeping one (each wake is a turn).

@@ -51,6 +51,110 @@
 //! [`proc_cpu`]: processes' CPU time; [`tcp_baseline`] and [`tcp_stream`]:
 //! the kernel baseline; [`tcp_loss`]: loss on the links; [`host_cpu`]: the
 //! machine's CPU, busy and waited for; [`table`]: what is reported.
+//!
+//! # The demo and the emulated cluster
+//!
+//! `tally demo` runs two parts. Part 1 is `cluster::launch` (also `tally bench cluster`,
+//! `scripts/bench/cluster.sh`): N server and N worker namespaces on a bridge, each veth shaped with
+//! tbf at both ends, servers placed on cores of their own where the host has them (4 per server
+//! with 16 cores per host pair, 2 with 4, else 1 with 2, else all on cores 0-1: the table header says which),
+//! workers pinned to the rest; each host is a `tally server` or `tally bench allreduce --rank i`
+//! process started through `ip netns exec`. Namespaces are named `tly<pid>x...` and removed on
+//! exit; a later run removes those whose process is gone. The rate defaults to 2 Gbit/s per core per
+//! host (`cluster::default_rate`), what was measured to keep both agg and ring link-bound, at most
+//! 16 Gbit/s; at least 20 timed all-reduces after 3 warm-up, more where that takes less than
+//! `--min-time` (500 ms) at the agg bound (`LoopArgs::iters_for`, `cluster::args::loops_at`: each
+//! row says its iterations);
+//! the chunk to 32 KiB up to 8 Gbit/s (`cluster::auto_chunk`: small pieces keep each operation's
+//! fill, drain and worker skew short); tbf's bucket to 2 ms of the rate (a bucket of several MiB
+//! lets traffic that waited pass at veth speed afterwards, which flattered agg); TCP autocorking off
+//! in every host's namespace (`--tcp-autocork`, `net.ipv4.tcp_autocorking`): over these veths it
+//! held the last segment of a message larger than one GSO packet (62636 bytes at MTU 9000) until
+//! TCP's tail loss probe about 200 ms later, which cut 64 KiB plugin pieces to 0.03-0.05 of the
+//! link on the device (0.86-0.98 with it off; how the probe comes to be needed is not shown, and a
+//! host with a real NIC was not tried); `--rps on` (every CPU) or `--rps workers` (the workers'
+//! cores, off the busy pollers') steers each veth's received packets by flow hash, which ends the
+//! reordering that veths cause (a packet is queued on the sending CPU's backlog) and with it TCP's
+//! spurious retransmissions; off by default: nothing else moved on 32 cores, on 64 `on` cut CollNet
+//! to 0.15-0.37 of the link and `workers` did not make it faster (a steered flow waits whole while
+//! the hypervisor holds its CPU). The hosts' congestion control is cubic, Linux's own default,
+//! whatever the machine's (`--tcp-cc`, set as each host's route's `congctl`, since a namespace
+//! other than the first may only pick what `tcp_allowed_congestion_control` lists): the device and
+//! this machine run BBR, which paces each socket itself without fq, and under it real NCCL's sockets
+//! were caught holding a megabyte unsent for 100-240 ms with the window open, and CollNet's slowest
+//! all-reduces at 256M took 2.0-4.0 times its median in 7 of 8 rows where cubic's took 1.05-1.21 (the
+//! ring was slower too).
+//! `--tcp-rto-min` (the routes' RTO floor) and `--tcp-rcvbuf` (the
+//! initial TCP receive buffer; 8M closes no receive window where the kernel's 128 KiB closed
+//! hundreds; a sender that may not send with nothing in flight waits up to 200 ms for TCP's probe 0) set the hosts' TCP for
+//! such questions; both default to the kernel's. The loss line after each rate counts, besides
+//! retransmissions, timeouts, probes and drops, the reorderings, the retransmissions found spurious
+//! and the receive windows closed (`cluster::tcp_loss`); `scripts/device/links.py` times them.
+//! The figures:
+//! [measurements, "BBR's pacing held the sockets"](docs/measurements.md#bbrs-pacing-held-the-sockets-the-emulated-hosts-run-cubic-now),
+//! [measurements, "What CollNet's tails at 16 Gbit/s wait for"](docs/measurements.md#what-collnets-tails-at-16-gbits-wait-for-steal-reordering-closed-windows),
+//! [measurements, "The demo and the emulated cluster"](docs/measurements.md#the-demo-and-the-emulated-cluster).
+//! `--agg-in-flight K` keeps K agg all-reduces in flight, each into a result buffer of its own
+//! (`bench/allreduce/overlap.rs`), as a training step overlaps its buckets' all-reduces and as a
+//! rank that finishes one early would start the next: what one at a time cannot show (such as
+//! whether failover's end-of-operation wait costs the overlap). `--mode agg-plugin` runs the workers through
+//! `libnccl-net-tally.so`'s ncclCollNet as NCCL drives it (`tools/src/collnet_driver.rs`: NCCL's
+//! CollNet chain steps for each size over the channels NCCL would run, `NCCL_MIN_NCHANNELS` or the
+//! plugin's 4: 512 KiB at 16 MiB and 1 MiB from 64 MiB over 4, 8 in flight as NCCL's `NCCL_STEPS`
+//! for each group of up to 8 channels; the plugin's own client settings unless
+//! `--send-credits` or `--plugin-chunk` are given). `--workers-run CMD` runs a command of the caller's in
+//! each worker namespace instead, with `TALLY_CLUSTER_RANK/_WORLD/_MASTER/_IFNAME`, `TALLY_SERVERS`
+//! and `TALLY_FABRIC_ADDR` set: `tests/nccl/cluster_proof.sh` runs PyTorch ranks that way, each its
+//! own NCCL node. Where the placement gives the workers cores of their own, the commands run on
+//! them, as tally's own workers do (`workers.rs` `run_command`: started from a thread restricted to
+//! those cores, `cpuset::restrict_current_thread`, whose mask they inherit): floating, NCCL's
+//! processes took the servers' pinned lcores' CPUs, which waited for them up to 60 ms at a time
+//! (docs/measurements.md, "Late ranks and the workers' cores"). Namespaced processes keep the caller's `LD_LIBRARY_PATH` (the carried libfabric on
+//! the device, which also has a libfabric 1.20 of its own that they used to pick up).
+//! Every rate's table ends with the loss on its links (`cluster/tcp_loss.rs`): TCP's retransmitted
+//! segments, retransmission timeouts and tail loss probes (each up to about 200 ms where one
+//! segment alone is in flight; each row's `tcp_loss_probes`) in the hosts' namespaces (read through
+//! `/proc/<pid>/net/` of a server or worker, per timed loop: each row's `tcp_retrans` and
+//! `tcp_timeouts`), the tbf qdiscs' drops, and the drops of every interface (`/proc/net/dev`, each
+//! row's `dev_drops`: TCP also retransmits where no tbf dropped anything, as on the device, thousands
+//! of segments per loop), the receiving sockets' drops (`TcpExt` backlog, receive, out-of-order and
+//! pruning counters: each row's `sock_drops`), and the timeouts the kernel later found spurious and
+//! the retransmissions of segments still queued in their own host (a timeout with nothing lost, a
+//! segment held longer than the timeout in a deep tbf queue); a timeout is a wait of 200 ms or more,
+//! which one loop of 4 ms all-reduces cannot hide. `--workers-run` gets the same line per rate
+//! (`cluster_proof.sh` adds it to each run's verdict). Each row and each rate also give the
+//! machine's CPU (`cluster/host_cpu.rs`): cores busy, and the share of the time some task waited
+//! for a CPU (`/proc/pressure/cpu`), since every emulated host shares the machine; a figure held by
+//! the machine shows there, not only in a guess (`tests/nccl/timing.py` gives the same over each
+//! timed NCCL loop, and each rank process's own CPU over it and over a second idle after it).
+//! The CPU columns (`cluster/loop_cpu.rs`, the note under each table says the same): worker 0 prints
+//! `LOOP <mode> <bytes>` before each timed loop (`TALLY_BENCH_LOOP_LINES`) and its `RESULT` row after
+//! it, and `tally bench cluster` reads every server's and every rank process's CPU (user + system,
+//! every thread, `/proc/<pid>/stat`: `cluster/proc_cpu.rs`) at both. `wkr cpu s/GB` is the median
+//! over the ranks, each per GB of its buffer (size x iters); each row's JSON has every rank's
+//! (`rank_cpu_s`), the median and the largest per GB (`rank_cpu_s_per_gb_median`, `_max`) and the
+//! loop's wall time as read (`loop_wall_s`: the result's check is in it, so worker 0's own
+//! getrusage over the loop alone, `worker_cpu_s`, may be a clock tick or two lower). `srv cpu s/GB`
+//! is every server together per GB of their input. Between loops, from one result to the next
+//! loop's start, each rank's share of a core (`between_loops_core_share`, its mean, and the gap's
+//! `between_loops_s`): not idle time (the check, the next mode's set-up, its warm-up and the
+//! barriers are in it), an upper bound on what a rank costs when it is not timing all-reduces
+//! (`tests/suites/idle.rs` measures the idle cost). A line per row under the table gives min/median/max
+//! over ranks, over the loop and between loops. `--mode tcp` (after the all-reduce modes) is the
+//! kernel's own cost beside them, in the same run (`cluster/tcp_baseline.rs`): worker i and server i
+//! each run a hidden `tally bench tcp-stream` process (`cluster/tcp_stream.rs`: blocking
+//! `std::net`, a thread sending and one receiving, no polling) with one connection between them;
+//! per iteration each end sends the buffer's bytes and receives as many, the bytes agg moves
+//! through every host's link, so its fraction is of agg's bound and its `wkr`/`srv` figures are
+//! receive plus send, per GB as agg's. Each end warms up, says `READY`, and this process times them
+//! all from one `GO` on their stdin to the last `DONE`, reading their CPU at both; they run on the
+//! workers' cores where the placement gives them. The kernel's softirq work (a veth's receive,
+//! tbf's timers) is charged to whatever task its CPU was running at the tick (tick accounting,
+//! without IRQ time accounting, as here): another host's process, ksoftirqd or the idle task. So a
+//! process's figure may hold another's receive, and only the host column holds it all.
+//! Part 2 is the loopback `bench::allreduce::launch`. While the demo runs, `logfile` sends every log
+//! line of this process and of the processes it starts to `demo.log` and only warnings, errors and
+//! non-log output to the terminal.
 pub mod args;
 pub mod host_cpu;
 pub mod loop_cpu;

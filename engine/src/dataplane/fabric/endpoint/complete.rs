@@ -2,7 +2,11 @@
 //! progress), turning entries and error entries into [`Completion`]s and
 //! [`CompletionError`]s and freeing their contexts, and waiting on the
 //! queue's wait object. Nothing here allocates, an error included.
-use super::*;
+use super::{Completion, Endpoint, OpContext};
+use crate::dataplane::fabric::call_watch::Call;
+use crate::dataplane::fabric::error::{CompletionError, FabricError, PollError};
+use crate::dataplane::fabric::sys;
+use std::ffi::c_void;
 
 impl Endpoint {
     /// Reads up to `out.len()` completions (and drives the provider's

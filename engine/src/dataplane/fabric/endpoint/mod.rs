@@ -45,7 +45,7 @@
 //! refuses every further send (`FI_EIO`, the reason in the call name) so
 //! that work waiting on it fails at once instead of hanging.
 use super::call_watch::{Call, CallWatch};
-use super::error::{CompletionError, FabricError, PollError, PostError};
+use super::error::{FabricError, PollError};
 use super::info::{Hints, InfoList};
 use super::sys;
 use std::ffi::c_void;

@@ -2,7 +2,12 @@
 //! endpoint's table (taken here, given back on completion), and the shm
 //! receive-pool workaround (see the `endpoint` module doc). Nothing here
 //! allocates.
-use super::*;
+use super::{Endpoint, MemoryHandle, OpContext, PeerAddr, SENDS_BLOCKED};
+use crate::dataplane::fabric::call_watch::Call;
+use crate::dataplane::fabric::error::{FabricError, PostError};
+use crate::dataplane::fabric::sys;
+use std::ffi::c_void;
+use std::ptr;
 
 impl Endpoint {
     pub(super) fn take_context(&mut self, id: u32) -> Result<*mut c_void, PostError> {

@@ -13,7 +13,11 @@
 //! both on its own queue (`rxm_peek_recv`, prov/rxm/src/rxm_tagged.c) and
 //! writes their completions before it returns; shm and efa are not
 //! asked (see [`Endpoint::can_sweep`]).
-use super::*;
+use super::Endpoint;
+use crate::dataplane::fabric::call_watch::Call;
+use crate::dataplane::fabric::error::PostError;
+use crate::dataplane::fabric::sys;
+use std::ptr;
 
 impl Endpoint {
     /// Whether this endpoint's unexpected messages can be looked at and
