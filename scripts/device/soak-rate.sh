@@ -27,7 +27,20 @@
 # RSS growth <= RSS_MAX % (a restarted server is a new process: shown, not
 # held to it).
 #
+# NCCL=1: the same testbed and faults driving real NCCL instead
+# (tests/nccl/cluster_proof.sh's testbed: one PyTorch rank per worker
+# namespace, tests/nccl/cluster_allreduce.py, CollNet through the plugin,
+# NCCL_ALGO=CollNetChain), by default a server killed and restarted every
+# 120 s (FAULTS=kill FAULT_EVERY=120). The loop is ROUNDS rounds of SIZE
+# (f32), each one all-reduce whose every element is checked and then
+# NCCL_ITERS timed ones (their results are not checked), rounds enough for
+# about DURATION s; the ranks' RSS is the Python processes'. NCCL must
+# report no error: a rank that sees one exits non-zero and fails the loop.
+# Needs a GPU per rank (or ranks sharing GPUs), torch, PLUGIN (the
+# plugin's absolute path) and PYTHON (python3). Not yet run on a GPU host.
+#
 #   RATE=16 DURATION=480 OUT=/tmp/out TALLY=devlib/bin/tally scripts/device/soak-rate.sh
+#   NCCL=1 PLUGIN=$PWD/devlib/bin/libnccl_net_tally.so RATE=8 DURATION=480 scripts/device/soak-rate.sh
 #
 # On the device: carry devlib (scripts/device/pack.sh: ip, tc and nft) and set
 # LD_LIBRARY_PATH=$PWD/devlib/lib TALLY_IPROUTE=$PWD/devlib/iproute.
@@ -35,13 +48,16 @@
 set -uo pipefail
 # shellcheck source=scripts/device/lib.sh
 . "$(dirname "$0")/lib.sh"
+NCCL="${NCCL:-0}"
 RATE="${RATE:-16}"
 DURATION="${DURATION:-480}"
-FAULT_EVERY="${FAULT_EVERY:-45}"
+FAULT_EVERY="${FAULT_EVERY:-$([[ $NCCL == 1 ]] && echo 120 || echo 45)}"
 HOSTS="${HOSTS:-4}"
 SIZE="${SIZE:-16M}"
 MODE="${MODE:-agg}"
-FAULTS="${FAULTS:-kill,stop,cut,loss}"
+FAULTS="${FAULTS:-$([[ $NCCL == 1 ]] && echo kill || echo kill,stop,cut,loss)}"
+NCCL_ITERS="${NCCL_ITERS:-20}"
+PYTHON="${PYTHON:-python3}"
 STOP_S="${STOP_S:-10}"
 CUT_S="${CUT_S:-10}"
 LOSS="${LOSS:-1}"
@@ -62,8 +78,10 @@ for k in "${KINDS[@]}"; do
 done
 
 # ip and nft: devlib's (TALLY_IPROUTE, with its libraries), else PATH's.
+IP=ip
+[[ -n "${TALLY_IPROUTE:-}" ]] && IP="$TALLY_IPROUTE/sbin/ip"
 ipr() {
-    if [[ -n "${TALLY_IPROUTE:-}" ]]; then LD_LIBRARY_PATH="$TALLY_IPROUTE/lib" "$TALLY_IPROUTE/sbin/ip" "$@"; else ip "$@"; fi
+    if [[ -n "${TALLY_IPROUTE:-}" ]]; then LD_LIBRARY_PATH="$TALLY_IPROUTE/lib" "$IP" "$@"; else "$IP" "$@"; fi
 }
 NFT=nft
 [[ -n "${TALLY_IPROUTE:-}" && -x "$TALLY_IPROUTE/sbin/nft" ]] && NFT="$TALLY_IPROUTE/sbin/nft"
@@ -76,8 +94,21 @@ bytes="$(awk -v s="$SIZE" 'BEGIN { n = s + 0; u = substr(s, length(s)); if (u ==
 ITERS="$(awk -v d="$DURATION" -v r="$RATE" -v b="$bytes" -v f="$FILL" 'BEGIN { n = int(d * r * 1e9 / 8 * f / b); print (n < 10 ? 10 : n) }')"
 loss_arg=()
 [[ $GSO == 1 ]] && loss_arg=(--loss 0)
+# What the workers run: tally's own ranks, or (NCCL=1) PyTorch + NCCL ranks.
+loop_arg=(--mode "$MODE" --iters "$ITERS" --warmup 3)
+if [[ $NCCL == 1 ]]; then
+    [[ -f "${PLUGIN:-}" ]] || { echo "soak-rate: NCCL=1 needs PLUGIN=/abs/path/libnccl_net_tally.so" >&2; exit 2; }
+    ROUNDS="${ROUNDS:-$(( ITERS / (NCCL_ITERS + 4) + 1 ))}"
+    ITERS=$(( ROUNDS * (NCCL_ITERS + 1) ))
+    MODE="NCCL CollNet"
+    sizes="$(yes "$SIZE" | head -n "$ROUNDS" | paste -sd,)"
+    nccl_env="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
+    nccl_env+=" NCCL_NET_PLUGIN=$PLUGIN NCCL_NET=Tally NCCL_COLLNET_ENABLE=1 NCCL_ALGO=CollNetChain NCCL_DEBUG=WARN PYTHONUNBUFFERED=1"
+    loop_arg=(--workers-run "env $nccl_env $PYTHON $PWD/tests/nccl/cluster_allreduce.py --label soak --sizes $sizes --dtypes f32 --iters $NCCL_ITERS --warmup 0 --idle-s 0 --out $OUT/nccl.jsonl")
+    : >"$OUT/nccl.jsonl"
+fi
 say "# soak at rate on $(hostname): $(nproc) cores; $HOSTS + $HOSTS hosts at $RATE Gbit/s, $MODE $SIZE x $ITERS (about ${DURATION}s at $FILL of the bound), a fault every ${FAULT_EVERY}s: $FAULTS (stop ${STOP_S}s, cut ${CUT_S}s, ${LOSS}% loss ${LOSS_S}s); gso_max_size = MTU: $([[ $GSO == 1 ]] && echo yes || echo no)"
-"$TALLY" bench cluster --hosts "$HOSTS" --rates "$RATE" --sizes "$SIZE" --mode "$MODE" --iters "$ITERS" --warmup 3 --min-time 0 \
+"$TALLY" bench cluster --hosts "$HOSTS" --rates "$RATE" --sizes "$SIZE" "${loop_arg[@]}" --min-time 0 \
     --timeout $(( DURATION * 4 + 300 )) "${loss_arg[@]}" --json --log "$OUT/cluster.log" >"$OUT/cluster.out" 2>"$OUT/cluster.err" &
 bench=$!
 prefix="tly${bench}x"
@@ -101,7 +132,11 @@ done
 for i in $(seq 0 $(( HOSTS - 1 ))); do
     pgrep -P "$bench" -f "server --listen 198.18.0.$(( 10 + i )):" | head -1 >"$OUT/server$i.pid"
 done
-pgrep -P "$bench" -f 'bench allreduce' >"$OUT/ranks.pid"
+if [[ $NCCL == 1 ]]; then
+    pgrep -f 'cluster_allreduce.py --label soak' >"$OUT/ranks.pid"
+else
+    pgrep -P "$bench" -f 'bench allreduce' >"$OUT/ranks.pid"
+fi
 sleep "$WARM_S"
 
 # RSS: one line per process every 5 s ("t role pid kB"); the first is the
@@ -142,12 +177,11 @@ set_loss() {
                 echo "table inet tally_loss"
                 echo "delete table inet tally_loss"
                 if [[ $n -gt 0 ]]; then
-                    echo "table inet tally_loss { chain input { type filter hook input priority 0; policy accept;"
-                    echo "iifname \"eth0\" numgen random mod 1000000 < $n counter drop"
-                    echo "iifname \"eth0\" numgen random mod 1000000 < $n counter drop"
-                    echo "} }"
+                    printf 'table inet tally_loss {\n  chain input {\n    type filter hook input priority 0; policy accept;\n'
+                    printf '    iifname "eth0" numgen random mod 1000000 < %d counter drop\n' "$n" "$n"
+                    printf '  }\n}\n'
                 fi
-            } | ipr netns exec "$ns" "$NFT" -f - || echo "loss rules failed in $ns" >>"$OUT/faults"
+            } | ipr netns exec "$ns" "$NFT" -f - || echo "failed-loss-rules $ns" >>"$OUT/faults"
         done
     done
     echo "$drops"
@@ -159,11 +193,18 @@ restart_server() {
     local -a cmd env
     mapfile -d '' -t cmd <"$OUT/server$i.cmdline"
     mapfile -d '' -t env <"$OUT/server$i.environ"
-    ipr netns exec "$ns" env -i "${env[@]}" "${cmd[@]}" >"$OUT/server$i.restart$n.out" 2>"$OUT/server$i.restart$n.log" &
+    # exec all the way (a subshell, ip netns exec, env): $! is the server's
+    # own pid, which the next fault on it must hit. Disowned: this shell
+    # does not report that kill.
+    (
+        [[ -n "${TALLY_IPROUTE:-}" ]] && export LD_LIBRARY_PATH="$TALLY_IPROUTE/lib"
+        exec "$IP" netns exec "$ns" env -i "${env[@]}" "${cmd[@]}"
+    ) >"$OUT/server$i.restart$n.out" 2>"$OUT/server$i.restart$n.log" &
     local new=$!
+    disown
     RESTARTED+=("$new")
     echo "$new" >"$OUT/server$i.pid"
-    wait_ready "$OUT/server$i.restart$n.out" 150 || echo "restart-failed server$i $(date +%s.%N)" >>"$OUT/faults"
+    wait_ready "$OUT/server$i.restart$n.out" 600 || echo "restart-failed server$i $(date +%s.%N)" >>"$OUT/faults"
 }
 
 : >"$OUT/faults"
@@ -206,13 +247,25 @@ SAMPLER=""
 row="$(grep -o '{.*}' "$OUT/cluster.out" | tail -1)"
 field() { grep -oE "\"$1\":[^,}]*" <<<"$row" | head -1 | cut -d: -f2; }
 iters="$(field iters)"; wrong="$(field wrong)"; max_us="$(field max_us)"; p99_us="$(field p99_us)"
+if [[ $NCCL == 1 ]]; then
+    # A line per round from rank 0: its checked all-reduce and the timed ones.
+    read -r iters wrong max_us p99_us < <(grep -o '{.*}' "$OUT/nccl.jsonl" | awk '{
+        it = w = m = p = 0
+        if (match($0, /"iters": [0-9]+/)) it = substr($0, RSTART + 9, RLENGTH - 9) + 0
+        if (match($0, /"wrong": [0-9]+/)) w = substr($0, RSTART + 9, RLENGTH - 9) + 0
+        if (match($0, /"max_us": [0-9.e+]+/)) m = substr($0, RSTART + 10, RLENGTH - 10) + 0
+        if (match($0, /"p99_us": [0-9.e+]+/)) p = substr($0, RSTART + 10, RLENGTH - 10) + 0
+        n += it + 1; ws += w; if (m > mm) mm = m; if (p > pp) pp = p; rows++
+    } END { if (rows) print n, ws, mm, pp; else print "", "", 0, 0 }')
+    say "NCCL rounds done: $(grep -c '{' "$OUT/nccl.jsonl") of $ROUNDS; NCCL warnings in the ranks' output: $(grep -c 'NCCL WARN' "$OUT/cluster.err" "$OUT/cluster.log" 2>/dev/null | awk -F: '{ s += $2 } END { print s + 0 }')"
+fi
 took="$(grep -oE 'took [0-9.]+ s' "$OUT/cluster.log" | awk '$2 > m { m = $2 } END { print m + 0 }')"
 took_n="$(grep -c 'took [0-9.]* s' "$OUT/cluster.log")"
 failed=0
 [[ $rc -ne 0 || -z "$iters" ]] && failed=1
-injected="$(grep -vc '^missed\|^restart-failed\|failed in' "$OUT/faults")"
+injected="$(grep -cE '^(kill|stop|cut|loss) ' "$OUT/faults")"
 by_kind="$(awk '$1 ~ /^(kill|stop|cut|loss)$/ { n[$1]++ } END { for (k in n) printf "%s %d, ", k, n[k] }' "$OUT/faults")"
-say "faults injected:   $injected (${by_kind%, }); every ${FAULT_EVERY}s; restarts failed: $(grep -c '^restart-failed' "$OUT/faults"); loss rules dropped: $(awk '{ s += $2 } END { print s + 0 }' "$OUT/loss_drops" 2>/dev/null || echo 0) packets"
+say "faults injected:   $injected (${by_kind%, }); every ${FAULT_EVERY}s; missed: $(grep -c '^missed' "$OUT/faults"); restarts failed: $(grep -c '^restart-failed' "$OUT/faults"); loss rules refused: $(grep -c '^failed-loss-rules' "$OUT/faults"); loss rules dropped: $(awk '{ s += $2 } END { print s + 0 }' "$OUT/loss_drops" 2>/dev/null || echo 0) packets"
 say "operations:        ${iters:-none} x $SIZE per rank ($MODE, every element checked); bench exit $rc"
 say "wrong elements:    ${wrong:-?}"
 say "failed operations: $([[ $failed == 0 ]] && echo 0 || echo "the loop did not finish (exit $rc): see $OUT/cluster.err")"
@@ -220,7 +273,7 @@ stall_s="$(awk -v m="${max_us:-0}" -v t="$took" 'BEGIN { s = m / 1e6; if (t > s)
 say "longest stall:     ${stall_s} s (the loop's max $(awk -v m="${max_us:-0}" 'BEGIN { printf "%.2f", m / 1e6 }') s, p99 $(awk -v m="${p99_us:-0}" 'BEGIN { printf "%.3f", m / 1e6 }') s; the ranks' slowest \"took\" line ${took} s, $took_n such lines)"
 # RSS: each process's first and last reading; a restarted server's first is its own.
 rss_lines="$(awk 'NR == 1 { t0 = $1 } { k = $2 " " $3; if (!(k in first)) { first[k] = $4; order[++n] = k; at[k] = $1 } last[k] = $4 }
-    END { for (j = 1; j <= n; j++) { k = order[j]; printf "%s %d %d %.2f %d\n", k, first[k], last[k], (last[k] - first[k]) * 100 / first[k], at[k] > t0 } }' "$OUT/rss")"
+    END { for (j = 1; j <= n; j++) { k = order[j]; printf "%s %d %d %.2f %d\n", k, first[k], last[k], (last[k] - first[k]) * 100 / first[k], (at[k] > t0) } }' "$OUT/rss")"
 say "RSS (kB), start -> end, growth:"
 while read -r role pid a b g late; do
     [[ -n "$role" ]] || continue

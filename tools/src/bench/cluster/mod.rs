@@ -265,7 +265,16 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         (Some(d), Some(l)) => apply_level(&bed.tools, d, l, &hosts, &ns, &addr),
         _ => Ok(()),
     };
-    let level_over = |bed: &Testbed, level: Option<&LossLevel>, links: &mut LinkLoss| {
+    // A level's end: what its links lost and the machine's CPU over it,
+    // kept in `out`; the lines that say them.
+    let close_level = |bed: &Testbed,
+                       out: &mut ClusterOutcome,
+                       (rate, level): (f64, Option<&LossLevel>),
+                       before,
+                       host_before: Option<HostCpu>,
+                       what: &str| {
+        let host = HostLoad::over(host_before);
+        let mut links = loss_over(bed, rate, before);
         if let (Some(d), Some(l)) = (&dropper, level) {
             links.loss = Some(RuleDrops {
                 loss_pct: l.percent,
@@ -274,6 +283,11 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                 loss_drops: level_drops(&bed.tools, d, &hosts, &ns),
             });
         }
+        let mut lines = vec![links.note()];
+        lines.extend(host.map(|h| h.note(rate, what)));
+        out.links.push(links);
+        out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
+        lines
     };
     let loss_line = |level: Option<&LossLevel>| {
         let (l, d) = (level?, dropper.as_ref()?);
@@ -305,17 +319,10 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                 }
                 let host_before = HostCpu::now();
                 run_command(&mut bed, args, rate, cmd, &servers, &ns, worker_list.as_ref())?;
-                let host = HostLoad::over(host_before);
-                let mut links = loss_over(&bed, rate, before);
-                level_over(&bed, level, &mut links);
+                let lines = close_level(&bed, &mut out, (rate, level), before, host_before, "over the whole command, its start included");
                 if !args.json.json {
-                    println!("{}", links.note());
-                    if let Some(h) = host {
-                        println!("{}", h.note(rate, "over the whole command, its start included"));
-                    }
+                    lines.iter().for_each(|l| println!("{l}"));
                 }
-                out.links.push(links);
-                out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
             }
         }
         drop(bed);
@@ -333,9 +340,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             let streams = Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref() };
             run_tcp(&mut bed, &streams, &mut progress, &mut out)?;
             progress.finish();
-            let host = HostLoad::over(host_before);
-            let mut links = loss_over(&bed, rate, before);
-            level_over(&bed, level, &mut links);
+            let lines = close_level(&bed, &mut out, (rate, level), before, host_before, "over all its loops and set-ups");
             out.rows[first..].iter_mut().for_each(|r| r.set_loss(level));
             if !args.json.json {
                 print_header(args, rate, &placement, worker_cores.as_deref(), loss_line(level).as_deref());
@@ -344,14 +349,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                     println!("{}", format_cluster_row(&out, r));
                 }
                 println!("{}", cpu_note());
-                rank_cpu_lines(&out.rows[first..]).iter().for_each(|l| println!("{l}"));
-                println!("{}", links.note());
-                if let Some(h) = host {
-                    println!("{}", h.note(rate, "over all its loops and set-ups"));
-                }
+                rank_cpu_lines(&out.rows[first..]).iter().chain(&lines).for_each(|l| println!("{l}"));
             }
-            out.links.push(links);
-            out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
         }
     }
     drop(bed);
