@@ -4,7 +4,8 @@
 set -euo pipefail
 
 # shellcheck and python3-venv: tools/tests/manifests/ (scripts/build/deps-py.sh makes the venv).
-PKGS=(libfabric-dev libfabric-bin libibverbs-dev libclang-dev clang pkg-config build-essential iproute2 procps python3 python3-venv shellcheck)
+# nftables: `tally bench cluster --loss` drops packets with nft.
+PKGS=(libfabric-dev libfabric-bin libibverbs-dev libclang-dev clang pkg-config build-essential iproute2 nftables procps python3 python3-venv shellcheck)
 
 missing=()
 for p in "${PKGS[@]}"; do

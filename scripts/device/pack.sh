@@ -3,7 +3,8 @@
 # network, no iproute2, no libfabric) needs to run tally's benchmarks, into
 # devlib/ (git-ignored; carry it with the device tool):
 #   devlib/lib/       libfabric and the libraries it loads, as real files
-#   devlib/iproute/   Debian's iproute2 (ip, tc, ss) and its libraries, unpacked with dpkg -x
+#   devlib/iproute/   Debian's iproute2 (ip, tc, ss), nftables (nft: `bench cluster --loss`)
+#                     and their libraries, unpacked with dpkg -x
 #                     (`tally bench cluster --iproute devlib/iproute`)
 #   devlib/bin/       tally and the plugin, debug info stripped (symbols kept,
 #                     so perf still names functions)
@@ -28,14 +29,18 @@ ldd "$TALLY" target/release/libnccl_net_tally.so | awk '$3 ~ /^\// {print $3}' |
 done
 # libfabric's providers load verbs providers at run time; none are needed for shm/tcp.
 # iproute2 from Debian's packages (the same way a host without apt access would get it).
-# ss (links.py's view of a receiving socket) needs the selinux, tirpc and kerberos libraries too.
+# ss (links.py's view of a receiving socket) needs the selinux, tirpc and kerberos libraries too;
+# nft (bench cluster --loss: the device's kernel has nf_tables but the image no nft) libnftables and
+# what `ldd nft` lists besides the libraries iproute2 brings.
 pkgs=(iproute2 libbpf1 libelf1 libmnl0 libxtables12 libcap2 libbsd0 libmd0 zlib1g
-    libselinux1 libpcre2-8-0 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1)
+    libselinux1 libpcre2-8-0 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1
+    nftables libnftables1 libnftnl11 libjansson4 libedit2 libgmp10 libtinfo6)
 (cd devlib/debs && apt-get download "${pkgs[@]}" >/dev/null)
 for d in devlib/debs/*.deb; do dpkg -x "$d" devlib/iproute/x; done
 mkdir -p devlib/iproute/sbin devlib/iproute/lib
 cp -L devlib/iproute/x/usr/bin/ip devlib/iproute/x/usr/sbin/tc devlib/iproute/x/usr/bin/ss devlib/iproute/sbin/ 2>/dev/null \
     || cp -L devlib/iproute/x/bin/ip devlib/iproute/x/sbin/tc devlib/iproute/x/bin/ss devlib/iproute/sbin/
+cp -L devlib/iproute/x/usr/sbin/nft devlib/iproute/sbin/
 # Libraries as real files (symlinks do not travel to the device).
 find devlib/iproute/x -name '*.so*' \( -type f -o -type l \) | while read -r f; do cp -L "$f" devlib/iproute/lib/"$(basename "$f")"; done
 rm -rf devlib/iproute/x devlib/debs

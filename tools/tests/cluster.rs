@@ -262,3 +262,33 @@ fn workers_run_and_the_cluster_proof_dry_run() {
     assert!(left.is_empty(), "left behind: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--loss 1`: the rules at each receiving host really drop packets (their
+/// counters), TCP retransmits them, and every element is still right; a
+/// level naming a host `--hosts` does not make is refused, naming it.
+#[test]
+fn cluster_loss_drops_packets_and_every_element_stays_right() {
+    if let Err(why) = netns_ok() {
+        eprintln!("skipped the emulated cluster: {why}");
+        return;
+    }
+    let out = tally().args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--sizes", "1M", "--loss", "0,s2:1"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--loss s2:1: there is no host s2"), "{stderr}");
+    let has = |tool: &str| ["/usr/sbin", "/sbin", "/usr/bin", "/bin"].iter().any(|d| std::path::Path::new(d).join(tool).is_file());
+    if !has("nft") && !has("iptables") {
+        eprintln!("skipped --loss: neither nft nor iptables is installed (make deps installs nftables)");
+        return;
+    }
+    let mut run = tally();
+    run.args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--sizes", "1M", "--mode", "agg", "--iters", "10"]);
+    let v = json_of(run.args(["--min-time", "0", "--loss", "1", "--timeout", "120", "--json"]));
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v}");
+    let r = &rows[0];
+    assert_eq!((r["wrong"].as_u64(), r["loss_pct"].as_f64(), r["loss_link"].as_str()), (Some(0), Some(1.0), Some("every")), "{r}");
+    let links = &v["links"][0];
+    assert!(links["loss_by"] == "nftables" || links["loss_by"] == "iptables", "{links}");
+    assert!(links["loss_drops"].as_u64().is_some_and(|d| d > 0), "the rules dropped nothing: {links}");
+    assert!(links["tcp_retrans"].as_u64().is_some_and(|d| d > 0), "TCP retransmitted nothing: {links}");
+}

@@ -1,4 +1,5 @@
 //! The flags of `tally bench cluster`, and the set `tally demo` runs it with.
+use super::loss::{parse_loss, LossLevel};
 use crate::cli_args::{DtypeArg, IprouteArg, JsonArg, LoopArgs, ModeArg, PlotArg, PollArg, WindowArg};
 use clap::Args;
 use std::path::PathBuf;
@@ -111,9 +112,17 @@ pub struct ClusterArgs {
     /// fraction (docs/measurements.md).
     #[arg(long, value_enum, default_value_t = Rps::Off)]
     pub rps: Rps,
+    /// Loss levels, comma-separated: a percent of packets dropped on every
+    /// link (`0,0.1,1`), or on one host's link (`s1:1`, `w0:0.5`; hosts are
+    /// s<i> and w<i>). For each rate each level runs every mode and size.
+    /// Dropped at random at each receiving host (nftables, else iptables'
+    /// statistic match); every veth's gso_max_size is then the MTU, for
+    /// every row, loss 0 too, so that a packet is one frame as on a wire.
+    #[arg(long, value_delimiter = ',', value_parser = parse_loss, allow_hyphen_values = true)]
+    pub loss: Vec<LossLevel>,
     #[command(flatten)]
     pub iproute: IprouteArg,
-    /// Seconds the whole run may take per rate before it is stopped.
+    /// Seconds the whole run may take per rate (and loss level) before it is stopped.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
     #[command(flatten)]
@@ -165,6 +174,7 @@ impl ClusterArgs {
             tcp_rcvbuf: RcvBuf::Kernel,
             tcp_cc: TcpCc::Named("cubic".into()),
             rps: Rps::Off,
+            loss: Vec::new(),
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
             timeout: 300,
             json: JsonArg::default(),

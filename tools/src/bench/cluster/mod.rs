@@ -40,16 +40,24 @@
 //! address), so that, e.g., PyTorch + NCCL ranks reach each other and the
 //! servers only through shaped links (tests/nccl/cluster_proof.sh).
 //!
+//! `--loss 0,0.1,1` (or `s1:1`, one host's link) adds loss levels as a
+//! sweep like the rates': for each rate, each level's rules are put in
+//! place (`loss`) and every mode and size runs under them; each row says
+//! its level, and the level's line what TCP did and how many packets the
+//! rules dropped.
+//!
 //! `ip` and `tc` come from PATH, or from a folder holding Debian's iproute2
 //! unpacked with `dpkg -x` (`--iproute DIR`, `TALLY_IPROUTE`): hosts without
 //! iproute2 (the GPU device image) run it that way, with the folder's
-//! libraries on LD_LIBRARY_PATH for `ip` and `tc` only.
+//! libraries on LD_LIBRARY_PATH for `ip` and `tc` only (and `nft` for
+//! `--loss`, from the same folder or PATH).
 //!
 //! [`args`]: the flags; [`netns`]: namespaces and links; [`shaping`]: rates
 //! and tbf; [`placement`]: cores; [`workers`]: one rate's run;
 //! [`loop_cpu`]: what each loop cost, read at its start and end;
 //! [`proc_cpu`]: processes' CPU time; [`tcp_baseline`] and [`tcp_stream`]:
-//! the kernel baseline; [`tcp_loss`]: loss on the links; [`host_cpu`]: the
+//! the kernel baseline; [`tcp_loss`]: loss on the links, what TCP did;
+//! [`loss`]: `--loss`, packets dropped at random; [`host_cpu`]: the
 //! machine's CPU, busy and waited for; [`table`]: what is reported.
 //!
 //! # The demo and the emulated cluster
@@ -111,6 +119,19 @@
 //! processes took the servers' pinned lcores' CPUs, which waited for them up to 60 ms at a time
 //! (docs/measurements.md, "Late ranks and the workers' cores"). Namespaced processes keep the caller's `LD_LIBRARY_PATH` (the carried libfabric on
 //! the device, which also has a libfabric 1.20 of its own that they used to pick up).
+//! `--loss 0,0.1,1` (`cluster/loss.rs`) makes loss levels a sweep like the rates: for each rate,
+//! each level's rules replace the last one's and every mode and size runs under them. A level is a
+//! percent dropped on every link or on one host's (`s1:1`); tc's netem and gact are not in these
+//! kernels, so the packets are dropped at random by nftables (`numgen random`, else iptables'
+//! `statistic` match) at the receiving host's input hook: dropped at a sender's output hook they would
+//! give the socket a local error and a retry on a timer, not wire loss. Every link at p is two
+//! independent draws at each receiver (the sender's uplink, the receiver's downlink); one host's link
+//! is one draw at that host and one on packets from its address at every other. With `--loss` every
+//! veth's `gso_max_size` is the MTU (`netns.rs`), in every row, loss 0 too: a veth otherwise passes
+//! GSO packets of up to 64 KiB, seven jumbo frames dropped as one. Each row says its level
+//! (`loss_pct`, `loss_link`), and the level's line what the rules dropped (their counters) beside
+//! what TCP did. `scripts/device/soak-rate.sh` puts the same rules into a running testbed for its
+//! loss fault.
 //! Every rate's table ends with the loss on its links (`cluster/tcp_loss.rs`): TCP's retransmitted
 //! segments, retransmission timeouts and tail loss probes (each up to about 200 ms where one
 //! segment alone is in flight; each row's `tcp_loss_probes`) in the hosts' namespaces (read through
@@ -158,6 +179,7 @@
 pub mod args;
 pub mod host_cpu;
 pub mod loop_cpu;
+pub mod loss;
 pub mod netns;
 pub mod placement;
 pub mod proc_cpu;
@@ -172,6 +194,7 @@ use crate::logfile;
 use crate::progress::Progress;
 use args::{cores_mask, cpu_mask, ClusterArgs, Rps};
 use host_cpu::{HostCpu, HostLoad, RateLoad};
+use loss::{apply_level, level_drops, Dropper, LossLevel};
 use netns::{addr, build_network, sweep_stale, unavailable, HostNet, Iproute, Testbed};
 use placement::{place, worker_rails};
 use shaping::{default_rate, shape};
@@ -180,7 +203,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use table::{cpu_note, format_cluster_header, format_cluster_row, print_header, rank_cpu_lines, write_plot, ClusterOutcome};
 use tcp_baseline::{run_tcp, Streams};
-use tcp_loss::{tbf_drops, LinkLoss, NetLoss};
+use tcp_loss::{tbf_drops, LinkLoss, NetLoss, RuleDrops};
 use workers::{run_command, run_rate, Servers};
 
 /// Runs the emulated cluster and prints its table (unless `--json`).
@@ -237,6 +260,10 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         return Err(format!("the emulated cluster cannot run here: {why}"));
     }
     let tools = Iproute::find(args.iproute.iproute.as_deref())?;
+    // Loss levels: checked, and what drops their packets found, before anything is made.
+    args.loss.iter().try_for_each(|l| l.check_hosts(args.hosts))?;
+    let dropper = if args.loss.is_empty() { None } else { Some(Dropper::find(args.iproute.iproute.as_deref())?) };
+    let levels: Vec<Option<&LossLevel>> = if args.loss.is_empty() { vec![None] } else { args.loss.iter().map(Some).collect() };
     ensure_job_token();
     sweep_stale(&tools);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -264,6 +291,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         tcp_rmem: args.tcp_rcvbuf.tcp_rmem(),
         congestion: args.tcp_cc.name(),
         rps: rps_mask.as_deref(),
+        gso_max: (!args.loss.is_empty()).then_some(args.mtu),
     };
     build_network(&bed.tools, &sw, &hosts, &ns, &net)?;
 
@@ -318,7 +346,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         }
     }
 
-    let steps = rates.len() * args.mode.mode.len() * args.sizes.len();
+    let steps = rates.len() * levels.len() * args.mode.mode.len() * args.sizes.len();
     let mut progress = Progress::new(steps, args.json.json);
     let mut out =
         ClusterOutcome { hosts: args.hosts, placement: placement.clone(), rows: Vec::new(), links: Vec::new(), host_cpu: Vec::new() };
@@ -333,6 +361,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
         let tbf = tbf_drops(&bed.tools, &all_names).zip(tbf).map(|(now, then)| now.saturating_sub(then));
         LinkLoss {
             link_gbit: rate,
+            loss: None,
             tcp_retrans: net.map(|l| l.retrans),
             tcp_timeouts: net.map(|l| l.timeouts),
             tbf_drops: tbf,
@@ -347,62 +376,97 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             rto_floor_ms: args.tcp_rto_min.ms(),
         }
     };
+    // Each level's rules replace the last one's, and what they dropped is
+    // read before the next replaces them.
+    let set_level = |bed: &Testbed, level: Option<&LossLevel>| match (&dropper, level) {
+        (Some(d), Some(l)) => apply_level(&bed.tools, d, l, &hosts, &ns, &addr),
+        _ => Ok(()),
+    };
+    // A level's end: what its links lost and the machine's CPU over it,
+    // kept in `out`; the lines that say them.
+    let close_level = |bed: &Testbed,
+                       out: &mut ClusterOutcome,
+                       (rate, level): (f64, Option<&LossLevel>),
+                       before,
+                       host_before: Option<HostCpu>,
+                       what: &str| {
+        let host = HostLoad::over(host_before);
+        let mut links = loss_over(bed, rate, before);
+        if let (Some(d), Some(l)) = (&dropper, level) {
+            links.loss = Some(RuleDrops {
+                loss_pct: l.percent,
+                loss_link: l.link(),
+                loss_by: d.name(),
+                loss_drops: level_drops(&bed.tools, d, &hosts, &ns),
+            });
+        }
+        let mut lines = vec![links.note()];
+        lines.extend(host.map(|h| h.note(rate, what)));
+        out.links.push(links);
+        out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
+        lines
+    };
+    let loss_line = |level: Option<&LossLevel>| {
+        let (l, d) = (level?, dropper.as_ref()?);
+        Some(format!(
+            "# loss {}: {}, dropped at random at each receiving host's input ({}); every veth's gso_max_size is the MTU, {} bytes, in every row of this run, loss 0 too: a packet dropped is one frame, as on a wire",
+            l.label(),
+            l.text(),
+            d.name(),
+            args.mtu
+        ))
+    };
     if let Some(cmd) = &args.workers_run {
         for &rate in &rates {
             shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
-            let before = loss_before(&bed);
-            if !args.json.json {
-                println!(
-                    "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (RPS {}, RTO floor {}, receive buffers {}, congestion control {}); placement: {placement}; running in each worker: {cmd}",
-                    args.hosts,
-                    args.hosts,
-                    args.rps.text(),
-                    args.tcp_rto_min.text(),
-                    args.tcp_rcvbuf.text(),
-                    args.tcp_cc.text()
-                );
-            }
-            let host_before = HostCpu::now();
-            run_command(&mut bed, args, rate, cmd, &servers, &ns, worker_list.as_ref())?;
-            let host = HostLoad::over(host_before);
-            let links = loss_over(&bed, rate, before);
-            if !args.json.json {
-                println!("{}", links.note());
-                if let Some(h) = host {
-                    println!("{}", h.note(rate, "over the whole command, its start included"));
+            for &level in &levels {
+                set_level(&bed, level)?;
+                let before = loss_before(&bed);
+                if !args.json.json {
+                    println!(
+                        "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (RPS {}, RTO floor {}, receive buffers {}, congestion control {}); placement: {placement}; running in each worker: {cmd}",
+                        args.hosts,
+                        args.hosts,
+                        args.rps.text(),
+                        args.tcp_rto_min.text(),
+                        args.tcp_rcvbuf.text(),
+                        args.tcp_cc.text()
+                    );
+                    loss_line(level).iter().for_each(|l| println!("{l}"));
+                }
+                let host_before = HostCpu::now();
+                run_command(&mut bed, args, rate, cmd, &servers, &ns, worker_list.as_ref())?;
+                let lines = close_level(&bed, &mut out, (rate, level), before, host_before, "over the whole command, its start included");
+                if !args.json.json {
+                    lines.iter().for_each(|l| println!("{l}"));
                 }
             }
-            out.links.push(links);
-            out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
         }
         drop(bed);
         return Ok(out);
     }
     for &rate in &rates {
         shape(&bed.tools, &hosts, &ns, &sw, rate, args)?;
-        let before = loss_before(&bed);
-        let first = out.rows.len();
-        let running = Servers { addrs: &servers, pids: &server_pids };
-        let host_before = HostCpu::now();
-        run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
-        let streams = Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref() };
-        run_tcp(&mut bed, &streams, &mut progress, &mut out)?;
-        progress.finish();
-        let host = HostLoad::over(host_before);
-        let links = loss_over(&bed, rate, before);
-        out.links.push(links);
-        out.host_cpu.extend(host.map(|load| RateLoad { link_gbit: rate, load }));
-        if !args.json.json {
-            print_header(args, rate, &placement, worker_cores.as_deref());
-            println!("{}", format_cluster_header());
-            for r in &out.rows[first..] {
-                println!("{}", format_cluster_row(&out, r));
-            }
-            println!("{}", cpu_note());
-            rank_cpu_lines(&out.rows[first..]).iter().for_each(|l| println!("{l}"));
-            println!("{}", links.note());
-            if let Some(h) = host {
-                println!("{}", h.note(rate, "over all its loops and set-ups"));
+        for &level in &levels {
+            set_level(&bed, level)?;
+            let before = loss_before(&bed);
+            let first = out.rows.len();
+            let running = Servers { addrs: &servers, pids: &server_pids };
+            let host_before = HostCpu::now();
+            run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
+            let streams = Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref() };
+            run_tcp(&mut bed, &streams, &mut progress, &mut out)?;
+            progress.finish();
+            let lines = close_level(&bed, &mut out, (rate, level), before, host_before, "over all its loops and set-ups");
+            out.rows[first..].iter_mut().for_each(|r| r.set_loss(level));
+            if !args.json.json {
+                print_header(args, rate, &placement, worker_cores.as_deref(), loss_line(level).as_deref());
+                println!("{}", format_cluster_header(level.is_some()));
+                for r in &out.rows[first..] {
+                    println!("{}", format_cluster_row(&out, r));
+                }
+                println!("{}", cpu_note());
+                rank_cpu_lines(&out.rows[first..]).iter().chain(&lines).for_each(|l| println!("{l}"));
             }
         }
     }

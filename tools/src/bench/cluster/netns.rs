@@ -3,6 +3,7 @@
 //! retransmission timeout floor, receive buffers and congestion control
 //! and, where asked, receive packet steering on every veth
 //! (`--tcp-autocork`, `--tcp-rto-min`, `--tcp-rcvbuf`, `--tcp-cc`, `--rps`),
+//! every veth's largest GSO packet where `--loss` asks (`loss`),
 //! and the `ip` and `tc` that make them. `Testbed` removes what a
 //! run made when it is dropped; `sweep_stale` what a killed run left.
 use super::args::{OnOff, RtoMin};
@@ -34,13 +35,34 @@ pub(super) struct Iproute {
     ip: PathBuf,
     tc: PathBuf,
     lib: Option<String>,
+    /// `--iproute`'s folder, whose tools get `lib`.
+    dir: Option<PathBuf>,
+}
+
+/// Tool `name` in an unpacked package folder (`--iproute DIR`).
+fn in_dir(d: &Path, name: &str) -> Option<PathBuf> {
+    ["sbin", "bin", "usr/sbin", "usr/bin"].iter().map(|s| d.join(s).join(name)).find(|p| p.is_file())
+}
+
+/// Tool `name` on PATH or in /usr/sbin, /sbin.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain(["/usr/sbin", "/sbin"].iter().map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Tool `name` in `--iproute`'s folder, else on PATH.
+pub(super) fn find_tool(dir: Option<&Path>, name: &str) -> Option<PathBuf> {
+    dir.and_then(|d| in_dir(d, name)).or_else(|| on_path(name))
 }
 
 impl Iproute {
     pub(super) fn find(dir: Option<&Path>) -> Result<Iproute, String> {
         if let Some(d) = dir {
-            let pick = |name: &str| ["sbin", "bin", "usr/sbin", "usr/bin"].iter().map(|s| d.join(s).join(name)).find(|p| p.is_file());
-            let (Some(ip), Some(tc)) = (pick("ip"), pick("tc")) else {
+            let (Some(ip), Some(tc)) = (in_dir(d, "ip"), in_dir(d, "tc")) else {
                 return Err(format!("{} holds no ip and tc (unpack Debian's iproute2 there with dpkg -x)", d.display()));
             };
             let lib = [
@@ -57,18 +79,10 @@ impl Iproute {
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
             .join(":");
-            return Ok(Iproute { ip, tc, lib: Some(lib) });
+            return Ok(Iproute { ip, tc, lib: Some(lib), dir: Some(d.to_path_buf()) });
         }
-        let which = |name: &str| {
-            std::env::var_os("PATH")
-                .into_iter()
-                .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-                .chain(["/usr/sbin", "/sbin"].iter().map(PathBuf::from))
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        };
-        match (which("ip"), which("tc")) {
-            (Some(ip), Some(tc)) => Ok(Iproute { ip, tc, lib: None }),
+        match (on_path("ip"), on_path("tc")) {
+            (Some(ip), Some(tc)) => Ok(Iproute { ip, tc, lib: None, dir: None }),
             _ => Err("iproute2 (ip, tc) is not installed (make deps installs it; or --iproute DIR with Debian's iproute2 unpacked)".into()),
         }
     }
@@ -107,6 +121,30 @@ impl Iproute {
         let mut all = vec!["netns", "exec", ns, &tc];
         all.extend_from_slice(args);
         self.output(&self.ip, &all)
+    }
+
+    /// What `prog args` (nft, iptables) prints inside namespace `ns`, fed
+    /// `stdin`. A tool from PATH does not get `--iproute`'s libraries.
+    pub(super) fn tool_in(&self, ns: &str, prog: &Path, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write;
+        let mut c = self.command(&self.ip);
+        c.args(["netns", "exec", ns]);
+        if self.lib.is_some() && !self.dir.as_ref().is_some_and(|d| prog.starts_with(d)) {
+            c.args(["env", "-u", "LD_LIBRARY_PATH"]);
+        }
+        c.arg(prog).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        let what = || format!("{} {}", prog.display(), args.join(" "));
+        let mut child = c.spawn().map_err(|e| format!("{}: {e}", what()))?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            // Small (a few rules): the pipe holds it whole before the tool reads.
+            pipe.write_all(text.as_bytes()).map_err(|e| format!("{}: {e}", what()))?;
+        }
+        let out = child.wait_with_output().map_err(|e| format!("{}: {e}", what()))?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            false => Err(format!("{}: {}", what(), String::from_utf8_lossy(&out.stderr).trim())),
+        }
     }
 
     /// File `path` as a process inside namespace `ns` reads it (/proc/net/...).
@@ -215,6 +253,9 @@ pub(super) struct HostNet<'a> {
     pub congestion: Option<&'a str>,
     /// The rps_cpus mask of every veth, where steering is on.
     pub rps: Option<&'a str>,
+    /// Every veth's (both ends) gso_max_size, where set (`--loss`: the
+    /// MTU, so that a packet dropped is one frame: `loss`).
+    pub gso_max: Option<u32>,
 }
 
 pub(super) fn build_network(
@@ -238,6 +279,10 @@ pub(super) fn build_network(
         tools.ip(&["link", "set", &port, "netns", sw])?;
         tools.ip(&["-n", sw, "link", "set", &port, "master", "br0", "mtu", &mtu, "up"])?;
         tools.ip(&["-n", &name, "link", "set", "eth0", "mtu", &mtu])?;
+        if let Some(gso) = net.gso_max.map(|g| g.to_string()) {
+            tools.ip(&["-n", &name, "link", "set", "eth0", "gso_max_size", &gso])?;
+            tools.ip(&["-n", sw, "link", "set", &port, "gso_max_size", &gso])?;
+        }
         tools.ip(&["-n", &name, "addr", "add", &format!("{}/16", addr(k, i)), "dev", "eth0"])?;
         tools.ip(&["-n", &name, "link", "set", "eth0", "up"])?;
         tools.ip(&["-n", &name, "link", "set", "lo", "up"])?;

@@ -1,9 +1,10 @@
-//! What a cluster run reports: a row per rate, mode and size with its link
+//! What a cluster run reports: a row per rate, loss level, mode and size with its link
 //! bound, the fraction reached, agg/ring and the CPU cost per GB; the table,
 //! its header lines, the ranks' CPU lines under it and the plot.
 use super::args::{loops_at, ClusterArgs};
 use super::host_cpu::{HostLoad, RateLoad};
 use super::loop_cpu::{OverLoop, RankCpu};
+use super::loss::LossLevel;
 use super::placement::worker_rails;
 use super::shaping::{auto_chunk, tbf_auto_burst};
 use super::tcp_loss::LinkLoss;
@@ -53,6 +54,12 @@ pub struct ClusterRow {
     /// The machine's CPU over the same loop (`host_cpu`): every emulated
     /// host shares it.
     pub host_cpu: Option<HostLoad>,
+    /// The `--loss` level the row ran at: the percent, and `every` link or
+    /// the host whose link (`loss`); absent without `--loss`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_pct: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_link: Option<String>,
     #[serde(flatten)]
     pub row: Row,
 }
@@ -85,7 +92,24 @@ impl ClusterRow {
             dev_drops: loss.map(|l| l.dev_drops),
             sock_drops: loss.map(|l| l.sock_drops),
             host_cpu: over.host,
+            loss_pct: None,
+            loss_link: None,
             row,
+        }
+    }
+
+    /// Says the row ran at `level` (None: without `--loss`).
+    pub(super) fn set_loss(&mut self, level: Option<&LossLevel>) {
+        self.loss_pct = level.map(|l| l.percent);
+        self.loss_link = level.map(LossLevel::link);
+    }
+
+    /// The loss column: as `--loss` said it (`0.1`, `s1:1`).
+    fn loss_label(&self) -> String {
+        match (&self.loss_link, self.loss_pct) {
+            (Some(l), Some(p)) if l != "every" => format!("{l}:{p}"),
+            (_, Some(p)) => p.to_string(),
+            _ => "-".into(),
         }
     }
 }
@@ -100,7 +124,8 @@ pub struct ClusterOutcome {
     pub hosts: u32,
     pub placement: String,
     pub rows: Vec<ClusterRow>,
-    /// Per rate: what TCP and tbf saw over its loops (`tcp_loss`).
+    /// Per rate (and `--loss` level): what TCP, tbf and the loss rules saw
+    /// over its loops (`tcp_loss`).
     pub links: Vec<LinkLoss>,
     /// Per rate: the machine's CPU over all its loops (`host_cpu`).
     pub host_cpu: Vec<RateLoad>,
@@ -111,9 +136,11 @@ impl ClusterOutcome {
         self.rows.iter().map(|r| r.row.wrong).sum()
     }
 
-    /// agg algbw / ring algbw at the same rate and size (agg and agg-plugin rows).
+    /// agg algbw / ring algbw at the same rate, loss and size (agg and agg-plugin rows).
     pub fn agg_over_ring(&self, r: &ClusterRow) -> Option<f64> {
-        let ring = self.rows.iter().find(|x| x.row.mode == "ring" && x.row.bytes == r.row.bytes && x.link_gbit == r.link_gbit)?;
+        let ring = self.rows.iter().find(|x| {
+            x.row.mode == "ring" && x.row.bytes == r.row.bytes && x.link_gbit == r.link_gbit && x.loss_label() == r.loss_label()
+        })?;
         r.row.mode.starts_with("agg").then(|| r.row.algbw_gbps / ring.row.algbw_gbps)
     }
 }
@@ -123,11 +150,17 @@ pub fn write_plot(out: &ClusterOutcome, path: &Path) -> Result<(), String> {
     let n = out.hosts as f64;
     let mut rates: Vec<f64> = out.rows.iter().map(|r| r.link_gbit).collect();
     rates.dedup();
+    let mut losses: Vec<String> = out.rows.iter().map(ClusterRow::loss_label).collect();
+    losses.dedup();
     let (mut series, mut bounds) = (Vec::new(), Vec::new());
     for &rate in &rates {
-        let rows: Vec<Row> = out.rows.iter().filter(|r| r.link_gbit == rate).map(|r| r.row.clone()).collect();
         let suffix = if rates.len() > 1 { format!(" {rate} Gbit/s") } else { String::new() };
-        series.extend(plot::series_by_mode(&rows, &suffix));
+        for loss in &losses {
+            let rows: Vec<Row> =
+                out.rows.iter().filter(|r| r.link_gbit == rate && &r.loss_label() == loss).map(|r| r.row.clone()).collect();
+            let lossy = if losses.len() > 1 { format!(" loss {loss}%") } else { String::new() };
+            series.extend(plot::series_by_mode(&rows, &format!("{suffix}{lossy}")));
+        }
         let link = rate / 8.0;
         bounds.push(plot::Bound { label: format!("agg bound{suffix}: R x 2(n-1)/n"), busbw_gbps: link * 2.0 * (n - 1.0) / n });
         bounds.push(plot::Bound { label: format!("ring bound{suffix}: R"), busbw_gbps: link });
@@ -149,7 +182,9 @@ fn rates_text(rates: &[f64]) -> String {
     rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores: Option<&str>) {
+/// The header lines of a rate's (and loss level's) table; `loss`: the
+/// line that says the level, under `--loss`.
+pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores: Option<&str>, loss: Option<&str>) {
     let burst = if args.tbf_burst == "auto" { format_size(tbf_auto_burst(rate)) } else { args.tbf_burst.clone() };
     println!(
         "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (network namespaces, tbf both ends, burst {burst}, MTU {}, TCP autocorking {}, RTO floor {}, receive buffers {}, congestion control {}, RPS {}), {}",
@@ -164,6 +199,9 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         provider_text(&args.provider)
     );
     println!("# placement: {placement}");
+    if let Some(l) = loss {
+        println!("{l}");
+    }
     println!(
         "# chunk {}, window {}, send credits {}, rails per worker {}; {}{}",
         if args.chunk == "auto" { format!("{} (auto)", format_size(auto_chunk(rate))) } else { args.chunk.clone() },
@@ -186,8 +224,9 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
     );
 }
 
-pub fn format_cluster_header() -> String {
-    format!(
+/// The table's column names; `loss`: with the loss column (`--loss`).
+pub fn format_cluster_header(loss: bool) -> String {
+    let head = format!(
         "{:>7} {:>10} {:>9} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>12} {:>11} {:>7}",
         "Gbit/s",
         "mode",
@@ -202,7 +241,16 @@ pub fn format_cluster_header() -> String {
         "srv cpu s/GB",
         "host busy,wt",
         "#wrong"
-    )
+    );
+    with_loss_column(loss.then_some("loss%"), head)
+}
+
+/// `line` with the loss column before it, where there is one.
+fn with_loss_column(loss: Option<&str>, line: String) -> String {
+    match loss {
+        Some(l) => format!("{l:>6} {line}"),
+        None => line,
+    }
 }
 
 pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
@@ -212,7 +260,7 @@ pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
         || "-".to_string(),
         |h| format!("{:.1},{}", h.busy_cores, h.cpu_wait.map_or_else(|| "-".into(), |w| format!("{:.0}%", w * 100.0))),
     );
-    format!(
+    let line = format!(
         "{:>7} {:>10} {:>9} {:>10.1} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>9} {:>12} {:>12} {:>12} {:>7}",
         r.link_gbit,
         r.row.mode,
@@ -227,7 +275,8 @@ pub fn format_cluster_row(out: &ClusterOutcome, r: &ClusterRow) -> String {
         cpu(r.server_cpu_s_per_gb),
         host,
         r.row.wrong
-    )
+    );
+    with_loss_column(r.loss_pct.is_some().then(|| r.loss_label()).as_deref(), line)
 }
 
 /// The lines under the table that say what the CPU columns are.

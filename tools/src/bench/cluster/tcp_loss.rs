@@ -162,10 +162,14 @@ fn counter(table: &str, prefix: &str, name: &str) -> Option<u64> {
     None
 }
 
-/// What one rate's loops saw on every link (`ClusterOutcome::links`).
-#[derive(Serialize, Debug, Clone, Copy)]
+/// What one rate's (and loss level's) loops saw on every link
+/// (`ClusterOutcome::links`).
+#[derive(Serialize, Debug, Clone)]
 pub struct LinkLoss {
     pub link_gbit: f64,
+    /// Under `--loss`: the level (as its rows say it) and what its rules dropped.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<RuleDrops>,
     /// Over every namespace (the hosts'; the switch's counts no TCP): segments
     /// retransmitted and retransmission timeouts.
     pub tcp_retrans: Option<u64>,
@@ -190,6 +194,19 @@ pub struct LinkLoss {
     /// The hosts' retransmission timeout floor in ms (`--tcp-rto-min`):
     /// about how long a timeout or a lone tail's probe waits.
     pub rto_floor_ms: u32,
+}
+
+/// A `--loss` level and what its rules dropped (`loss`).
+#[derive(Serialize, Debug, Clone)]
+pub struct RuleDrops {
+    pub loss_pct: f64,
+    /// `every` link, or the host whose link.
+    pub loss_link: String,
+    /// What dropped them: nftables or iptables.
+    pub loss_by: &'static str,
+    /// Packets the rules dropped, every host's together; None where a
+    /// host's could not be read.
+    pub loss_drops: Option<u64>,
 }
 
 /// Packets the tbf qdiscs of namespaces `names` dropped so far.
@@ -225,8 +242,13 @@ impl LinkLoss {
             (Some(s), Some(q)) => format!("; {s} timeouts found spurious, {q} retransmissions of segments still queued in their host"),
             _ => String::new(),
         };
+        let rules = self.loss.as_ref().map_or_else(String::new, |l| {
+            let n = l.loss_drops.map_or("an unreadable number of".into(), |d| d.to_string());
+            let at = if l.loss_link == "every" { "every link".to_string() } else { format!("{}'s link", l.loss_link) };
+            format!(" with {}% loss on {at}: the {} rules dropped {n} packets;", l.loss_pct, l.loss_by)
+        });
         format!(
-            "# loss on the links at {} Gbit/s: {tcp}; {tbf}, {dev}, {sock}{late}{order} (per row: tcp_retrans, tcp_timeouts, dev_drops, sock_drops in --json)",
+            "# loss on the links at {} Gbit/s:{rules} {tcp}; {tbf}, {dev}, {sock}{late}{order} (per row: tcp_retrans, tcp_timeouts, dev_drops, sock_drops in --json)",
             self.link_gbit
         )
     }
