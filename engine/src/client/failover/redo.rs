@@ -1,7 +1,7 @@
 //! Redo jobs: sibling jobs joined on the survivors for one recovery, which
 //! carry its items (relayed or recomputed) with sequence numbers of their
 //! own, and hand their results to the operations waiting for them.
-use super::{bits, Item, Stage, Watcher, REDO_CONNECT_FOR, REDO_WINDOW};
+use super::{bits, Item, Stage, REDO_CONNECT_FOR, REDO_WINDOW};
 use crate::client::{Client, ClientError, Stream};
 use crate::reduce::ReduceOp;
 use crate::wire::{self, HelloMessage, JobSpec};
