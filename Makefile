@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build deps test test-glibc test-rust test-aarch64 bench demo dist cluster-bench clean fmt perf image
+.PHONY: all build deps test test-glibc test-rust test-aarch64 test-aarch64-e2e test-loom bench demo dist cluster-bench clean fmt perf image
 
 all: build
 
@@ -22,7 +22,7 @@ deps:
 demo: deps build
 	./target/release/tally demo
 
-test: deps build test-glibc test-rust test-aarch64
+test: deps build test-glibc test-rust test-aarch64 test-aarch64-e2e
 	@echo "make test: all suites passed"
 
 # Tests build in the `ci` profile (Cargo.toml): release code without thin LTO,
@@ -43,6 +43,16 @@ test-glibc:
 
 test-aarch64:
 	scripts/build/test-aarch64.sh
+
+# The aarch64 tally, plugin and ncclNet harness under qemu-user: agg and ring over
+# tcp and shm, f32 and bf16, CollNet, a server killed mid-run (failover).
+test-aarch64-e2e:
+	scripts/build/test-aarch64-e2e.sh
+
+# Loom models of the lock-free state lcores share (engine/loom; not in `make test`:
+# loom builds in a target of its own).
+test-loom:
+	cd engine/loom && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$(CURDIR)/target-loom $(CARGO) test --release
 
 # cargo bench benchmarks (benches/): reduce kernels, wire codec, slab arithmetic, shm round trip.
 bench:

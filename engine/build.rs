@@ -1,16 +1,19 @@
 //! Generates libfabric bindings against the installed headers (found with
 //! pkg-config), and compiles C wrappers for the header's `static inline` calls
 //! (`fi_tsend`, `fi_cq_read`, ...), which have no symbol to link against.
-//! Without feature `fabric` (e.g. the no_std core) nothing here runs.
-use std::{env, path::PathBuf};
-
+//! Without feature `fabric` (e.g. the no_std core) nothing here runs, and
+//! bindgen, cc and pkg-config are not built.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    #[cfg(feature = "fabric")]
+    fabric();
+}
+
+#[cfg(feature = "fabric")]
+fn fabric() {
+    use std::{env, path::PathBuf};
     println!("cargo:rerun-if-changed=src/dataplane/fabric/wrapper.h");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
-    if env::var_os("CARGO_FEATURE_FABRIC").is_none() {
-        return;
-    }
     let lib = match pkg_config::Config::new().atleast_version("1.14").probe("libfabric") {
         Ok(lib) => lib,
         Err(e) => panic!(

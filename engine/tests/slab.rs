@@ -200,7 +200,7 @@ fn hugetlb_2m_pages_back_the_slab_and_return_to_the_pool() {
 
     let label = "test-2m";
     let mut slab = Slab::new(&config(label, 128 << 10, 512, HugepagePolicy::Require)).expect("32 free 2 MiB pages back a 64 MiB slab");
-    assert_eq!(slab.backing(), Backing::Hugetlb2M);
+    assert_eq!(slab.backing(), Backing::Hugetlb(SIZE_2M));
     assert_eq!(slab.page_size(), 2 << 20);
     assert_eq!(slab.as_ptr() as usize % (2 << 20), 0);
     let during = global_pool(SIZE_2M);
@@ -232,7 +232,7 @@ fn hugetlb_2m_rounds_up_to_whole_pages() {
     let label = "test-2m-round";
     // 3 x 1000 bytes round to 3 x 1024: one page, with most of it unused.
     let mut slab = Slab::new(&config(label, 1000, 3, HugepagePolicy::Prefer)).unwrap();
-    assert_eq!(slab.backing(), Backing::Hugetlb2M);
+    assert_eq!(slab.backing(), Backing::Hugetlb(SIZE_2M));
     assert_eq!(slab.slot_size(), 1024);
     assert_eq!(slab.mapped_len(), 2 << 20);
     fill_and_check(&mut slab, true);
@@ -282,7 +282,7 @@ fn hugetlb_1g_pages_when_the_kernel_has_them() {
 
     let before = global_pool(SIZE_1G);
     let mut slab = Slab::new(&cfg).expect("a free 1 GiB page backs a 1 GiB slab");
-    assert_eq!(slab.backing(), Backing::Hugetlb1G);
+    assert_eq!(slab.backing(), Backing::Hugetlb(SIZE_1G));
     assert_eq!(slab.as_ptr() as usize % (1 << 30), 0);
     assert_eq!(global_pool(SIZE_1G).free, before.free - 1);
     fill_and_check(&mut slab, false);
@@ -292,7 +292,7 @@ fn hugetlb_1g_pages_when_the_kernel_has_them() {
 
     // A small slab does not take a whole gigabyte page even when one is free.
     let small = Slab::new(&config("test-1g-small", 1 << 20, 64, HugepagePolicy::Prefer)).expect("prefer falls back");
-    assert_ne!(small.backing(), Backing::Hugetlb1G);
+    assert_ne!(small.backing(), Backing::Hugetlb(SIZE_1G));
     assert_eq!(global_pool(SIZE_1G).free, before.free);
     let err = Slab::new(&config("test-1g-small-req", 1 << 20, 64, HugepagePolicy::Require))
         .expect_err("no 2 MiB pages, and 1 GiB pages are not for small slabs");

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Release tarballs for x86-64 and aarch64 (Graviton), and a check that the
-# aarch64 build is sound: its loopback fabric tests run under qemu-user.
+# aarch64 build is sound: its loopback fabric tests and the tarball's own
+# `tally demo --cluster off` run under qemu-user.
 #
 #   make dist                           (installs what is missing, as root)
 #   scripts/build/dist.sh
@@ -13,13 +14,12 @@
 #   tally-<version>-<arch>/lib/libnccl-net-tally.so
 #   tally-<version>-<arch>/config/...
 #
-# Cross-building: the engine links libfabric, so the aarch64 build needs
-# Debian's arm64 libfabric (multiarch: libfabric-dev:arm64, libibverbs-dev:arm64,
-# co-installable with the amd64 ones), found through pkg-config's per-target
-# variables so that the host's build scripts still see the host's libraries.
-# bindgen is told the target through BINDGEN_EXTRA_CLANG_ARGS_<target>.
-# Under qemu the emulated process loads the arm64 multiarch glibc, libfabric
-# and rdma-core from /usr/lib/aarch64-linux-gnu (qemu -L /), nothing of the host's.
+# Cross-building: the engine links libfabric, so the aarch64 build needs an
+# arm64 libfabric: Debian's packages, downloaded and unpacked into
+# target-aarch64/ (never installed: scripts/build/aarch64-lib.sh says why),
+# found through pkg-config's per-target variables so that the host's build
+# scripts still see the host's libraries. Under qemu the emulated process
+# loads the cross toolchain's glibc and that libfabric.
 # Emulated timings mean nothing; passing tests mean the Graviton build is sound.
 set -euo pipefail
 
@@ -29,7 +29,6 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 CARGO="${CARGO:-cargo}"
 DIST="$ROOT/dist"
 CROSS=aarch64-unknown-linux-gnu
-CROSS_LIBDIR=/usr/lib/aarch64-linux-gnu
 VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version *= *"\(.*\)"/\1/p' Cargo.toml)"
 HOST_ARCH="$(uname -m)"
 [[ -n "$VERSION" ]] || { echo "dist: no [workspace.package] version in Cargo.toml" >&2; exit 1; }
@@ -40,65 +39,8 @@ fail() {
     exit 1
 }
 
-SUDO=""
-[[ $(id -u) -eq 0 ]] || SUDO=sudo
-
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-
-# The cross toolchain, qemu, and the arm64 libraries the engine links.
-cross_prerequisites() {
-    if ! rustup target list --installed 2>/dev/null | grep -qx "$CROSS"; then
-        log "installing the Rust target $CROSS"
-        rustup target add "$CROSS" >/dev/null || fail "rustup target add $CROSS failed (offline?)"
-    fi
-    local missing=()
-    for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; do
-        installed "$p" || missing+=("$p")
-    done
-    if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-        log "enabling the arm64 architecture for multiarch packages"
-        $SUDO dpkg --add-architecture arm64
-        missing+=(libfabric-dev:arm64 libibverbs-dev:arm64)
-    else
-        for p in libfabric-dev:arm64 libibverbs-dev:arm64; do
-            installed "$p" || missing+=("$p")
-        done
-    fi
-    if ((${#missing[@]})); then
-        log "installing ${missing[*]}"
-        $SUDO apt-get update -qq
-        # Multiarch packages must sit beside the host's, never replace them.
-        if $SUDO apt-get install -s -y "${missing[@]}" 2>/dev/null | grep -q '^Remv'; then
-            fail "installing ${missing[*]} would remove packages; install them by hand"
-        fi
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null ||
-            fail "apt-get install ${missing[*]} failed"
-    fi
-    command -v aarch64-linux-gnu-gcc >/dev/null || fail "aarch64-linux-gnu-gcc not found"
-    command -v qemu-aarch64 >/dev/null || fail "qemu-aarch64 not found"
-    [[ -f "$CROSS_LIBDIR/pkgconfig/libfabric.pc" ]] || fail "no arm64 libfabric.pc in $CROSS_LIBDIR/pkgconfig"
-}
-
-# Environment for building and running the aarch64 target.
-cross_env() {
-    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-    export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-    export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
-    # pkg-config reads the _<target> forms for the cross build only.
-    export PKG_CONFIG_ALLOW_CROSS=1
-    export PKG_CONFIG_LIBDIR_aarch64_unknown_linux_gnu="$CROSS_LIBDIR/pkgconfig:/usr/share/pkgconfig"
-    export PKG_CONFIG_SYSROOT_DIR_aarch64_unknown_linux_gnu=/
-    # bindgen's clang: the target's ABI, the cross libc's headers, and
-    # /usr/include for the (architecture-independent) libfabric headers.
-    export BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--target=aarch64-linux-gnu -I/usr/aarch64-linux-gnu/include -I/usr/include"
-    # The emulated process takes its loader and every library from the arm64
-    # multiarch tree (libc6:arm64 came with libfabric1:arm64): `-L /`. Mixing
-    # the cross toolchain's loader (-L /usr/aarch64-linux-gnu) with the
-    # multiarch libc that an LD_LIBRARY_PATH for libfabric drags in hangs the
-    # first pthread_create: ld.so and libc.so must come from one glibc build.
-    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /"
-    [[ -e /lib/ld-linux-aarch64.so.1 ]] || fail "no arm64 loader /lib/ld-linux-aarch64.so.1 (libc6:arm64 missing)"
-}
+# shellcheck source=scripts/build/aarch64-lib.sh
+source "$ROOT/scripts/build/aarch64-lib.sh"
 
 # pack ARCH OUTDIR: the tarball for one architecture.
 pack() {
@@ -133,13 +75,16 @@ summary+=("$HOST_ARCH   $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); 
 
 # 2. The aarch64 cross build, and its fabric tests under qemu.
 if [[ "$HOST_ARCH" == "x86_64" ]]; then
-    cross_prerequisites
-    cross_env
+    aarch64_toolchain
+    aarch64_sysroot "$ROOT/target-aarch64"
+    aarch64_env "$ROOT/target-aarch64"
+    # Every aarch64 process under qemu-user, the ranks tally starts too.
+    export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu QEMU_SET_ENV="LD_LIBRARY_PATH=$AARCH64_LIBS"
+    export TALLY_EXEC_WRAPPER=qemu-aarch64 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64
     log "building $CROSS release binaries and the plugin (glibc floor 2.28)"
     # zig links the shipped binaries (its own aarch64 linker and glibc 2.28
-    # stubs); the cross gcc stays for the test binaries run under qemu below.
-    env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu -u AR_aarch64_unknown_linux_gnu \
-        scripts/build/release.sh "$CROSS"
+    # stubs), and the test binaries run under qemu below.
+    scripts/build/release.sh "$CROSS"
     cross_out="$CARGO_TARGET_DIR/$CROSS/release"
     tarball="$(pack aarch64 "$cross_out")"
     summary+=("aarch64  $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); bin/tally: $(describe "$cross_out/tally")")
@@ -151,8 +96,8 @@ if [[ "$HOST_ARCH" == "x86_64" ]]; then
         testlog="$(mktemp)"
         set +e
         # Bounded: a hang under emulation must end as a failure, not a stuck build.
-        timeout "${TALLY_DIST_TEST_TIMEOUT_S:-1200}" \
-            $CARGO test --release --target "$CROSS" -p tally-engine --test fabric -- --test-threads=1 2>&1 | tee "$testlog"
+        PATH="$ROOT/target/py-tools/bin:$PATH" timeout "${TALLY_DIST_TEST_TIMEOUT_S:-1200}" \
+            cargo-zigbuild test --release --target "$CROSS.2.28" -p tally-engine --test fabric -- --test-threads=1 2>&1 | tee "$testlog"
         test_status=${PIPESTATUS[0]}
         set -e
         ((test_status != 124)) || summary+=("aarch64 fabric tests: TIMED OUT under qemu")
@@ -178,6 +123,25 @@ if [[ "$HOST_ARCH" == "x86_64" ]]; then
         elif ((test_status == 0)); then
             summary+=("aarch64 fabric tests: all passed under qemu")
         fi
+        # The tarball itself, unpacked, as a user would start it.
+        log "running the aarch64 tarball's tally demo --cluster off under qemu"
+        unpacked="$(mktemp -d)"
+        tar -C "$unpacked" -xzf "$tarball"
+        demo_bin="$unpacked/tally-$VERSION-aarch64/bin/tally"
+        set +e
+        timeout "${TALLY_DIST_TEST_TIMEOUT_S:-1200}" qemu-aarch64 "$demo_bin" demo --cluster off --json --out "$unpacked/demo" \
+            >"$unpacked/demo.json" 2>"$unpacked/demo.err"
+        demo_status=$?
+        set -e
+        demo_wrong="$(python3 -c 'import json,sys; print(sum(r["wrong"] for r in json.load(open(sys.argv[1]))["results"]))' "$unpacked/demo.json" 2>/dev/null || echo "?")"
+        if ((demo_status == 0)) && [[ "$demo_wrong" == 0 ]]; then
+            summary+=("aarch64 tarball: tally demo --cluster off under qemu: 0 wrong")
+        else
+            tail -20 "$unpacked/demo.err" >&2
+            summary+=("aarch64 tarball: tally demo --cluster off under qemu FAILED (status $demo_status, wrong $demo_wrong)")
+            status=1
+        fi
+        rm -rf "$unpacked"
     fi
 else
     summary+=("cross build: skipped on a $HOST_ARCH host (the native tarball is the $HOST_ARCH one)")

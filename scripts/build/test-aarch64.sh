@@ -9,40 +9,13 @@
 # Extra arguments go to the integration test binary (e.g. a test name filter).
 set -euo pipefail
 
-if [[ "${TALLY_SKIP_AARCH64:-}" == "1" ]]; then
-    echo "WARNING: TALLY_SKIP_AARCH64=1: the aarch64 (NEON) kernels were NOT tested" >&2
-    exit 0
-fi
-
-TARGET=aarch64-unknown-linux-gnu
+AARCH64_WHO="aarch64"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-reduce}"
-
-fail() {
-    echo "aarch64: FAILED: $*" >&2
-    exit 1
-}
-
-if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
-    echo "aarch64: installing the Rust target $TARGET"
-    rustup target add "$TARGET" >/dev/null ||
-        fail "cannot install the Rust target $TARGET (rustup target add failed; offline?)"
-fi
-
-missing=()
-for pkg in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-    echo "aarch64: installing ${missing[*]}"
-    SUDO=""
-    [[ $(id -u) -eq 0 ]] || SUDO=sudo
-    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"; } >/dev/null ||
-        fail "cannot install ${missing[*]} with apt-get"
-fi
-command -v qemu-aarch64 >/dev/null || fail "qemu-aarch64 not found after installing qemu-user"
-command -v aarch64-linux-gnu-gcc >/dev/null || fail "aarch64-linux-gnu-gcc not found"
+# shellcheck source=scripts/build/aarch64-lib.sh
+source "$ROOT/scripts/build/aarch64-lib.sh"
+aarch64_begin "the aarch64 (NEON) kernels were" "$ROOT/target-reduce"
+TARGET="$AARCH64_TARGET"
+aarch64_toolchain
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 # Pin the library path to the cross libc as well as the loader: once arm64

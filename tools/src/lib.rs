@@ -9,8 +9,8 @@
 //!   result rows, tables and plots;
 //! - [`host`]: `tally hugepages | efa-env | doctor`, the host's facts;
 //! - [`collnet_driver`]: the plugin driven as NCCL drives a CollNet;
-//! - [`cli_args`], [`logfile`], [`progress`]: the flags, log lines and
-//!   progress line that commands share.
+//! - [`cli_args`], [`logfile`], [`progress`], [`self_exec`]: the flags, log
+//!   lines, progress line and self-started processes that commands share.
 pub mod bench;
 pub mod cli_args;
 pub mod cmd;
@@ -18,3 +18,4 @@ pub mod collnet_driver;
 pub mod host;
 pub mod logfile;
 pub mod progress;
+pub mod self_exec;

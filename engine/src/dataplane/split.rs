@@ -55,9 +55,17 @@
 //! the job, before it starts. A job that fails on one lcore is ended on all
 //! by the control plane; its regions are freed only once every lcore
 //! ended it, so a combiner never reads freed memory.
+//!
+//! The orderings above are checked by loom (engine/loom: `make test-loom`),
+//! which compiles this file against its own atomics (`--cfg loom`) and runs
+//! every interleaving, and every weaker-than-sequential outcome, of lcores
+//! meeting here.
 use crate::wire::{split_ranks, SPLIT_MAX};
 use core::ops::Range;
+#[cfg(not(loom))]
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// The state the lcores of one split job share (see the module doc).
 pub struct SplitShared {
@@ -148,7 +156,7 @@ impl SplitShared {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::SplitShared;
     use crate::wire::SPLIT_MAX;

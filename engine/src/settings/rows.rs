@@ -278,6 +278,13 @@ pub static ENV: &[EnvVar] = &[
         &[Tools],
         "1: rank 0 of `tally bench allreduce` prints a `LOOP` line before each timed loop (set by `tally bench cluster`)",
     ),
+    dev(
+        "TALLY_EXEC_WRAPPER",
+        "",
+        "none",
+        &[Tools, Scripts],
+        "a command put in front of the rank processes `tally bench allreduce` and `tally demo` start of their own binary, as cargo's runner (`qemu-aarch64`: scripts/build/test-aarch64-e2e.sh)",
+    ),
     dev("TALLY_CLUSTER_RANK", "", "set by `tally bench cluster --workers-run`", &[Tools, Scripts], "the worker's index, for the command run in its namespace"),
     dev("TALLY_CLUSTER_WORLD", "", "set by `tally bench cluster --workers-run`", &[Tools, Scripts], "the number of workers"),
     dev("TALLY_CLUSTER_MASTER", "", "set by `tally bench cluster --workers-run`", &[Tools, Scripts], "worker 0's address"),
@@ -337,7 +344,14 @@ pub static ENV: &[EnvVar] = &[
     ),
     dev("TALLY_DIST_SKIP_TESTS", "", "off", &[Scripts], "1: scripts/build/dist.sh makes the tarballs without the aarch64 tests"),
     dev("TALLY_DIST_TEST_TIMEOUT_S", "1200", "", &[Scripts], "time limit of scripts/build/dist.sh's aarch64 tests"),
-    dev("TALLY_SKIP_AARCH64", "", "off", &[Scripts], "1: scripts/build/test-aarch64.sh skips the NEON kernel tests (with a warning)"),
+    dev(
+        "TALLY_SKIP_AARCH64",
+        "",
+        "off",
+        &[Scripts],
+        "1: scripts/build/test-aarch64.sh skips the NEON kernel tests and scripts/build/test-aarch64-e2e.sh the aarch64 end-to-end suite (with a warning)",
+    ),
+    dev("TALLY_AARCH64_RUN_TIMEOUT_S", "300", "", &[Scripts], "time limit of each run of scripts/build/test-aarch64-e2e.sh under qemu"),
     dev("TALLY_LR_CONFIG", "", "set by the script", &[Scripts], "names the configuration of a scripts/device/linerate.sh run"),
 ];
 

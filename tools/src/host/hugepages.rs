@@ -19,11 +19,13 @@
 //!
 //! Reading needs nothing; changing pools and mounts needs root, and a
 //! non-root change fails up front with a message saying so.
+use super::cpu::{self, CpuFacts};
 use super::table::{Align, Table};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use std::io;
 use std::path::{Path, PathBuf};
+use tally_engine::dataplane::slab::PageGeometry;
 use tally_engine::host::hugepages::{self, HugetlbfsMount, PoolState, ThpMode};
 use tally_engine::host::units::{format_size, format_size_arg, parse_size};
 
@@ -81,7 +83,7 @@ pub struct ReserveArgs {
     /// How much memory: K/M/G suffixes, e.g. 512M, 16G.
     #[arg(value_parser = parse_size_arg)]
     pub size: u64,
-    /// Page size: 2M or 1G. Default: the kernel's default hugepage size.
+    /// Page size: 2M or 1G (512M on arm64 kernels of 64 KiB pages). Default: the kernel's default hugepage size.
     #[arg(long, value_parser = parse_page_size)]
     pub pagesize: Option<u64>,
     /// Change only this NUMA node's pool (default: the system-wide pool,
@@ -98,7 +100,7 @@ pub struct MountArgs {
     /// Mount point.
     #[arg(long, default_value = DEFAULT_MOUNT_DIR)]
     pub directory: PathBuf,
-    /// Page size of the mount: 2M or 1G. Default: the kernel's default.
+    /// Page size of the mount: 2M or 1G (512M on arm64 kernels of 64 KiB pages). Default: the kernel's default.
     #[arg(long, value_parser = parse_page_size)]
     pub pagesize: Option<u64>,
 }
@@ -108,7 +110,7 @@ pub struct SetupArgs {
     /// How much memory the pool should hold: K/M/G suffixes.
     #[arg(value_parser = parse_size_arg)]
     pub size: u64,
-    /// Page size: 2M or 1G. Default: the kernel's default hugepage size.
+    /// Page size: 2M or 1G (512M on arm64 kernels of 64 KiB pages). Default: the kernel's default hugepage size.
     #[arg(long, value_parser = parse_page_size)]
     pub pagesize: Option<u64>,
     /// Use only this NUMA node's pool.
@@ -215,6 +217,9 @@ pub struct ShowReport {
     pub pools: Vec<PoolJson>,
     pub mounts: Vec<MountJson>,
     pub thp: String,
+    /// The base page and the transparent huge page, in bytes.
+    pub base_page: usize,
+    pub thp_page: u64,
 }
 
 #[derive(Serialize, Debug)]
@@ -237,17 +242,20 @@ fn show(json: bool) -> Result<(), String> {
     let mounts = hugepages::mounts().map_err(|e| format!("cannot read /proc/mounts: {e}"))?;
     let thp = hugepages::thp_mode().map_err(|e| e.to_string())?;
     let default = hugepages::default_page_size().ok();
+    let geometry = PageGeometry::detect();
     if json {
         let report = ShowReport {
             default_page_size: default,
             pools: pools.iter().map(|p| PoolJson { pool: *p, total_bytes: p.total * p.page_size }).collect(),
             mounts: mounts.iter().map(|m| MountJson { path: m.mount_point.display().to_string(), page_size: m.page_size }).collect(),
             thp: thp.to_string(),
+            base_page: geometry.base,
+            thp_page: geometry.pmd,
         };
         super::out(&(serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"))?;
         return Ok(());
     }
-    super::out(&render_show(&pools, &mounts, thp, default))?;
+    super::out(&(render_show(&pools, &mounts, thp, default) + &render_pages(&geometry, &cpu::read())))?;
     Ok(())
 }
 
@@ -300,6 +308,17 @@ pub fn render_show(pools: &[PoolState], mounts: &[HugetlbfsMount], thp: ThpMode,
     };
     out.push_str(&format!("Transparent huge pages: {thp} ({meaning})\n"));
     out
+}
+
+/// The lines under `show`'s tables: the page sizes slabs work with (an
+/// arm64 kernel may have 64 KiB base pages and 512 MiB huge ones) and the CPU.
+pub fn render_pages(geometry: &PageGeometry, cpu: &CpuFacts) -> String {
+    format!(
+        "Base pages: {}; a transparent huge page: {}\nCPU: {}\n",
+        format_size(geometry.base as u64),
+        format_size(geometry.pmd),
+        cpu.describe()
+    )
 }
 
 /// What a reservation did, for the report.
@@ -548,5 +567,15 @@ mod tests {
         assert_eq!(lines[2], "node 0      1 GiB      0     0         -        0     0 B");
         assert!(lines.iter().any(|l| l.starts_with("/dev/hugepages ") && l.ends_with(" 2 MiB")), "{text}");
         assert!(text.contains("Transparent huge pages: madvise"), "{text}");
+    }
+
+    #[test]
+    fn pages_line_of_a_64k_graviton() {
+        let g = PageGeometry::for_base(64 << 10, vec![512 << 20]);
+        let cpu = crate::host::cpu::parse("processor\t: 0\nFeatures\t: fp asimd sve2 sve\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n");
+        assert_eq!(
+            render_pages(&g, &cpu),
+            "Base pages: 64 KiB; a transparent huge page: 512 MiB\nCPU: Neoverse V2 (Graviton4: c8g, c8gn), 1 CPUs; SIMD: NEON, SVE, SVE2\n"
+        );
     }
 }

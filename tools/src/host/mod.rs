@@ -10,6 +10,9 @@
 //! - `tally doctor` ([`doctor`]): one table of checks against a server
 //!   configuration, each with a one-line fix.
 //!
+//! [`cpu`] names the CPU (on Arm, its Neoverse core and Graviton
+//! generation) and its SIMD for all three.
+//!
 //! [`verbs`] loads libibverbs and libefa at run time, so that all three
 //! commands work (and say so) on hosts without rdma-core or without any RDMA
 //! device. [`table`] lays out the aligned text tables they print.
@@ -18,6 +21,7 @@
 //! functions over plain structs of facts: those functions are what the tests
 //! drive with made-up hosts (an EFA host, an old kernel, a VM without
 //! cpufreq), since this build machine is only one of them.
+pub mod cpu;
 pub mod doctor;
 pub mod efa_env;
 pub mod hugepages;

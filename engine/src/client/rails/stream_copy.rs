@@ -14,7 +14,9 @@
 //! Streaming stores are weakly ordered: [`copy`] ends with a store fence, so
 //! the bytes are visible before the completion that hands them over.
 
-/// Below this the head/tail handling outweighs the gain.
+/// Below this the head/tail handling outweighs the gain (x86-64 only: the
+/// only streaming copy there is).
+#[cfg(target_arch = "x86_64")]
 const MIN_STREAM: usize = 4096;
 
 /// Whether rails stream their copies (`TALLY_STAGE_COPY`: `stream`, the

@@ -19,6 +19,10 @@
 //!    `MADV_HUGEPAGE`, which the kernel fills with 2 MiB pages when it can;
 //! 4. normal pages.
 //!
+//! Those are x86-64's sizes, and an arm64 kernel of 4 KiB pages; other
+//! kernels (64 KiB base pages, 512 MiB huge pages) get the same rules over
+//! their own sizes ([`geometry`]).
+//!
 //! [`HugepagePolicy`] chooses how far down the chain to go: `Require` stops
 //! after hugetlb with an error that says what to reserve, `Prefer` goes all
 //! the way, `Off` uses normal pages only (marked `MADV_NOHUGEPAGE`, so that
@@ -43,8 +47,11 @@ use core::ptr::NonNull;
 use core::str::FromStr;
 use std::io;
 
-use crate::host::hugepages::{self, SIZE_1G, SIZE_2M};
+use crate::host::hugepages;
 use crate::host::units::{format_size, format_size_arg};
+
+pub mod geometry;
+pub use geometry::PageGeometry;
 
 /// How hard to try for huge pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,32 +107,29 @@ impl FromStr for HugepagePolicy {
 /// What memory backs a slab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backing {
-    /// hugetlb pages of 1 GiB.
-    Hugetlb1G,
-    /// hugetlb pages of 2 MiB.
-    Hugetlb2M,
+    /// hugetlb pages of this many bytes (1 GiB or 2 MiB on x86-64).
+    Hugetlb(u64),
     /// An ordinary mapping that the kernel backed, at least partly, with
     /// transparent huge pages.
     TransparentHuge,
-    /// Base pages (4 KiB on x86-64).
+    /// Base pages (4 KiB on x86-64, 4 or 64 KiB on arm64).
     Normal,
 }
 
 impl Backing {
     /// Whether the backing is a hugetlb pool (what `Require` insists on).
     pub fn is_hugetlb(self) -> bool {
-        matches!(self, Backing::Hugetlb1G | Backing::Hugetlb2M)
+        matches!(self, Backing::Hugetlb(_))
     }
 }
 
 impl fmt::Display for Backing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backing::Hugetlb1G => "1 GiB hugetlb pages",
-            Backing::Hugetlb2M => "2 MiB hugetlb pages",
-            Backing::TransparentHuge => "transparent huge pages",
-            Backing::Normal => "normal pages",
-        })
+        match self {
+            Backing::Hugetlb(size) => write!(f, "{} hugetlb pages", format_size(*size)),
+            Backing::TransparentHuge => f.write_str("transparent huge pages"),
+            Backing::Normal => f.write_str("normal pages"),
+        }
     }
 }
 
@@ -234,13 +238,6 @@ pub struct Slab {
 // where first touch placed them whichever thread later uses them.
 unsafe impl Send for Slab {}
 
-/// The base page size of the system.
-fn base_page_size() -> usize {
-    // SAFETY: sysconf reads a constant of the running system.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
-}
-
 /// `n` rounded up to a multiple of `to` (a power of two), or `None` on overflow.
 fn round_up(n: usize, to: usize) -> Option<usize> {
     debug_assert!(to.is_power_of_two());
@@ -339,26 +336,25 @@ fn madvise(ptr: NonNull<u8>, len: usize, advice: libc::c_int) -> io::Result<()> 
     Ok(())
 }
 
-/// The 1 GiB rule: use 1 GiB pages only if the slab fills at least three
-/// quarters of the pages it would take.
-fn wants_1g(len: usize) -> bool {
-    let pages = (len as u64).div_ceil(SIZE_1G);
-    pages > 0 && (len as u64).saturating_mul(4) >= pages * SIZE_1G * 3
-}
-
 impl Slab {
     /// Map, touch and lock a slab as `config` says, and log what backs it.
     ///
     /// Call this on the thread that will use the slab, after pinning it:
     /// every page is written here, and first touch decides the NUMA node.
     pub fn new(config: &SlabConfig) -> Result<Slab, SlabError> {
+        Slab::with_geometry(config, &PageGeometry::detect())
+    }
+
+    /// [`Slab::new`] with the page sizes given rather than read from the
+    /// kernel: tests map a 64 KiB-page kernel's slab on this host.
+    pub fn with_geometry(config: &SlabConfig, geometry: &PageGeometry) -> Result<Slab, SlabError> {
         let label = config.label.clone();
         let invalid = |reason: String| SlabError::InvalidConfig { label: label.clone(), reason };
         if config.slots == 0 || config.slot_size == 0 {
             return Err(invalid(format!("{} slots of {} bytes: a slab needs at least one non-empty slot", config.slots, config.slot_size)));
         }
-        let page = base_page_size();
-        let slot_align = if config.page_aligned_slots { page.max(4096) } else { 64 };
+        let page = geometry.base;
+        let slot_align = if config.page_aligned_slots { geometry.page_align() } else { 64 };
         let slot_size =
             round_up(config.slot_size, slot_align).ok_or_else(|| invalid(format!("slot size {} is too large", config.slot_size)))?;
         let len = slot_size
@@ -382,10 +378,10 @@ impl Slab {
                 passed_over.push("hugepages off".to_string());
                 (m, Backing::Normal, page)
             }
-            HugepagePolicy::Require | HugepagePolicy::Prefer => match Slab::try_hugetlb(&label, len, &mut passed_over) {
+            HugepagePolicy::Require | HugepagePolicy::Prefer => match Slab::try_hugetlb(&label, len, geometry, &mut passed_over) {
                 Ok(found) => found,
                 Err(e) if config.policy == HugepagePolicy::Require => return Err(e),
-                Err(_) => Slab::map_thp_or_normal(&label, len, page, &mut passed_over)?,
+                Err(_) => Slab::map_thp_or_normal(&label, len, geometry, &mut passed_over)?,
             },
         };
 
@@ -433,7 +429,7 @@ impl Slab {
         }
 
         let what = match slab.backing {
-            Backing::Hugetlb1G | Backing::Hugetlb2M => {
+            Backing::Hugetlb(_) => {
                 format!("{} x {} hugetlb pages", slab.region_len / slab.page_size, format_size(slab.page_size as u64))
             }
             Backing::TransparentHuge => "transparent huge pages".to_string(),
@@ -452,14 +448,19 @@ impl Slab {
         Ok(slab)
     }
 
-    /// Try hugetlb 1 GiB (when the 1 GiB rule allows) then 2 MiB pages. On
-    /// failure the error describes the 2 MiB shortfall, the pool an operator
-    /// would fill.
-    fn try_hugetlb(label: &str, len: usize, passed_over: &mut Vec<String>) -> Result<(Mapping, Backing, usize), SlabError> {
-        let candidates: &[(u64, Backing)] =
-            if wants_1g(len) { &[(SIZE_1G, Backing::Hugetlb1G), (SIZE_2M, Backing::Hugetlb2M)] } else { &[(SIZE_2M, Backing::Hugetlb2M)] };
+    /// Try hugetlb 1 GiB (when the 1 GiB rule allows) then 2 MiB pages, or
+    /// the sizes of another geometry ([`PageGeometry::hugetlb_candidates`]).
+    /// On failure the error describes the shortfall of the last (smallest),
+    /// the pool an operator would fill.
+    fn try_hugetlb(
+        label: &str,
+        len: usize,
+        geometry: &PageGeometry,
+        passed_over: &mut Vec<String>,
+    ) -> Result<(Mapping, Backing, usize), SlabError> {
         let mut last_err = None;
-        for &(size, backing) in candidates {
+        for size in geometry.hugetlb_candidates(len) {
+            let backing = Backing::Hugetlb(size);
             let map_len = round_up(len, size as usize).expect("bounded above");
             let need = (map_len as u64) / size;
             match map_hugetlb(map_len, size) {
@@ -489,12 +490,15 @@ impl Slab {
     fn map_thp_or_normal(
         label: &str,
         len: usize,
-        page: usize,
+        geometry: &PageGeometry,
         passed_over: &mut Vec<String>,
     ) -> Result<(Mapping, Backing, usize), SlabError> {
+        let page = geometry.base;
         let thp = hugepages::thp_mode().unwrap_or(hugepages::ThpMode::Never);
-        if thp != hugepages::ThpMode::Never {
-            let align = SIZE_2M as usize;
+        if thp != hugepages::ThpMode::Never && !geometry.thp_fits(len) {
+            passed_over.push(format!("{} transparent huge pages would round it up too far", format_size(geometry.pmd)));
+        } else if thp != hugepages::ThpMode::Never {
+            let align = geometry.pmd as usize;
             let thp_len = round_up(len, align).expect("bounded above");
             match map_guarded(thp_len, align, page) {
                 Ok(m) => match madvise(m.region, m.region_len, libc::MADV_HUGEPAGE) {

@@ -1,5 +1,6 @@
-//! Tests of slabs: the hugepage policy's parsing, the 1 GiB page rule,
-//! the shortfall message, invalid configurations and slot addressing.
+//! Tests of slabs: the hugepage policy's parsing, the shortfall message,
+//! invalid configurations, slot addressing, and a slab built for a 64 KiB-page
+//! kernel (the page-size rules themselves: geometry.rs).
 use super::*;
 
 #[test]
@@ -16,23 +17,11 @@ fn policy_parses() {
 }
 
 #[test]
-fn one_gig_rule() {
-    assert!(!wants_1g(0));
-    assert!(!wants_1g(64 << 20));
-    assert!(!wants_1g(767 << 20));
-    assert!(wants_1g(768 << 20));
-    assert!(wants_1g(1 << 30));
-    assert!(!wants_1g((1 << 30) + 1));
-    assert!(wants_1g(3 << 29)); // 1.5 GiB in 2 pages: 75 %
-    assert!(wants_1g(8 << 30));
-}
-
-#[test]
 fn shortfall_message() {
     let e = SlabError::HugepagesUnavailable {
         label: "lcore 3".into(),
         need_pages: 8,
-        page_size: SIZE_2M,
+        page_size: hugepages::SIZE_2M,
         available: 0,
         source: io::Error::from_raw_os_error(libc::ENOMEM),
     };
@@ -60,7 +49,7 @@ fn rounds_slots_and_finds_them() {
     let slab = Slab::new(&cfg).unwrap();
     assert_eq!(slab.slot_size(), 128);
     assert_eq!(slab.len(), 384);
-    assert_eq!(slab.mapped_len(), base_page_size());
+    assert_eq!(slab.mapped_len(), PageGeometry::detect().base);
     assert_eq!(slab.slot_of(slab.slot_ptr(2)), Some(2));
     assert_eq!(slab.slot_of(slab.slot_ptr(1).wrapping_add(127)), Some(1));
     assert_eq!(slab.slot_of(slab.as_ptr().wrapping_add(384)), None);
@@ -68,7 +57,7 @@ fn rounds_slots_and_finds_them() {
 
     cfg.page_aligned_slots = true;
     let slab = Slab::new(&cfg).unwrap();
-    assert_eq!(slab.slot_size(), base_page_size().max(4096));
+    assert_eq!(slab.slot_size(), PageGeometry::detect().base.max(4096));
     for i in 0..3 {
         assert_eq!(slab.slot_ptr(i) as usize % 4096, 0);
     }
@@ -81,4 +70,34 @@ fn slot_out_of_range_panics() {
     cfg.policy = HugepagePolicy::Off;
     let slab = Slab::new(&cfg).unwrap();
     let _ = slab.slot(3);
+}
+
+/// A kernel of 64 KiB base pages and 512 MiB huge pages, injected: slots
+/// and mappings round to 64 KiB, and a slab too small for a 512 MiB page
+/// neither takes one from hugetlb nor maps one for THP.
+#[test]
+fn sixty_four_k_pages() {
+    const MIB: u64 = 1 << 20;
+    let geometry = PageGeometry::for_base(64 << 10, vec![512 * MIB]);
+    let mut cfg = SlabConfig::new("64k", 100, 3);
+    cfg.policy = HugepagePolicy::Off;
+    cfg.page_aligned_slots = true;
+    let slab = Slab::with_geometry(&cfg, &geometry).unwrap();
+    assert_eq!(slab.slot_size(), 64 << 10);
+    assert_eq!(slab.mapped_len(), 192 << 10);
+    assert_eq!(slab.page_size(), 64 << 10);
+    for i in 0..3 {
+        assert_eq!(slab.slot_ptr(i) as usize % (64 << 10), 0);
+    }
+    // Prefer, 16 MiB: the only hugetlb size is 512 MiB (absent on this host,
+    // so its mmap fails), and 512 MiB THP would be 32 times the slab: 64 KiB pages.
+    cfg.policy = HugepagePolicy::Prefer;
+    cfg.page_aligned_slots = false;
+    cfg.slot_size = 1 << 20;
+    cfg.slots = 16;
+    let slab = Slab::with_geometry(&cfg, &geometry).unwrap();
+    assert_eq!(slab.backing(), Backing::Normal);
+    assert_eq!(slab.mapped_len(), 16 << 20);
+    assert_eq!(slab.page_size(), 64 << 10);
+    assert_eq!(slab.as_ptr() as usize % (64 << 10), 0);
 }

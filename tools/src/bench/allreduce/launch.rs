@@ -7,8 +7,9 @@ use super::rank::ensure_fds;
 use crate::bench::report::{self, format_row, method_line, Row};
 use crate::logfile;
 use crate::progress::Progress;
+use crate::self_exec;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use tally_engine::host::config::ServerFile;
 use tally_engine::host::units::format_size;
 use tally_engine::server::Server;
@@ -131,11 +132,10 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     // Drawn here, given to every rank: only this job's ranks hold it.
     let secret = tally_engine::client::ClientConfig::draw_job_secret().map_err(|e| e.to_string())?;
     let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children = Vec::new();
     let per = ranks_per_process(args);
     for rank in (0..args.ranks).step_by(per as usize) {
-        let mut c = Command::new(&exe);
+        let mut c = self_exec::command()?;
         c.args(["bench", "allreduce", "--rank", &rank.to_string(), "--bootstrap", &boot, "--job-id", &job_id.to_string()]);
         c.args(["--job-secret", &secret]);
         c.args(["--ranks-per-process", &per.to_string()]);

@@ -186,10 +186,18 @@ pub(super) fn check_nic_numa(t: &Target, h: &HostFacts) -> Check {
 
 pub(super) fn check_hugepages(t: &Target, h: &HostFacts) -> Check {
     let c = &t.config;
-    let slab = c.slab_size.div_ceil(hugepages::SIZE_2M) * hugepages::SIZE_2M;
+    // The pool a slab falls back to, whose shortfall the slab reports: 2 MiB
+    // on x86-64 (and arm64 with 4 KiB pages), the smallest size of 2 MiB
+    // and up on other kernels.
+    // Only the pools of sizes the slab would take count (a 200 MiB slab
+    // takes no 512 MiB page).
+    let sizes = h.geometry().hugetlb_candidates(c.slab_size as usize);
+    let page = sizes.last().copied().unwrap_or(hugepages::SIZE_2M);
+    let slab = c.slab_size.div_ceil(page) * page;
     let need = slab * c.lcores.len() as u64;
-    let have: u64 = h.pools.iter().map(|p| p.available() * p.page_size).sum();
-    let total: u64 = h.pools.iter().map(|p| p.total * p.page_size).sum();
+    let pools = || h.pools.iter().filter(|p| sizes.contains(&p.page_size));
+    let have: u64 = pools().map(|p| p.available() * p.page_size).sum();
+    let total: u64 = pools().map(|p| p.total * p.page_size).sum();
     let detail = format!(
         "need {} ({} lcores x {} slab), pools have {} free of {}",
         format_size(need),
@@ -271,7 +279,7 @@ pub(super) fn check_thp(h: &HostFacts) -> Check {
         Some(m) => row(
             "THP",
             Status::Warn,
-            format!("{m}: a slab without hugetlb pages falls back to 4 KiB pages"),
+            format!("{m}: a slab without hugetlb pages falls back to {} pages", format_size(h.geometry().base as u64)),
             Some("echo madvise > /sys/kernel/mm/transparent_hugepage/enabled".into()),
         ),
         None => row("THP", Status::Info, "mode unreadable", None),
@@ -401,6 +409,16 @@ pub(super) fn check_irqs(t: &Target, h: &HostFacts) -> Check {
     )
 }
 
+/// The instruction set the reduction kernels choose on this host, as a
+/// server would (`TALLY_ISA` honoured). On Arm it is NEON: SVE, where the
+/// core has it, is not used.
+fn kernels_isa() -> String {
+    match tally_engine::reduce::Kernels::detect() {
+        Ok(k) => k.isa().name().to_string(),
+        Err(e) => format!("none ({e})"),
+    }
+}
+
 /// Every row, in table order.
 pub fn evaluate(t: &Target, h: &HostFacts) -> Vec<Check> {
     let mut out = vec![row(
@@ -414,6 +432,7 @@ pub fn evaluate(t: &Target, h: &HostFacts) -> Vec<Check> {
         ),
         None,
     )];
+    out.push(row("CPU", Status::Info, format!("{}; the kernels use {}", h.cpu.describe(), kernels_isa()), None));
     out.extend(check_providers(t, h));
     out.push(check_nic_numa(t, h));
     out.push(check_lcores(t, h));

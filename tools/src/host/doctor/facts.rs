@@ -1,10 +1,12 @@
 //! What `tally doctor` reads from the machine, as plain structs of facts
 //! ([`HostFacts`]) that the checks decide on, and the parsers of the host
 //! files those facts come from.
+use crate::host::cpu::{self, CpuFacts};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
+use tally_engine::dataplane::slab::PageGeometry;
 use tally_engine::host::cpuset::{self, CoreList};
 use tally_engine::host::hugepages::{self, PoolState};
 
@@ -55,6 +57,10 @@ pub struct HostFacts {
     pub tcp_autocorking: Option<bool>,
     /// net.ipv4.tcp_congestion_control of this network namespace (`None`: unreadable).
     pub tcp_congestion_control: Option<String>,
+    /// The CPU model and its SIMD, from /proc/cpuinfo.
+    pub cpu: CpuFacts,
+    /// The base page size in bytes (0: unknown, taken as 4 KiB).
+    pub base_page: usize,
 }
 
 /// Parse a sysfs/cmdline CPU list ("2-5,8"); an empty string is no CPUs.
@@ -162,6 +168,14 @@ pub(super) fn memlock_limit() -> Option<u64> {
     (r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
+impl HostFacts {
+    /// The page sizes a slab on this host would use: its base page, and the
+    /// hugetlb sizes of its pools.
+    pub fn geometry(&self) -> PageGeometry {
+        PageGeometry::for_base(self.base_page.max(4096), self.pools.iter().map(|p| p.page_size).collect())
+    }
+}
+
 /// Read everything [`evaluate`](super::checks::evaluate) needs; `lcores` picks which cores' governors
 /// to read.
 pub fn gather(lcores: &CoreList) -> HostFacts {
@@ -199,5 +213,7 @@ pub fn gather(lcores: &CoreList) -> HostFacts {
         allowed: cpuset::allowed().map(|c| c.as_slice().to_vec()).unwrap_or_default(),
         tcp_autocorking: std::fs::read_to_string("/proc/sys/net/ipv4/tcp_autocorking").ok().map(|v| v.trim() != "0"),
         tcp_congestion_control: read_trim("/proc/sys/net/ipv4/tcp_congestion_control"),
+        cpu: cpu::read(),
+        base_page: PageGeometry::detect().base,
     }
 }

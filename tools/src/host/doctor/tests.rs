@@ -206,3 +206,30 @@ fn bbr_is_a_note_where_jobs_go_over_tcp() {
     let efa = HostFacts { tcp_congestion_control: Some("bbr".into()), ..efa_host() };
     assert!(evaluate(&target(C7GN), &efa).iter().all(|c| c.name != ROW));
 }
+
+/// A Graviton host on a kernel of 64 KiB pages: its CPU row names the core,
+/// the instances and the SIMD; a 512 MiB slab per lcore is counted in the
+/// kernel's 512 MiB huge pages (2 MiB contiguous ones offered too), and THP
+/// falls back to 64 KiB pages.
+#[test]
+fn graviton_with_64k_pages() {
+    const MIB: u64 = 1 << 20;
+    let mut h = efa_host();
+    h.cpu = crate::host::cpu::parse("processor\t: 0\nFeatures\t: fp asimd asimdhp sve bf16\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n");
+    h.base_page = 64 << 10;
+    h.thp = Some("never".into());
+    h.pools = vec![
+        PoolState { page_size: SIZE_2M, node: None, total: 0, free: 0, reserved: Some(0), surplus: 0 },
+        PoolState { page_size: 512 * MIB, node: None, total: 62, free: 62, reserved: Some(0), surplus: 0 },
+    ];
+    let c = evaluate(&target(C7GN), &h);
+    let cpu = detail(&c, "CPU");
+    assert!(cpu.starts_with("Neoverse V1 (Graviton3/3E: c7g, c7gn), 1 CPUs; SIMD: NEON, FP16, BF16, SVE; the kernels use "), "{cpu}");
+    assert_eq!(status(&c, "hugepages"), Status::Pass, "{c:#?}");
+    assert_eq!(detail(&c, "hugepages"), "need 31 GiB (62 lcores x 512 MiB slab), pools have 31 GiB free of 31 GiB");
+    assert!(detail(&c, "THP").ends_with("falls back to 64 KiB pages"), "{c:#?}");
+    // 200 MiB slabs would waste most of a 512 MiB page: they take 2 MiB pages, which are empty.
+    let c = evaluate(&target(&C7GN.replace("512M", "200M")), &h);
+    assert_eq!(status(&c, "hugepages"), Status::Fail);
+    assert!(detail(&c, "hugepages").contains("(62 lcores x 200 MiB slab), pools have 0 B free of 0 B"), "{c:#?}");
+}

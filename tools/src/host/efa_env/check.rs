@@ -2,6 +2,7 @@
 //! this environment, and how they differ from what each role needs.
 use super::decision::{decide, Facts, KernelVersion, Role, Setting};
 use super::render::SettingJson;
+use crate::host::cpu::CpuFacts;
 use crate::host::table::{Align, Table};
 use crate::host::verbs::{self, ForkStatus, VerbsReport};
 use serde::Serialize;
@@ -13,6 +14,8 @@ pub const WATCHED: &[&str] = &["FI_EFA_FORK_SAFE", "FI_EFA_USE_HUGE_PAGE", "RDMA
 #[derive(Debug, Serialize)]
 pub struct HostReport {
     pub kernel_release: String,
+    /// The CPU: on a Graviton, its Neoverse core names the generation.
+    pub cpu: CpuFacts,
     pub facts: Facts,
     pub verbs: VerbsReport,
     pub libfabric_headers: (u32, u32),
@@ -68,6 +71,7 @@ pub fn gather() -> HostReport {
     };
     HostReport {
         kernel_release: release,
+        cpu: crate::host::cpu::read(),
         facts,
         verbs,
         libfabric_headers: fabric::info::HEADER_VERSION,
@@ -89,6 +93,7 @@ pub fn render_check(r: &HostReport) -> String {
         Some(_) => format!("{}: no copy-on-fork for pinned pages (< 5.13)", r.kernel_release),
         None => format!("{:?}: version not understood", r.kernel_release),
     };
+    t.row(["CPU".to_string(), r.cpu.describe()]);
     t.row(["kernel".to_string(), kernel]);
     let v = &r.verbs;
     let rdma = match (&v.library, v.rdma_core) {
