@@ -169,10 +169,12 @@ pub type ListenFn = unsafe extern "C" fn(dev: c_int, handle: Ptr, listen_comm: P
 pub type AcceptFn = unsafe extern "C" fn(listen_comm: Ptr, recv_comm: PPtr, recv_dev_comm: PPtr) -> NcclResult;
 pub type RegMrIntFn = unsafe extern "C" fn(comm: Ptr, data: Ptr, size: c_int, kind: c_int, mhandle: PPtr) -> NcclResult;
 pub type RegMrFn = unsafe extern "C" fn(comm: Ptr, data: Ptr, size: usize, kind: c_int, mhandle: PPtr) -> NcclResult;
-pub type RegMrDmaBufFn = unsafe extern "C" fn(comm: Ptr, data: Ptr, size: usize, kind: c_int, offset: u64, fd: c_int, mhandle: PPtr) -> NcclResult;
+pub type RegMrDmaBufFn =
+    unsafe extern "C" fn(comm: Ptr, data: Ptr, size: usize, kind: c_int, offset: u64, fd: c_int, mhandle: PPtr) -> NcclResult;
 pub type CloseFn = unsafe extern "C" fn(comm: Ptr) -> NcclResult;
 pub type DeregMrFn = unsafe extern "C" fn(comm: Ptr, mhandle: Ptr) -> NcclResult;
-pub type IflushFn = unsafe extern "C" fn(recv_comm: Ptr, n: c_int, data: PPtr, sizes: *mut c_int, mhandles: PPtr, request: PPtr) -> NcclResult;
+pub type IflushFn =
+    unsafe extern "C" fn(recv_comm: Ptr, n: c_int, data: PPtr, sizes: *mut c_int, mhandles: PPtr, request: PPtr) -> NcclResult;
 pub type TestFn = unsafe extern "C" fn(request: Ptr, done: *mut c_int, sizes: *mut c_int) -> NcclResult;
 pub type GetDeviceMrFn = unsafe extern "C" fn(comm: Ptr, mhandle: Ptr, dptr_mhandle: PPtr) -> NcclResult;
 pub type IrecvConsumedFn = unsafe extern "C" fn(recv_comm: Ptr, n: c_int, request: Ptr) -> NcclResult;
@@ -295,8 +297,17 @@ pub type CollConnectFn = unsafe extern "C" fn(handles: PPtr, nranks: c_int, rank
 pub type ReduceSupportFn = unsafe extern "C" fn(dtype: c_int, op: c_int, supported: *mut c_int) -> NcclResult;
 pub type CollIflushFn = unsafe extern "C" fn(coll_comm: Ptr, data: Ptr, size: c_int, mhandle: Ptr, request: PPtr) -> NcclResult;
 /// `iallreduce` with the element count as `int` (v7, v8) or `size_t` (`C` = usize, v9+).
-pub type IallreduceFn<C> =
-    unsafe extern "C" fn(coll_comm: Ptr, send: Ptr, recv: Ptr, count: C, dtype: c_int, op: c_int, send_mh: Ptr, recv_mh: Ptr, request: PPtr) -> NcclResult;
+pub type IallreduceFn<C> = unsafe extern "C" fn(
+    coll_comm: Ptr,
+    send: Ptr,
+    recv: Ptr,
+    count: C,
+    dtype: c_int,
+    op: c_int,
+    send_mh: Ptr,
+    recv_mh: Ptr,
+    request: PPtr,
+) -> NcclResult;
 
 /// `ncclNetSGE_v8_t`: v8's scatter-gather entry has a 32-bit size.
 #[repr(C)]

@@ -135,7 +135,12 @@ pub unsafe extern "C" fn net_listen(dev: c_int, handle: *mut c_void, listen_comm
     unsafe { ffi::net_listen(net_ctx(), dev, handle, listen_comm) }
 }
 
-pub unsafe extern "C" fn net_connect(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void, dev_comm: *mut *mut c_void) -> NcclResult {
+pub unsafe extern "C" fn net_connect(
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    dev_comm: *mut *mut c_void,
+) -> NcclResult {
     // SAFETY: as net_listen.
     unsafe { ffi::net_connect(net_ctx(), dev, handle, send_comm, dev_comm) }
 }
@@ -151,7 +156,13 @@ pub unsafe extern "C" fn net_connect_v10(
     unsafe { ffi::net_connect(net_ctx(), dev, handle, send_comm, dev_comm) }
 }
 
-pub unsafe extern "C" fn net_reg_mr_v7(comm: *mut c_void, data: *mut c_void, n: c_int, kind: c_int, mhandle: *mut *mut c_void) -> NcclResult {
+pub unsafe extern "C" fn net_reg_mr_v7(
+    comm: *mut c_void,
+    data: *mut c_void,
+    n: c_int,
+    kind: c_int,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
     match size("regMr", n) {
         // SAFETY: NCCL's arguments, passed on.
         Ok(n) => unsafe { ffi::net_reg_mr(comm, data, n, kind, mhandle) },
@@ -269,7 +280,13 @@ pub unsafe extern "C" fn coll_listen(dev: c_int, handle: *mut c_void, listen_com
     unsafe { ffi::coll_listen(coll_ctx(), dev, handle, listen_comm) }
 }
 
-pub unsafe extern "C" fn coll_reg_mr_v7(comm: *mut c_void, data: *mut c_void, n: c_int, kind: c_int, mhandle: *mut *mut c_void) -> NcclResult {
+pub unsafe extern "C" fn coll_reg_mr_v7(
+    comm: *mut c_void,
+    data: *mut c_void,
+    n: c_int,
+    kind: c_int,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
     match size("CollNet regMr", n) {
         // SAFETY: NCCL's arguments, passed on.
         Ok(n) => unsafe { ffi::coll_reg_mr(comm, data, n, kind, mhandle) },

@@ -33,8 +33,17 @@ pub trait NetApi: Sync {
     unsafe fn reg_mr(&self, comm: Ptr, data: Ptr, size: usize, kind: c_int, mhandle: PPtr) -> NcclResult;
     unsafe fn dereg_mr(&self, comm: Ptr, mhandle: Ptr) -> NcclResult;
     unsafe fn isend(&self, comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr, ph: Ptr, request: PPtr) -> NcclResult;
-    unsafe fn irecv(&self, comm: Ptr, n: c_int, data: PPtr, sizes: *mut usize, tags: *mut c_int, mhs: PPtr, phs: PPtr, req: PPtr)
-        -> NcclResult;
+    unsafe fn irecv(
+        &self,
+        comm: Ptr,
+        n: c_int,
+        data: PPtr,
+        sizes: *mut usize,
+        tags: *mut c_int,
+        mhs: PPtr,
+        phs: PPtr,
+        req: PPtr,
+    ) -> NcclResult;
     unsafe fn iflush(&self, comm: Ptr, n: c_int, data: PPtr, sizes: *mut c_int, mhs: PPtr, request: PPtr) -> NcclResult;
     unsafe fn test(&self, request: Ptr, done: *mut c_int, sizes: *mut c_int) -> NcclResult;
     unsafe fn close_send(&self, comm: Ptr) -> NcclResult;

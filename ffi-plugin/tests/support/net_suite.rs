@@ -98,14 +98,7 @@ struct Comms {
     recv_mh: [*mut c_void; CHANNELS],
 }
 
-fn rank_main(
-    t: &dyn NetApi,
-    ctx: *mut c_void,
-    r: usize,
-    ex: &Mutex<Exchange>,
-    barrier: &Barrier,
-    max_p2p: usize,
-) -> (Vec<u8>, Vec<u8>) {
+fn rank_main(t: &dyn NetApi, ctx: *mut c_void, r: usize, ex: &Mutex<Exchange>, barrier: &Barrier, max_p2p: usize) -> (Vec<u8>, Vec<u8>) {
     // --- listen, exchange handles, connect/accept (non-blocking) ---
     let mut listens = [null(); CHANNELS];
     for (ch, l) in listens.iter_mut().enumerate() {
@@ -444,6 +437,12 @@ pub fn run_legacy(expect_provider: &str, a: &'static dyn NetApi, b: &'static dyn
         let rb = s.spawn(move || rank_main(b, null(), 1, ex, barrier, max_p2p));
         (ra.join().unwrap(), rb.join().unwrap())
     });
-    eprintln!("{expect_provider}: ncclNet v{} and v{}, {CHANNELS} connections each way, {} rounds in {:?}", a.version(), b.version(), ROUNDS.len(), t0.elapsed());
+    eprintln!(
+        "{expect_provider}: ncclNet v{} and v{}, {CHANNELS} connections each way, {} rounds in {:?}",
+        a.version(),
+        b.version(),
+        ROUNDS.len(),
+        t0.elapsed()
+    );
     drop(buffers);
 }
