@@ -115,20 +115,19 @@ unsafe fn props_as<T>(
     rc
 }
 
-pub unsafe extern "C" fn net_get_properties_v7(dev: c_int, props: *mut NetPropertiesV7) -> NcclResult {
-    // SAFETY: as props_as.
-    unsafe { props_as(ffi::net_get_properties_v11, dev, props, NetPropertiesV7::from_v11) }
+/// getProperties of an older table: the v11 entry point's struct, shortened.
+macro_rules! older_properties {
+    ($name:ident, $v11:ident, $ty:ty) => {
+        pub unsafe extern "C" fn $name(dev: c_int, props: *mut $ty) -> NcclResult {
+            // SAFETY: as props_as.
+            unsafe { props_as(ffi::$v11, dev, props, <$ty>::from_v11) }
+        }
+    };
 }
 
-pub unsafe extern "C" fn net_get_properties_v8(dev: c_int, props: *mut NetPropertiesV8) -> NcclResult {
-    // SAFETY: as props_as.
-    unsafe { props_as(ffi::net_get_properties_v11, dev, props, NetPropertiesV8::from_v11) }
-}
-
-pub unsafe extern "C" fn net_get_properties_v9(dev: c_int, props: *mut NetPropertiesV9) -> NcclResult {
-    // SAFETY: as props_as.
-    unsafe { props_as(ffi::net_get_properties_v11, dev, props, NetPropertiesV9::from_v11) }
-}
+older_properties!(net_get_properties_v7, net_get_properties_v11, NetPropertiesV7);
+older_properties!(net_get_properties_v8, net_get_properties_v11, NetPropertiesV8);
+older_properties!(net_get_properties_v9, net_get_properties_v11, NetPropertiesV9);
 
 pub unsafe extern "C" fn net_listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: the process's context (NULL before init: refused there).
@@ -260,20 +259,9 @@ pub unsafe extern "C" fn coll_init_v10(logger: Option<NcclLogger>) -> NcclResult
     coll_init_legacy("ncclCollNet v10", logger)
 }
 
-pub unsafe extern "C" fn coll_get_properties_v7(dev: c_int, props: *mut NetPropertiesV7) -> NcclResult {
-    // SAFETY: as props_as.
-    unsafe { props_as(ffi::coll_get_properties_v11, dev, props, NetPropertiesV7::from_v11) }
-}
-
-pub unsafe extern "C" fn coll_get_properties_v8(dev: c_int, props: *mut NetPropertiesV8) -> NcclResult {
-    // SAFETY: as props_as.
-    unsafe { props_as(ffi::coll_get_properties_v11, dev, props, NetPropertiesV8::from_v11) }
-}
-
-pub unsafe extern "C" fn coll_get_properties_v9(dev: c_int, props: *mut NetPropertiesV9) -> NcclResult {
-    // SAFETY: as props_as.
-    unsafe { props_as(ffi::coll_get_properties_v11, dev, props, NetPropertiesV9::from_v11) }
-}
+older_properties!(coll_get_properties_v7, coll_get_properties_v11, NetPropertiesV7);
+older_properties!(coll_get_properties_v8, coll_get_properties_v11, NetPropertiesV8);
+older_properties!(coll_get_properties_v9, coll_get_properties_v11, NetPropertiesV9);
 
 pub unsafe extern "C" fn coll_listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: the process's CollNet context (NULL before init: refused there).
