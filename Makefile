@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build deps test test-glibc test-rust test-aarch64 test-aarch64-e2e test-loom bench demo dist cluster-bench clean fmt perf image
+.PHONY: all build deps test test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e test-loom wheel bench demo dist cluster-bench clean fmt perf image
 
 all: build
 
@@ -22,7 +22,7 @@ deps:
 demo: deps build
 	./target/release/tally demo
 
-test: deps build test-glibc test-rust test-aarch64 test-aarch64-e2e
+test: deps build test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e
 	@echo "make test: all suites passed"
 
 # Tests build in the `ci` profile (Cargo.toml): release code without thin LTO,
@@ -35,6 +35,16 @@ test-rust:
 	$(CARGO) build --profile ci --workspace --benches
 	$(CARGO) build -p tally-engine --no-default-features
 	@echo "no_std core (reduce, wire) builds without std: ok"
+
+# The tally-nccl wheel (pip install): `tally` and the plugin as `make build`
+# linked them, tagged manylinux_2_28, into target/wheels/ (scripts/build/wheel.sh).
+wheel: build
+	scripts/build/wheel.sh
+
+# The wheel installed into a fresh venv, tested from there only; after
+# test-rust, whose plugin harness it reruns against the installed library.
+test-wheel:
+	scripts/build/test-wheel.sh
 
 # Every shipped binary loads on glibc 2.28 (Amazon Linux 2023, Ubuntu 20.04+, RHEL 8+).
 test-glibc:

@@ -226,6 +226,36 @@ fn unknown_provider_is_a_clear_error() {
     assert!(e.to_string().contains("fi_getinfo"), "{e}");
 }
 
+/// An shm endpoint's name given to a tcp endpoint (a tcp server and an shm
+/// client): the refusal names the cause, the peer's provider.
+#[test]
+fn a_name_of_another_provider_is_refused_naming_it() {
+    let mut tcp = Endpoint::open(&config("tcp")).expect("open tcp");
+    let shm = Endpoint::open(&config("shm")).expect("open shm");
+    let name = shm.name().unwrap();
+    let e = tcp.insert_peer(&name).expect_err("an shm name in a tcp address vector");
+    let own = tcp.name().ok();
+    let why = tally_engine::dataplane::fabric::names::insert_refused(tcp.provider(), own.as_ref(), &name, &e, "the client's");
+    assert!(why.starts_with("fi_av_insert failed: "), "{why}");
+    assert!(why.ends_with("the client's endpoint name is not a tcp;ofi_rxm address: it runs provider shm? (TALLY_PROVIDER)"), "{why}");
+    // A name of this end's own provider is not blamed on its form.
+    let other = Endpoint::open(&config("tcp")).expect("open a second tcp");
+    let fine = other.name().unwrap();
+    assert_eq!(
+        tally_engine::dataplane::fabric::names::insert_refused(tcp.provider(), own.as_ref(), &fine, &e, "the client's"),
+        e.to_string()
+    );
+}
+
+/// `efa` where the host has none: the error says so, in `tally doctor`'s words.
+#[test]
+fn efa_without_a_device_says_so() {
+    match Endpoint::open(&EndpointConfig::new("efa")) {
+        Ok(_) => {} // an EFA host
+        Err(e) => assert_eq!(e.to_string(), "fi_getinfo (no EFA device on this host: see `tally doctor`) failed: No data available (-61)"),
+    }
+}
+
 /// This process's resident memory, from /proc.
 fn rss_bytes() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -246,12 +246,36 @@ fn discover() -> Result<Devices> {
     let node = std::env::var("TALLY_FABRIC_ADDR").ok().filter(|s| !s.trim().is_empty()).map(|s| s.trim().to_string());
     let hints = Hints::new(&provider).with_node(node.as_deref());
     let info = InfoList::get(&hints).map_err(|e| {
-        Error::System(format!("libfabric provider {provider} is not available: {e} (set TALLY_PROVIDER to efa, tcp or shm)"))
+        let fi = std::env::var("FI_PROVIDER").ok();
+        let advice = match fi.as_deref().filter(|v| filter_excludes(v, &provider)) {
+            Some(v) => format!("FI_PROVIDER={v} in the environment leaves it out: unset FI_PROVIDER, or make it name the provider"),
+            None => "set TALLY_PROVIDER to efa, tcp or shm".to_string(),
+        };
+        Error::System(format!("libfabric provider {provider} is not available: {e} ({advice})"))
     })?;
     let max_msg = info.max_msg_size();
     let domains = if provider == "efa" { info.domains() } else { vec![info.domain_name()] };
     let list = domains.into_iter().enumerate().map(|(index, domain)| describe(index, &provider, domain, node.clone(), max_msg)).collect();
     Ok(Devices { provider, list })
+}
+
+/// Whether libfabric's own provider filter, `FI_PROVIDER` (a list of
+/// names, or `^` and the names to exclude), leaves out the core provider of
+/// `provider` (`tcp` of `tcp;ofi_rxm`): a worker's environment made for
+/// another fabric (`FI_PROVIDER=efa` on a host without EFA) is then the
+/// cause, not TALLY_PROVIDER.
+pub fn filter_excludes(fi_provider: &str, provider: &str) -> bool {
+    let v = fi_provider.trim();
+    if v.is_empty() {
+        return false;
+    }
+    let core = provider.split(';').next().unwrap_or(provider);
+    let (exclude, list) = match v.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, v),
+    };
+    let named = list.split([',', ';']).any(|n| n.trim() == core);
+    named == exclude
 }
 
 /// Typical one-way latency of each provider class, in microseconds. libfabric
@@ -331,5 +355,17 @@ mod tests {
         assert_eq!(parse_ib_rate_mbps("100 Gb/sec (4X EDR)"), Some(100_000));
         assert_eq!(parse_ib_rate_mbps("200 Gb/sec"), Some(200_000));
         assert_eq!(parse_ib_rate_mbps("garbage"), None);
+    }
+
+    #[test]
+    fn fi_provider_is_named_when_it_leaves_the_provider_out() {
+        assert!(filter_excludes("efa", "tcp;ofi_rxm"));
+        assert!(filter_excludes("^tcp", "tcp;ofi_rxm"));
+        assert!(filter_excludes("shm,efa", "tcp;ofi_rxm"));
+        assert!(!filter_excludes("tcp", "tcp;ofi_rxm"));
+        assert!(!filter_excludes("tcp;ofi_rxm", "tcp;ofi_rxm"));
+        assert!(!filter_excludes("^efa", "tcp;ofi_rxm"));
+        assert!(!filter_excludes("", "tcp;ofi_rxm"));
+        assert!(!filter_excludes("efa", "efa"));
     }
 }

@@ -32,7 +32,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 /// Runs an entry point's body: panics and errors become codes, and are logged.
-fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> NcclResult {
+pub(crate) fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> NcclResult {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => NCCL_SUCCESS,
         Ok(Err(e)) => {

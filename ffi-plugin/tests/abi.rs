@@ -1,4 +1,4 @@
-//! The library's face to NCCL: exactly four exported symbols, tables that
+//! The library's face to NCCL: exactly twelve exported symbols, tables that
 //! NCCL can use, and entry points that refuse bad arguments with error codes
 //! instead of crashing. (The data paths are in net_shm.rs, net_tcp.rs and
 //! tools/tests/plugin_collnet.rs.)
@@ -40,15 +40,12 @@ fn exported_symbols(path: &std::path::Path) -> Vec<String> {
 }
 
 #[test]
-fn exports_exactly_the_four_plugin_tables() {
+fn exports_exactly_the_plugin_tables_of_nccl_2_19_to_2_30() {
     let lib = built_library();
     let syms = exported_symbols(&lib);
-    assert_eq!(
-        syms,
-        ["ncclCollNetPlugin_v11", "ncclCollNetPlugin_v12", "ncclNetPlugin_v11", "ncclNetPlugin_v12"],
-        "dynamic symbols of {}",
-        lib.display()
-    );
+    let mut want: Vec<String> = (7..=12).flat_map(|v| [format!("ncclNetPlugin_v{v}"), format!("ncclCollNetPlugin_v{v}")]).collect();
+    want.sort();
+    assert_eq!(syms, want, "dynamic symbols of {}", lib.display());
     // Cross-check with binutils where it is installed.
     if let Ok(out) = std::process::Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output() {
         if out.status.success() {
@@ -63,7 +60,8 @@ fn exports_exactly_the_four_plugin_tables() {
 #[test]
 fn tables_are_complete_and_named_tally() {
     let p = load();
-    for name in [p.net11.name, p.net12.name, p.coll11.name, p.coll12.name] {
+    let names = [p.net11.name, p.net12.name, p.coll11.name, p.coll12.name, p.net7.name, p.net8.name, p.net9.name, p.net10.name];
+    for name in names.into_iter().chain([p.coll7.name, p.coll8.name, p.coll9.name, p.coll10.name]) {
         // SAFETY: the tables' names are static C strings.
         assert_eq!(unsafe { CStr::from_ptr(name) }.to_str().unwrap(), "Tally");
     }
@@ -75,6 +73,34 @@ fn tables_are_complete_and_named_tally() {
     assert_eq!(p.net11.isend as usize, p.net12.isend as usize);
     assert_eq!(p.coll11.iallreduce as usize, p.coll12.iallreduce as usize);
     assert_ne!(p.net11.get_properties as usize, p.net12.get_properties as usize);
+    // The older tables: v11's functions where the signatures match, NULL optional entries.
+    assert_eq!(p.net10.isend as usize, p.net11.isend as usize);
+    assert_eq!(p.net7.test as usize, p.net11.test as usize);
+    assert_eq!(p.coll9.iallreduce as usize, p.coll11.iallreduce as usize);
+    assert_eq!(p.coll7.connect as usize, p.coll11.connect as usize);
+    assert!(p.net7.get_device_mr.is_none() && p.net8.irecv_consumed.is_none() && p.net9.make_v_device.is_none());
+    assert!(p.net10.reg_mr_dma_buf.is_none() && p.coll8.iallgather.is_none() && p.coll10.ireducescatter.is_none());
+}
+
+/// v7 and v8 pass sizes and counts as `int`: a negative one is refused
+/// before anything is touched, and so is a NULL properties pointer.
+#[test]
+fn older_tables_refuse_negative_sizes() {
+    let p = load();
+    let (mut out, mut req) = (null(), null());
+    let mut buf = [0u8; 16];
+    let b = buf.as_mut_ptr().cast::<std::ffi::c_void>();
+    // SAFETY: every call gets an argument the plugin must refuse first.
+    unsafe {
+        assert_eq!((p.net7.reg_mr)(null(), b, -1, NCCL_PTR_HOST, &mut out), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net7.isend)(null(), b, -16, 0, null(), &mut req), NCCL_INVALID_ARGUMENT);
+        let (mut d, mut sz, mut tag, mut mh) = (b, -4 as c_int, 0 as c_int, null());
+        assert_eq!((p.net8.irecv)(null(), 1, &mut d, &mut sz, &mut tag, &mut mh, &mut req), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll7.reg_mr)(null(), b, -1, NCCL_PTR_HOST, &mut out), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll8.iallreduce)(null(), b, b, -1, 7, 0, null(), null(), &mut req), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.net7.get_properties)(0, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
+        assert_eq!((p.coll9.get_properties)(0, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
+    }
 }
 
 #[test]

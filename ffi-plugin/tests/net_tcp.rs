@@ -9,4 +9,7 @@ fn ncclnet_over_tcp() {
     std::env::set_var("TALLY_PROVIDER", "tcp");
     std::env::set_var("TALLY_FABRIC_ADDR", "127.0.0.1");
     net_suite::run("tcp;ofi_rxm");
+    // The tables of older NCCLs over the same provider (the other two run over shm).
+    let p = support::load();
+    net_suite::run_legacy("tcp", p.net8, p.net10);
 }

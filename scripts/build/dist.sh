@@ -13,6 +13,7 @@
 #   tally-<version>-<arch>/bin/tally
 #   tally-<version>-<arch>/lib/libnccl-net-tally.so
 #   tally-<version>-<arch>/config/...
+#   tally-<version>-<arch>/share/doc/tally/README.md, nccl.md
 #
 # Cross-building: the engine links libfabric, so the aarch64 build needs an
 # arm64 libfabric: Debian's packages, downloaded and unpacked into
@@ -52,6 +53,8 @@ pack() {
     install -m 755 "$out/tally" "$stage/$name/bin/tally"
     install -m 755 "$out/libnccl_net_tally.so" "$stage/$name/lib/libnccl-net-tally.so"
     cp -r "$ROOT/config" "$stage/$name/config"
+    # The guide and the README, where config/tally-server.service's Documentation= points once installed.
+    install -D -m 644 -t "$stage/$name/share/doc/tally" "$ROOT/README.md" "$ROOT/docs/nccl.md"
     mkdir -p "$DIST"
     tar -C "$stage" -czf "$DIST/$name.tar.gz" "$name"
     rm -rf "$stage"

@@ -139,9 +139,9 @@ pub struct LoopArgs {
     /// Timed all-reduces per size: a back-to-back loop (mean, p50, p99 and max per operation).
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
-    /// More timed all-reduces at small sizes: each size runs at least this
-    /// many bytes per rank (K/M/G), at most MAX_LOOP_ITERS all-reduces
-    /// (`LoopArgs::iters_for`). bench cluster sets it from --min-time.
+    /// More timed all-reduces at small sizes: each size runs until it has
+    /// moved at least this many bytes per rank (K/M/G), but at most 2000
+    /// all-reduces and never fewer than --iters. bench cluster sets it from --min-time.
     #[arg(long, default_value = "0", value_parser = parse_bytes)]
     pub min_bytes: u64,
     /// Untimed all-reduces per size before the timed loop (agg: at least one per stream).
@@ -263,6 +263,7 @@ mod tests {
         assert_eq!(l.iters_for(64 << 20), 32);
         assert_eq!(l.iters_for(1 << 30), 20);
         assert_eq!(l.iters_for(4096), MAX_LOOP_ITERS);
+        assert_eq!(MAX_LOOP_ITERS, 2000, "--min-bytes's help text says 2000");
         assert_eq!(LoopArgs::default().iters_for(1), 20);
         assert_eq!(LoopArgs { iters: 0, ..LoopArgs::default() }.iters_for(1 << 20), 1);
     }

@@ -45,6 +45,36 @@ fn refused_configurations_exit_1_with_the_reason_on_stderr() {
     assert!(stderr(&o).starts_with("tally: error: latency_lcores"), "{}", stderr(&o));
 }
 
+/// `--provider efa` where libfabric finds no EFA device (this machine; on an
+/// EFA host both start, and only the help texts below are checked): the
+/// error says so in doctor's words, for the server and the bench alike.
+#[test]
+fn efa_without_an_efa_device_names_the_cause() {
+    // A server that starts serves until stopped: run it only where it cannot.
+    let efa_here =
+        std::fs::read_dir("/sys/class/infiniband").is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("efa")));
+    if !efa_here {
+        let o =
+            tally(&["server", "--listen", "127.0.0.1:0", "--lcores", "0", "--provider", "efa", "--slab-size", "8M", "--hugepages", "off"]);
+        assert!(stderr(&o).contains("fi_getinfo (no EFA device on this host: see `tally doctor`)"), "{}", stderr(&o));
+    }
+    let o = tally(&["bench", "p2p", "--provider", "efa", "--sizes", "8", "--cores", "0,1"]);
+    if !o.status.success() {
+        assert!(
+            stderr(&o).contains("efa: fi_getinfo (no EFA device on this host: see `tally doctor`) failed: No data available (-61)"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // Help texts in users' words: no internal names.
+    for sub in [&["bench", "cluster", "--help"][..], &["bench", "allreduce", "--help"]] {
+        let help = String::from_utf8_lossy(&tally(sub).stdout).into_owned();
+        for internal in ["default_rate", "iters_for", "MAX_LOOP_ITERS", "auto_chunk", "LoopArgs"] {
+            assert!(!help.contains(internal), "tally {sub:?} names {internal}: {help}");
+        }
+    }
+}
+
 #[test]
 fn help_documents_exit_statuses_and_every_bench() {
     let o = tally(&["--help"]);

@@ -30,7 +30,7 @@ use repo_tree::{files_under, repo};
 
 /// The top-level folders a path from the root starts with.
 const ROOTS: &[&str] =
-    &["engine/", "ffi-plugin/", "tools/", "benches/", "scripts/", "tests/", "config/", "docs/", "docker/", "fuzz/", ".ci/"];
+    &["engine/", "ffi-plugin/", "tools/", "benches/", "scripts/", "tests/", "config/", "docs/", "docker/", "fuzz/", ".ci/", "python/"];
 
 /// File name extensions that make a relative code span a path.
 const EXTENSIONS: &[&str] = &["rs", "sh", "py", "md", "toml", "yaml", "yml", "json", "service", "sbatch", "c", "h"];

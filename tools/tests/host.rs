@@ -563,6 +563,15 @@ fn systemd_unit() {
     for (s, _, _) in &e {
         assert!(["Unit", "Service", "Install"].contains(&s.as_str()), "{s}");
     }
+    // Documentation= names files the header installs from the tarball, which dist.sh packs.
+    let doc = e.iter().find(|(s, k, _)| s == "Unit" && k == "Documentation").map(|(_, _, v)| v.clone()).unwrap();
+    let dist = std::fs::read_to_string(repo().join("scripts/build/dist.sh")).unwrap();
+    for uri in doc.split_whitespace() {
+        let file = uri.strip_prefix("file:///usr/local/share/doc/tally/").unwrap_or_else(|| panic!("{uri}: not an installed doc"));
+        assert!(text.contains(&format!("share/doc/tally/{file}")), "the unit's header does not install {file}");
+        let packed = if file == "README.md" { "\"$ROOT/README.md\"".to_string() } else { format!("\"$ROOT/docs/{file}\"") };
+        assert!(dist.contains(&packed) && dist.contains("share/doc/tally"), "dist.sh does not pack {file}");
+    }
 }
 
 // config/k8s/ and config/slurm/ are checked, and run, by tests/manifests/.

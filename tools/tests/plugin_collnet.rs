@@ -4,7 +4,8 @@
 //! init, devices, getProperties, listen, a collective connect, regMr, many
 //! iallreduce/test rounds (several in flight, every element checked), bad
 //! arguments, close, finalize. Over tcp;ofi_rxm and shm, with 2 and 4 ranks
-//! (4 ranks striped over two servers). The sequence is the library's
+//! (4 ranks striped over two servers), and through the v7-v10 tables of
+//! NCCL 2.19-2.27 (collnet_legacy) over tcp. The sequence is the library's
 //! (`tally_cli::collnet_driver::CollNet`, which `bench allreduce --mode
 //! agg-plugin` drives too); the checks between its steps are this test's.
 //!
@@ -12,6 +13,7 @@
 //! each other's memory, and a server in the test process would tear that
 //! down under its clients. The plugin library must have been built in the
 //! same profile (`cargo build -p tally-nccl-plugin`, or the workspace).
+mod collnet_legacy;
 mod collnet_threads;
 #[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
@@ -231,6 +233,8 @@ fn suite(p: &Plugin, provider: &str) {
     run_job(p, 4, &net_name);
     eprintln!("{provider}: 4 ranks, 2 servers: {:?}", t0.elapsed());
     if provider == "tcp" {
+        // NCCL 2.19-2.27's tables, 2 ranks over the same two servers.
+        collnet_legacy::jobs(p, 2, &net_name);
         // The plugin's clients with four rails (an endpoint and a thread
         // each) over two servers of two lcores, as the default is on a
         // many-core worker: each server on two lanes, each lcore a rail of

@@ -327,6 +327,13 @@ pub static ENV: &[EnvVar] = &[
         "folder holding libnccl-net-tally.so, for tests/nccl/torchrun_example.sh and config/slurm/tally-train.sbatch",
     ),
     dev(
+        "TALLY_FABRIC",
+        "",
+        "`efa`",
+        &[Scripts],
+        "config/slurm/tally-train.sbatch's fabric: `efa`, or `tcp` (ENA or no EFA: servers on config/tcp-ena.toml, TALLY_PROVIDER=tcp on the workers)",
+    ),
+    dev(
         "TALLY_EXAMPLE_ONE_NODE_PER_GPU",
         "",
         "off",

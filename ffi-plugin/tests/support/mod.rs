@@ -7,8 +7,12 @@
 
 #[path = "../../src/abi.rs"]
 pub mod abi;
+#[path = "../../src/abi_legacy.rs"]
+pub mod abi_legacy;
+pub mod net_api;
 
 use abi::*;
+use abi_legacy::*;
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::ptr;
@@ -46,13 +50,21 @@ pub fn shipped_library() -> PathBuf {
     link
 }
 
-/// The four tables of a loaded plugin.
+/// The tables of a loaded plugin: v11 and v12, and v7-v10 for NCCL 2.19-2.27.
 pub struct Plugin {
     pub path: PathBuf,
     pub net11: &'static NetV11,
     pub net12: &'static NetV12,
     pub coll11: &'static CollNetV11,
     pub coll12: &'static CollNetV12,
+    pub net7: &'static NetV7,
+    pub net8: &'static NetV8,
+    pub net9: &'static NetV9,
+    pub net10: &'static NetV10,
+    pub coll7: &'static CollNetV7,
+    pub coll8: &'static CollNetV8,
+    pub coll9: &'static CollNetV9,
+    pub coll10: &'static CollNetV10,
 }
 
 // SAFETY: the tables are immutable statics of the loaded library.
@@ -85,6 +97,14 @@ pub fn load() -> Plugin {
         net12: sym(h, c"ncclNetPlugin_v12"),
         coll11: sym(h, c"ncclCollNetPlugin_v11"),
         coll12: sym(h, c"ncclCollNetPlugin_v12"),
+        net7: sym(h, c"ncclNetPlugin_v7"),
+        net8: sym(h, c"ncclNetPlugin_v8"),
+        net9: sym(h, c"ncclNetPlugin_v9"),
+        net10: sym(h, c"ncclNetPlugin_v10"),
+        coll7: sym(h, c"ncclCollNetPlugin_v7"),
+        coll8: sym(h, c"ncclCollNetPlugin_v8"),
+        coll9: sym(h, c"ncclCollNetPlugin_v9"),
+        coll10: sym(h, c"ncclCollNetPlugin_v10"),
     }
 }
 

@@ -5,6 +5,7 @@
 //! receives larger than sends, test() with NULL sizes, bad arguments,
 //! close with requests in flight, finalize. Every byte is checked.
 use crate::support::abi::*;
+use crate::support::net_api::NetApi;
 use crate::support::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::{Barrier, Mutex};
@@ -97,21 +98,13 @@ struct Comms {
     recv_mh: [*mut c_void; CHANNELS],
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rank_main<P, V>(
-    t: &NetTable<P, V>,
-    ctx: *mut c_void,
-    r: usize,
-    ex: &Mutex<Exchange>,
-    barrier: &Barrier,
-    max_p2p: usize,
-) -> (Vec<u8>, Vec<u8>) {
+fn rank_main(t: &dyn NetApi, ctx: *mut c_void, r: usize, ex: &Mutex<Exchange>, barrier: &Barrier, max_p2p: usize) -> (Vec<u8>, Vec<u8>) {
     // --- listen, exchange handles, connect/accept (non-blocking) ---
     let mut listens = [null(); CHANNELS];
     for (ch, l) in listens.iter_mut().enumerate() {
         let mut h = [0u8; HANDLE];
         // SAFETY: valid context, handle buffer and out-pointer.
-        assert_eq!(unsafe { (t.listen)(ctx, 0, h.as_mut_ptr().cast(), l) }, NCCL_SUCCESS);
+        assert_eq!(unsafe { t.listen(ctx, 0, h.as_mut_ptr().cast(), l) }, NCCL_SUCCESS);
         assert!(!l.is_null());
         ex.lock().unwrap().handles[r][ch] = h.to_vec();
     }
@@ -124,12 +117,12 @@ fn rank_main<P, V>(
         for ch in 0..CHANNELS {
             if c.send[ch].is_null() {
                 // SAFETY: the same handle buffer on every retry, as NCCL does.
-                assert_eq!(unsafe { (t.connect)(ctx, 0, peer[ch].as_mut_ptr().cast(), &mut c.send[ch], null().cast(),) }, NCCL_SUCCESS);
+                assert_eq!(unsafe { t.connect(ctx, 0, peer[ch].as_mut_ptr().cast(), &mut c.send[ch], null().cast(),) }, NCCL_SUCCESS);
                 calls += 1;
             }
             if c.recv[ch].is_null() {
                 // SAFETY: a live listen comm.
-                assert_eq!(unsafe { (t.accept)(listens[ch], &mut c.recv[ch], null().cast()) }, NCCL_SUCCESS);
+                assert_eq!(unsafe { t.accept(listens[ch], &mut c.recv[ch], null().cast()) }, NCCL_SUCCESS);
                 calls += 1;
             }
         }
@@ -139,10 +132,10 @@ fn rank_main<P, V>(
     // A listen handle takes one connection.
     let mut extra = null();
     // SAFETY: a live listen comm.
-    assert_eq!(unsafe { (t.accept)(listens[0], &mut extra, null().cast()) }, NCCL_INVALID_USAGE);
+    assert_eq!(unsafe { t.accept(listens[0], &mut extra, null().cast()) }, NCCL_INVALID_USAGE);
     for l in listens {
         // SAFETY: a live listen comm, closed once.
-        assert_eq!(unsafe { (t.close_listen)(l) }, NCCL_SUCCESS);
+        assert_eq!(unsafe { t.close_listen(l) }, NCCL_SUCCESS);
     }
     barrier.wait();
 
@@ -152,15 +145,15 @@ fn rank_main<P, V>(
     for ch in 0..CHANNELS {
         // SAFETY: live comms; the buffers outlive the registrations.
         unsafe {
-            assert_eq!((t.reg_mr)(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, &mut c.send_mh[ch]), NCCL_SUCCESS);
-            assert_eq!((t.reg_mr)(c.recv[ch], rbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, &mut c.recv_mh[ch]), NCCL_SUCCESS);
+            assert_eq!(t.reg_mr(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, &mut c.send_mh[ch]), NCCL_SUCCESS);
+            assert_eq!(t.reg_mr(c.recv[ch], rbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, &mut c.recv_mh[ch]), NCCL_SUCCESS);
             let mut mh = null();
             assert_eq!(
-                (t.reg_mr)(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_CUDA, &mut mh),
+                t.reg_mr(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_CUDA, &mut mh),
                 NCCL_INVALID_ARGUMENT,
                 "CUDA memory must be refused"
             );
-            assert_eq!((t.reg_mr)(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
+            assert_eq!(t.reg_mr(c.send[ch], sbuf.as_mut_ptr().cast(), BUF, NCCL_PTR_HOST, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT);
         }
     }
 
@@ -187,7 +180,7 @@ fn rank_main<P, V>(
                 loop {
                     assert_eq!(
                         // SAFETY: live comm, one-element arrays, buffer valid until the test completes.
-                        unsafe { (t.irecv)(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), req,) },
+                        unsafe { t.irecv(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), req,) },
                         NCCL_SUCCESS
                     );
                     if !req.is_null() {
@@ -202,7 +195,7 @@ fn rank_main<P, V>(
                 let (mut sz, mut tag, mut mh, mut req) = (16usize, 7, c.recv_mh[ch], null());
                 assert_eq!(
                     // SAFETY: as above.
-                    unsafe { (t.irecv)(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), &mut req,) },
+                    unsafe { t.irecv(c.recv[ch], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), &mut req,) },
                     NCCL_SUCCESS
                 );
                 assert!(req.is_null(), "a 33rd request must not be accepted");
@@ -215,7 +208,7 @@ fn rank_main<P, V>(
                 loop {
                     assert_eq!(
                         // SAFETY: live comm; the buffer stays valid until the test completes.
-                        unsafe { (t.isend)(c.send[ch], sbuf[slot(ch, i)..].as_mut_ptr().cast(), size, 7, c.send_mh[ch], null(), req,) },
+                        unsafe { t.isend(c.send[ch], sbuf[slot(ch, i)..].as_mut_ptr().cast(), size, 7, c.send_mh[ch], null(), req,) },
                         NCCL_SUCCESS
                     );
                     if !req.is_null() {
@@ -238,7 +231,7 @@ fn rank_main<P, V>(
                         // Half the tests pass NULL sizes, as NCCL may.
                         let sizes = if (i + ch) % 2 == 0 { &mut n as *mut c_int } else { std::ptr::null_mut() };
                         // SAFETY: a request of a live comm.
-                        assert_eq!(unsafe { (t.test)(*req, &mut done, sizes) }, NCCL_SUCCESS, "test failed (size {size})");
+                        assert_eq!(unsafe { t.test(*req, &mut done, sizes) }, NCCL_SUCCESS, "test failed (size {size})");
                         if done == 1 {
                             if !sizes.is_null() {
                                 assert_eq!(
@@ -271,18 +264,18 @@ fn rank_main<P, V>(
     // SAFETY: the calls must fail cleanly without touching the buffers.
     unsafe {
         assert_eq!(
-            (t.isend)(c.send[0], sbuf.as_mut_ptr().cast(), max_p2p + 1, 0, c.send_mh[0], null(), &mut req),
+            t.isend(c.send[0], sbuf.as_mut_ptr().cast(), max_p2p + 1, 0, c.send_mh[0], null(), &mut req),
             NCCL_INVALID_ARGUMENT,
             "oversize send"
         );
-        assert_eq!((t.isend)(c.send[0], null(), 10, 0, c.send_mh[0], null(), &mut req), NCCL_INVALID_ARGUMENT, "NULL data");
+        assert_eq!(t.isend(c.send[0], null(), 10, 0, c.send_mh[0], null(), &mut req), NCCL_INVALID_ARGUMENT, "NULL data");
         assert_eq!(
-            (t.isend)(c.recv[0], sbuf.as_mut_ptr().cast(), 10, 0, c.recv_mh[0], null(), &mut req),
+            t.isend(c.recv[0], sbuf.as_mut_ptr().cast(), 10, 0, c.recv_mh[0], null(), &mut req),
             NCCL_INVALID_USAGE,
             "isend on a receive comm"
         );
         assert_eq!(
-            (t.isend)(c.send[0], sbuf.as_mut_ptr().cast(), 10, 0, c.send_mh[0], null(), std::ptr::null_mut()),
+            t.isend(c.send[0], sbuf.as_mut_ptr().cast(), 10, 0, c.send_mh[0], null(), std::ptr::null_mut()),
             NCCL_INVALID_ARGUMENT,
             "NULL request"
         );
@@ -291,31 +284,31 @@ fn rank_main<P, V>(
         let mut tg = [0 as c_int; 2];
         let mut m = [c.recv_mh[0]; 2];
         assert_eq!(
-            (t.irecv)(c.recv[0], 2, d.as_mut_ptr(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), &mut req),
+            t.irecv(c.recv[0], 2, d.as_mut_ptr(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), &mut req),
             NCCL_INVALID_ARGUMENT,
             "grouped receive"
         );
         assert_eq!(
-            (t.irecv)(c.recv[0], 1, std::ptr::null_mut(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), &mut req),
+            t.irecv(c.recv[0], 1, std::ptr::null_mut(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), &mut req),
             NCCL_INVALID_ARGUMENT,
             "NULL data array"
         );
         assert_eq!(
-            (t.irecv)(c.recv[0], 1, d.as_mut_ptr(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), std::ptr::null_mut()),
+            t.irecv(c.recv[0], 1, d.as_mut_ptr(), s.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), null().cast(), std::ptr::null_mut()),
             NCCL_INVALID_ARGUMENT
         );
         let mut done = 0;
-        assert_eq!((t.test)(null(), &mut done, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT, "NULL request");
-        assert_eq!((t.iflush)(c.recv[0], 1, d.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), &mut req), NCCL_SUCCESS);
+        assert_eq!(t.test(null(), &mut done, std::ptr::null_mut()), NCCL_INVALID_ARGUMENT, "NULL request");
+        assert_eq!(t.iflush(c.recv[0], 1, d.as_mut_ptr(), tg.as_mut_ptr(), m.as_mut_ptr(), &mut req), NCCL_SUCCESS);
         assert!(req.is_null(), "host memory needs no flush");
         let mut nc = null();
         let mut bogus = [0x5au8; HANDLE];
-        assert_eq!((t.connect)(ctx, 0, bogus.as_mut_ptr().cast(), &mut nc, null().cast()), NCCL_INVALID_USAGE, "foreign handle");
-        assert_eq!((t.connect)(ctx, 7, bogus.as_mut_ptr().cast(), &mut nc, null().cast()), NCCL_INVALID_ARGUMENT, "bad device");
+        assert_eq!(t.connect(ctx, 0, bogus.as_mut_ptr().cast(), &mut nc, null().cast()), NCCL_INVALID_USAGE, "foreign handle");
+        assert_eq!(t.connect(ctx, 7, bogus.as_mut_ptr().cast(), &mut nc, null().cast()), NCCL_INVALID_ARGUMENT, "bad device");
         let mut l = null();
         let mut h = [0u8; HANDLE];
-        assert_eq!((t.listen)(ctx, 99, h.as_mut_ptr().cast(), &mut l), NCCL_INVALID_ARGUMENT, "bad device");
-        assert_eq!((t.listen)(ctx, 0, null(), &mut l), NCCL_INVALID_ARGUMENT, "NULL handle");
+        assert_eq!(t.listen(ctx, 99, h.as_mut_ptr().cast(), &mut l), NCCL_INVALID_ARGUMENT, "bad device");
+        assert_eq!(t.listen(ctx, 0, null(), &mut l), NCCL_INVALID_ARGUMENT, "NULL handle");
     }
     barrier.wait();
 
@@ -327,14 +320,14 @@ fn rank_main<P, V>(
         let mut data = rbuf[i * 4096..].as_mut_ptr().cast::<c_void>();
         let (mut sz, mut tag, mut mh, mut req) = (4096usize, 0, c.recv_mh[0], null());
         // SAFETY: the buffers outlive the comms (dropped at the end).
-        unsafe { assert_eq!((t.irecv)(c.recv[0], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), &mut req), NCCL_SUCCESS) };
+        unsafe { assert_eq!(t.irecv(c.recv[0], 1, &mut data, &mut sz, &mut tag, &mut mh, null().cast(), &mut req), NCCL_SUCCESS) };
         pending.push(req);
     }
     for i in 0..2 {
         let mut req = null();
         // SAFETY: as above; the peer never posts the matching receives.
         unsafe {
-            assert_eq!((t.isend)(c.send[1], sbuf[i << 20..].as_mut_ptr().cast(), 1 << 20, 0, c.send_mh[1], null(), &mut req), NCCL_SUCCESS)
+            assert_eq!(t.isend(c.send[1], sbuf[i << 20..].as_mut_ptr().cast(), 1 << 20, 0, c.send_mh[1], null(), &mut req), NCCL_SUCCESS)
         };
         pending.push(req);
     }
@@ -342,15 +335,15 @@ fn rank_main<P, V>(
     for ch in 0..CHANNELS {
         // SAFETY: deregistration before close, as NCCL does.
         unsafe {
-            assert_eq!((t.dereg_mr)(c.send[ch], c.send_mh[ch]), NCCL_SUCCESS);
-            assert_eq!((t.dereg_mr)(c.recv[ch], c.recv_mh[ch]), NCCL_SUCCESS);
+            assert_eq!(t.dereg_mr(c.send[ch], c.send_mh[ch]), NCCL_SUCCESS);
+            assert_eq!(t.dereg_mr(c.recv[ch], c.recv_mh[ch]), NCCL_SUCCESS);
         }
     }
     for ch in 0..CHANNELS {
         // SAFETY: live comms, closed once (comm 0 with receives in flight).
         unsafe {
-            assert_eq!((t.close_recv)(c.recv[ch]), NCCL_SUCCESS);
-            assert_eq!((t.close_send)(c.send[ch]), NCCL_SUCCESS);
+            assert_eq!(t.close_recv(c.recv[ch]), NCCL_SUCCESS);
+            assert_eq!(t.close_send(c.send[ch]), NCCL_SUCCESS);
         }
     }
     barrier.wait();
@@ -392,8 +385,8 @@ pub fn run(expect_provider: &str) {
     let buffers = std::thread::scope(|s| {
         let (ex, barrier, p) = (&ex, &barrier, &p);
         // Rank 0 calls through the v11 table, rank 1 through v12.
-        let a = s.spawn(move || rank_main(p.net11, c0 as *mut c_void, 0, ex, barrier, max_p2p));
-        let b = s.spawn(move || rank_main(p.net12, c1 as *mut c_void, 1, ex, barrier, max_p2p));
+        let a = s.spawn(move || rank_main(p.net11 as &dyn NetApi, c0 as *mut c_void, 0, ex, barrier, max_p2p));
+        let b = s.spawn(move || rank_main(p.net12 as &dyn NetApi, c1 as *mut c_void, 1, ex, barrier, max_p2p));
         (a.join().unwrap(), b.join().unwrap())
     });
     eprintln!("{expect_provider}: two ranks, {CHANNELS} connections each way, {} rounds in {:?}", ROUNDS.len(), t0.elapsed());
@@ -411,4 +404,45 @@ pub fn run(expect_provider: &str) {
         log.iter().any(|(lvl, flags, m)| *lvl == NCCL_LOG_WARN && flags & NCCL_NET != 0 && m.contains("invalid argument")),
         "refused arguments are logged as warnings"
     );
+}
+
+/// The same sequence through two of the tables NCCL 2.19-2.27 load: rank 0
+/// calls through `a`, rank 1 through `b`, and both share the process's one
+/// context (those versions have no other), as two GPUs of one NCCL process
+/// would. Nothing finalizes it: those versions have no finalize.
+pub fn run_legacy(expect_provider: &str, a: &'static dyn NetApi, b: &'static dyn NetApi) {
+    let p = load();
+    for t in [a, b] {
+        assert_eq!(t.name(), "Tally");
+        // SAFETY: init of a table without a context; the logger matches NCCL's convention.
+        let (rc, ctx) = unsafe { t.init(0) };
+        assert_eq!((rc, ctx), (NCCL_SUCCESS, null()), "v{} init", t.version());
+    }
+    assert!(
+        logged(&format!("ncclNet v{} (an NCCL before 2.28): one context for the process", a.version())),
+        "the first init says which table NCCL loaded: {:?}",
+        LOG.lock().unwrap()
+    );
+    let (v11, _) = properties(&p);
+    for t in [a, b] {
+        // SAFETY: a valid device and out-pointers.
+        unsafe { t.check_properties(0, &v11) };
+    }
+    let ex = Mutex::new(Exchange::default());
+    let barrier = Barrier::new(2);
+    let t0 = Instant::now();
+    let buffers = std::thread::scope(|s| {
+        let (ex, barrier, max_p2p) = (&ex, &barrier, v11.max_p2p_bytes);
+        let ra = s.spawn(move || rank_main(a, null(), 0, ex, barrier, max_p2p));
+        let rb = s.spawn(move || rank_main(b, null(), 1, ex, barrier, max_p2p));
+        (ra.join().unwrap(), rb.join().unwrap())
+    });
+    eprintln!(
+        "{expect_provider}: ncclNet v{} and v{}, {CHANNELS} connections each way, {} rounds in {:?}",
+        a.version(),
+        b.version(),
+        ROUNDS.len(),
+        t0.elapsed()
+    );
+    drop(buffers);
 }

@@ -9,7 +9,7 @@
 use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -60,9 +60,14 @@ fn fetch(addr: &str) -> Result<String, String> {
     s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
     s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
         .map_err(|e| format!("{addr}: {e}"))?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).map_err(|e| format!("{addr}: {e}"))?;
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{addr}: not an HTTP response"))?;
+    // A server's control port (--listen) does not speak HTTP: it answers
+    // with something else, or nothing until the read times out.
+    const HINT: &str = "is this the server's control port (--listen)? `tally stats` reads the port the server \
+                        serves with --metrics ADDR:PORT (config key `metrics`)";
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| format!("{addr}: {e}: {HINT}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{addr}: not an HTTP response: {HINT}"))?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         return Err(format!("{addr}: {}", head.lines().next().unwrap_or("")));
     }
@@ -166,8 +171,10 @@ pub fn run(args: &StatsArgs) -> Result<(), String> {
         let snap = Snapshot { interval_s: dt, jobs_running: running, lcores: rows(&prev, &now, dt) };
         if args.json {
             println!("{}", serde_json::to_string(&snap).map_err(|e| e.to_string())?);
-        } else if args.once {
+        } else if args.once || !std::io::stdout().is_terminal() {
+            // Into a pipe or a file: one table after another, no screen codes.
             print!("{}", table(&args.addr, &snap));
+            let _ = std::io::stdout().flush();
         } else {
             // Clear the screen and go home: the view refreshes in place.
             print!("\x1b[2J\x1b[H{}", table(&args.addr, &snap));

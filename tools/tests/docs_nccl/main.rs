@@ -48,7 +48,7 @@ const DOC: &str = "docs/nccl.md";
 const PLACEHOLDERS: &[(&str, &str)] = &[
     ("SERVERS", "10.0.1.11:7400,10.0.1.12:7400"),
     ("TOKEN", "0123456789abcdef0123456789abcdef"),
-    ("LIBDIR", "/opt/tally/lib"),
+    ("LIBDIR", "/usr/local/lib"),
     ("SIZE", "31G"),
     ("HOST", "10.0.1.11"),
     ("LOG", "train.log"),
@@ -380,6 +380,69 @@ fn quoted_figures_hold() {
     // The plugin offers no all-gather or reduce-scatter, as the page says.
     let lib = read("ffi-plugin/src/lib.rs");
     assert!(lib.contains("iallgather: None") && lib.contains("ireducescatter: None"));
+}
+
+/// Section 6's capacity in training terms and section 7's failover figures:
+/// the numbers the page gives are the code's defaults, the shipped
+/// configurations' values and docs/measurements.md's.
+#[test]
+fn capacity_and_failover_claims_hold() {
+    let md = read(DOC).split_whitespace().collect::<Vec<_>>().join(" ");
+    // The defaults a configuration without max_jobs/max_ranks gets.
+    let local = read("config/local.toml");
+    let bare: String =
+        local.lines().filter(|l| !l.starts_with("max_jobs") && !l.starts_with("max_ranks")).map(|l| format!("{l}\n")).collect();
+    let d = ServerFile::parse(&bare).unwrap().resolve().unwrap();
+    assert!(md.contains(&format!("at most `max_jobs` jobs at a time ({} by default", d.max_jobs)), "max_jobs default {}", d.max_jobs);
+    assert!(md.contains(&format!("`max_ranks` ranks each ({} by default, and the most a server takes)", d.max_ranks)));
+    assert_eq!(d.max_ranks, tally_engine::wire::MAX_RANKS);
+    assert!(md.contains(&format!("a job is up to {} GPU nodes", d.max_ranks)));
+    // The shipped production configurations, as section 2 and 6 quote them.
+    for f in ["config/c7gn.16xlarge.toml", "config/tcp-ena.toml"] {
+        let c = ServerFile::load(&repo().join(f)).unwrap().resolve().unwrap();
+        assert_eq!((c.max_jobs, c.max_ranks), (4, 1024), "{f}: section 6 says 4 jobs of 1024 ranks");
+        assert!(md.contains(f), "{f}");
+    }
+    assert!(md.contains("up to 4 jobs (`max_jobs`) of up to 1024 ranks (`max_ranks`;"));
+    assert!(md.contains("With `max_jobs = 4`, one training job with its default process group and one more group fits"));
+    // A communicator's jobs: the plugin's TALLY_COMM_JOBS default.
+    assert!(read("ffi-plugin/src/collnet.rs").contains("pub const COMM_JOBS: u8 = 2;"));
+    assert!(md.contains("counts as `TALLY_COMM_JOBS` jobs (the plugin's 2:"));
+    // Every data type and operation the servers reduce, NCCL's codes.
+    use tally_engine::reduce::{DataType, ReduceOp};
+    assert!(DataType::from_nccl(10).is_none() && DataType::from_nccl(11).is_none(), "fp8 (NCCL codes 10, 11) now reduced");
+    let long = |t: DataType| match t.name() {
+        "i8" => "int8",
+        "u8" => "uint8",
+        "i32" => "int32",
+        "u32" => "uint32",
+        "i64" => "int64",
+        "u64" => "uint64",
+        n => n,
+    };
+    let types = DataType::ALL.iter().map(|&t| long(t)).collect::<Vec<_>>().join(", ");
+    assert!(md.contains(&format!("({types})")), "the page's data types: {types}");
+    let ops = ReduceOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>();
+    let ops = format!("with {} and {}", ops[..ops.len() - 1].join(", "), ops[ops.len() - 1]);
+    assert!(md.contains(&ops), "{ops}");
+    // Failover's figures, as docs/measurements.md holds them.
+    let meas = read("docs/measurements.md").split_whitespace().collect::<Vec<_>>().join(" ");
+    for (there, here) in [
+        (
+            "kill to rank 0's next completed all-reduce 10-83 ms, every element right",
+            "next completed all-reduce 10-83 ms, every element right",
+        ),
+        ("each recovery 33-41 ms", "each recovery 33-41 ms"),
+        ("Restart to taken back: 0.5-0.9 s", "0.5-0.9 s after it serves again"),
+        ("link up to taken back 0.79-1.47 s", "taken back 0.79-1.47 s after the link comes up"),
+    ] {
+        assert!(meas.contains(there), "docs/measurements.md no longer says {there:?}");
+        assert!(md.contains(here), "{DOC} should say {here:?}");
+    }
+    assert!(read("ARCHITECTURE.md").contains("2 s (1.95-2.03 s measured)") && md.contains("1.95-2.03 s measured for a cut link"));
+    // One install path for the tarball: /usr/local, as the sbatch's default.
+    assert!(read("config/slurm/tally-train.sbatch").contains("TALLY_LIB=\"${TALLY_LIB:-/usr/local/lib}\""));
+    assert!(!md.contains("/opt/tally"), "the tarball installs under /usr/local");
 }
 
 #[test]

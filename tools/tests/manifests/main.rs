@@ -42,6 +42,7 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 const SERVER_YAML: &str = "config/k8s/tally-server.yaml";
 const WORKER_YAML: &str = "config/k8s/worker.yaml";
+const WORKER_TCP_YAML: &str = "config/k8s/worker-tcp.yaml";
 const PODMONITOR_YAML: &str = "config/k8s/podmonitor.yaml";
 const SBATCH: &str = "config/slurm/tally-train.sbatch";
 const SERVER_STEP: &str = "config/slurm/tally-server-step.sh";
@@ -170,7 +171,7 @@ fn tool(name: &str) -> PathBuf {
 #[test]
 fn kubernetes_objects_match_the_api_schemas() {
     let validate = tool("kubernetes-validate");
-    for rel in [SERVER_YAML, WORKER_YAML] {
+    for rel in [SERVER_YAML, WORKER_YAML, WORKER_TCP_YAML] {
         let objects = yaml_docs(rel).len();
         for v in K8S_VERSIONS {
             let o = Command::new(&validate).args(["--strict", "-k", v]).arg(repo().join(rel)).output().unwrap();
@@ -368,6 +369,9 @@ fn tally_variables_set_are_ones_the_code_reads() {
     for e in kind(&worker, "Job")["spec"]["template"]["spec"]["containers"][0]["env"].as_vec().unwrap() {
         names.insert(text(&e["name"]));
     }
+    for (k, _) in kind(&yaml_docs(WORKER_TCP_YAML), "ConfigMap")["data"].as_hash().unwrap() {
+        names.insert(text(k));
+    }
     for line in read(SBATCH).lines().filter_map(|l| l.trim().strip_prefix("export ")) {
         names.extend(line.split_whitespace().map(|w| w.split('=').next().unwrap().to_string()));
     }
@@ -375,7 +379,7 @@ fn tally_variables_set_are_ones_the_code_reads() {
     assert!(tally.len() >= 3, "{tally:?}");
     for n in tally {
         // The sbatch's own settings (TALLY_PORT, ...) are exported for its steps' shells.
-        if ["TALLY_PORT", "TALLY_CONFIG"].contains(&n.as_str()) {
+        if ["TALLY_PORT", "TALLY_CONFIG", "TALLY_FABRIC"].contains(&n.as_str()) {
             continue;
         }
         assert!(read_by_code(n), "{n} is set by the manifests or the sbatch, but no code reads it");
@@ -461,3 +465,4 @@ fn slurm_batch_script_runs_the_server_step() {
 
 // The start-up commands, run: run.rs.
 mod run;
+mod tcp;

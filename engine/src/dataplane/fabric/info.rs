@@ -102,6 +102,15 @@ impl InfoList {
         let list = match Self::get_once(h, h.manual_progress) {
             Err(e) if h.manual_progress && e.code == sys::FI_ENODATA as i32 => Self::get_once(h, false),
             r => r,
+        };
+        // efa answers "no data" where the host has no EFA device, the usual
+        // case of `--provider efa` on a developer's machine: say so, in the
+        // words `tally doctor` and `--check` use, rather than only errno's.
+        let list = match list {
+            Err(e) if h.provider == "efa" && e.code == sys::FI_ENODATA as i32 => {
+                return Err(FabricError { call: "fi_getinfo (no EFA device on this host: see `tally doctor`)", code: e.code });
+            }
+            r => r,
         }?;
         // Asked for tcp's own RDM endpoint (`tcp-rdm`), libfabric before 1.18
         // answers with rxm layered over tcp's MSG endpoint: not what was asked.

@@ -98,6 +98,25 @@ impl NameShape {
     }
 }
 
+/// `fi_av_insert`'s refusal of `whose` endpoint `name` (`"the client's"`),
+/// in words that name the cause where the name's form shows it: the peer
+/// runs another provider than `provider`, this end's (`own`: this end's
+/// name, when it has one). Where the name is of this provider's form, the
+/// error alone: the form is not the problem.
+pub fn insert_refused(provider: &str, own: Option<&EndpointName>, name: &EndpointName, e: &super::FabricError, whose: &str) -> String {
+    let name = name.as_bytes();
+    let misfit = own.is_none_or(|o| NameShape::of(provider, o).problem(name).is_some());
+    match guess(name) {
+        _ if !misfit => e.to_string(),
+        Some(p) if !provider.starts_with(p) => {
+            format!("{e}: {whose} endpoint name is not a {provider} address: it runs provider {p}? (TALLY_PROVIDER)")
+        }
+        _ => {
+            format!("{e}: {whose} endpoint name is not a {provider} address (the provider, TALLY_PROVIDER, must be the same on both ends)")
+        }
+    }
+}
+
 /// Which provider's a name looks like, as far as its form tells.
 fn guess(name: &[u8]) -> Option<&'static str> {
     if looks_like_socket_address(name) {

@@ -29,7 +29,11 @@ impl ShardWorker {
                     for p in &peers {
                         let _ = self.ep.remove_peer(*p);
                     }
-                    let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: format!("cannot reach a client: {e}") });
+                    // The control plane holds names to the server's form
+                    // (`names.rs`); a refusal past it still names the cause.
+                    let own = self.ep.name().ok();
+                    let why = crate::dataplane::fabric::names::insert_refused(self.ep.provider(), own.as_ref(), name, &e, "the client's");
+                    let _ = self.events.send(Event::JobFailed { lcore: self.lcore, tag, reason: format!("cannot reach a client: {why}") });
                     let _ = self.events.send(Event::JobEnded { lcore: self.lcore, tag, stuck: 0 });
                     return;
                 }

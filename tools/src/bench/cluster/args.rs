@@ -14,7 +14,7 @@ pub struct ClusterArgs {
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "tcp-rdm"])]
     pub provider: String,
     /// Link rates in Gbit/s, comma-separated (default: one rate this machine's
-    /// cores carry, see `default_rate`).
+    /// cores can carry: 2 x cores / hosts rounded down to a power of two, 1/16 to 16).
     #[arg(long, value_delimiter = ',')]
     pub rates: Vec<f64>,
     /// Sizes per rank (K/M/G), comma-separated.
@@ -34,7 +34,7 @@ pub struct ClusterArgs {
     pub dtype: DtypeArg,
     /// Chunk size (agg piece and ring chunk; agg-plugin hands the plugin NCCL's
     /// iallreduce pieces, which its client cuts as under NCCL), or auto
-    /// (32 KiB up to 4 Gbit/s, 128 KiB up to 16, then 16 KiB per Gbit/s: `auto_chunk`).
+    /// (32 KiB up to 4 Gbit/s, 128 KiB up to 16, then 16 KiB per Gbit/s).
     #[arg(long, default_value = "auto")]
     pub chunk: String,
     #[command(flatten)]

@@ -67,9 +67,10 @@ pub enum EfaEnvCmd {
     },
     /// Print the settings one role needs on this host.
     Print {
-        /// server: tally itself (never forks, hugepage buffers); worker: an
-        /// NCCL training process with the tally plugin (forks data loaders).
-        #[arg(long, value_enum)]
+        /// server: tally itself (never forks, hugepage buffers); worker
+        /// (the default): an NCCL training process with the tally plugin
+        /// (forks data loaders). The output's first line names the role.
+        #[arg(long, value_enum, default_value_t = Role::Worker)]
         role: Role,
         /// sh: export/unset lines for `eval`; systemd: an EnvironmentFile;
         /// json: settings with reasons.
