@@ -21,11 +21,18 @@ impl ControlPlane {
     /// about as long again as the outage lasted; the rank, refused as busy,
     /// asks again within a second. The backoff is capped meanwhile, where
     /// the kernel can, so that the connection resends soon.
-    fn backed_off_towards(&self, c: &Conn, names: &[EndpointName]) -> bool {
+    ///
+    /// Only the addresses of the rank's endpoint names where it proved to
+    /// be one of the running job's ranks (`proven`: its secret), else only
+    /// the address its connection comes from, which it cannot choose: a
+    /// token holder may not have this server touch connections to hosts it
+    /// names.
+    fn backed_off_towards(&self, c: &Conn, names: &[EndpointName], proven: bool) -> bool {
         if !self.net.names_are_socket_addresses() {
             return false;
         }
-        let mut ips: Vec<std::net::IpAddr> = names.iter().filter_map(|n| crate::host::tcp_backoff::name_ip(n.as_bytes())).collect();
+        let named = names.iter().filter_map(|n| crate::host::tcp_backoff::name_ip(n.as_bytes()));
+        let mut ips: Vec<std::net::IpAddr> = named.filter(|_| proven).chain([c.peer.ip().to_canonical()]).collect();
         ips.sort_unstable();
         ips.dedup();
         let b = crate::host::tcp_backoff::scan(&ips, self.net.listen_port(), true);
@@ -52,17 +59,8 @@ impl ControlPlane {
             refuse(&mut self.net, &c, RejectCode::Draining, "", "the server is draining (shutting down): it admits no new jobs");
             return;
         }
-        if rejoin && self.backed_off_towards(&c, &names) {
-            refuse(
-                &mut self.net,
-                &c,
-                RejectCode::Busy,
-                "",
-                "this server's connections to you still wait out TCP's backoff; try again shortly",
-            );
-            return;
-        }
-        if let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == spec.job_id && a.phase != Phase::Ending)) {
+        let running = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.job_id == spec.job_id && a.phase != Phase::Ending));
+        if let Some(i) = running {
             if !rejoin {
                 refuse(&mut self.net, &c, RejectCode::JobMismatch, "job_id", "a job with this id is already running");
                 return;
@@ -75,6 +73,18 @@ impl ControlPlane {
                 refuse(&mut self.net, &c, RejectCode::Unauthorized, "secret", "not this job's secret: only its own ranks may rejoin it");
                 return;
             }
+        }
+        if rejoin && self.backed_off_towards(&c, &names, running.is_some()) {
+            refuse(
+                &mut self.net,
+                &c,
+                RejectCode::Busy,
+                "",
+                "this server's connections to you still wait out TCP's backoff; try again shortly",
+            );
+            return;
+        }
+        if let Some(i) = running {
             self.fence(i, rank, peer);
         }
         // A failed job's tombstone holds back its own ranks (its secret), not

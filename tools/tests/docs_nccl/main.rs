@@ -439,7 +439,9 @@ fn capacity_and_failover_claims_hold() {
         assert!(meas.contains(there), "docs/measurements.md no longer says {there:?}");
         assert!(md.contains(here), "{DOC} should say {here:?}");
     }
-    assert!(read("engine/src/client/liveness.rs").contains("2 s (1.95-2.03 s measured)") && md.contains("1.95-2.03 s measured for a cut link"));
+    assert!(
+        read("engine/src/client/liveness.rs").contains("2 s (1.95-2.03 s measured)") && md.contains("1.95-2.03 s measured for a cut link")
+    );
     // One install path for the tarball: /usr/local, as the sbatch's default.
     assert!(read("config/slurm/tally-train.sbatch").contains("TALLY_LIB=\"${TALLY_LIB:-/usr/local/lib}\""));
     assert!(!md.contains("/opt/tally"), "the tarball installs under /usr/local");
