@@ -488,3 +488,85 @@ fn ranks_that_disagree_on_split_are_refused() {
         "split (pieces",
     );
 }
+
+/// This machine's established TCP connections as `ss -tnpi` lists them:
+/// (owner pid, local port, peer port, rto in ms).
+fn tcp_connections() -> Vec<(u32, u16, u16, f64)> {
+    let out = std::process::Command::new("ss").args(["-tnpi", "state", "established"]).output().expect("ss (iproute2)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let port = |a: &str| a.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    let mut found = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(l) = lines.next() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let Some(pid) = l.split("pid=").nth(1).and_then(|r| r.split(',').next()).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let (Some(local), Some(peer)) = (f.get(2).and_then(|a| port(a)), f.get(3).and_then(|a| port(a))) else { continue };
+        let info = lines.peek().filter(|n| n.starts_with(char::is_whitespace)).copied().unwrap_or("");
+        if let Some(rto) = info.split_whitespace().find_map(|w| w.strip_prefix("rto:")).and_then(|v| v.parse::<f64>().ok()) {
+            found.push((pid, local, peer, rto));
+        }
+    }
+    found
+}
+
+/// Over tcp both ends lower the floor of TCP's timers on the provider's
+/// connections (`host::tcp_rto_min`: a lost last packet then costs ~5 ms,
+/// not 200): the server on every connection but its control port's, the
+/// rank on its connections to the server's endpoints. Read from outside,
+/// as `ss` shows each connection's retransmission timeout, which follows
+/// the floor once traffic moved after it was set (on loopback the round
+/// trip is microseconds: the timeout is the floor).
+#[test]
+fn tcp_connections_carry_tallys_timer_floor_on_both_ends() {
+    if !tally_engine::host::tcp_rto_min::kernel_has_option() {
+        eprintln!("skipped: this kernel has no TCP_RTO_MIN_US (before Linux 6.15); the doctor row says so");
+        return;
+    }
+    let s = server("tcp");
+    let control: u16 = s.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let server_pid = s.child.id();
+    let (job, n, count) = (0x7e0_f100, 2u32, 64 << 10);
+    let ranks: Vec<_> = (0..n)
+        .map(|rank| {
+            let cfg = tally_e2e::client("tcp", &s.addr, job, rank, n);
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
+                let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 89) as f32).collect();
+                let mut out = vec![0f32; count];
+                // Connections open with the first; the sweeps (every second)
+                // find them; traffic after that brings the timeout down.
+                for round in 0..3 {
+                    c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum)
+                        .map_err(|e| e.to_string())?;
+                    for (i, v) in out.iter().enumerate() {
+                        let want: f32 = (0..n).map(|r| (r as usize + i % 89) as f32).sum();
+                        if *v != want {
+                            return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                let conns = tcp_connections();
+                // Checked while the client (and its connections) still live.
+                check_floors(&conns, server_pid, control);
+                Ok(())
+            })
+        })
+        .collect();
+    tally_e2e::join_all(ranks);
+    drop(s);
+}
+
+/// The server's data connections (its pid's, not its control port's) and
+/// the ranks' connections to them all run a timeout well under the
+/// kernel's 200 ms floor. (The ranks' are found by port: `ss` may name them
+/// by the pid of `ss` itself, which inherits the provider's descriptors.)
+fn check_floors(conns: &[(u32, u16, u16, f64)], server: u32, control: u16) {
+    let server_side: Vec<_> = conns.iter().filter(|c| c.0 == server && c.1 != control).collect();
+    let data_ports: Vec<u16> = server_side.iter().map(|c| c.1).collect();
+    let rank_side: Vec<_> = conns.iter().filter(|c| c.0 != server && data_ports.contains(&c.2)).collect();
+    assert!(!server_side.is_empty() && !rank_side.is_empty(), "no data connections found: {conns:?}");
+    for c in server_side.iter().chain(rank_side.iter()) {
+        assert!(c.3 < 100.0, "a data connection kept the kernel's floor (rto {} ms): {c:?} of {conns:?}", c.3);
+    }
+}

@@ -38,6 +38,7 @@ use crate::reduce::{DataType, Kernels, ReduceOp};
 use crate::wire::{self, Kind, TOKEN_BYTES};
 use std::collections::VecDeque;
 use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 mod config;
@@ -133,6 +134,10 @@ pub struct Client {
     /// them (tcp only): where a lost one's watcher looks for connections
     /// still backed off (`failover::Watcher`).
     server_ips: Vec<Vec<std::net::IpAddr>>,
+    /// Every server's endpoint addresses together (tcp only), shared with
+    /// the watchdog's chore that sets the floor of the TCP timers on this
+    /// process's connections to them (`host::tcp_rto_min`).
+    tcp_peers: Arc<Mutex<Vec<std::net::IpAddr>>>,
     /// Sampled pieces' round trips (`ClientConfig::piece_times`).
     piece_times: piece_times::PieceTimes,
     /// Reports a provider call that does not return (None: off).
@@ -201,6 +206,7 @@ impl Client {
             log::info!("rank {}: {} rails (an endpoint and a thread each){copier}, {how}", cfg.rank, rails.count());
         }
         crate::dataplane::lcore::precise_naps();
+        let tcp_peers = Arc::new(Mutex::new(Vec::new()));
         let watchdog = watchdog::Watchdog::start(
             format!("rank {}", cfg.rank),
             rails.provider(),
@@ -211,6 +217,7 @@ impl Client {
                 (false, false) => watchdog::OnStuck::Log,
             },
             cfg.provider_watchdog,
+            watchdog::rto_floor_chore(rails.provider(), &tcp_peers),
         );
         Ok(Client {
             token,
@@ -228,6 +235,7 @@ impl Client {
             failed: false,
             stats: failover::FailoverStats::default(),
             server_ips: vec![Vec::new(); cfg.servers.len()],
+            tcp_peers,
             piece_times: piece_times::PieceTimes::default(),
             kernels: Kernels::best(),
             idle_polls: 0,

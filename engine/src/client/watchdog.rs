@@ -27,6 +27,12 @@
 //! or EFA, whose locks live in this process, the log line is all
 //! ([`OnStuck::Log`]), as for the plugin's ncclNet endpoints (point-to-point,
 //! driven by NCCL's threads).
+//!
+//! The same thread runs the client's one periodic chore off the data path
+//! ([`Chore`], every [`CHORE_EVERY`]): over tcp, setting the floor of the
+//! TCP timers on the connections the provider opened to the servers since
+//! (`host::tcp_rto_min` says why). It runs even where the watchdog's limit
+//! is 0.
 use crate::dataplane::fabric::call_watch::CallWatch;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,6 +56,12 @@ pub enum OnStuck {
 /// sysexits' EX_SOFTWARE.
 pub const EXIT_STUCK: i32 = 70;
 
+/// Work the watchdog's thread does every [`CHORE_EVERY`], off the data path.
+pub type Chore = Box<dyn FnMut() + Send>;
+
+/// How often the watchdog's thread runs its [`Chore`].
+pub const CHORE_EVERY: Duration = Duration::from_secs(1);
+
 pub struct Watchdog {
     stop: Arc<AtomicBool>,
     /// Woken and joined on drop: no thread outlives its owner (the plugin's
@@ -65,25 +77,42 @@ pub struct Watchdog {
 impl Watchdog {
     /// Watches `watches` (rail i's endpoint, or the caller's one unless
     /// [`OnStuck::Report`]) for `limit`; `who` names the owner in the report
-    /// ("rank 3"). None: the limit is zero (off), or no thread.
-    pub fn start(who: String, provider: &str, watches: Vec<Arc<CallWatch>>, on_stuck: OnStuck, limit: Duration) -> Option<Watchdog> {
+    /// ("rank 3"), and runs `chore` every [`CHORE_EVERY`]. None: neither
+    /// (the limit is zero, or nothing to watch, and no chore), or no thread.
+    pub fn start(
+        who: String,
+        provider: &str,
+        mut watches: Vec<Arc<CallWatch>>,
+        on_stuck: OnStuck,
+        limit: Duration,
+        mut chore: Option<Chore>,
+    ) -> Option<Watchdog> {
         let threaded = on_stuck == OnStuck::Report;
-        if limit.is_zero() || watches.is_empty() {
+        if limit.is_zero() {
+            watches.clear();
+        }
+        if watches.is_empty() && chore.is_none() {
             return None;
         }
         let (stop, raised, report) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(None)));
         let stuck_rails = Arc::new(AtomicU32::new(0));
         let (s, r, rep, provider, mask) = (stop.clone(), raised.clone(), report.clone(), provider.to_string(), stuck_rails.clone());
-        let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let period =
+            if watches.is_empty() { CHORE_EVERY } else { (limit / 4).clamp(Duration::from_millis(10), Duration::from_millis(500)) };
         let thread = std::thread::Builder::new()
             .name("tally-watchdog".into())
             .spawn(move || {
                 // Per endpoint: the count last seen, since when, reported.
                 let mut seen: Vec<(u32, Instant, bool)> = watches.iter().map(|w| (w.sample().0, Instant::now(), false)).collect();
+                let mut chore_due = Instant::now();
                 while !s.load(Ordering::Relaxed) {
                     std::thread::park_timeout(period);
                     if s.load(Ordering::Relaxed) {
                         break;
+                    }
+                    if let Some(c) = chore.as_mut().filter(|_| Instant::now() >= chore_due) {
+                        chore_due = Instant::now() + CHORE_EVERY;
+                        c();
                     }
                     for (i, w) in watches.iter().enumerate() {
                         let (seq, call) = w.sample();
@@ -144,6 +173,23 @@ impl Watchdog {
     }
 }
 
+/// Over tcp (unless `TALLY_TCP_RTO_MIN_MS=0`), the chore that sets the
+/// floor of the TCP timers on this process's new connections to `peers`
+/// (the servers' endpoint addresses, as the client learns them).
+pub fn rto_floor_chore(provider: &str, peers: &Arc<Mutex<Vec<std::net::IpAddr>>>) -> Option<Chore> {
+    if !provider.starts_with("tcp") {
+        return None;
+    }
+    let mut floor = crate::host::tcp_rto_min::RtoFloor::from_env()?;
+    let peers = peers.clone();
+    Some(Box::new(move || {
+        let now: Vec<std::net::IpAddr> = peers.lock().map(|p| p.clone()).unwrap_or_default();
+        // The control connections too (port 0: none left out): tally's own,
+        // and a heartbeat's tail is as much a tail.
+        floor.sweep(Some(&now), 0);
+    }))
+}
+
 /// The limit from `TALLY_PROVIDER_WATCHDOG_S` (default 10 s; 0: off).
 pub fn limit_from_env() -> Duration {
     Duration::from_secs(std::env::var("TALLY_PROVIDER_WATCHDOG_S").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(10))
@@ -168,7 +214,7 @@ mod tests {
     fn a_call_that_does_not_return_is_reported_by_name_and_one_that_returns_is_not() {
         let (stuck, busy) = (Arc::new(CallWatch::default()), Arc::new(CallWatch::default()));
         let limit = Duration::from_millis(200);
-        let w = Watchdog::start("rank 3".into(), "tcp;ofi_rxm", vec![busy.clone(), stuck.clone()], OnStuck::Report, limit).unwrap();
+        let w = Watchdog::start("rank 3".into(), "tcp;ofi_rxm", vec![busy.clone(), stuck.clone()], OnStuck::Report, limit, None).unwrap();
         stuck.enter(Call::CqRead);
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(5) && w.stuck().is_none() {

@@ -270,7 +270,15 @@ pub struct ControlPlane {
     health: Arc<ServerHealth>,
     /// systemd's watchdog, fed from this loop (None: not asked for).
     systemd_watchdog: Option<WatchdogFeed>,
+    /// The floor of the provider connections' TCP timers, set on new ones
+    /// every [`RTO_SWEEP_EVERY`] (tcp only; `host::tcp_rto_min` says why).
+    rto_floor: Option<crate::host::tcp_rto_min::RtoFloor>,
+    next_rto_sweep: Instant,
 }
+
+/// How often the control loop looks for new provider connections to set
+/// the floor of their TCP timers on (a walk of /proc/self/fd).
+const RTO_SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// `WATCHDOG=1` to the service manager every `every` (half its period),
 /// sent from the control loop itself: a loop that stops turning stops
@@ -386,7 +394,6 @@ impl ControlPlane {
             latency_max_log2: cfg.latency_max.max(1).trailing_zeros() as u8,
             names,
             lcores,
-            net,
             counters,
             dirty: true,
             pending: HashMap::new(),
@@ -411,6 +418,9 @@ impl ControlPlane {
             failed_joins: HashMap::new(),
             health: Arc::new(ServerHealth::new()),
             systemd_watchdog: None,
+            rto_floor: crate::host::tcp_rto_min::RtoFloor::from_env(),
+            next_rto_sweep: Instant::now(),
+            net,
         }
     }
 
@@ -461,12 +471,24 @@ impl ControlPlane {
             self.check_lcores(now);
             self.beat(now);
             self.check_drain(now);
+            self.sweep_rto_floor(now);
             if std::mem::take(&mut self.dirty) {
                 self.publish();
             }
         }
         self.health.advance(ServerPhase::Stopping);
         self.shut_down(&events);
+    }
+
+    /// Sets the TCP floor on the provider connections opened since the last
+    /// sweep: every TCP connection of this process but the control port's.
+    fn sweep_rto_floor(&mut self, now: Instant) {
+        if now < self.next_rto_sweep || !self.net.names_are_socket_addresses() {
+            return;
+        }
+        let Some(floor) = self.rto_floor.as_mut() else { return };
+        self.next_rto_sweep = now + RTO_SWEEP_EVERY;
+        floor.sweep(None, self.net.listen_port());
     }
 
     fn on_conn(&mut self, ev: ConnEvent) {

@@ -64,21 +64,8 @@ pub fn scan(peers: &[IpAddr], control_port: u16, cap: bool) -> Backoff {
     if peers.is_empty() {
         return out;
     }
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return out };
-    for entry in dir.flatten() {
-        let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse::<libc::c_int>().ok()) else { continue };
-        if !std::fs::read_link(entry.path()).is_ok_and(|l| l.as_os_str().as_encoded_bytes().starts_with(b"socket:")) {
-            continue;
-        }
-        // The descriptor may be closed, or reused, by the provider's threads
-        // between the listing and these calls: each only reads a socket's
-        // state or lowers a resend interval, harmless on any TCP socket of
-        // this process, and fails on anything else.
-        let Some((ip, port)) = address(fd, libc::getpeername) else { continue };
-        if !peers.contains(&ip) || port == control_port || address(fd, libc::getsockname).is_some_and(|(_, p)| p == control_port) {
-            continue;
-        }
-        let Some(info) = tcp_info(fd) else { continue };
+    for sock in provider_sockets(Some(peers), control_port) {
+        let Some(info) = tcp_info(sock.fd) else { continue };
         if info.tcpi_state != TCP_ESTABLISHED {
             continue;
         }
@@ -87,11 +74,39 @@ pub fn scan(peers: &[IpAddr], control_port: u16, cap: bool) -> Backoff {
             out.backed_off += 1;
             out.rto_ms = out.rto_ms.max(info.tcpi_rto / 1000);
         }
-        if cap && cap_rto(fd) {
+        if cap && cap_rto(sock.fd) {
             out.capped += 1;
         }
     }
     out
+}
+
+/// A connected IP socket of this process, as [`provider_sockets`] finds it.
+pub(super) struct Socket {
+    pub(super) fd: libc::c_int,
+    /// The kernel's number for the socket (`socket:[N]` in /proc/self/fd):
+    /// unlike the descriptor, never reused while the socket lives.
+    pub(super) inode: u64,
+}
+
+/// This process's connected IP sockets whose peer is one of `peers` (any,
+/// with None) and that are neither to nor from `control_port` (a server's
+/// control connections, tally's own: the provider's are the rest).
+pub(super) fn provider_sockets(peers: Option<&[IpAddr]>, control_port: u16) -> impl Iterator<Item = Socket> + '_ {
+    let dir = std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten();
+    dir.filter_map(move |entry| {
+        let fd = entry.file_name().to_str()?.parse::<libc::c_int>().ok()?;
+        let link = std::fs::read_link(entry.path()).ok()?;
+        let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok()?;
+        // The descriptor may be closed, or reused, by the provider's threads
+        // between the listing and these calls: each only reads a socket's
+        // state or changes a timer of this process's own TCP sockets,
+        // harmless on any of them, and fails on anything else.
+        let (ip, port) = address(fd, libc::getpeername)?;
+        let wanted = peers.is_none_or(|p| p.contains(&ip));
+        let control = port == control_port || address(fd, libc::getsockname).is_some_and(|(_, p)| p == control_port);
+        (wanted && !control).then_some(Socket { fd, inode })
+    })
 }
 
 type NameCall = unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
@@ -124,7 +139,7 @@ fn address(fd: libc::c_int, call: NameCall) -> Option<(IpAddr, u16)> {
 }
 
 /// The kernel's TCP_INFO of `fd`; None if it is not a TCP socket.
-fn tcp_info(fd: libc::c_int) -> Option<libc::tcp_info> {
+pub(super) fn tcp_info(fd: libc::c_int) -> Option<libc::tcp_info> {
     // SAFETY: an all-zero tcp_info is a valid value (plain integers).
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -151,7 +166,7 @@ fn cap_rto(fd: libc::c_int) -> bool {
 pub const GIVE_UP_MS: u32 = 924_600;
 
 /// Sets TCP option `opt` of `fd` to `value`.
-fn set_int(fd: libc::c_int, opt: libc::c_int, value: libc::c_int) -> bool {
+pub(super) fn set_int(fd: libc::c_int, opt: libc::c_int, value: libc::c_int) -> bool {
     // SAFETY: a c_int option read from a live stack value; the kernel only reads it.
     let ret = unsafe {
         libc::setsockopt(fd, libc::IPPROTO_TCP, opt, (&value as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as _)

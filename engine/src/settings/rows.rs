@@ -207,6 +207,13 @@ pub static ENV: &[EnvVar] = &[
         "a provider call of the client not returned after this long is logged, naming it; with rails the all-reduce fails (0: off)",
     ),
     var(
+        "TALLY_TCP_RTO_MIN_MS",
+        "5",
+        "",
+        &[Server, Client, Plugin],
+        "over tcp, the floor of the TCP retransmission timers on tally's own connections (Linux 6.15+; 0: the kernel's 200 ms): a lost last packet then costs about this, not 200 ms",
+    ),
+    var(
         "TALLY_JOIN_TIMEOUT_S",
         "120",
         "",

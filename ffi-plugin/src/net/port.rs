@@ -67,7 +67,8 @@ impl Port {
             hex(name.as_bytes())
         ));
         let who = format!("ncclNet device {}", dev.index);
-        let _watchdog = Watchdog::start(who, ep.provider(), vec![ep.call_watch()], watchdog::OnStuck::Log, watchdog::limit_from_env());
+        let _watchdog =
+            Watchdog::start(who, ep.provider(), vec![ep.call_watch()], watchdog::OnStuck::Log, watchdog::limit_from_env(), None);
         Ok(Port {
             _watchdog,
             mr_local: ep.needs_local_mr(),

@@ -202,6 +202,9 @@ impl Client {
         ips.sort_unstable();
         ips.dedup();
         self.server_ips[si] = ips;
+        if let Ok(mut all) = self.tcp_peers.lock() {
+            *all = self.server_ips.concat();
+        }
     }
 
     /// Advances rejoin `i` with what arrived; false: it is over (taken

@@ -134,7 +134,8 @@
 //! loss fault.
 //! Every rate's table ends with the loss on its links (`cluster/tcp_loss.rs`): TCP's retransmitted
 //! segments, retransmission timeouts and tail loss probes (each up to about 200 ms where one
-//! segment alone is in flight; each row's `tcp_loss_probes`) in the hosts' namespaces (read through
+//! segment alone is in flight, the hosts' floor; tally's own connections set theirs lower,
+//! `host::tcp_rto_min`; each row's `tcp_loss_probes`) in the hosts' namespaces (read through
 //! `/proc/<pid>/net/` of a server or worker, per timed loop: each row's `tcp_retrans` and
 //! `tcp_timeouts`), the tbf qdiscs' drops, and the drops of every interface (`/proc/net/dev`, each
 //! row's `dev_drops`: TCP also retransmits where no tbf dropped anything, as on the device, thousands
@@ -374,6 +375,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             dsacks: net.map(|l| l.dsacks),
             zero_windows: net.map(|l| l.zero_windows),
             rto_floor_ms: args.tcp_rto_min.ms(),
+            tally_floor_ms: tally_engine::host::tcp_rto_min::env_floor_ms(),
         }
     };
     // Each level's rules replace the last one's, and what they dropped is

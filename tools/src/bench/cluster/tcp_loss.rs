@@ -194,6 +194,9 @@ pub struct LinkLoss {
     /// The hosts' retransmission timeout floor in ms (`--tcp-rto-min`):
     /// about how long a timeout or a lone tail's probe waits.
     pub rto_floor_ms: u32,
+    /// The floor tally's servers and ranks set on their own connections
+    /// (`TALLY_TCP_RTO_MIN_MS`; 0: they keep the hosts').
+    pub tally_floor_ms: u32,
 }
 
 /// A `--loss` level and what its rules dropped (`loss`).
@@ -222,10 +225,13 @@ pub(super) fn qdisc_drops(tc_output: &str) -> u64 {
 impl LinkLoss {
     /// The line a rate's table ends with.
     pub fn note(&self) -> String {
-        let floor = self.rto_floor_ms;
+        let floor = match (self.rto_floor_ms, self.tally_floor_ms) {
+            (host, t) if t > 0 && t < host => format!("{host} ms, {t} on tally's own connections,"),
+            (host, _) => format!("{host} ms"),
+        };
         let tcp = match (self.tcp_retrans, self.tcp_timeouts, self.loss_probes) {
             (Some(r), Some(t), Some(p)) => format!(
-                "{r} TCP segments retransmitted, {t} retransmission timeouts (each a wait of {floor} ms or more), {p} tail loss probes (up to about {floor} ms each)"
+                "{r} TCP segments retransmitted, {t} retransmission timeouts (each a wait of {floor} or more), {p} tail loss probes (up to about {floor} each)"
             ),
             _ => "TCP's counters unreadable".into(),
         };

@@ -57,6 +57,11 @@ pub struct HostFacts {
     pub tcp_autocorking: Option<bool>,
     /// net.ipv4.tcp_congestion_control of this network namespace (`None`: unreadable).
     pub tcp_congestion_control: Option<String>,
+    /// The floor of TCP's timers: whether a process may set its own
+    /// connections' (Linux 6.15+), and the namespace's default
+    /// (net.ipv4.tcp_rto_min_us, Linux 6.11+; `None`: unreadable).
+    pub tcp_rto_floor_per_socket: bool,
+    pub tcp_rto_min_us: Option<u64>,
     /// The CPU model and its SIMD, from /proc/cpuinfo.
     pub cpu: CpuFacts,
     /// The base page size in bytes (0: unknown, taken as 4 KiB).
@@ -213,6 +218,8 @@ pub fn gather(lcores: &CoreList) -> HostFacts {
         allowed: cpuset::allowed().map(|c| c.as_slice().to_vec()).unwrap_or_default(),
         tcp_autocorking: std::fs::read_to_string("/proc/sys/net/ipv4/tcp_autocorking").ok().map(|v| v.trim() != "0"),
         tcp_congestion_control: read_trim("/proc/sys/net/ipv4/tcp_congestion_control"),
+        tcp_rto_floor_per_socket: tally_engine::host::tcp_rto_min::kernel_has_option(),
+        tcp_rto_min_us: read_trim("/proc/sys/net/ipv4/tcp_rto_min_us").and_then(|v| v.parse().ok()),
         cpu: cpu::read(),
         base_page: PageGeometry::detect().base,
     }

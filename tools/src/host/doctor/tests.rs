@@ -207,6 +207,23 @@ fn bbr_is_a_note_where_jobs_go_over_tcp() {
     assert!(evaluate(&target(C7GN), &efa).iter().all(|c| c.name != ROW));
 }
 
+#[test]
+fn the_tcp_timer_floor_is_set_by_tally_where_the_kernel_lets_it_else_a_note_with_the_hosts_ways() {
+    const ROW: &str = "TCP timer floor";
+    let new = HostFacts { tcp_rto_floor_per_socket: true, tcp_rto_min_us: Some(200_000), ..dev_host() };
+    let c = evaluate(&target(""), &new);
+    assert_eq!(status(&c, ROW), Status::Pass);
+    assert!(detail(&c, ROW).contains("TCP_RTO_MIN_US"), "{c:#?}");
+    let old = HostFacts { tcp_rto_floor_per_socket: false, tcp_rto_min_us: None, ..dev_host() };
+    let c = evaluate(&target("provider = \"tcp\"\n"), &old);
+    assert_eq!(status(&c, ROW), Status::Info);
+    assert!(detail(&c, ROW).contains("rto_min 5ms") && detail(&c, ROW).contains("before Linux 6.15"), "{c:#?}");
+    let host_set = HostFacts { tcp_rto_floor_per_socket: false, tcp_rto_min_us: Some(5000), ..dev_host() };
+    assert_eq!(status(&evaluate(&target(""), &host_set), ROW), Status::Pass);
+    // Over EFA it says nothing.
+    assert!(evaluate(&target(C7GN), &HostFacts { ..efa_host() }).iter().all(|c| c.name != ROW));
+}
+
 /// A Graviton host on a kernel of 64 KiB pages: its CPU row names the core,
 /// the instances and the SIMD; a 512 MiB slab per lcore is counted in the
 /// kernel's 512 MiB huge pages (2 MiB contiguous ones offered too), and THP
