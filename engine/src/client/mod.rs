@@ -133,6 +133,8 @@ pub struct Client {
     /// them (tcp only): where a lost one's watcher looks for connections
     /// still backed off (`failover::Watcher`).
     server_ips: Vec<Vec<std::net::IpAddr>>,
+    /// Per server, a fingerprint of its endpoint names (`note_server_names`).
+    server_names: Vec<u64>,
     /// Sampled pieces' round trips (`ClientConfig::piece_times`).
     piece_times: piece_times::PieceTimes,
     /// Reports a provider call that does not return (None: off).
@@ -228,6 +230,7 @@ impl Client {
             failed: false,
             stats: failover::FailoverStats::default(),
             server_ips: vec![Vec::new(); cfg.servers.len()],
+            server_names: vec![0; cfg.servers.len()],
             piece_times: piece_times::PieceTimes::default(),
             kernels: Kernels::best(),
             idle_polls: 0,
