@@ -75,10 +75,12 @@
 //! every rank is back, and asks each rank for its boundary: from the
 //! largest, K, operations are cut over its new streams too (streams carry
 //! the operations from `born` to before `died`; every rank agrees on both).
-//! Its new streams take the places of its lost ones (their context ids,
-//! flights and staging slots: `take_back`), once nothing the provider
-//! still holds of the old ones can complete (`settle_lost`): a server lost
-//! and taken back any number of times costs a rank what it cost once.
+//! A restarted one's new streams take the places of its lost ones (their
+//! context ids, flights and staging slots: `take_back`), once nothing the
+//! provider still holds of the old ones can complete (`settle_lost`): a
+//! server killed and restarted any number of times costs a rank what it
+//! cost once. (A frozen or cut-off one, the same process, still gets new
+//! places each time: `take_back` says why.)
 //!
 //! Limits: a second loss while a recovery's items are in flight fails the
 //! job with an error saying so (a loss during the agreement is fine: it

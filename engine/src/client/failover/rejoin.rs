@@ -217,17 +217,16 @@ impl Client {
     /// still complete. The places are the same on every rank (every rank
     /// lost the same streams), so a completion of the old ones must not be
     /// taken for one of the new: their receives were canceled at the loss
-    /// and are asked again; their sends are forgotten where the server is
-    /// another process now (`restarted`: tcp;ofi_rxm drops what was queued
-    /// to the dead one without completing it), else waited for (a server
-    /// that was frozen or cut off takes them once it runs again).
-    fn settle_lost(&mut self, sub: usize, si: usize, restarted: bool) -> u32 {
+    /// and are asked again; with `forget_sends` (the server is another
+    /// process now: tcp;ofi_rxm drops what was queued to the dead one
+    /// without completing it) their sends are forgotten, else waited for.
+    fn settle_lost(&mut self, sub: usize, si: usize, forget_sends: bool) -> u32 {
         let window = self.cfg.window;
         let s = &self.subs[sub];
         let mut left = 0u32;
         for (st, stream) in s.streams.iter().enumerate().filter(|(_, x)| x.server == si && x.lost && !x.split) {
             let base = sub as u32 * self.per_sub + st as u32 * window * 2;
-            left = left.saturating_add(self.rails.settle(stream.rail, base..base + window * 2, restarted));
+            left = left.saturating_add(self.rails.settle(stream.rail, base..base + window * 2, forget_sends));
         }
         left
     }
@@ -298,7 +297,7 @@ impl Client {
                 names.push(crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?);
             }
             let restarted = fingerprint(names.iter().map(|n| n.as_bytes())) != self.server_names[si];
-            let left = self.settle_lost(sub, si, restarted);
+            let left = if restarted { self.settle_lost(sub, si, true) } else { 0 };
             if left > 0 {
                 let since = *self.subs[sub].fo.rejoins[i].settling.get_or_insert_with(Instant::now);
                 if since.elapsed() < SETTLE_FOR {
@@ -343,7 +342,8 @@ impl Client {
                     );
                     return Ok(false);
                 }
-                if !self.take_back(sub, si, &a, &names)? {
+                let restarted = fingerprint(names.iter().map(|n| n.as_bytes())) != self.server_names[si];
+                if !self.take_back(sub, si, &a, &names, restarted)? {
                     return Ok(false);
                 }
                 self.subs[sub].fo.rejoins[i].phase = RejoinPhase::Question;
@@ -396,18 +396,24 @@ impl Client {
 }
 
 impl Client {
-    /// Server `si` accepted sub-job `sub` again with `names` (settled: see
-    /// `settle_lost`): its new streams, carrying nothing until the switch,
+    /// Server `si` accepted sub-job `sub` again with `names`: its new
+    /// streams, carrying nothing until the switch. Where it is another
+    /// process (`restarted`: other names; settled, see `settle_lost`) they
     /// take the places of its lost ones, lcore k the k-th, with their
     /// flights and staging slots; only lcores it did not have before add
-    /// places. Every rank does the same, so the streams' order stays the
-    /// same on every rank, and a server lost and taken back N times costs
-    /// what it cost once. False: no room for them in the context table.
-    fn take_back(&mut self, sub: usize, si: usize, a: &wire::Accept, names: &[EndpointName]) -> Result<bool, ClientError> {
+    /// places. Every rank sees the same names and does the same, so the
+    /// streams' order stays the same on every rank, and a server killed and
+    /// restarted N times costs what it cost once. The same process back (a
+    /// frozen or cut-off server) gets places of its own, as before: its
+    /// provider may still complete what was posted to it before the outage
+    /// long after it answers again (a link-cut run once waited over 5 s),
+    /// and every rank must decide alike without waiting for that.
+    /// False: no room for them in the context table.
+    fn take_back(&mut self, sub: usize, si: usize, a: &wire::Accept, names: &[EndpointName], restarted: bool) -> Result<bool, ClientError> {
         let window = self.cfg.window as usize;
         let s = &self.subs[sub];
-        let old: Vec<usize> =
-            (0..s.streams.len()).filter(|&st| s.streams[st].server == si && s.streams[st].lost && !s.streams[st].split).collect();
+        let reusable = |st: usize| restarted && s.streams[st].server == si && s.streams[st].lost && !s.streams[st].split;
+        let old: Vec<usize> = (0..s.streams.len()).filter(|&st| reusable(st)).collect();
         let grown = s.streams.len() + names.len().saturating_sub(old.len());
         if (grown * window * 2) as u32 + REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 > self.per_sub {
             log::warn!(
