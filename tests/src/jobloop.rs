@@ -87,6 +87,11 @@ pub struct Shape {
     pub large: bool,
     /// `ClientConfig::seal_min` instead of [`multi`]'s 1 MiB (0: no seals).
     pub seal_min: Option<usize>,
+    /// The ranks stop before this round (`usize::MAX` until the test sets
+    /// it, a few rounds past rank 0's progress: no rank is more than one
+    /// round ahead of another): a loop as long as what the test does under
+    /// it, however fast or slow the host.
+    pub stop_at: Option<&'static AtomicUsize>,
 }
 
 /// A large round: 2 MiB and 12 bytes, 33 pieces of 64 KiB, 11 a stream over
@@ -133,6 +138,9 @@ pub fn loop_job(
                     c.join(DataType::Float32, ReduceOp::Max).map_err(|e| e.to_string())?;
                 }
                 for round in 0..rounds {
+                    if shape.stop_at.is_some_and(|s| round >= s.load(Ordering::Relaxed)) {
+                        break;
+                    }
                     let bytes = if shape.large && round % 3 == 0 { LARGE_ROUND } else { round_bytes(round) };
                     let count = bytes / 4;
                     let max = shape.mixed && round % 2 == 1;

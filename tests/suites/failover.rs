@@ -13,6 +13,8 @@
 //! - the killed server restarted on its port: the job takes it back at an
 //!   operation boundary all ranks agree on (rejoin) and runs on all three
 //!   again (the restarted server ends the job cleanly at the loop's end);
+//!   killed and restarted six times over, the ranks hold no more streams
+//!   and staging than at the start;
 //! - every server killed: each rank fails with an error saying no server
 //!   is left, and nothing hangs;
 //! - with failover off (TALLY_FAILOVER=0 / `ClientConfig::failover`) a kill
@@ -304,6 +306,46 @@ fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>) {
     }
     // It carried the rest of the loop with the others: the job ends cleanly there.
     assert!(servers[1].wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
+}
+
+/// Issue 55: a server of two killed and restarted [`CYCLES`] times under a
+/// running job. Every cycle is a recovery and a rejoin, every element
+/// right, and the ranks end holding what they held at the start: the
+/// restarted server's streams take the places (and the staging slots) of
+/// the ones it lost, rather than being added beside them (before, each
+/// rejoin added a stream and its 2 x window staging slots: +6 streams here).
+#[test]
+fn a_server_killed_and_taken_back_again_and_again_costs_the_ranks_nothing_more() {
+    const CYCLES: u32 = 6;
+    static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let mut servers: Vec<ServerProcess> = (0..2).map(|_| server("tcp", &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let shape = Shape { pace: Some(Duration::from_millis(2)), stop_at: Some(&STOP_AT), ..Shape::default() };
+    let ranks = loop_job("tcp", &addrs, 0xfb, 2, usize::MAX, progress.clone(), shape);
+    wait_for_round(&progress, 20, &ranks);
+    let t0 = Instant::now();
+    for cycle in 0..CYCLES {
+        sigkill(&mut servers[1]);
+        let at = progress.load(Ordering::Relaxed);
+        assert!(next_round_after(&progress, at + 5, Instant::now()).is_some(), "cycle {cycle}: no progress after the kill");
+        servers[1] = server_on(&addrs[1], "tcp", &[]);
+        let back = servers[1].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
+        let logs = servers[1].log.lock().unwrap().join("\n");
+        assert!(back, "cycle {cycle}: the restarted server was not taken back:\n{logs}");
+        let at = progress.load(Ordering::Relaxed);
+        assert!(next_round_after(&progress, at + 5, Instant::now()).is_some(), "cycle {cycle}: no progress after the rejoin");
+    }
+    STOP_AT.store(progress.load(Ordering::Relaxed) + 10, Ordering::Relaxed);
+    let res = results(ranks);
+    eprintln!("REJOIN CYCLES: {CYCLES} kills and rejoins in {:?}; {res:?}", t0.elapsed());
+    // One lcore per server: a stream each, and 2 x window slots of a 64 KiB piece each.
+    let window = multi("tcp", &addrs, 0, 0, 2).window as u64;
+    for r in &res {
+        let r = r.as_ref().expect("no operation fails");
+        assert_eq!((r.recoveries, r.rejoins), (CYCLES, CYCLES), "{r:?}");
+        assert_eq!((r.streams, r.staging_bytes), (2, 2 * 2 * window * (64 << 10)), "what the rank holds grew: {r:?}");
+    }
 }
 
 #[test]

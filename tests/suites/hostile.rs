@@ -12,6 +12,9 @@
 //!   so is a join into a gathering job with another secret;
 //! - the control plane captured: the token is nowhere in a Hello, and a
 //!   captured Hello replayed on a new connection is refused;
+//! - a REJOIN's backoff check: none without the job's secret, only the
+//!   connection's address for a job not running here (not the hosts its
+//!   names give), and a flood of them gets a few looks, not one each;
 //! - a storm of malformed handshakes logs a few lines a second, not one each;
 //! - a flood of messages for no receive is discarded and counted;
 //! - a server that asks for no token gets no secret from a rank that holds one.
@@ -223,6 +226,65 @@ fn a_token_holder_without_the_jobs_secret_cannot_act_on_it() {
     let second = ranks_of(&srv.addr, 0x5e_c8e8, 2, 1..2, 3, secret, Arc::default());
     join_all(first);
     join_all(second);
+    assert!(srv.stop().success());
+}
+
+/// Issue 55: a rejoin's backoff check (`ControlPlane::backed_off_towards`)
+/// looks at the server's own connections. A REJOIN without the job's secret
+/// gets no look at all; one for a job not running here (a restarted server)
+/// gets a look at its connection's address only, not at the foreign host its
+/// endpoint name gives; and a flood of them gets at most one look per
+/// `backoff_gate::REUSE_FOR` (100 ms) for that address, not one each.
+#[test]
+fn rejoin_hellos_look_only_at_their_own_address_and_a_flood_gets_few_looks() {
+    let srv = server("tcp");
+    let secret: JobSecret = ClientConfig::draw_job_secret().unwrap();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let ranks = job(&srv.addr, 0x5e_c8f0, 2, 300, secret, progress.clone());
+    wait_rounds(&progress, 5);
+    let looks = || {
+        let m = tally_e2e::scrape(&srv.metrics_addr());
+        (tally_e2e::sum(&m, "tally_control_backoff_looks_total", ""), tally_e2e::sum(&m, "tally_control_backoff_look_addresses_total", ""))
+    };
+    // Its endpoint is said to be on 192.0.2.7 (TEST-NET-1, nobody's): the
+    // server may look at its own sockets to that host, never at that host.
+    let foreign = [2u8, 0, 0, 9, 192, 0, 2, 7, 0, 0, 0, 0, 0, 0, 0, 0];
+    let hello = |id: u64, secret: &JobSecret| {
+        let mut m = HelloMessage::new(&spec(id, 2), 0, secret, &[&foreign[..]]).unwrap();
+        m.hello.flags |= Hello::REJOIN;
+        m
+    };
+    let before = looks();
+    let r = read_reject(&mut answered_hello(&srv.addr, &hello(0x5e_c8f0, &[0x77; 32]), &token_bytes()));
+    assert_eq!((r.code(), r.field()), (Some(RejectCode::Unauthorized), "secret"), "{r}");
+    assert_eq!(looks(), before, "a REJOIN without the job's secret got a look");
+    // A job not running here: unproven, so its connection's address alone.
+    drop(answered_hello(&srv.addr, &hello(0x5e_c8f1, &[0x78; 32]), &token_bytes()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while looks().0 == before.0 {
+        assert!(Instant::now() < deadline, "the REJOIN for a job not running here got no look");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let one = looks();
+    assert_eq!((one.0 - before.0, one.1 - before.1), (1.0, 1.0), "one look, at one address (the connection's, not 192.0.2.7)");
+    // A flood from the same address, after that look's verdict ran out.
+    std::thread::sleep(Duration::from_millis(150));
+    let t = Instant::now();
+    const FLOOD: usize = 200;
+    for _ in 0..FLOOD {
+        drop(answered_hello(&srv.addr, &hello(0x5e_c8f1, &[0x78; 32]), &token_bytes()));
+    }
+    // Let the server read the last of them.
+    std::thread::sleep(Duration::from_millis(300));
+    let spells = (t.elapsed().as_millis() / 100) as f64 + 1.0;
+    let after = looks();
+    let (n, addrs) = (after.0 - one.0, after.1 - one.1);
+    eprintln!("REJOIN FLOOD: {FLOOD} REJOIN Hellos in {:?}: {n} backoff looks, {addrs} addresses", t.elapsed());
+    assert!(n >= 1.0 && n <= spells, "{n} looks for {FLOOD} Hellos in {spells} spells of 100 ms");
+    assert_eq!(addrs, n, "each look at the connection's address only");
+    for r in ranks {
+        r.join().unwrap().expect("the job finishes, every element right");
+    }
     assert!(srv.stop().success());
 }
 

@@ -133,7 +133,7 @@ impl Client {
             }
             let latency_lcores = g.latency.map_or(0, |(l, _)| l);
             small_lcores = if latency_lcores > 0 { latency_lcores } else { g.names.len() } as u32;
-            self.note_server_ips(si, g.names.iter().map(|n| n.as_bytes()));
+            self.note_server_names(si, g.names.iter().map(|n| n.as_bytes()));
             for (k, n) in g.names.iter().enumerate() {
                 let rail = self.rails.rail_for(si, k);
                 let addr = self.rails.insert_peer(rail, n).map_err(|e| ClientError::Fabric(e.to_string()))?;

@@ -138,6 +138,8 @@ pub struct Client {
     /// the watchdog's chore that sets the floor of the TCP timers on this
     /// process's connections to them (`host::tcp_rto_min`).
     tcp_peers: Arc<Mutex<Vec<std::net::IpAddr>>>,
+    /// Per server, a fingerprint of its endpoint names (`note_server_names`).
+    server_names: Vec<u64>,
     /// Sampled pieces' round trips (`ClientConfig::piece_times`).
     piece_times: piece_times::PieceTimes,
     /// Reports a provider call that does not return (None: off).
@@ -236,6 +238,7 @@ impl Client {
             stats: failover::FailoverStats::default(),
             server_ips: vec![Vec::new(); cfg.servers.len()],
             tcp_peers,
+            server_names: vec![0; cfg.servers.len()],
             piece_times: piece_times::PieceTimes::default(),
             kernels: Kernels::best(),
             idle_polls: 0,

@@ -68,6 +68,7 @@ mod copier;
 mod idle;
 mod queue;
 mod rail_loop;
+mod settle;
 mod stream_copy;
 use copier::{CopierShared, CopyLane};
 use idle::EmptyTurns;
@@ -431,7 +432,7 @@ impl Rails {
             Mode::Direct(ep) => ep.insert_peer(name),
             Mode::Threaded { rails, .. } => match ask(&rails[r].shared, Cmd::InsertPeer(Box::new(name.clone())))? {
                 Reply::Peer(r) => r,
-                Reply::Done => Err(FabricError { call: "rail: fi_av_insert", code: libc::EPROTO }),
+                _ => Err(FabricError { call: "rail: fi_av_insert", code: libc::EPROTO }),
             },
         }
     }

@@ -4,12 +4,14 @@
 //! sent; or every rank refused with the reason.
 use super::{budget, Active, Conn, ControlPlane, Pending, Phase};
 use crate::control::alloc::REGION_ALIGN;
+use crate::control::backoff_gate::{Verdict, REUSE_FOR};
 use crate::control::conn::{Connections, Joining};
 use crate::dataplane::fabric::EndpointName;
 use crate::dataplane::shard::{slot_strides, Command, JobOnShard, SplitOn};
 use crate::dataplane::split::SplitShared;
 use crate::wire::{self, Accept, JobSpec, RejectCode};
 use bytemuck::Zeroable;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,29 +28,39 @@ impl ControlPlane {
     /// be one of the running job's ranks (`proven`: its secret), else only
     /// the address its connection comes from, which it cannot choose: a
     /// token holder may not have this server touch connections to hosts it
-    /// names.
-    fn backed_off_towards(&self, c: &Conn, names: &[EndpointName], proven: bool) -> bool {
+    /// names. Looks are few however many Hellos come (`backoff_gate`).
+    fn backed_off_towards(&mut self, c: &Conn, names: &[EndpointName], proven: bool) -> bool {
         if !self.net.names_are_socket_addresses() {
             return false;
         }
-        let named = names.iter().filter_map(|n| crate::host::tcp_backoff::name_ip(n.as_bytes()));
-        let mut ips: Vec<std::net::IpAddr> = named.filter(|_| proven).chain([c.peer.ip().to_canonical()]).collect();
-        ips.sort_unstable();
-        ips.dedup();
-        let b = crate::host::tcp_backoff::scan(&ips, self.net.listen_port(), true);
-        if b.backed_off > 0 {
-            // Debug: the rank asks again every half second, and logs the wait once itself.
-            log::debug!(
-                "{}: rank {} takes this server back, but {} of its connections to the rank still wait out TCP's retransmission \
-                 backoff from the outage (resend in up to {} ms{}): refused as busy until they resent",
-                c.peer,
-                c.rank,
-                b.backed_off,
-                b.rto_ms,
-                if b.capped > 0 { ", capped" } else { "" }
-            );
+        let named = names.iter().map(|n| n.as_bytes()).filter(|_| proven);
+        let ips = crate::host::tcp_backoff::ips_of(named, Some(c.peer.ip().to_canonical()));
+        let (port, counters) = (self.net.listen_port(), &self.counters);
+        let verdict = self.backoff_gate.verdict(&ips, Instant::now(), |ips| {
+            counters.backoff_looks.fetch_add(1, Ordering::Relaxed);
+            counters.backoff_look_addresses.fetch_add(ips.len() as u64, Ordering::Relaxed);
+            let b = crate::host::tcp_backoff::scan(ips, port, true);
+            if b.backed_off > 0 {
+                // Debug: the rank asks again every half second, and logs the wait once itself.
+                log::debug!(
+                    "{}: rank {} takes this server back, but {} of its connections to the rank still wait out TCP's retransmission \
+                     backoff from the outage (resend in up to {} ms{}): refused as busy until they resent",
+                    c.peer,
+                    c.rank,
+                    b.backed_off,
+                    b.rto_ms,
+                    if b.capped > 0 { ", capped" } else { "" }
+                );
+            }
+            b.backed_off > 0
+        });
+        match verdict {
+            Verdict::Seen { backed_off, .. } => backed_off,
+            Verdict::Throttled => {
+                log::debug!("{}: rank {}'s rejoin told busy: too many backoff looks in the last {REUSE_FOR:?}", c.peer, c.rank);
+                true
+            }
         }
-        b.backed_off > 0
     }
 
     pub(super) fn join(&mut self, j: Joining) {

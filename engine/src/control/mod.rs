@@ -82,6 +82,7 @@
 //! every one: with the housekeeping clock read, that cost a busy lcore 9% of its turns
 //! ([measurements](docs/measurements.md#a-server)).
 pub mod alloc;
+pub mod backoff_gate;
 pub mod budget;
 
 use crate::dataplane::fabric::EndpointName;
@@ -265,6 +266,8 @@ pub struct ControlPlane {
     /// is told so at once, instead of waiting out the join timeout for ranks
     /// that moved on (see [`Tombstone`]).
     failed_joins: HashMap<u64, Tombstone>,
+    /// How often a rejoin's backoff check looks at this server's own connections.
+    backoff_gate: backoff_gate::BackoffGate,
     /// Alive and ready, for `/healthz` and `/readyz`: this loop stamps every
     /// turn and moves the phase (serving, draining, stopping).
     health: Arc<ServerHealth>,
@@ -416,6 +419,7 @@ impl ControlPlane {
             heartbeat: (cfg.heartbeat_ms > 0).then(|| Duration::from_millis(cfg.heartbeat_ms)),
             next_beat: Instant::now(),
             failed_joins: HashMap::new(),
+            backoff_gate: backoff_gate::BackoffGate::default(),
             health: Arc::new(ServerHealth::new()),
             systemd_watchdog: None,
             rto_floor: crate::host::tcp_rto_min::RtoFloor::from_env(),

@@ -174,6 +174,15 @@ pub(super) fn set_int(fd: libc::c_int, opt: libc::c_int, value: libc::c_int) -> 
     ret == 0
 }
 
+/// The IP addresses of tcp;ofi_rxm endpoint `names` (those that are such
+/// names), and `also`, each once, in order.
+pub fn ips_of<'a>(names: impl IntoIterator<Item = &'a [u8]>, also: Option<IpAddr>) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = names.into_iter().filter_map(name_ip).chain(also).collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips
+}
+
 /// The IP address in a tcp;ofi_rxm endpoint name (a `sockaddr_in` or
 /// `sockaddr_in6` as the provider's `fi_getname` gives it); None for other
 /// formats (shm's and EFA's names, anything too short).

@@ -75,6 +75,12 @@
 //! every rank is back, and asks each rank for its boundary: from the
 //! largest, K, operations are cut over its new streams too (streams carry
 //! the operations from `born` to before `died`; every rank agrees on both).
+//! A restarted one's new streams take the places of its lost ones (their
+//! context ids, flights and staging slots: `take_back`), once nothing the
+//! provider still holds of the old ones can complete (`settle_lost`): a
+//! server killed and restarted any number of times costs a rank what it
+//! cost once. (A frozen or cut-off one, the same process, still gets new
+//! places each time: `take_back` says why.)
 //!
 //! Limits: a second loss while a recovery's items are in flight fails the
 //! job with an error saying so (a loss during the agreement is fine: it
@@ -164,6 +170,11 @@ pub struct FailoverStats {
     pub direct: u64,
     /// Seals completed (see `Op::sealed`).
     pub seals: u64,
+    /// What the first sub-job holds now, lost servers' part included: its
+    /// streams, and the bytes of its staging area. A server lost and taken
+    /// back any number of times holds no more than it did the first time.
+    pub streams: u32,
+    pub staging_bytes: u64,
 }
 
 /// One recovery in progress.
@@ -237,7 +248,12 @@ impl Client {
 
     /// Failover counters of the first sub-job.
     pub fn failover_stats(&self) -> FailoverStats {
-        self.stats
+        let first = self.subs.first();
+        FailoverStats {
+            streams: first.map_or(0, |s| s.streams.len() as u32),
+            staging_bytes: first.and_then(|s| s.stage.as_ref()).map_or(0, |g| g.bytes() as u64),
+            ..self.stats
+        }
     }
 
     pub(super) fn redo_base(&self) -> u32 {

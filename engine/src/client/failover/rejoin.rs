@@ -3,17 +3,27 @@
 //! ranks agree on its new streams carry operations again.
 use super::REDO_CONTEXTS_PER_SERVER;
 use crate::client::{Client, ClientError, Flight, Stream};
+use crate::dataplane::fabric::EndpointName;
 use crate::wire::{self, Challenge, Hello, JobSpec};
 use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A lost server that answered again, on its way back into the job.
 pub(in crate::client) struct Rejoin {
     pub(in crate::client) server: usize,
     pub(in crate::client) conn: TcpStream,
     pub(in crate::client) phase: RejoinPhase,
+    /// Since when its Accept waits for the lost streams' operations to
+    /// settle ([`SETTLE_FOR`]).
+    pub(in crate::client) settling: Option<Instant>,
 }
+
+/// How long a server's Accept waits for what the provider still holds of
+/// its lost streams (a receive it could not cancel at once, a send to a
+/// process that still runs) before this rank lets the rejoin go and tries
+/// again later (the watcher): far longer than any of that takes.
+const SETTLE_FOR: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::client) enum RejoinPhase {
@@ -163,7 +173,7 @@ impl Client {
             let sent = crate::client::greet::send_answered(&mut conn, &hello, &challenge, &self.token);
             if sent.is_ok() && conn.set_nonblocking(true).is_ok() {
                 log::info!("server {} answers again: taking it back into job {:#x}", self.cfg.servers[si], spec.job_id);
-                self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept });
+                self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept, settling: None });
             } else {
                 self.watch_again(sub, si);
             }
@@ -192,19 +202,36 @@ impl Client {
         }
     }
 
-    /// Keeps the IP addresses of server `si`'s endpoint names (tcp only:
-    /// other providers' names are not socket addresses).
-    pub(in crate::client) fn note_server_ips<'a>(&mut self, si: usize, names: impl Iterator<Item = &'a [u8]>) {
-        if !self.rails.provider().starts_with("tcp") {
-            return;
+    /// Keeps what server `si`'s endpoint names say: a fingerprint (a server
+    /// taken back under other names is another process: see `settle_lost`)
+    /// and, over tcp, their IP addresses (the watcher's `host::tcp_backoff`).
+    pub(in crate::client) fn note_server_names<'a>(&mut self, si: usize, names: impl Iterator<Item = &'a [u8]> + Clone) {
+        self.server_names[si] = fingerprint(names.clone());
+        if self.rails.provider().starts_with("tcp") {
+            self.server_ips[si] = crate::host::tcp_backoff::ips_of(names, None);
         }
-        let mut ips: Vec<std::net::IpAddr> = names.filter_map(crate::host::tcp_backoff::name_ip).collect();
-        ips.sort_unstable();
-        ips.dedup();
-        self.server_ips[si] = ips;
         if let Ok(mut all) = self.tcp_peers.lock() {
             *all = self.server_ips.concat();
         }
+    }
+
+    /// Before server `si`'s new streams take the places of its lost ones in
+    /// sub-job `sub` (`take_back`): how many operations posted on those may
+    /// still complete. The places are the same on every rank (every rank
+    /// lost the same streams), so a completion of the old ones must not be
+    /// taken for one of the new: their receives were canceled at the loss
+    /// and are asked again; with `forget_sends` (the server is another
+    /// process now: tcp;ofi_rxm drops what was queued to the dead one
+    /// without completing it) their sends are forgotten, else waited for.
+    fn settle_lost(&mut self, sub: usize, si: usize, forget_sends: bool) -> u32 {
+        let window = self.cfg.window;
+        let s = &self.subs[sub];
+        let mut left = 0u32;
+        for (st, stream) in s.streams.iter().enumerate().filter(|(_, x)| x.server == si && x.lost && !x.split) {
+            let base = sub as u32 * self.per_sub + st as u32 * window * 2;
+            left = left.saturating_add(self.rails.settle(stream.rail, base..base + window * 2, forget_sends));
+        }
+        left
     }
 
     /// Advances rejoin `i` with what arrived; false: it is over (taken
@@ -261,6 +288,33 @@ impl Client {
         if c.peek(&mut msg).map_or(true, |got| got < need) {
             return Ok(true);
         }
+        // An Accept's names, read once; its streams wait (the message stays
+        // unread) until the lost ones settled.
+        let mut names = Vec::new();
+        if kind == wire::Kind::Accept {
+            let a: wire::Accept = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
+            for k in 0..(a.lcores as usize).min((msg.len() - hdr.len()) / core::mem::size_of::<wire::NameRecord>()) {
+                let rec: wire::NameRecord = wire::read(&msg[hdr.len() + k * core::mem::size_of::<wire::NameRecord>()..])
+                    .map_err(|e| ClientError::Fabric(e.to_string()))?;
+                let name = rec.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
+                names.push(crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?);
+            }
+            let restarted = fingerprint(names.iter().map(|n| n.as_bytes())) != self.server_names[si];
+            let left = if restarted { self.settle_lost(sub, si, true) } else { 0 };
+            if left > 0 {
+                let since = *self.subs[sub].fo.rejoins[i].settling.get_or_insert_with(Instant::now);
+                if since.elapsed() < SETTLE_FOR {
+                    return Ok(true);
+                }
+                log::warn!(
+                    "server {server}: {left} operation(s) posted to it before it was lost still not returned by the provider after \
+                     {SETTLE_FOR:?}; taking it back later"
+                );
+                self.watch_again(sub, si);
+                return Ok(false);
+            }
+        }
+        let c = &mut self.subs[sub].fo.rejoins[i].conn;
         if c.read_exact(&mut msg).is_err() {
             self.watch_again(sub, si);
             return Ok(false);
@@ -282,7 +336,6 @@ impl Client {
             }
             wire::Kind::Accept => {
                 let a: wire::Accept = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                let window = self.cfg.window as usize;
                 if a.piece_elems != 0 && (a.piece_elems as usize) < self.subs[sub].chunk_elems {
                     log::warn!(
                         "server {server} grants pieces of {} elements now, fewer than job {:#x}'s {}: it goes on without it",
@@ -292,47 +345,11 @@ impl Client {
                     );
                     return Ok(false);
                 }
-                let s = &self.subs[sub];
-                let grown = s.streams.len() + a.lcores as usize;
-                if (grown * window * 2) as u32 + REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 > self.per_sub {
-                    log::warn!(
-                        "server {server}: no room for its streams in this client's context table; job {:#x} goes on without it",
-                        self.job_id_of(sub)
-                    );
+                let restarted = fingerprint(names.iter().map(|n| n.as_bytes())) != self.server_names[si];
+                if !self.take_back(sub, si, &a, &names, restarted)? {
                     return Ok(false);
                 }
-                let mut added = Vec::new();
-                let names = (0..a.lcores as usize).filter_map(|k| {
-                    let off = hdr.len() + k * core::mem::size_of::<wire::NameRecord>();
-                    wire::read::<wire::NameRecord>(&msg[off..]).ok()
-                });
-                let names: Vec<wire::NameRecord> = names.collect();
-                self.note_server_ips(si, names.iter().filter_map(|r| r.name().ok()));
-                let latency_lcores = a.latency_split().map_or(0, |(l, _)| l);
-                for k in 0..a.lcores as usize {
-                    let off = hdr.len() + k * core::mem::size_of::<wire::NameRecord>();
-                    let rec: wire::NameRecord = wire::read(&msg[off..]).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                    let name = rec.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
-                    let name =
-                        crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?;
-                    let rail = self.rails.rail_for(si, k);
-                    let addr = self.rails.insert_peer(rail, &name).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                    // It carries nothing until the switch names its first operation.
-                    added.push(Stream {
-                        born: u64::MAX,
-                        latency: k < latency_lcores,
-                        lcore: k as u32,
-                        ..Stream::new(addr, si, rail, a.job())
-                    });
-                }
-                let s = &mut self.subs[sub];
-                let n = added.len();
-                s.streams.extend(added);
-                s.flights.resize(s.streams.len() * window, Flight::default());
-                if let Some(stage) = s.stage.as_mut() {
-                    stage.add(n, &mut self.rails)?;
-                }
-                s.fo.rejoins[i].phase = RejoinPhase::Question;
+                self.subs[sub].fo.rejoins[i].phase = RejoinPhase::Question;
                 Ok(true)
             }
             wire::Kind::Rejoin => {
@@ -379,4 +396,75 @@ impl Client {
             }
         }
     }
+}
+
+impl Client {
+    /// Server `si` accepted sub-job `sub` again with `names`: its new
+    /// streams, carrying nothing until the switch. Where it is another
+    /// process (`restarted`: other names; settled, see `settle_lost`) they
+    /// take the places of its lost ones, lcore k the k-th, with their
+    /// flights and staging slots; only lcores it did not have before add
+    /// places. Every rank sees the same names and does the same, so the
+    /// streams' order stays the same on every rank, and a server killed and
+    /// restarted N times costs what it cost once. The same process back (a
+    /// frozen or cut-off server) gets places of its own, as before: its
+    /// provider may still complete what was posted to it before the outage
+    /// long after it answers again (a link-cut run once waited over 5 s),
+    /// and every rank must decide alike without waiting for that.
+    /// False: no room for them in the context table.
+    fn take_back(&mut self, sub: usize, si: usize, a: &wire::Accept, names: &[EndpointName], restarted: bool) -> Result<bool, ClientError> {
+        let window = self.cfg.window as usize;
+        let s = &self.subs[sub];
+        let reusable = |st: usize| restarted && s.streams[st].server == si && s.streams[st].lost && !s.streams[st].split;
+        let old: Vec<usize> = (0..s.streams.len()).filter(|&st| reusable(st)).collect();
+        let grown = s.streams.len() + names.len().saturating_sub(old.len());
+        if (grown * window * 2) as u32 + REDO_CONTEXTS_PER_SERVER * self.cfg.servers.len() as u32 > self.per_sub {
+            log::warn!(
+                "server {}: no room for its streams in this client's context table; job {:#x} goes on without it",
+                self.cfg.servers[si],
+                self.job_id_of(sub)
+            );
+            return Ok(false);
+        }
+        self.note_server_names(si, names.iter().map(|n| n.as_bytes()));
+        let latency_lcores = a.latency_split().map_or(0, |(l, _)| l);
+        let mut added = 0;
+        for (k, name) in names.iter().enumerate() {
+            let rail = self.rails.rail_for(si, k);
+            let addr = self.rails.insert_peer(rail, name).map_err(|e| ClientError::Fabric(e.to_string()))?;
+            // It carries nothing until the switch names its first operation.
+            let stream = Stream { born: u64::MAX, latency: k < latency_lcores, lcore: k as u32, ..Stream::new(addr, si, rail, a.job()) };
+            let s = &mut self.subs[sub];
+            match old.get(k) {
+                Some(&st) => {
+                    s.streams[st] = stream;
+                    s.flights[st * window..(st + 1) * window].fill(Flight::default());
+                    if let Some(stage) = s.stage.as_mut() {
+                        stage.clear(st);
+                    }
+                }
+                None => {
+                    s.streams.push(stream);
+                    added += 1;
+                }
+            }
+        }
+        let s = &mut self.subs[sub];
+        s.flights.resize(s.streams.len() * window, Flight::default());
+        if let Some(stage) = s.stage.as_mut() {
+            stage.add(added, &mut self.rails)?;
+        }
+        Ok(true)
+    }
+}
+
+/// A fingerprint of a server's endpoint names, to tell whether it came back
+/// as the same process.
+fn fingerprint<'a>(names: impl Iterator<Item = &'a [u8]>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for n in names {
+        n.hash(&mut h);
+    }
+    h.finish()
 }

@@ -100,6 +100,17 @@ impl Stage {
         Ok(())
     }
 
+    /// Stream `st`'s slots hold nothing any more (its place is taken by a
+    /// stream of a server taken back, whose sequences start again).
+    pub(in crate::client) fn clear(&mut self, st: usize) {
+        self.meta[st * self.slots..(st + 1) * self.slots].fill(Held::default());
+    }
+
+    /// The bytes of every stream's slots.
+    pub fn bytes(&self) -> usize {
+        self.blocks.iter().map(|b| b.layout.size()).sum()
+    }
+
     /// The registration of stream `st`'s slots, where the provider wants one.
     #[inline(always)]
     pub fn mh(&self, st: usize) -> Option<MemoryHandle> {

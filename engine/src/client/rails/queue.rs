@@ -47,6 +47,11 @@ pub(super) enum Cmd {
     /// Add a peer to the rail's address vector, answer [`Reply::Peer`]
     /// (boxed: a name is large, and this is rare).
     InsertPeer(Box<EndpointName>),
+    /// `Endpoint::settle` these contexts (sends forgotten with the flag),
+    /// answer [`Reply::Count`]: the operations still in flight, plus one
+    /// while events are still on their way to the client (one of them may
+    /// name these contexts).
+    Settle(std::ops::Range<u32>, bool),
 }
 
 // SAFETY: the buffer pointers belong to the client's caller, who keeps them
@@ -66,6 +71,7 @@ pub(super) enum Event {
 pub(super) enum Reply {
     Peer(Result<PeerAddr, FabricError>),
     Done,
+    Count(u32),
 }
 
 /// A sleeper's flag and the eventfd that wakes it.

@@ -225,6 +225,19 @@ impl RailLoop {
                 Cmd::InsertPeer(name) => {
                     let _ = self.sh.replies.push(Reply::Peer(self.ep.insert_peer(&name)));
                 }
+                Cmd::Settle(range, forget_sends) => {
+                    self.wait_copier(false);
+                    let queued = |w: &Cmd| matches!(w, Cmd::Send { ctx, .. } | Cmd::Recv { ctx, .. } | Cmd::RecvCopy { ctx, .. } if range.contains(ctx));
+                    self.waiting.retain(|w| !queued(w));
+                    for c in range.clone() {
+                        if let Some(c) = self.copies.get_mut(c as usize) {
+                            *c = (std::ptr::null_mut(), std::ptr::null_mut());
+                        }
+                    }
+                    let left = self.ep.settle(range, forget_sends);
+                    let on_the_way = u32::from(!self.unsent.is_empty() || !self.sh.events.is_empty());
+                    let _ = self.sh.replies.push(Reply::Count(left + on_the_way));
+                }
                 data => {
                     self.waiting.push_back(data);
                     // Post as they come: the provider starts moving bytes

@@ -312,6 +312,10 @@ pub struct ControlCounters {
     pub jobs_fenced: AtomicU64,
     /// Joins failed because a rank's connection closed before every rank was in.
     pub joins_failed: AtomicU64,
+    /// Looks at this server's own TCP connections for a rejoin's backoff
+    /// check, and the addresses they looked for (`control::backoff_gate`).
+    pub backoff_looks: AtomicU64,
+    pub backoff_look_addresses: AtomicU64,
     /// Connections or joins refused, by reject code.
     refusals: [AtomicU64; REASONS],
     /// A job's first join to its running (every lcore ready, Accepts sent).
@@ -418,7 +422,7 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
     }
 
     let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let control_gauges: [(&str, &str, &str, u64); 7] = [
+    let control_gauges: [(&str, &str, &str, u64); 9] = [
         ("tally_control_handshakes", "gauge", "Control connections in their handshake.", r(&control.handshakes)),
         ("tally_control_joined", "gauge", "Control connections past their handshake (ranks joining or running).", r(&control.joined)),
         ("tally_control_accepted_total", "counter", "Control connections accepted.", r(&control.accepted)),
@@ -440,6 +444,18 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
             "counter",
             "Joins failed because a rank's connection closed before every rank was in.",
             r(&control.joins_failed),
+        ),
+        (
+            "tally_control_backoff_looks_total",
+            "counter",
+            "Looks at this server's own TCP connections for a rejoin's backoff check.",
+            r(&control.backoff_looks),
+        ),
+        (
+            "tally_control_backoff_look_addresses_total",
+            "counter",
+            "Addresses those looks looked for: the rejoining rank's connection's, and its endpoints' once it proved to be the job's.",
+            r(&control.backoff_look_addresses),
         ),
     ];
     for (name, kind, help, v) in control_gauges {

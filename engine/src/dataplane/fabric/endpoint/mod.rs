@@ -475,6 +475,33 @@ impl Endpoint {
         n
     }
 
+    /// Before the owner names new operations with `contexts` again (a
+    /// server taken back reuses its lost streams' ids): how many of the
+    /// operations they last named are still in flight. Receives among them
+    /// are asked to cancel (again: a cancel asked for earlier may have come
+    /// while the provider still held the receive); with `forget_sends`,
+    /// sends are forgotten ([`Endpoint::forget`] says when that is right:
+    /// their peer's process is gone). 0: no completion can name them any
+    /// more, and no receive writes into their buffers.
+    pub fn settle(&mut self, contexts: std::ops::Range<u32>, forget_sends: bool) -> u32 {
+        let mut left = 0;
+        for c in contexts {
+            let Some(ctx) = self.contexts.get(c as usize) else { continue };
+            match (ctx.in_flight, ctx.is_send) {
+                (false, _) => {}
+                (true, true) if forget_sends => {
+                    self.forget(c..c + 1);
+                }
+                (true, true) => left += 1,
+                (true, false) => {
+                    self.cancel(c);
+                    left += 1;
+                }
+            }
+        }
+        left
+    }
+
     /// Whether the provider completes this endpoint's sends strictly in
     /// order, whatever their peer (shm: see the module doc).
     pub fn in_order_sends(&self) -> bool {
