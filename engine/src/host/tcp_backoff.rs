@@ -64,7 +64,7 @@ pub fn scan(peers: &[IpAddr], control_port: u16, cap: bool) -> Backoff {
     if peers.is_empty() {
         return out;
     }
-    for sock in provider_sockets(Some(peers), control_port) {
+    for sock in provider_sockets(Some(peers), control_port, |_| true) {
         let Some(info) = tcp_info(sock.fd) else { continue };
         if info.tcpi_state != TCP_ESTABLISHED {
             continue;
@@ -91,13 +91,22 @@ pub(super) struct Socket {
 
 /// This process's connected IP sockets whose peer is one of `peers` (any,
 /// with None) and that are neither to nor from `control_port` (a server's
-/// control connections, tally's own: the provider's are the rest).
-pub(super) fn provider_sockets(peers: Option<&[IpAddr]>, control_port: u16) -> impl Iterator<Item = Socket> + '_ {
+/// control connections, tally's own: the provider's are the rest). `fresh`
+/// sees each socket's inode first: false skips it before any other call
+/// (a caller that already handled it).
+pub(super) fn provider_sockets<'a>(
+    peers: Option<&'a [IpAddr]>,
+    control_port: u16,
+    mut fresh: impl FnMut(u64) -> bool + 'a,
+) -> impl Iterator<Item = Socket> + 'a {
     let dir = std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten();
     dir.filter_map(move |entry| {
         let fd = entry.file_name().to_str()?.parse::<libc::c_int>().ok()?;
         let link = std::fs::read_link(entry.path()).ok()?;
         let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok()?;
+        if !fresh(inode) {
+            return None;
+        }
         // The descriptor may be closed, or reused, by the provider's threads
         // between the listing and these calls: each only reads a socket's
         // state or changes a timer of this process's own TCP sockets,

@@ -54,7 +54,7 @@ pub fn env_floor_ms() -> u32 {
 /// Sets the floor on this process's new provider connections, sweep by sweep.
 pub struct RtoFloor {
     floor_us: libc::c_int,
-    /// The sockets set so far (their inodes), as of the last sweep.
+    /// The sockets set so far and open at the last sweep (inodes, sorted).
     done: Vec<u64>,
     /// The kernel has no such option (before Linux 6.15): nothing more to do.
     unsupported: bool,
@@ -79,15 +79,28 @@ impl RtoFloor {
         if self.unsupported || peers.is_some_and(|p| p.is_empty()) {
             return 0;
         }
-        let mut seen = Vec::with_capacity(self.done.len());
-        let mut set = 0;
-        for sock in provider_sockets(peers, control_port) {
-            seen.push(sock.inode);
-            if self.done.contains(&sock.inode) {
-                continue;
+        // The sockets set before and still open (each costs its readlink
+        // only: a server of a thousand ranks holds thousands), and the rest,
+        // to look at. Only those set go into `done`: one not yet connected,
+        // or to a peer not yet named, is looked at again next time.
+        let mut kept = Vec::with_capacity(self.done.len());
+        let done = &self.done;
+        let fresh: Vec<(libc::c_int, u64)> = provider_sockets(peers, control_port, |inode| match done.binary_search(&inode) {
+            Ok(_) => {
+                kept.push(inode);
+                false
             }
-            match self.set(sock.fd) {
-                Ok(()) => set += 1,
+            Err(_) => true,
+        })
+        .map(|sock| (sock.fd, sock.inode))
+        .collect();
+        let mut set = 0;
+        for (fd, inode) in fresh {
+            match self.set(fd) {
+                Ok(()) => {
+                    set += 1;
+                    kept.push(inode);
+                }
                 Err(e) if e == libc::ENOPROTOOPT => {
                     log::info!(
                         "this kernel cannot lower one connection's minimum TCP retransmission timeout (TCP_RTO_MIN_US, Linux \
@@ -101,8 +114,9 @@ impl RtoFloor {
                 Err(_) => {}
             }
         }
-        // Forget the sockets that closed: their numbers may come back.
-        self.done = seen;
+        kept.sort_unstable();
+        // The sockets that closed are forgotten: their numbers may come back.
+        self.done = kept;
         set
     }
 
