@@ -279,6 +279,14 @@ while read -r role pid a b g late; do
     [[ -n "$role" ]] || continue
     say "  $role pid $pid: $a -> $b ($g%)$([[ $late == 1 ]] && echo "  (a restarted server: from its own first reading)")"
 done <<<"$rss_lines"
+# What each fault cost a rank: rank0's last reading before it began against
+# its last one before the next fault (or the end): a growth that steps at
+# one kind of fault, not a creep.
+say "rank0's RSS across each fault (kB): $(awk 'FNR == NR { if ($1 ~ /^(kill|stop|cut|loss)$/) { n++; kind[n] = $1; t0[n] = $3 } next }
+    $2 == "rank0" { t[++m] = $1; kb[m] = $4 }
+    END { for (i = 1; i <= n; i++) { b = a = ""; nxt = (i < n) ? t0[i + 1] : 1e18
+        for (j = 1; j <= m; j++) { if (t[j] < t0[i]) b = kb[j]; if (t[j] < nxt) a = kb[j] }
+        if (b != "" && a != "") printf "%s%s %+d", (i > 1 ? ", " : ""), kind[i], a - b } }' "$OUT/faults" "$OUT/rss")"
 rss_bad="$(awk -v m="$RSS_MAX" '$6 == 0 && ($5 > m || $5 < -m) { n++ } END { print n + 0 }' <<<"$rss_lines")"
 verdict=PASS
 why=()
