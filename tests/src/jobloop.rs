@@ -149,15 +149,26 @@ pub fn loop_job(
                     let mut out = vec![0f32; count];
                     c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, op)
                         .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
-                    for (i, v) in out.iter().enumerate() {
-                        let want: f32 = if max {
+                    let want = |i: usize| -> f32 {
+                        if max {
                             (n as usize - 1 + i % 97 + round) as f32
                         } else {
                             (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
-                        };
-                        if *v != want {
-                            return Err(format!("rank {rank} round {round}: element {i} = {v}, want {want}"));
                         }
+                    };
+                    if let Some(i) = out.iter().enumerate().position(|(i, v)| *v != want(i)) {
+                        // The whole damage, for diagnosis: how many, where, and the first few.
+                        let bad: Vec<usize> = (i..count).filter(|&j| out[j] != want(j)).collect();
+                        let few: Vec<String> = bad.iter().take(6).map(|&j| format!("{j}: {} (want {})", out[j], want(j))).collect();
+                        return Err(format!(
+                            "rank {rank} round {round}: element {i} = {}, want {}; {} of {count} elements wrong, from {i} to {} (buffer at {:p}); {}",
+                            out[i],
+                            want(i),
+                            bad.len(),
+                            bad.last().copied().unwrap_or(i),
+                            out.as_ptr(),
+                            few.join(", ")
+                        ));
                     }
                     if rank == 0 {
                         progress.store(round + 1, Ordering::Relaxed);
