@@ -28,8 +28,14 @@ use tally_e2e::jobloop::{check_gray_outcome, loop_job, results, wait_for_round, 
 use tally_e2e::netns::{available, Switch};
 use tally_e2e::ServerProcess;
 
-const SERVER_ADDRS: [&str; 3] = ["198.18.5.10", "198.18.5.11", "198.18.5.12"];
-const RANKS_ADDR: &str = "198.18.5.1";
+/// The test's subnet, 198.18.N.0/24 with N from this process's id: the
+/// ranks' end of it is in the root namespace, which every test process on
+/// the machine shares, so two of these runs at once (two checkouts' tests)
+/// must not both route 198.18.5.0/24 there, or one's ranks reach the
+/// other's servers (same job id: "a job with this id is already running").
+fn subnet() -> u32 {
+    100 + std::process::id() % 100
+}
 /// Long enough for a loop that waited for the link to show it.
 const CUT_FOR: Duration = Duration::from_secs(8);
 /// The liveness time, a recovery and slack for a loaded 2-core machine.
@@ -47,8 +53,12 @@ fn a_servers_link_cut_then_restored_fails_over_and_takes_it_back_tcp() {
     const ROUNDS: usize = 700;
     let job = 0x9f3;
     let mut sw = Switch::new("lc");
-    sw.attach_root(RANKS_ADDR);
-    let servers: Vec<ServerProcess> = SERVER_ADDRS
+    let net = subnet();
+    // 'static for the ranks' configuration (one test, one leak).
+    let ranks_addr: &'static str = Box::leak(format!("198.18.{net}.1").into_boxed_str());
+    sw.attach_root(ranks_addr);
+    let server_addrs: Vec<String> = (10..13).map(|h| format!("198.18.{net}.{h}")).collect();
+    let servers: Vec<ServerProcess> = server_addrs
         .iter()
         .enumerate()
         .map(|(i, a)| {
@@ -61,7 +71,7 @@ fn a_servers_link_cut_then_restored_fails_over_and_takes_it_back_tcp() {
     sw.shape("s1", SHAPED_MBIT);
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let shape = Shape { pace: Some(Duration::from_millis(4)), fabric_addr: Some(RANKS_ADDR), large: true, ..Shape::default() };
+    let shape = Shape { pace: Some(Duration::from_millis(4)), fabric_addr: Some(ranks_addr), large: true, ..Shape::default() };
     let ranks = loop_job("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     wait_for_round(&progress, 40, &ranks);
     let meter = StallMeter::start(progress.clone());
