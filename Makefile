@@ -26,13 +26,15 @@ test: deps build test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e
 	@echo "make test: all suites passed"
 
 # Tests build in the `ci` profile (Cargo.toml): release code without thin LTO,
-# whose link of every test binary was most of CI's compile time. The plugin is
-# a cdylib, which `cargo test` does not build: its tests load it from there.
+# whose link of every test binary was most of CI's compile time. One build of
+# every target: the plugin's cdylib (which `cargo test` does not build; its
+# tests load it from there), the test binaries, and the benchmarks (benches/,
+# so they cannot rot; `make bench` runs them). Built apart, `-p
+# tally-nccl-plugin` resolved features without the workspace's and compiled
+# the engine a second time.
 test-rust:
-	$(CARGO) build --profile ci -p tally-nccl-plugin
+	$(CARGO) build --profile ci --workspace --all-targets
 	$(CARGO) test --profile ci --workspace -- --test-threads=$(TEST_THREADS)
-	@# Build the benchmarks (benches/) so they cannot rot; `make bench` runs them.
-	$(CARGO) build --profile ci --workspace --benches
 	$(CARGO) build -p tally-engine --no-default-features
 	@echo "no_std core (reduce, wire) builds without std: ok"
 
