@@ -208,10 +208,10 @@ pub static ENV: &[EnvVar] = &[
     ),
     var(
         "TALLY_TCP_RTO_MIN_MS",
-        "5",
-        "",
+        "0",
+        "the kernel's 200 ms",
         &[Server, Client, Plugin],
-        "over tcp, the floor of the TCP retransmission timers on tally's own connections (Linux 6.15+; 0: the kernel's 200 ms): a lost last packet then costs about this, not 200 ms",
+        "over tcp, a floor for the TCP retransmission timers of tally's own connections (Linux 6.15+), e.g. 5 where the fabric loses packets: a lost last packet of a piece then costs an all-reduce about this, not 200 ms (off by default: 1024 ranks on 2 cores stalled with it)",
     ),
     var(
         "TALLY_JOIN_TIMEOUT_S",

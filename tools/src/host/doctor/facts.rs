@@ -62,6 +62,8 @@ pub struct HostFacts {
     /// (net.ipv4.tcp_rto_min_us, Linux 6.11+; `None`: unreadable).
     pub tcp_rto_floor_per_socket: bool,
     pub tcp_rto_min_us: Option<u64>,
+    /// The floor tally's processes would set (`TALLY_TCP_RTO_MIN_MS`, ms; 0: none).
+    pub tally_rto_floor_ms: u32,
     /// The CPU model and its SIMD, from /proc/cpuinfo.
     pub cpu: CpuFacts,
     /// The base page size in bytes (0: unknown, taken as 4 KiB).
@@ -220,6 +222,7 @@ pub fn gather(lcores: &CoreList) -> HostFacts {
         tcp_congestion_control: read_trim("/proc/sys/net/ipv4/tcp_congestion_control"),
         tcp_rto_floor_per_socket: tally_engine::host::tcp_rto_min::kernel_has_option(),
         tcp_rto_min_us: read_trim("/proc/sys/net/ipv4/tcp_rto_min_us").and_then(|v| v.parse().ok()),
+        tally_rto_floor_ms: tally_engine::host::tcp_rto_min::env_floor_ms(),
         cpu: cpu::read(),
         base_page: PageGeometry::detect().base,
     }

@@ -210,10 +210,15 @@ fn bbr_is_a_note_where_jobs_go_over_tcp() {
 #[test]
 fn the_tcp_timer_floor_is_set_by_tally_where_the_kernel_lets_it_else_a_note_with_the_hosts_ways() {
     const ROW: &str = "TCP timer floor";
-    let new = HostFacts { tcp_rto_floor_per_socket: true, tcp_rto_min_us: Some(200_000), ..dev_host() };
+    let new = HostFacts { tcp_rto_floor_per_socket: true, tcp_rto_min_us: Some(200_000), tally_rto_floor_ms: 5, ..dev_host() };
     let c = evaluate(&target(""), &new);
     assert_eq!(status(&c, ROW), Status::Pass);
     assert!(detail(&c, ROW).contains("TCP_RTO_MIN_US"), "{c:#?}");
+    // Not asked for (the default): a note that says how.
+    let unasked = HostFacts { tally_rto_floor_ms: 0, ..new.clone() };
+    let c = evaluate(&target(""), &unasked);
+    assert_eq!(status(&c, ROW), Status::Info);
+    assert!(detail(&c, ROW).contains("TALLY_TCP_RTO_MIN_MS=5"), "{c:#?}");
     let old = HostFacts { tcp_rto_floor_per_socket: false, tcp_rto_min_us: None, ..dev_host() };
     let c = evaluate(&target("provider = \"tcp\"\n"), &old);
     assert_eq!(status(&c, ROW), Status::Info);
