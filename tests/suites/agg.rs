@@ -522,17 +522,21 @@ fn tcp_connections_carry_tallys_timer_floor_on_both_ends() {
         eprintln!("skipped: this kernel has no TCP_RTO_MIN_US (before Linux 6.15); the doctor row says so");
         return;
     }
-    // Off by default: asked for here, for the server (which inherits it)
-    // and this process's ranks (the other tests of this binary get it too:
-    // they passed with it when it was the default).
-    std::env::set_var("TALLY_TCP_RTO_MIN_MS", "5");
-    let s = server("tcp");
+    // Off by default: asked for here, in the server's environment and the
+    // ranks' configuration (not this process's environment: other tests'
+    // threads read it, in C, as they start their endpoints).
+    let s = ServerProcess::start_with(
+        "127.0.0.1:0",
+        &["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", "64M"],
+        &[("TALLY_TCP_RTO_MIN_MS", "5")],
+    );
     let control: u16 = s.addr.rsplit(':').next().unwrap().parse().unwrap();
     let server_pid = s.child.id();
     let (job, n, count) = (0x7e0_f100, 2u32, 64 << 10);
     let ranks: Vec<_> = (0..n)
         .map(|rank| {
-            let cfg = tally_e2e::client("tcp", &s.addr, job, rank, n);
+            let mut cfg = tally_e2e::client("tcp", &s.addr, job, rank, n);
+            cfg.tcp_rto_min_ms = 5;
             std::thread::spawn(move || -> Result<(), String> {
                 let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
                 let send: Vec<f32> = (0..count).map(|i| (rank as usize + i % 89) as f32).collect();

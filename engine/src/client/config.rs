@@ -149,6 +149,10 @@ pub struct ClientConfig {
     /// returned for this long is reported (see [`watchdog`]). Default from
     /// TALLY_PROVIDER_WATCHDOG_S, else 10 s; zero: not watched.
     pub provider_watchdog: Duration,
+    /// Over tcp, the floor this client sets on its connections' TCP timers
+    /// (ms; `host::tcp_rto_min`). Default from TALLY_TCP_RTO_MIN_MS, else 0:
+    /// none (the kernel's 200 ms).
+    pub tcp_rto_min_ms: u32,
     /// Time one piece in 16 from its send to its result, and the copies of
     /// staged results (see [`super::piece_times`]); logged when the client
     /// closes. Default from TALLY_PIECE_TIMES (`1`), else off.
@@ -248,6 +252,7 @@ impl ClientConfig {
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
             ),
             provider_watchdog: watchdog::limit_from_env(),
+            tcp_rto_min_ms: crate::host::tcp_rto_min::env_floor_ms(),
             piece_times: std::env::var("TALLY_PIECE_TIMES").is_ok_and(|v| v.trim() == "1"),
         }
     }

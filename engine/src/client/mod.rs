@@ -219,7 +219,7 @@ impl Client {
                 (false, false) => watchdog::OnStuck::Log,
             },
             cfg.provider_watchdog,
-            watchdog::rto_floor_chore(rails.provider(), &tcp_peers),
+            watchdog::rto_floor_chore(rails.provider(), cfg.tcp_rto_min_ms, &tcp_peers),
         );
         Ok(Client {
             token,

@@ -173,14 +173,14 @@ impl Watchdog {
     }
 }
 
-/// Over tcp (unless `TALLY_TCP_RTO_MIN_MS=0`), the chore that sets the
-/// floor of the TCP timers on this process's new connections to `peers`
-/// (the servers' endpoint addresses, as the client learns them).
-pub fn rto_floor_chore(provider: &str, peers: &Arc<Mutex<Vec<std::net::IpAddr>>>) -> Option<Chore> {
+/// Over tcp with a floor of `floor_ms` (none for 0), the chore that sets
+/// the floor of the TCP timers on this process's new connections to
+/// `peers` (the servers' endpoint addresses, as the client learns them).
+pub fn rto_floor_chore(provider: &str, floor_ms: u32, peers: &Arc<Mutex<Vec<std::net::IpAddr>>>) -> Option<Chore> {
     if !provider.starts_with("tcp") {
         return None;
     }
-    let mut floor = crate::host::tcp_rto_min::RtoFloor::from_env()?;
+    let mut floor = crate::host::tcp_rto_min::RtoFloor::new(floor_ms)?;
     let peers = peers.clone();
     Some(Box::new(move || {
         let now: Vec<std::net::IpAddr> = peers.lock().map(|p| p.clone()).unwrap_or_default();
