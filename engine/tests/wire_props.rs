@@ -116,6 +116,7 @@ fn valid_hello(rng: &mut Rng) -> (Hello, Limits) {
         min_piece: if rng.chance(2) { rng.below(MAX_MIN_PIECE as u64 + 1) as u32 } else { 0 },
         reserve: 0,
         sibling: false,
+        failover: rng.chance(2),
     };
     let spec = match rng.below(3) {
         0 => JobSpec { reserve: rng.below(MAX_RESERVE as u64 + 1) as u8, ..spec },

@@ -48,9 +48,6 @@ pub fn multi(provider: &str, addrs: &[String], job: u64, rank: u32, n: u32) -> C
     let mut c = client(provider, &addrs[0], job, rank, n);
     c.servers = addrs.to_vec();
     c.chunk_bytes = 64 << 10;
-    // Seals from 1 MiB (the default is 8 MiB): the loops' 1 MiB and large
-    // rounds are sealed, the smaller ones staged, so kills meet both.
-    c.seal_min = 1 << 20;
     c
 }
 
@@ -85,19 +82,27 @@ pub struct Shape {
     pub fabric_addr: Option<&'static str>,
     /// Every third round (0, 3, ...) is [`LARGE_ROUND`] bytes instead.
     pub large: bool,
-    /// `ClientConfig::seal_min` instead of [`multi`]'s 1 MiB (0: no seals).
-    pub seal_min: Option<usize>,
     /// The ranks stop before this round (`usize::MAX` until the test sets
     /// it, a few rounds past rank 0's progress: no rank is more than one
     /// round ahead of another): a loop as long as what the test does under
     /// it, however fast or slow the host.
     pub stop_at: Option<&'static AtomicUsize>,
+    /// Each rank keeps the buffers of these rounds once their results are
+    /// checked, fills them with [`REUSED`] as a caller reusing them would,
+    /// and checks once the loop is over that nothing wrote there since: a
+    /// receive the client gave up on at a fault and that the provider
+    /// still completed later (its server's data came after all) would. A
+    /// kept buffer shows such a write whenever it lands, where a reused one
+    /// shows it only if it lands after the new result and before its check.
+    pub keep: Option<(usize, usize)>,
 }
 
+/// What a kept buffer holds once its round is over (`Shape::keep`): no
+/// all-reduce of the loop sums to it.
+pub const REUSED: f32 = -1.5;
+
 /// A large round: 2 MiB and 12 bytes, 33 pieces of 64 KiB, 11 a stream over
-/// three: more than a window, so that under failover most results go
-/// straight into the caller's buffer (`Op::direct` in the client), all of
-/// them where it is sealed (`Shape::seal_min`).
+/// three: more than a window in flight on every stream.
 pub const LARGE_ROUND: usize = (2 << 20) + 12;
 
 /// A job of `n` rank threads over `addrs`, each running `rounds` f32 sums
@@ -121,9 +126,6 @@ pub fn loop_job(
             }
             cfg.copier = shape.copier;
             cfg.fabric_addr = shape.fabric_addr.map(String::from);
-            if let Some(m) = shape.seal_min {
-                cfg.seal_min = m;
-            }
             if let Some((r, si, from)) = shape.drop_results {
                 if r == rank {
                     cfg.fault_drop_results = Some((si, from));
@@ -131,6 +133,7 @@ pub fn loop_job(
             }
             let progress = progress.clone();
             std::thread::spawn(move || {
+                let mut kept: Vec<(usize, Vec<f32>)> = Vec::new();
                 let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
                 if shape.mixed {
                     // Both sub-jobs from the start (a join is collective).
@@ -149,26 +152,12 @@ pub fn loop_job(
                     let mut out = vec![0f32; count];
                     c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, op)
                         .map_err(|e| format!("rank {rank} round {round}: {e}"))?;
-                    let want = |i: usize| -> f32 {
-                        if max {
-                            (n as usize - 1 + i % 97 + round) as f32
-                        } else {
-                            (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
-                        }
-                    };
-                    if let Some(i) = out.iter().enumerate().position(|(i, v)| *v != want(i)) {
-                        // The whole damage, for diagnosis: how many, where, and the first few.
-                        let bad: Vec<usize> = (i..count).filter(|&j| out[j] != want(j)).collect();
-                        let few: Vec<String> = bad.iter().take(6).map(|&j| format!("{j}: {} (want {})", out[j], want(j))).collect();
-                        return Err(format!(
-                            "rank {rank} round {round}: element {i} = {}, want {}; {} of {count} elements wrong, from {i} to {} (buffer at {:p}); {}",
-                            out[i],
-                            want(i),
-                            bad.len(),
-                            bad.last().copied().unwrap_or(i),
-                            out.as_ptr(),
-                            few.join(", ")
-                        ));
+                    if let Some(damage) = wrong(&out, expected(n, round, max)) {
+                        return Err(format!("rank {rank} round {round}: {damage}"));
+                    }
+                    if shape.keep.is_some_and(|(from, to)| (from..to).contains(&round)) {
+                        out.fill(REUSED);
+                        kept.push((round, out));
                     }
                     if rank == 0 {
                         progress.store(round + 1, Ordering::Relaxed);
@@ -182,10 +171,47 @@ pub fn loop_job(
                         std::thread::sleep(pace);
                     }
                 }
-                Ok(c.failover_stats())
+                let stats = c.failover_stats();
+                drop(c);
+                for (round, out) in &kept {
+                    if let Some(damage) = wrong(out, |_| REUSED) {
+                        return Err(format!("rank {rank}: round {round}'s buffer was written after its all-reduce returned: {damage}"));
+                    }
+                }
+                Ok(stats)
             })
         })
         .collect()
+}
+
+/// Element i of round `round`'s result over `n` ranks (rank r's input is
+/// r + i mod 97 + round): their sum, or with `max` their maximum.
+fn expected(n: u32, round: usize, max: bool) -> impl Fn(usize) -> f32 {
+    move |i| {
+        if max {
+            (n as usize - 1 + i % 97 + round) as f32
+        } else {
+            (0..n).map(|r| (r as usize + i % 97 + round) as f32).sum()
+        }
+    }
+}
+
+/// Where `out` differs from `want`, for diagnosis: the first element, how
+/// many, their range, the buffer's address and the first few values.
+fn wrong(out: &[f32], want: impl Fn(usize) -> f32) -> Option<String> {
+    let i = out.iter().enumerate().position(|(i, v)| *v != want(i))?;
+    let bad: Vec<usize> = (i..out.len()).filter(|&j| out[j] != want(j)).collect();
+    let few: Vec<String> = bad.iter().take(6).map(|&j| format!("{j}: {} (want {})", out[j], want(j))).collect();
+    Some(format!(
+        "element {i} = {}, want {}; {} of {} elements wrong, from {i} to {} (buffer at {:p}); {}",
+        out[i],
+        want(i),
+        bad.len(),
+        out.len(),
+        bad.last().copied().unwrap_or(i),
+        out.as_ptr(),
+        few.join(", ")
+    ))
 }
 
 pub fn results(hs: Vec<std::thread::JoinHandle<Result<FailoverStats, String>>>) -> Vec<Result<FailoverStats, String>> {

@@ -359,7 +359,7 @@ pub fn reject_after_any_challenge(s: &mut TcpStream) -> std::io::Result<wire::Re
 }
 
 /// An f32 sum job's spec of `nranks` ranks (window 2, every lcore, no relay,
-/// split, seals or interleave) with pieces of `chunk_elems`, for tests that
+/// split, seals, failover or interleave) with pieces of `chunk_elems`, for tests that
 /// play ranks by hand.
 pub fn f32_sum_spec(job_id: u64, nranks: u32, chunk_elems: u32) -> wire::JobSpec {
     wire::JobSpec::new(job_id, nranks, DataType::Float32, ReduceOp::Sum, chunk_elems, 2, 0)

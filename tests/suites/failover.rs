@@ -158,39 +158,28 @@ fn sigkill_one_of_three_servers_under_ranks_with_lanes_tcp() {
 /// with -0.0 from the others) and rank 1 gets exactly that result.
 #[test]
 fn a_result_one_rank_lacks_is_relayed_from_a_rank_that_has_it() {
-    relay_what_one_rank_lacks(None);
+    relay_what_one_rank_lacks(false);
 }
 
-/// As above, in a 2 MiB all-reduce, not sealed: the first window of server
-/// 1's results went straight into rank 0's buffer (later pieces of the same
-/// all-reduce follow on that stream), and rank 0 is still inside that
-/// all-reduce, waiting for the pieces rank 1's stall holds back. The
-/// recovery stages them from rank 0's buffer and relays them.
+/// As above, in a 2 MiB all-reduce: rank 0 holds the first window of server
+/// 1's results (later pieces of the same all-reduce follow on that stream)
+/// and is still inside that all-reduce, waiting for the pieces rank 1's
+/// stall holds back. The recovery relays them from rank 0's staging slots.
 #[test]
-fn a_result_in_a_callers_buffer_that_one_rank_lacks_is_relayed_from_there() {
-    relay_what_one_rank_lacks(Some(0));
+fn a_result_of_an_all_reduce_in_progress_that_one_rank_lacks_is_relayed() {
+    relay_what_one_rank_lacks(true);
 }
 
-/// As above, sealed (`ClientConfig::seal_min`): every one of server 1's
-/// results went into rank 0's buffer, and rank 0 waits for the seals rank 1
-/// does not send.
-#[test]
-fn a_sealed_result_that_one_rank_lacks_is_relayed_from_a_callers_buffer() {
-    relay_what_one_rank_lacks(Some(1 << 20));
-}
-
-/// `large`: `Some(seal_min)` for 2 MiB rounds, None for the small ones only.
-fn relay_what_one_rank_lacks(large: Option<usize>) {
+/// `large`: 2 MiB rounds too, not only the small ones.
+fn relay_what_one_rank_lacks(large: bool) {
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let shape = Shape { drop_results: Some((1, 1, 30)), large: large.is_some(), seal_min: large, ..Shape::default() };
+    let shape = Shape { drop_results: Some((1, 1, 30)), large, ..Shape::default() };
     let ranks = loop_job("tcp", &addrs, 0xf5, 3, 80, progress.clone(), shape);
     // Rank 1 waits in the first operation from 30 on with a piece on server
     // 1, for the result it dropped; rank 0 completed that one and waits in
-    // the next for rank 1 (or, where it is a sealed 2 MiB one, holds its
-    // results in its buffer and waits for rank 1's seal). Wait until the
-    // loop stands still.
+    // the next for rank 1. Wait until the loop stands still.
     wait_for_round(&progress, 30, &ranks);
     let mut last = (progress.load(Ordering::Relaxed), Instant::now());
     while last.1.elapsed() < Duration::from_millis(300) {
@@ -404,14 +393,14 @@ fn failover_is_on_over_tcp_and_off_over_shm() {
     }
 }
 
-/// Large out-of-place all-reduces are sealed (`Op::sealed`): each stream's
-/// share ends in an empty piece whose result says every rank holds the
-/// share, so no result goes through the staging area. An in-place one
-/// still stages every result (its input must stay intact for a recompute),
-/// and one below `ClientConfig::seal_min` (1 MiB here, `multi`) has no seal
-/// and stages its last pieces. Every element of every one is checked.
+/// Under failover every result goes through the staging area, large or
+/// small, in place or not: none is received straight into the caller's
+/// buffer, where a receive the provider cannot cancel (a piece half
+/// received when its link was cut) could write after the all-reduce
+/// returned (`failover`'s module doc; `linkcut.rs` shows it). Every
+/// element of every one is checked.
 #[test]
-fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
+fn under_failover_every_result_goes_through_the_staging_area() {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let hs: Vec<_> = (0..2u32)
@@ -420,7 +409,7 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
             std::thread::spawn(move || -> Result<Vec<FailoverStats>, String> {
                 let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
                 let mut seen = Vec::new();
-                // 4 MiB + 12 bytes (sealed, a short last chunk), then 64 KiB (not).
+                // 4 MiB + 12 bytes (65 pieces of 64 KiB, the last of 12 bytes), then 64 KiB.
                 for elems in [(1 << 20) + 3, 1 << 14] {
                     let input: Vec<f32> = (0..elems).map(|i| (i % 1000) as f32 + rank as f32).collect();
                     let want = |i: usize| 2.0 * (i % 1000) as f32 + 1.0;
@@ -448,12 +437,11 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
         .collect();
     for h in hs {
         let seen = h.join().unwrap().unwrap();
-        let [large, large_in_place, small, _] = seen[..] else { panic!("{seen:?}") };
-        assert!(large.seals > 0 && large.staged == 0 && large.direct > 0, "large out of place: {large:?}");
-        assert!(large_in_place.seals > large.seals, "an in-place one is sealed too: {large_in_place:?}");
-        assert!(large_in_place.staged > 0, "an in-place one stages its results: {large_in_place:?}");
-        assert_eq!(small.seals, large_in_place.seals, "64 KiB is below the seal: {small:?}");
-        assert!(small.staged > large_in_place.staged, "64 KiB stages its last pieces: {small:?}");
+        let [large, large_in_place, small, small_in_place] = seen[..] else { panic!("{seen:?}") };
+        assert_eq!(large.staged, 3 * 65, "three 4 MiB all-reduces out of place: {large:?}");
+        assert_eq!(large_in_place.staged, 4 * 65, "and one in place: {large_in_place:?}");
+        assert!(small.staged >= large_in_place.staged + 3, "three of 64 KiB: {small:?}");
+        assert!(small_in_place.staged > small.staged, "and one in place: {small_in_place:?}");
     }
 }
 
@@ -463,23 +451,19 @@ fn large_all_reduces_are_sealed_and_skip_the_staging_area() {
 /// (`copier` off) or (one endpoint) on its own thread, and rail
 /// threads their turns' busy share; every result
 /// of a 64 KiB all-reduce is staged with failover on. With failover off
-/// nothing is copied, and unset the report is None. Sealed (a seal
-/// threshold under 64 KiB), nothing is staged and every all-reduce's wait
-/// for its seals is timed. Every element is checked.
+/// nothing is copied, and unset the report is None. Every element is checked.
 #[test]
 fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-    // (job, failover, timed, rails, sealed, copier): one rail is one
-    // endpoint on the caller's thread, which copies; sealed: TALLY_SEAL_MIN
-    // under the 64 KiB; copier off: the rails copy.
-    for (job, failover, timed, rails, sealed, copier) in [
-        (0xf9u64, true, true, 3, false, true),
-        (0xfa, false, true, 3, false, true),
-        (0xfb, true, false, 3, false, true),
-        (0xfc, true, true, 1, false, true),
-        (0xfd, true, true, 3, true, true),
-        (0xfe, true, true, 3, false, false),
+    // (job, failover, timed, rails, copier): one rail is one endpoint on
+    // the caller's thread, which copies; copier off: the rails copy.
+    for (job, failover, timed, rails, copier) in [
+        (0xf9u64, true, true, 3, true),
+        (0xfa, false, true, 3, true),
+        (0xfb, true, false, 3, true),
+        (0xfc, true, true, 1, true),
+        (0xfe, true, true, 3, false),
     ] {
         let hs: Vec<_> = (0..2u32)
             .map(|rank| {
@@ -488,9 +472,6 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
                 cfg.failover = failover;
                 cfg.piece_times = timed;
                 cfg.copier = copier;
-                if sealed {
-                    cfg.seal_min = 32 << 10;
-                }
                 std::thread::spawn(move || -> Result<_, String> {
                     let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
                     let input: Vec<f32> = (0..16384).map(|i| (i % 100) as f32 + rank as f32).collect();
@@ -521,13 +502,7 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
                 Some((mean, max)) => assert!(rails > 1 && mean > 0.0 && mean <= max && max <= 1.0, "{rails} rails: {r}"),
                 None => assert_eq!(rails, 1, "rail threads time their turns: {r}"),
             }
-            if sealed {
-                // Every all-reduce sealed, none staged, each timed whole.
-                assert_eq!((stats.staged, r.copies, r.sealed), (0, 0, 40), "{stats:?} {r}");
-                assert!(stats.seals > 0 && r.seal_wait_mean > Duration::ZERO && r.sealed_op_mean >= r.seal_wait_mean, "{r}");
-                assert!(r.to_string().contains("40 sealed all-reduces waited"), "{r}");
-            } else if failover {
-                assert_eq!(r.sealed, 0, "64 KiB under the default TALLY_SEAL_MIN is not sealed: {r}");
+            if failover {
                 assert!(stats.staged > 0, "64 KiB stages its results: {stats:?}");
                 assert_eq!(r.copies, stats.staged, "every staged result was copied out and timed ({rails} rails): {r}");
                 assert!(r.copy_mean > Duration::ZERO, "{r}");
@@ -543,11 +518,11 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
 }
 
 /// `tally bench allreduce --agg-in-flight 4` over three servers, failover
-/// on: sealed (9 MiB), staged (1 MiB + 12 bytes) and small all-reduces, four
+/// on: 9 MiB, 1 MiB + 12 bytes and small all-reduces, four
 /// in flight at once, each into a result buffer of its own; the bench checks
 /// every element of every buffer (`tally_e2e::bench` asserts none wrong).
 #[test]
-fn overlapping_all_reduces_through_the_bench_are_right_sealed_or_staged() {
+fn overlapping_all_reduces_through_the_bench_are_right_large_or_small() {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs = servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
     let sizes = format!("4K,{},9M", (1 << 20) + 12);
@@ -559,9 +534,9 @@ fn overlapping_all_reduces_through_the_bench_are_right_sealed_or_staged() {
     }
 }
 
-/// Seals make failover part of the job's spec (`JobSpec::seal_shift`, 0
-/// without failover): ranks that disagree on it are refused at the join,
-/// naming the field, instead of sending pieces the other ranks do not.
+/// Failover is part of the job's spec (`JobSpec::failover`, the Hello's
+/// `FAILOVER` flag): ranks that disagree on it are refused at the join,
+/// naming the field, instead of one rank leaving a recovery waiting for it.
 #[test]
 fn ranks_that_disagree_on_failover_are_refused_at_the_join() {
     let servers: Vec<ServerProcess> = (0..2).map(|_| server("tcp", &[])).collect();
@@ -585,7 +560,7 @@ fn ranks_that_disagree_on_failover_are_refused_at_the_join() {
         .collect();
     let res: Vec<Result<(), String>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
     let refused = res[1].as_ref().expect_err("rank 1 joined a job whose other rank fails over");
-    assert!(refused.contains("seal_shift") && refused.contains("TALLY_FAILOVER"), "{refused}");
+    assert!(refused.contains("failover") && refused.contains("TALLY_FAILOVER"), "{refused}");
     assert!(res[0].is_err(), "rank 0 joined alone");
 }
 

@@ -52,7 +52,10 @@ fn sigstop_one_of_three(job: u64, rails: Option<usize>) {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, ..Shape::default() };
+    // A piece half sent when the server stops is sent whole once it runs
+    // again: into no buffer given back (`Shape::keep`).
+    let keep = Some((36, 48));
+    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, keep, ..Shape::default() };
     let ranks = loop_job("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
     tally_e2e::jobloop::wait_for_round(&progress, 40, &ranks);
     let meter = StallMeter::start(progress.clone());

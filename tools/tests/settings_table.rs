@@ -299,7 +299,7 @@ fn env_defaults_are_the_codes() {
             std::env::remove_var(k);
         }
     }
-    use tally_engine::client::{ClientConfig, DEFAULT_LIVENESS_MS, DEFAULT_SEAL_MIN, MIN_SPREAD_PIECE};
+    use tally_engine::client::{ClientConfig, DEFAULT_LIVENESS_MS, MIN_SPREAD_PIECE};
     let c = ClientConfig::new(vec![], 1, 0, 1);
     assert_eq!(c.chunk_bytes, size("TALLY_CHUNK"));
     // The window is left to the client (0: `auto_window` of the chunk, at connect).
@@ -307,7 +307,6 @@ fn env_defaults_are_the_codes() {
     assert_eq!(c.send_credits as u64, number("TALLY_SEND_CREDITS"));
     assert_eq!(c.min_piece, size("TALLY_MIN_PIECE"));
     assert_eq!(MIN_SPREAD_PIECE, size("TALLY_MIN_PIECE"));
-    assert_eq!((c.seal_min, DEFAULT_SEAL_MIN), (size("TALLY_SEAL_MIN"), size("TALLY_SEAL_MIN")));
     for (name, on) in [("TALLY_FAILOVER", c.failover), ("TALLY_RELAY", c.relay), ("TALLY_SPLIT", c.split), ("TALLY_COPIER", c.copier)] {
         assert_eq!(number(name), on as u64, "{name}");
     }
@@ -328,7 +327,6 @@ fn env_defaults_are_the_codes() {
         "TALLY_SEND_CREDITS",
         "TALLY_MIN_PIECE",
         "TALLY_FAILOVER",
-        "TALLY_SEAL_MIN",
         "TALLY_RELAY",
         "TALLY_SPLIT",
         "TALLY_COPIER",

@@ -91,20 +91,12 @@ pub struct ClientConfig {
     /// against server-major on the device.
     pub interleave: bool,
     /// Survive the loss of a server when the job has others (see
-    /// [`failover`]): results another rank may still need after the
-    /// operation completes here (each stream's last window of pieces, every
-    /// piece in place) land in a staging area first and are copied out.
+    /// [`failover`]): every result lands in a staging area first and is
+    /// copied out, so that a rank keeps what another may still need and no
+    /// receive the provider cannot cancel writes into a buffer given back.
     /// Default on; TALLY_FAILOVER=0
     /// turns it off (a lost server then fails the job, as before).
     pub failover: bool,
-    /// Under failover, all-reduces of at least this many bytes (rounded
-    /// down to a power of two) are sealed instead of staged: each stream's
-    /// share ends in an empty piece whose result says every rank holds the
-    /// share, a round trip before the operation completes instead of a
-    /// copy of its last results (see [`failover`]). 0: never. Must be the
-    /// same on every rank (servers refuse a rank that differs). Default
-    /// from TALLY_SEAL_MIN (K/M/G), else [`DEFAULT_SEAL_MIN`].
-    pub seal_min: usize,
     /// Fault injection, for tests of failover: results from server
     /// `.0` (its index in `servers`) of operations from index `.1` on are
     /// dropped as they arrive, as if lost in flight. None in real use.
@@ -235,10 +227,6 @@ impl ClientConfig {
             reserve: comm_jobs_from_env().map_or(0, |n| n - 1),
             interleave: std::env::var("TALLY_INTERLEAVE").is_ok_and(|v| v.trim() == "1"),
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
-            seal_min: match std::env::var("TALLY_SEAL_MIN") {
-                Ok(v) if v.trim() == "0" => 0,
-                _ => env_size("TALLY_SEAL_MIN").unwrap_or(DEFAULT_SEAL_MIN),
-            },
             fault_drop_results: None,
             relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
             split: std::env::var("TALLY_SPLIT").map_or(true, |v| v != "0"),
@@ -262,13 +250,6 @@ impl ClientConfig {
 pub fn comm_jobs_from_env() -> Option<u8> {
     std::env::var("TALLY_COMM_JOBS").ok()?.trim().parse::<u8>().ok().filter(|n| (1..=wire::MAX_RESERVE + 1).contains(n))
 }
-
-/// Where failover seals all-reduces from ([`ClientConfig::seal_min`]).
-/// At 32 Gbit/s on the device (`tally bench cluster`, 4 + 4 hosts, rounds
-/// alternated with the staged copy), seals gave 16 and 64 MiB the same
-/// rate at 2-9% less worker CPU per GB, but cost 4 MiB 2-10% of its rate:
-/// there the round trip weighs more than the copy.
-pub const DEFAULT_SEAL_MIN: usize = 8 << 20;
 
 /// A rank's default liveness time (ms): eight of the server's default heartbeats.
 pub const DEFAULT_LIVENESS_MS: u64 = 2000;

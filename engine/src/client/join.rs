@@ -58,10 +58,11 @@ impl Client {
             split: self.cfg.split
                 && self.cfg.servers.len() == 1
                 && (wire::SPLIT_MIN_RANKS..=wire::SPLIT_MAX_RANKS).contains(&self.cfg.nranks),
-            // A job that can fail over seals its large all-reduces, so that
-            // their results need no staging (`failover`); every rank must
-            // then agree on failover and the threshold, which the server checks.
-            seal_shift: if can_fail_over { seal_shift(self.cfg.seal_min) } else { 0 },
+            // Never sealed (`JobSpec::seal_shift`: builds from before
+            // 2026-11-29 sealed large all-reduces under failover).
+            seal_shift: 0,
+            // Every rank takes part in a recovery, or none: the server checks.
+            failover: can_fail_over,
             // The server holds every rank to the same order and cut.
             interleave: self.cfg.interleave,
             min_piece: wire_min_piece(self.cfg.min_piece),
@@ -197,7 +198,6 @@ impl Client {
             relay,
             split,
             split_max,
-            seal_shift: spec.seal_shift,
             fo: Fo::default(),
             live: Liveness::new(self.cfg.servers.len()),
         });
@@ -258,16 +258,20 @@ impl Client {
                             "padding" if h.lanes > 0 => {
                                 " (this server predates lanes, more rails than servers: upgrade it, or set TALLY_RAILS to at most the number of servers)"
                             }
-                            "padding" if h.seal_shift > 0 => {
-                                " (this server predates seals: upgrade it, or set TALLY_SEAL_MIN=0 on every rank)"
-                            }
                             "padding" if h.min_piece > 0 => {
                                 " (this server predates the Hello's min_piece, which TALLY_MIN_PIECE and the plugin over tcp set: upgrade the servers with their clients)"
                             }
                             "padding" if h.reserve > 0 => {
                                 " (this server predates reserving room for a communicator's later jobs: upgrade it, or set TALLY_COMM_JOBS=1 on every rank)"
                             }
-                            "seal_shift" => " (set TALLY_FAILOVER and TALLY_SEAL_MIN alike on every rank of the job)",
+                            "seal_shift" => {
+                                " (ranks of this build never seal; ranks of a build from before 2026-11-29 seal under failover: \
+                                 run one build on every rank)"
+                            }
+                            "failover" => " (set TALLY_FAILOVER alike on every rank of the job)",
+                            "flags" if h.flags & wire::Hello::FAILOVER != 0 && r.to_string().contains("unknown flag bits") => {
+                                " (this server predates the Hello's failover flag: upgrade the servers with their clients, or set TALLY_FAILOVER=0 on every rank)"
+                            }
                             "min_piece" => " (set TALLY_MIN_PIECE alike on every rank of the job, or on none)",
                             _ => "",
                         };
@@ -491,15 +495,6 @@ pub(super) fn read_answer(s: &mut TcpStream) -> Result<Granted, Answer> {
             Ok(Granted { tag: a.job(), names, piece_elems: a.piece_elems, latency: a.latency_split() })
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
-    }
-}
-
-/// The job spec's `seal_shift` for seals from `seal_min` bytes: its power
-/// of two at or below, 0 (no seals) for 0.
-fn seal_shift(seal_min: usize) -> u8 {
-    match seal_min {
-        0 => 0,
-        m => (m.ilog2() as u8).clamp(1, wire::MAX_SEAL_SHIFT),
     }
 }
 

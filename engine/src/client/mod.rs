@@ -55,7 +55,7 @@ pub mod rails;
 pub mod servers;
 mod state;
 pub mod watchdog;
-pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, DEFAULT_SEAL_MIN};
+pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS};
 pub use error::ClientError;
 use rails::Rails;
 use state::*;
@@ -332,14 +332,11 @@ impl Client {
             chunks: 0,
             first: 0,
             next,
-            sealed: false,
-            seals: 0,
             posted: 0,
             done: 0,
             mh_send,
             mh_recv,
             started: Instant::now(),
-            last_result_ns: 0,
         });
         self.last_progress = Instant::now();
         if !self.subs[sub].holding() {
@@ -386,16 +383,10 @@ impl Client {
         let op = &mut self.ops[oi];
         op.next.clear();
         op.next.resize(s.streams.len(), usize::MAX);
-        // Every rank decides alike: the threshold is the job's (`JobSpec::seal_shift`).
-        let sealed = s.seal_shift > 0 && bytes >= 1usize << s.seal_shift;
         for (pos, &st) in set.iter().enumerate() {
-            let k = (pos + n - first) % n;
-            // A stream without a chunk of it gets no seal either.
-            op.next[st] = if sealed && k >= chunks { usize::MAX } else { k };
+            op.next[st] = (pos + n - first) % n;
         }
-        let seals = if sealed { n.min(chunks) } else { 0 };
         (op.gen, op.chunk_bytes, op.chunks, op.first, op.planned) = (gen, chunk_bytes, chunks, first, true);
-        (op.sealed, op.seals) = (sealed, seals);
         self.pump_due = true;
         if self.subs[sub].fo.round.as_ref().is_some_and(|r| index < r.switch_op) {
             // Cut over the old set, which still has the lost servers: their

@@ -16,12 +16,6 @@
 //! ([`PieceReport`]); tests and tools read them with
 //! `Client::piece_times`.
 //!
-//! Sealed all-reduces (failover on, `TALLY_SEAL_MIN` and up) are timed
-//! whole as well: from the moment their last result arrived to their
-//! completion, which is the wait for every stream's seal, beside their
-//! whole time. That is what a seal costs an all-reduce that nothing else
-//! overlaps.
-//!
 //! Operations are timed too, past each sub-job's first: the longest gaps
 //! between two operations' starts (the caller's pace: NCCL's, under the
 //! plugin) and the slowest operations from their start to their last piece
@@ -38,7 +32,7 @@
 //!
 //! Off, the per-piece path pays one untaken branch. On, a sampled piece
 //! costs two reads of the monotonic clock (the vDSO: no system call) and a
-//! histogram slot, each result of a sealed all-reduce one read, each
+//! histogram slot, each
 //! operation two (its start and its end; the wall clock once more where it
 //! is kept as a spell), and each rail turn two; nothing allocates.
 use crate::host::wall_clock::{self, TimeOfDay};
@@ -66,11 +60,6 @@ pub struct PieceTimes {
     /// ns those copies took; the rails count their own (`Rails::copy_times`).
     caller_copies: u64,
     caller_copy_ns: u64,
-    /// Sealed all-reduces completed, their waits for seals after their last
-    /// result, and their whole times (ns).
-    sealed: u64,
-    seal_wait_ns: u64,
-    sealed_op_ns: u64,
     /// The slowest sampled round trip (ns) by the server the piece went to
     /// (servers from `BY_SERVER - 1` up share the last entry): a stall of
     /// one connection shows at one server, a rank's own at all of them.
@@ -150,9 +139,6 @@ impl Default for PieceTimes {
             total_ns: 0,
             caller_copies: 0,
             caller_copy_ns: 0,
-            sealed: 0,
-            seal_wait_ns: 0,
-            sealed_op_ns: 0,
             slowest_by_server: [0; BY_SERVER],
             last_start: None,
             longest_gaps: Spells::default(),
@@ -219,22 +205,6 @@ impl PieceTimes {
         self.caller_copy_ns += began.elapsed().as_nanos() as u64;
     }
 
-    /// A sealed all-reduce completed now: its last result arrived at
-    /// `last_result_ns` (as [`PieceTimes::now_ns`] said then), and it took
-    /// `took` in all.
-    #[inline]
-    pub fn record_sealed(&mut self, last_result_ns: u64, took: Duration) {
-        self.record_seal_wait(self.now_ns().saturating_sub(last_result_ns), took);
-    }
-
-    /// A sealed all-reduce that waited `wait_ns` for its seals and took `took`.
-    #[inline]
-    fn record_seal_wait(&mut self, wait_ns: u64, took: Duration) {
-        self.sealed += 1;
-        self.seal_wait_ns += wait_ns;
-        self.sealed_op_ns += took.as_nanos() as u64;
-    }
-
     /// The round trip below which a share `q` of the samples fell (the
     /// lower edge of its bucket: within 12.5% above 16 µs).
     pub fn quantile(&self, q: f64) -> Duration {
@@ -268,9 +238,6 @@ impl PieceTimes {
             copies: copies.0,
             copy_mean: mean(copies.0, copies.1),
             by_copier,
-            sealed: self.sealed,
-            seal_wait_mean: mean(self.sealed, self.seal_wait_ns),
-            sealed_op_mean: mean(self.sealed, self.sealed_op_ns),
             rail_busy,
             slowest_by_server: self.slowest_by_server.map(Duration::from_nanos),
             longest_gaps: self.longest_gaps,
@@ -314,11 +281,6 @@ pub struct PieceReport {
     pub copy_mean: Duration,
     /// Of those, the copier's (None: the client runs no copier).
     pub by_copier: Option<u64>,
-    /// Sealed all-reduces, their mean wait for their seals after their
-    /// last result, and their mean whole time.
-    pub sealed: u64,
-    pub seal_wait_mean: Duration,
-    pub sealed_op_mean: Duration,
     /// Rail threads: the mean and the busiest rail's share of their turns'
     /// time spent in turns that moved something (None without rail threads).
     pub rail_busy: Option<(f64, f64)>,
@@ -364,15 +326,6 @@ impl fmt::Display for PieceReport {
                 write!(f, "{} {i}{more}: {:.0} us", if i == 0 { "" } else { "," }, us(*d))?;
             }
         }
-        if self.sealed > 0 {
-            write!(
-                f,
-                "; {} sealed all-reduces waited {:.0} us for their seals after their last result, of {:.0} us each",
-                self.sealed,
-                us(self.seal_wait_mean),
-                us(self.sealed_op_mean)
-            )?;
-        }
         if let Some((mean, max)) = self.rail_busy {
             write!(f, "; rails busy in {:.0}% of their turns' time (busiest {:.0}%)", mean * 100.0, max * 100.0)?;
         }
@@ -416,7 +369,6 @@ mod tests {
         assert_eq!((r.copies, r.copy_mean), (4, Duration::from_nanos(2_000)));
         assert!(r.to_string().starts_with("piece round trips (1 in 16 timed, 100 pieces): mean "), "{r}");
         assert!(PieceTimes::sampled(0) && PieceTimes::sampled(32) && !PieceTimes::sampled(1));
-        assert!(!r.to_string().contains("sealed"), "no sealed all-reduce, no word of seals: {r}");
         assert!(!r.to_string().contains("rails"), "no rail threads, no word of rails: {r}");
         let r = t.report((4, 8_000), Some(3), Some((0.625, 0.9)));
         assert!(r.to_string().ends_with("; rails busy in 62% of their turns' time (busiest 90%)"), "{r}");
@@ -481,24 +433,5 @@ mod tests {
         put(at(7_000_000, 1200, 12_000_000)); // pushes out the 5 ms one
         let kept: Vec<_> = s.kept().map(|k| k.index).collect();
         assert_eq!(kept, [6, 901, 1200, 1100]);
-    }
-
-    #[test]
-    fn sealed_all_reduces_report_their_wait_for_seals_beside_their_time() {
-        let mut t = PieceTimes::default();
-        // Two sealed all-reduces of 4 ms whose last results came 200 and 400 us before the end.
-        for wait in [200_000u64, 400_000] {
-            t.record_seal_wait(wait, Duration::from_millis(4));
-        }
-        let r = t.report((0, 0), None, None);
-        assert_eq!(r.sealed, 2);
-        assert!(r.seal_wait_mean >= Duration::from_micros(300) && r.seal_wait_mean < Duration::from_micros(400), "{r}");
-        assert_eq!(r.sealed_op_mean, Duration::from_millis(4));
-        let line = r.to_string();
-        assert!(
-            line.contains("; 2 sealed all-reduces waited 3")
-                && line.ends_with("us for their seals after their last result, of 4000 us each"),
-            "{line}"
-        );
     }
 }

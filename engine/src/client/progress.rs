@@ -56,15 +56,11 @@ impl Client {
                         continue;
                     }
                     // Earlier ops on the same sub-job must have posted all of
-                    // this stream's chunks (and seal) first, to keep sequence order.
+                    // this stream's chunks first, to keep sequence order.
                     if self.ops.iter().take(oi).any(|o| o.sub == sub && o.planned && o.left_on(st)) {
                         continue;
                     }
                     progress = true;
-                    if op.next[st] >= op.chunks {
-                        self.take_seal(oi, sub, st)?;
-                        continue;
-                    }
                     let chunk = op.next[st];
                     let s = &mut self.subs[sub].streams[st];
                     let seq = s.next_seq;
@@ -74,8 +70,7 @@ impl Client {
                     let fi = st * window as usize + slot;
                     let op = &self.ops[oi];
                     let relayed = self.subs[sub].relay.is_some() && op.span(chunk).1 <= wire::RELAY_MAX;
-                    let direct = !relayed && self.subs[sub].stage.is_some() && op.direct(chunk, nstreams, window as usize);
-                    self.subs[sub].flights[fi] = Flight { op: op.id, chunk, seq, relayed, direct, ..Flight::default() };
+                    self.subs[sub].flights[fi] = Flight { op: op.id, chunk, seq, relayed, ..Flight::default() };
                     self.ops[oi].next[st] += nstreams;
                     self.ops[oi].posted += 1;
                     let base = sub as u32 * self.per_sub + (fi as u32) * 2;
@@ -97,37 +92,6 @@ impl Client {
             }
         }
         Ok(())
-    }
-
-    /// Takes the sequence number after operation `oi`'s last chunk on stream
-    /// `st` for its seal (see [`Op::sealed`]), and posts the seal if
-    /// every earlier sequence of the stream completed already; else
-    /// `finish_flight` posts it once they have.
-    fn take_seal(&mut self, oi: usize, sub: usize, st: usize) -> Result<(), ClientError> {
-        let window = self.cfg.window;
-        let s = &mut self.subs[sub].streams[st];
-        let seq = s.next_seq;
-        s.next_seq = seq.wrapping_add(1);
-        let slot = s.next_slot as usize;
-        s.next_slot = (s.next_slot + 1) % window;
-        let now = s.head_seq == seq;
-        let fi = st * window as usize + slot;
-        self.subs[sub].flights[fi] = Flight { op: self.ops[oi].id, seq, seal: true, ..Flight::default() };
-        self.ops[oi].next[st] = usize::MAX;
-        self.ops[oi].posted += 1;
-        if now {
-            self.post_seal(sub, fi)?;
-        }
-        Ok(())
-    }
-
-    /// Posts the seal of flight `fi`: every earlier sequence of its stream
-    /// completed here, so this rank holds every result the seal stands for.
-    fn post_seal(&mut self, sub: usize, fi: usize) -> Result<(), ClientError> {
-        self.subs[sub].flights[fi].seal_posted = true;
-        let base = sub as u32 * self.per_sub + (fi as u32) * 2;
-        self.post(base)?;
-        self.issue_send(base + 1)
     }
 
     /// Posts a chunk's send now if its server has a send credit, else queues it.
@@ -177,18 +141,16 @@ impl Client {
         let Some(op) = self.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
         // A sampled send is timed, but not in the sub-job's first all-reduce,
         // which makes the connections.
-        if is_send && self.cfg.piece_times && PieceTimes::sampled(f.seq) && !f.seal && op.index > 0 {
+        if is_send && self.cfg.piece_times && PieceTimes::sampled(f.seq) && op.index > 0 {
             self.subs[sub].flights[fi].sent_at = self.piece_times.now_ns();
         }
         let s = &self.subs[sub];
         let stream = &s.streams[st];
         let rail = stream.rail;
         let (chunk, seq) = (f.chunk, f.seq);
-        // A seal is empty, at the buffers' start.
-        let (off, len) = if f.seal { (0, 0) } else { op.span(chunk) };
+        let (off, len) = op.span(chunk);
         let tag = stream.job_tag.tag(stream.slot_base + slot as u16, seq).0;
-        // (Rails on threads inject nothing: their inject size is 0, which a
-        // seal's empty piece would still meet.)
+        // (Rails on threads inject nothing: their inject size is 0.)
         if is_send && len <= self.rails.inject_size() && self.rails.inject_size() > 0 && self.cfg.send_credits == 0 {
             // Small pieces go by inject: no send completion to wait for.
             // (Not with pacing, whose credits are returned by completions.)
@@ -219,7 +181,7 @@ impl Client {
             // and is the target of this receive only (slots cycle over twice
             // the window); it lives as long as the sub-job.
             unsafe { self.rails.recv(rail, relay.slot(st, seq), len, relay.mh(st), Some(stream.addr), (tag, 0), ctx, None) }
-        } else if let Some(stage) = s.stage.as_ref().filter(|_| !f.direct && !f.seal) {
+        } else if let Some(stage) = s.stage.as_ref() {
             // Where the result goes once whole: a rail copies it there, else `land` does.
             // SAFETY: off + len <= bytes, inside the caller's buffer.
             let copy_to = op.rail_copies(&self.rails).then(|| unsafe { op.recv.add(off) });
@@ -231,7 +193,7 @@ impl Client {
             unsafe { self.rails.recv(rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, copy_to) }
         } else {
             // SAFETY: as above; each chunk's range of `recv` has one receive.
-            // (Under failover, a `direct` chunk's: see `Op::direct`.)
+            // (Never under failover: see `failover`'s module doc.)
             unsafe { self.rails.recv(rail, op.recv.add(off), len, op.mh_recv, Some(stream.addr), (tag, 0), ctx, None) }
         };
         match r {
@@ -277,6 +239,7 @@ impl Client {
             if self.subs[sub].lost_stream(fi / window) {
                 // A late completion from a lost server: its flights were
                 // handed to the recovery as they stood when it was lost.
+                self.stats.late_receives += u64::from(c.is_recv);
                 continue;
             }
             if let Some((fsi, from)) = self.cfg.fault_drop_results {
@@ -326,7 +289,7 @@ impl Client {
         let s = &mut self.subs[sub];
         let f = &mut s.flights[fi];
         let op_id = f.op;
-        let (chunk, seq, direct, seal) = (f.chunk, f.seq, f.direct, f.seal);
+        let (chunk, seq) = (f.chunk, f.seq);
         *f = Flight::default();
         self.pump_due = true;
         let st = fi / window;
@@ -335,30 +298,16 @@ impl Client {
             stream.head_seq = stream.head_seq.wrapping_add(1);
             stream.head_slot = (stream.head_slot + 1) % window as u32;
         }
-        let head = st * window + stream.head_slot as usize;
-        if stream.head_seq != stream.next_seq && s.flights[head].seal && !s.flights[head].seal_posted {
-            // Every result before this seal is in: it may go.
-            self.post_seal(sub, head)?;
-        }
-        let s = &mut self.subs[sub];
         if let Some(pos) = self.ops.iter().position(|o| o.id == op_id) {
-            if self.cfg.piece_times && !seal && self.ops[pos].sealed {
-                self.ops[pos].last_result_ns = self.piece_times.now_ns();
-            }
-            if seal {
-                self.stats.seals += 1;
-            } else if s.stage.is_some() {
+            if s.stage.is_some() {
                 // One search for the operation serves both.
-                let how = failover::Landed::of(direct, self.ops[pos].rail_copies(&self.rails));
+                let how = failover::Landed::of(self.ops[pos].rail_copies(&self.rails));
                 let began = (self.cfg.piece_times && how == failover::Landed::Staged).then(Instant::now);
                 failover::land(s, &self.ops[pos], st, seq, chunk, how);
                 if let Some(t) = began {
                     self.piece_times.record_copy(t);
                 }
-                match how {
-                    failover::Landed::Direct => self.stats.direct += 1,
-                    _ => self.stats.staged += 1,
-                }
+                self.stats.staged += 1;
             }
             self.ops[pos].done += 1;
             if self.ops[pos].done == self.ops[pos].pieces() {
@@ -377,9 +326,6 @@ impl Client {
             self.pump_due = true;
             if self.cfg.piece_times {
                 self.piece_times.record_op(op.index, op.started.elapsed());
-                if op.sealed && op.last_result_ns != 0 {
-                    self.piece_times.record_sealed(op.last_result_ns, op.started.elapsed());
-                }
             }
             self.note_if_slow(&op);
             self.spare_next.push(op.next);

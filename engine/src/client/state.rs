@@ -83,15 +83,6 @@ pub(super) struct Flight {
     /// in the sub-job's relay slot, `got` bytes of it.
     pub(super) relayed: bool,
     pub(super) got: u32,
-    /// Failover on, but the result is received straight into the caller's
-    /// buffer, not a staging slot (see [`Op::direct`]).
-    pub(super) direct: bool,
-    /// The operation's seal on this stream (see [`Op::sealed`]): an empty
-    /// piece, its sequence number taken after the operation's last chunk
-    /// here, sent only once every earlier sequence of the stream completed
-    /// (`seal_posted`: it was).
-    pub(super) seal: bool,
-    pub(super) seal_posted: bool,
     /// A sampled piece's send post, in `PieceTimes` ns (0: not timed).
     pub(super) sent_at: u64,
 }
@@ -166,9 +157,6 @@ pub(super) struct SubJob {
     /// carries every operation of at most `split_max` bytes (None: not split).
     pub(super) split: Option<usize>,
     pub(super) split_max: usize,
-    /// Its operations of at least `1 << seal_shift` bytes are sealed (0:
-    /// none; `JobSpec::seal_shift`, agreed at the join).
-    pub(super) seal_shift: u8,
     /// Failover state: lost servers, the recovery round in progress.
     pub(super) fo: Fo,
     /// When each server was last heard from (see [`liveness`]).
@@ -279,26 +267,14 @@ pub(super) struct Op {
     /// Recycled through `Client::spare_next`, so starting an operation
     /// allocates nothing once the first few have run.
     pub(super) next: Vec<usize>,
-    /// Its results need no staging under failover: each stream's share of
-    /// it ends in a seal (an empty piece, see [`Flight::seal`]) that a
-    /// rank sends only once it holds every result of that share, so the
-    /// seal's result says every rank holds them, and the operation
-    /// completes only after it. Every operation of at least
-    /// [`wire::SEAL_MIN_BYTES`] of a job that can fail over.
-    pub(super) sealed: bool,
-    /// Seals: one per stream that carries a chunk of it (0 unless sealed).
-    pub(super) seals: usize,
-    /// Chunks and seals posted so far (all [`Op::pieces`]: nothing left for `pump`).
+    /// Chunks posted so far (all [`Op::pieces`]: nothing left for `pump`).
     pub(super) posted: usize,
-    /// Chunks and seals done.
+    /// Chunks done.
     pub(super) done: usize,
     pub(super) mh_send: Option<MemoryHandle>,
     pub(super) mh_recv: Option<MemoryHandle>,
     /// When it was started (for [`SLOW_OP`]).
     pub(super) started: Instant,
-    /// When its last result arrived, in `PieceTimes` ns (`TALLY_PIECE_TIMES`
-    /// only: a sealed operation's wait for its seals is timed from there).
-    pub(super) last_result_ns: u64,
 }
 
 /// An all-reduce that took longer than this is logged when it completes: a
@@ -308,10 +284,10 @@ pub(super) struct Op {
 pub(super) const SLOW_OP: Duration = Duration::from_secs(3);
 
 impl Op {
-    /// Chunks and seals: what it posts and completes.
+    /// Chunks: what it posts and completes.
     #[inline(always)]
     pub(super) fn pieces(&self) -> usize {
-        self.chunks + self.seals
+        self.chunks
     }
 
     /// Chunk `chunk`'s offset and length in the operation's buffers (the
@@ -322,12 +298,11 @@ impl Op {
         (off, self.chunk_bytes.min(self.bytes - off))
     }
 
-    /// Whether it still has a chunk or its seal to post on stream `st`.
-    /// (`next` is `usize::MAX` for a stream outside its set, and once a
-    /// sealed operation's seal there is posted.)
+    /// Whether it still has a chunk to post on stream `st`. (`next` is
+    /// `usize::MAX` for a stream outside its set.)
     #[inline(always)]
     pub(super) fn left_on(&self, st: usize) -> bool {
-        self.next.get(st).is_some_and(|&n| n < self.chunks || (self.sealed && n != usize::MAX))
+        self.next.get(st).is_some_and(|&n| n < self.chunks)
     }
 
     /// Whether a rail thread copies this operation's staged results into
@@ -337,24 +312,5 @@ impl Op {
     /// a result the rank has not seen), so `failover::land` copies it then.
     pub(super) fn rail_copies(&self, rails: &Rails) -> bool {
         rails.copies_results() && !std::ptr::eq(self.send, self.recv.cast_const())
-    }
-
-    /// Whether chunk `chunk`, on a stream that carries every `stride`-th
-    /// chunk of this operation, skips the staging area under failover: the
-    /// buffers do not overlap (a result cut off half way then spoils no
-    /// input), and the same stream carries a chunk of this operation a
-    /// window later, `window` sequence numbers on. That later result cannot
-    /// arrive before every rank holds this one (failover's module doc), and
-    /// this operation cannot complete before it arrives: so no rank can need
-    /// this result from here after the caller took the buffer back, and
-    /// until then the caller's buffer keeps it (a recovery stages it from
-    /// there: `stage_direct_results`). Only a stream's last `window`
-    /// pieces of each operation, which outlive it, are staged; none of a
-    /// sealed operation, whose seals prove the same of every piece.
-    #[inline]
-    pub(super) fn direct(&self, chunk: usize, stride: usize, window: usize) -> bool {
-        let (send, recv) = (self.send as usize, self.recv as usize);
-        let apart = send + self.bytes <= recv || recv + self.bytes <= send;
-        apart && (self.sealed || chunk + window * stride < self.chunks)
     }
 }

@@ -413,6 +413,8 @@ pub(super) fn mismatch_field(a: &JobSpec, b: &JobSpec) -> &'static str {
         "flags"
     } else if a.seal_shift != b.seal_shift {
         "seal_shift"
+    } else if a.failover != b.failover {
+        "failover"
     } else if a.min_piece != b.min_piece {
         "min_piece"
     } else if a.reserve != b.reserve {

@@ -120,14 +120,7 @@ pub static ENV: &[EnvVar] = &[
         "1",
         "",
         &[Client],
-        "0: a job whose server is lost fails, instead of redoing that server's work on its other servers",
-    ),
-    var(
-        "TALLY_SEAL_MIN",
-        "8M",
-        "",
-        &[Client],
-        "under failover, all-reduces from this size (K/M/G, a power of two; 0: none) end in a seal instead of a copy of their last results, the same on every rank",
+        "0: a job whose server is lost fails, instead of redoing that server's work on its other servers (the same on every rank; on, every result is staged and copied out)",
     ),
     var(
         "TALLY_RELAY",
@@ -276,7 +269,7 @@ pub static ENV: &[EnvVar] = &[
         "",
         "off",
         &[Client, Plugin],
-        "1: time one piece in 16 from its send to its result (the slowest by server too, past the first all-reduce), the longest gaps between all-reduces' starts and the slowest all-reduces (with the wall-clock time each ended), the copies of staged results, each sealed all-reduce's wait for its seals, and the rail threads' share of busy turns; the client logs the figures when it closes",
+        "1: time one piece in 16 from its send to its result (the slowest by server too, past the first all-reduce), the longest gaps between all-reduces' starts and the slowest all-reduces (with the wall-clock time each ended), the copies of staged results, and the rail threads' share of busy turns; the client logs the figures when it closes",
     ),
     dev(
         "TALLY_BENCH_LOOP_LINES",

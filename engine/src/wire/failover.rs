@@ -1,49 +1,35 @@
 //! Failover's messages: a rank's `Lost` report, the leader's `Failover`
 //! (report too) and `Recover` (every report and the switch operation).
 //!
-//! # Failover around these messages: staging, seals, streams, recovery, rejoin
+//! # Failover around these messages: staging, streams, recovery, rejoin
 //!
 //! A server can also die without warning (SIGKILL, a crashed host). A job with other servers keeps
 //! running: the interrupted all-reduces are redone on the survivors with a bit-identical result, and
 //! the caller sees a slower all-reduce, not an error. The module doc of
 //! `engine/src/client/failover/mod.rs` is the long version (why staging results makes a redo
-//! always possible, and which need no staging; the recovery, the rejoin, the limits); the messages are
+//! always possible; the recovery, the rejoin, the limits); the messages are
 //! `engine/src/wire/failover.rs`, the servers' part `ControlPlane::lost`
 //! (`engine/src/control/failover.rs`). Not said there:
 //!
 //! **Staging** (`failover/stage.rs`) takes per stream twice the window of piece-sized slots (2 MiB
-//! blocks and up on transparent huge pages). Results whose proof comes within the operation skip it:
-//! where send and receive buffers do not overlap, a result whose stream carries the same
-//! operation's result W later is received straight into the caller's buffer (`Op::direct`,
-//! `client/state.rs`), since that later result proves every rank holds it before the operation can
-//! complete here; a recovery that finds such a result some rank lacks copies it from the caller's
-//! buffer into its slot first (`stage_direct_results`).
-//!
-//! **Seals** give the same proof for the rest of an all-reduce of at least `TALLY_SEAL_MIN` (8 MiB;
-//! `ClientConfig::seal_min`) in a job that can fail over (`JobSpec::seal_shift`, a byte of the Hello
-//! that was padding): each stream's share ends in an empty piece, its sequence number taken after the
-//! share's last chunk (`Client::take_seal`), that a rank sends only once every earlier sequence of
-//! the stream completed here (`post_seal`, from `finish_flight`). To the server it is a piece of
-//! length 0 like any other: it answers once every rank sent it, that is once every rank holds the
-//! whole share, and the operation completes here only after every stream's seal came back. So none
-//! of its results is staged unless it is in place. A recovery redoes no seal: a lost stream's seal
-//! counts as done, since the recovery's items stand for the results it stood for; and a rank whose
-//! operation completed had every rank's seal, so every rank's reported head is past that
-//! operation's pieces there and none of them becomes an item. The price is a round trip per
-//! operation after its last results, one window slot at each operation's end, and the ranks
-//! finishing together: on the device that cost what the copy did at 16 and 64 MiB (with 2-9% less
-//! worker CPU per GB) and more at 4 MiB, hence the threshold ([measurements,
-//! "Failover"](docs/measurements.md#failover)). Every rank must cut alike, so `TALLY_FAILOVER` and
-//! `TALLY_SEAL_MIN` must agree across a job's ranks: a server refuses a Hello whose `seal_shift`
-//! differs (`tests/suites/failover.rs`, `ranks_that_disagree_on_failover_are_refused_at_the_join`).
-//! The same holds for everything else that decides the cut: the stream order (`TALLY_INTERLEAVE`,
+//! blocks and up on transparent huge pages), and every result goes through it: into its slot, then
+//! copied into the caller's buffer by the rail that received it (or the caller's thread). Results
+//! once skipped it where a proof within the operation said no rank could need them from here after
+//! it completed (a later result of the same stream, or an empty last piece per stream, the *seal*,
+//! from 8 MiB); but a link cut in the middle of a piece left a receive the provider could not
+//! cancel, which wrote the rest of that piece into the caller's buffer after the heal, long after
+//! the recovery had completed the all-reduce and the caller had reused the memory
+//! (`tests/suites/linkcut.rs` watches for it). On the device the copy had cost what the seals did
+//! at 16 and 64 MiB ([measurements, "Failover"](docs/measurements.md#failover)). Every rank must
+//! take part in a recovery, so `TALLY_FAILOVER` must agree across a job's ranks: the Hello's
+//! `FAILOVER` flag, and a server refuses a rank whose flag differs
+//! (`tests/suites/failover.rs`, `ranks_that_disagree_on_failover_are_refused_at_the_join`); it
+//! holds ranks to one `seal_shift` too, which builds from before the change set.
+//! Servers hold ranks alike on everything that decides the cut as well: the stream order (`TALLY_INTERLEAVE`,
 //! the Hello's `INTERLEAVE` flag) and the smallest spread piece (`TALLY_MIN_PIECE`, the Hello's
 //! `min_piece`, 0 for the default so that older ranks meet newer ones); ranks that differ would
 //! meet with different pieces in one slot, so the server refuses them (`tests/suites/agg.rs`).
-//! What is left to copy is every piece of an in-place all-reduce, and the last W pieces per stream
-//! of an unsealed one: all of a 4 MiB all-reduce at 32 Gbit/s (512 KiB pieces, 16 streams, the auto
-//! window of 2). Failover is off over shm; single-server jobs and `TALLY_FAILOVER=0` skip staging
-//! and seals.
+//! Failover is off over shm; single-server jobs and `TALLY_FAILOVER=0` skip staging.
 //!
 //! **Streams live from one operation to another**: from `born` (0, or the switch operation of the
 //! rejoin that added it) to `died` (that of the recovery from losing it); operation k's stream set is

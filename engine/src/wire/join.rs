@@ -59,8 +59,8 @@ pub struct Hello {
     pub shards: u32,
     pub name_len: u16,
     /// All-reduces of at least `1 << seal_shift` bytes are sealed (0: none
-    /// is); see [`JobSpec::seal_shift`]. A byte that was padding: a server
-    /// from before seals refuses a job that seals.
+    /// is, as from every rank of this build); see [`JobSpec::seal_shift`].
+    /// A byte that was padding.
     pub seal_shift: u8,
     /// [`JobSpec::reserve`]: later jobs of this communicator the server
     /// keeps room for. A byte that was padding: a server from before
@@ -319,12 +319,18 @@ pub struct JobSpec {
     /// Small pieces are split by rank over the lcores (see the module doc).
     pub split: bool,
     /// The ranks close each stream's share of an all-reduce of at least
-    /// `1 << seal_shift` bytes with an empty piece, the seal, sent once a
-    /// rank holds every result of that share; the seal's (empty) result
-    /// tells a rank that every rank holds them (`client::failover`). 0: no
-    /// seals. To the server a seal is a piece like any other, of length 0,
-    /// but every rank must cut alike, so the threshold is part of the spec.
+    /// `1 << seal_shift` bytes with an empty piece, the seal (0: no seals).
+    /// Ranks of this build send 0; builds from before 2026-11-29 sealed
+    /// large all-reduces under failover (the proof that let their results
+    /// skip the staging area, which a cut link showed unsafe: see
+    /// `client::failover`). To the server a seal is a piece like any other,
+    /// of length 0, but every rank must cut alike, so it holds them to one.
     pub seal_shift: u8,
+    /// The ranks fail over if a server of the job is lost
+    /// (`ClientConfig::failover`, [`Hello::FAILOVER`]). The server does
+    /// nothing with it but hold every rank to the same: a rank that would
+    /// not take part in a recovery would leave the others waiting for it.
+    pub failover: bool,
     /// The ranks cut each all-reduce over the stream set in lcore-major
     /// order (`ClientConfig::interleave`). The server does nothing with it
     /// but hold every rank to the same, since ranks that cut differently
@@ -353,7 +359,7 @@ pub struct JobSpec {
 impl JobSpec {
     /// A job of `nranks` ranks reducing `dtype` with `op` in pieces of
     /// `chunk_elems`, `window` pieces in flight, on `shards` lcores (0: every
-    /// one), with none of the options: no relay, split, seals or interleave,
+    /// one), with none of the options: no relay, split, seals, failover or interleave,
     /// the default smallest piece, no reserved rooms, not a sibling. Set
     /// those with struct update syntax: `JobSpec { relay: true, ..JobSpec::new(..) }`.
     pub const fn new(job_id: u64, nranks: u32, dtype: DataType, op: ReduceOp, chunk_elems: u32, window: u32, shards: u32) -> JobSpec {
@@ -368,6 +374,7 @@ impl JobSpec {
             relay: false,
             split: false,
             seal_shift: 0,
+            failover: false,
             interleave: false,
             min_piece: 0,
             reserve: 0,
@@ -447,6 +454,9 @@ impl Hello {
         if spec.sibling {
             h.flags |= Hello::SIBLING;
         }
+        if spec.failover {
+            h.flags |= Hello::FAILOVER;
+        }
         h.name_len = name.len() as u16;
         h.name[..name.len()].copy_from_slice(name);
         Some(h)
@@ -469,6 +479,9 @@ impl Hello {
     /// A later job of a communicator whose first job reserved room
     /// ([`JobSpec::sibling`]). A server from before it refuses the bit.
     pub const SIBLING: u8 = 32;
+    /// The job's ranks fail over ([`JobSpec::failover`]). A server from
+    /// before it refuses the bit.
+    pub const FAILOVER: u8 = 64;
 
     pub fn rejoin(&self) -> bool {
         self.flags & Hello::REJOIN != 0
@@ -517,7 +530,8 @@ impl Hello {
         if self.name_len == 0 || self.name_len as usize > NAME_BYTES {
             return bad("name_len", "endpoint name empty or too long");
         }
-        if self.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE | Hello::SIBLING) != 0 {
+        const KNOWN: u8 = Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE | Hello::SIBLING | Hello::FAILOVER;
+        if self.flags & !KNOWN != 0 {
             return bad("flags", "unknown flag bits");
         }
         let relay = self.flags & Hello::RELAY != 0;
@@ -556,6 +570,7 @@ impl Hello {
             relay,
             split,
             seal_shift: self.seal_shift,
+            failover: self.flags & Hello::FAILOVER != 0,
             interleave: self.flags & Hello::INTERLEAVE != 0,
             min_piece: self.min_piece,
             reserve: self.reserve,

@@ -332,7 +332,7 @@ mod tests {
             ("min_piece", |h| h.min_piece = MAX_MIN_PIECE + 1),
             ("min_piece", |h| h.min_piece = u32::MAX),
             ("lanes", |h| h.lanes = MAX_LANES as u8),
-            ("flags", |h| h.flags = 64),
+            ("flags", |h| h.flags = 128),
             // A later job of a communicator reserves nothing.
             ("reserve", |h| {
                 h.flags = Hello::SIBLING;

@@ -8,6 +8,18 @@
 //! - **Results land in a staging area** (`Stage`, stage.rs) and are copied into the
 //!   caller's buffer only once whole. An in-place all-reduce's input is
 //!   therefore never half overwritten by a result that stopped arriving.
+//!   And no receive into a caller's buffer can outlive the all-reduce it
+//!   belongs to: the provider cannot cancel a receive it has matched to a
+//!   message half arrived (rxm over tcp; a multi-packet message on EFA),
+//!   so when a link is cut, or a server frozen, in the middle of a piece,
+//!   the rest of that piece comes in whenever the link returns, possibly
+//!   long after the recovery completed the all-reduce and the caller took
+//!   its buffer back. It lands in a staging slot of the lost stream, which
+//!   nothing reads, and which is reused only once the provider gave the
+//!   receive back (`take_back`, `settle_lost`). (Results once went straight
+//!   into the caller's buffer where a proof said no rank could still need
+//!   them from there, most of every large all-reduce; a cut link then wrote
+//!   a stale piece into memory the caller had reused: `tests/suites/linkcut.rs`.)
 //! - **A result stays staged until every rank has it.** Stream slots cycle
 //!   over twice the window: a rank posts sequence `s + 2W` only after it
 //!   received `s + W`, which the server sent only after every rank had
@@ -15,26 +27,6 @@
 //!   reused only once every rank holds what it held. A rank that already
 //!   completed (and gave back) an all-reduce still holds what a slower rank
 //!   may lack.
-//! - **Except where neither is needed** (`Op::direct`): an all-reduce whose
-//!   buffers do not overlap has its input intact whatever happens to its
-//!   output, and a result `s` whose stream carries the same all-reduce's
-//!   `s + W` is held by every rank before that all-reduce can complete
-//!   here. Such results go straight into the caller's buffer; a recovery
-//!   that finds one some rank lacks copies it into its slot first
-//!   (`stage_direct_results`). Only each stream's last W pieces of an
-//!   all-reduce, and every piece of an in-place one, are staged: at 64 MiB
-//!   over 16 streams of 256 KiB pieces, a quarter.
-//! - **Or the operation is sealed** (`Op::sealed`: at least the job's
-//!   `ClientConfig::seal_min`, 8 MiB by default): each stream's share ends in an empty piece,
-//!   the seal, which a rank sends only once every earlier sequence of the
-//!   stream completed here. Its result comes back once every rank sent it,
-//!   so once every rank holds the whole share, and the operation completes
-//!   only after every seal: then no result of it need outlive it here, and
-//!   none is staged unless it is in place. A recovery treats a lost
-//!   stream's seal as done (its items stand for the results the seal stood
-//!   for); and a rank that completed a sealed operation had every rank's
-//!   seal, so every rank's head is past its pieces on that stream and none
-//!   of them becomes an item.
 //!
 //! The recovery, for one lost server X (or several lost together):
 //!
@@ -164,17 +156,17 @@ pub struct FailoverStats {
     /// Lost servers taken back into the job.
     pub rejoins: u32,
     /// Results that went through the staging area (received into a slot and
-    /// copied out), and those received straight into the caller's buffer
-    /// (`Op::direct`), while failover was on.
+    /// copied out), while failover was on: every one.
     pub staged: u64,
-    pub direct: u64,
-    /// Seals completed (see `Op::sealed`).
-    pub seals: u64,
     /// What the first sub-job holds now, lost servers' part included: its
     /// streams, and the bytes of its staging area. A server lost and taken
     /// back any number of times holds no more than it did the first time.
     pub streams: u32,
     pub staging_bytes: u64,
+    /// Receives of lost streams that completed after the loss (their
+    /// results are ignored): the provider had already taken them when the
+    /// rank cancelled, and wrote them once the lost server's data came.
+    pub late_receives: u64,
 }
 
 /// One recovery in progress.
@@ -421,9 +413,7 @@ impl Client {
             })
             .collect();
         let mut items = Vec::new();
-        // (a) Results staged here of operations that completed here (those
-        // received straight into a caller's buffer staged first).
-        self.stage_direct_results(sub, &lost, &lo)?;
+        // (a) Results staged here of operations that completed here.
         let s = &self.subs[sub];
         if let Some(stage) = &s.stage {
             for &st in &lost {
@@ -455,12 +445,6 @@ impl Client {
                 }
                 self.subs[sub].flights[st * window + w] = Flight::default();
                 let Some(pos) = self.ops.iter().position(|o| o.id == f.op) else { continue };
-                if f.seal {
-                    // Nothing to redo: a seal stands for results, which are
-                    // items here or with the ranks that lack them.
-                    self.ops[pos].done += 1;
-                    continue;
-                }
                 let op = &self.ops[pos];
                 let (off, len) = op.span(f.chunk);
                 let index = op.index;
@@ -468,11 +452,7 @@ impl Client {
                     // The result is here; only the send's completion was missing.
                     // (Never a relayed piece: relay jobs have one server.)
                     let s = &mut self.subs[sub];
-                    if f.direct {
-                        stage::stage_direct(s, &self.ops[pos], st, f.seq, f.chunk);
-                    } else {
-                        stage::land(s, &self.ops[pos], st, f.seq, f.chunk, Landed::of(false, self.ops[pos].rail_copies(&self.rails)));
-                    }
+                    stage::land(s, &self.ops[pos], st, f.seq, f.chunk, Landed::of(self.ops[pos].rail_copies(&self.rails)));
                     self.ops[pos].done += 1;
                     items.push(Item { op_index: index, chunk: f.chunk, st, seq: f.seq, len, op: 0, off, holder: None, done: false });
                 } else {

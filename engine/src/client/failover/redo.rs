@@ -65,13 +65,6 @@ impl Client {
                 r.items.push(Item { op_index: index, chunk, st, seq, len, op: id, off, holder: None, done: false });
                 added = true;
             }
-            if self.ops[oi].left_on(st) {
-                // Its seal, never taken: the recovery's items stand for it.
-                let op = &mut self.ops[oi];
-                op.next[st] = usize::MAX;
-                op.posted += 1;
-                op.done += 1;
-            }
         }
         if added && !self.subs[sub].fo.round.as_ref().unwrap().jobs.is_empty() {
             // The round is running: these come after everything queued.
@@ -101,7 +94,7 @@ impl Client {
         for (j, &rop) in ops.iter().enumerate() {
             // None of the options: redo chunks are whole results whatever
             // their size (no relay or split), every result is staged in its
-            // own flights (no seals), nothing is cut over a stream set (no
+            // own flights, nothing is cut over a stream set (no
             // interleave), and the job is short-lived on free capacity (the
             // communicator's room stays for its own later jobs).
             let job_id = base ^ ((j as u64 + 1) << 32) ^ (rop as u64);

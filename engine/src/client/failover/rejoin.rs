@@ -156,7 +156,8 @@ impl Client {
                 shards: self.cfg.shards,
                 relay: self.subs[sub].relay.is_some(),
                 split: self.subs[sub].split.is_some(),
-                seal_shift: self.subs[sub].seal_shift,
+                seal_shift: 0,
+                failover: true,
                 interleave: self.subs[sub].interleave,
                 min_piece: super::super::join::wire_min_piece(self.cfg.min_piece),
                 // As at the first join: the first job reserves, the later ones take.

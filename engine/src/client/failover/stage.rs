@@ -2,9 +2,8 @@
 //! staging slot holds, so that a recovery can relay a result this rank has
 //! and a slower one lacks (the module above says which results are staged
 //! and why).
-use super::seq_ge;
 use crate::client::rails::Rails;
-use crate::client::{Client, ClientError, Op, SubJob};
+use crate::client::{ClientError, Op, SubJob};
 use crate::dataplane::fabric::MemoryHandle;
 
 /// Where a sub-job's results land before they are copied out: per stream,
@@ -39,10 +38,6 @@ impl Drop for Block {
 #[derive(Clone, Copy, Default)]
 pub(in crate::client) struct Held {
     pub(in crate::client) valid: bool,
-    /// The result went straight into the caller's buffer of operation
-    /// `op_index`, still in progress here while a rank may lack it
-    /// (`Op::direct`): the slot itself is empty until [`stage_direct`].
-    pub(in crate::client) direct: bool,
     pub(in crate::client) seq: u32,
     pub(in crate::client) len: u32,
     pub(in crate::client) chunk: u32,
@@ -152,17 +147,15 @@ pub(in crate::client) enum Landed {
     Staged,
     /// In its staging slot, and a rail thread copied it out already.
     Copied,
-    /// Straight in the caller's buffer (`Op::direct`).
-    Direct,
 }
 
 impl Landed {
     #[inline(always)]
-    pub(in crate::client) fn of(direct: bool, rail_copied: bool) -> Landed {
-        match (direct, rail_copied) {
-            (true, _) => Landed::Direct,
-            (false, true) => Landed::Copied,
-            (false, false) => Landed::Staged,
+    pub(in crate::client) fn of(rail_copied: bool) -> Landed {
+        if rail_copied {
+            Landed::Copied
+        } else {
+            Landed::Staged
         }
     }
 }
@@ -179,59 +172,14 @@ pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chun
         // caller's buffer holds `bytes` (contract of `start`), off + len <= bytes.
         unsafe { std::ptr::copy_nonoverlapping(stage.slot(st, seq), op.recv.add(off), len) };
     }
-    stage.hold(op, st, seq, chunk, how == Landed::Direct);
+    stage.hold(op, st, seq, chunk);
 }
 
 impl Stage {
-    /// Notes that the slot of (`st`, `seq`) stands for chunk `chunk` of
-    /// `op` (in the caller's buffer where `direct`).
+    /// Notes that the slot of (`st`, `seq`) stands for chunk `chunk` of `op`.
     #[inline(always)]
-    fn hold(&mut self, op: &Op, st: usize, seq: u32, chunk: usize, direct: bool) {
+    fn hold(&mut self, op: &Op, st: usize, seq: u32, chunk: usize) {
         let len = op.span(chunk).1 as u32;
-        self.meta[st * self.slots + seq as usize % self.slots] =
-            Held { valid: true, direct, seq, len, chunk: chunk as u32, op_index: op.index };
-    }
-}
-
-/// A recovery needs a result this rank received straight into the caller's
-/// buffer of `op` (still in progress: `Op::direct` says why): copies it into
-/// its staging slot, which no receive targets (a receive of `seq + 2W`
-/// would mean every rank holds `seq`), so that it is relayed like any other.
-pub(in crate::client) fn stage_direct(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize) {
-    let Some(stage) = s.stage.as_mut() else { return };
-    let (off, len) = op.span(chunk);
-    // SAFETY: the caller's buffer holds the whole result at off (its receive
-    // completed, and the operation is still the client's); the slot holds a
-    // whole piece and nothing is being received into it.
-    unsafe { std::ptr::copy_nonoverlapping(op.recv.add(off), stage.slot(st, seq), len) };
-    stage.hold(op, st, seq, chunk, false);
-}
-
-impl Client {
-    /// Before a recovery lists what this rank holds of lost streams `lost`:
-    /// stages each result it received straight into a caller's buffer that
-    /// some rank may lack (at or after `lo`, per stream), so that it is
-    /// relayed from its slot like a staged one. Its operation is still in
-    /// progress here (`Op::direct`); if it is not, that reasoning failed,
-    /// and the recovery stops with an error rather than relay a buffer the
-    /// caller took back.
-    pub(super) fn stage_direct_results(&mut self, sub: usize, lost: &[usize], lo: &[u32]) -> Result<(), ClientError> {
-        let Some(slots) = self.subs[sub].stage.as_ref().map(|g| g.slots) else { return Ok(()) };
-        for &st in lost {
-            for k in 0..slots {
-                let Some(h) = self.subs[sub].stage.as_ref().map(|g| g.meta[st * slots + k]) else { break };
-                if !h.valid || !h.direct || !seq_ge(h.seq, lo[st]) {
-                    continue;
-                }
-                let Some(op) = self.ops.iter().find(|o| o.sub == sub && o.index == h.op_index) else {
-                    return Err(ClientError::Fabric(format!(
-                        "recovery: result {} of stream {st} was received into all-reduce {}'s buffer, which is no longer the client's",
-                        h.seq, h.op_index
-                    )));
-                };
-                stage_direct(&mut self.subs[sub], op, st, h.seq, h.chunk as usize);
-            }
-        }
-        Ok(())
+        self.meta[st * self.slots + seq as usize % self.slots] = Held { valid: true, seq, len, chunk: chunk as u32, op_index: op.index };
     }
 }
