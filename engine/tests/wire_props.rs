@@ -165,7 +165,7 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert_eq!(name.len(), h.name_len as usize, "{}", ctx());
     assert!((h.lanes as usize) < MAX_LANES, "{}", ctx());
     assert_eq!(
-        h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE | Hello::SIBLING),
+        h.flags & !(Hello::REJOIN | Hello::RELAY | Hello::SPLIT | Hello::ALIVE | Hello::INTERLEAVE | Hello::SIBLING | Hello::FAILOVER),
         0,
         "{}",
         ctx()
@@ -179,6 +179,7 @@ fn check_hello(bytes: &[u8], limits: &Limits) -> bool {
     assert!(!spec.relay || spec.nranks == 2, "{}", ctx());
     assert_eq!(spec.split, h.flags & Hello::SPLIT != 0, "{}", ctx());
     assert_eq!(spec.interleave, h.flags & Hello::INTERLEAVE != 0, "{}", ctx());
+    assert_eq!(spec.failover, h.flags & Hello::FAILOVER != 0, "{}", ctx());
     assert!(!spec.split || (4..=64).contains(&spec.nranks), "{}", ctx());
     assert_eq!((spec.job_id, spec.nranks, spec.chunk_elems, spec.window), (h.job_id, h.nranks, h.chunk_elems, h.window));
     true
