@@ -23,7 +23,7 @@ demo: deps build
 	./target/release/tally demo
 
 # The x86 suites (test-rust) run while everything else make test compiles
-# builds beside them at nice 19 (scripts/build/prebuild.sh: the release
+# builds beside them at nice 10 (scripts/build/prebuild.sh: the release
 # binaries, the no_std core, the aarch64 builds), in the CPU the suites leave
 # idle; then the suites that use those builds.
 test: deps
