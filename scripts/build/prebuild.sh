@@ -11,8 +11,8 @@
 # in seconds, get about nine tenths of a core they share with the builds
 # (CFS weights 1024 to 110) and preempt them on waking; the builds take what
 # the suites leave idle (they wait on sockets and timers much of the time).
-# Nice 19 (TALLY_PREBUILD_NICE=19) hands the suites nearly all of it, but on a
-# machine shared with other nice 10 builds it starved the prebuild for minutes.
+# Nice 19 hands the suites nearly all of it, but on a machine shared with
+# other nice 10 builds it starved the prebuild for minutes.
 #
 #   scripts/build/prebuild.sh          output in target/prebuild.log; a line here
 set -euo pipefail
@@ -26,7 +26,7 @@ t0=$SECONDS
 step() {
     local t=$SECONDS
     echo "prebuild: $*" >>"$LOG"
-    if ! nice -n "${TALLY_PREBUILD_NICE:-10}" "$@" >>"$LOG" 2>&1; then
+    if ! nice -n "10" "$@" >>"$LOG" 2>&1; then
         tail -n 60 "$LOG" >&2
         echo "prebuild: FAILED: $* (whole log: $LOG)" >&2
         exit 1
@@ -39,4 +39,4 @@ step scripts/build/release.sh
 step cargo build -p tally-engine --no-default-features
 step scripts/build/test-aarch64.sh --build-only
 step scripts/build/test-aarch64-e2e.sh --build-only
-echo "prebuild: release binaries, no_std core, aarch64 kernels and end-to-end binaries built beside the x86 suites ($((SECONDS - t0)) s, nice ${TALLY_PREBUILD_NICE:-10}; log $LOG)"
+echo "prebuild: release binaries, no_std core, aarch64 kernels and end-to-end binaries built beside the x86 suites ($((SECONDS - t0)) s, nice 10; log $LOG)"
