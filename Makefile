@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build deps test test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e test-loom wheel bench demo dist cluster-bench clean fmt perf image
+.PHONY: all build deps test prebuild test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e test-loom wheel bench demo dist cluster-bench clean fmt perf image
 
 all: build
 
@@ -22,8 +22,17 @@ deps:
 demo: deps build
 	./target/release/tally demo
 
-test: deps build test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e
+# The x86 suites (test-rust) run while everything else make test compiles
+# builds beside them at nice 10 (scripts/build/prebuild.sh: the release
+# binaries, the no_std core, the aarch64 builds), in the CPU the suites leave
+# idle; then the suites that use those builds.
+test: deps
+	@$(MAKE) --no-print-directory -j2 test-rust prebuild
+	@$(MAKE) --no-print-directory test-glibc test-wheel test-aarch64 test-aarch64-e2e
 	@echo "make test: all suites passed"
+
+prebuild:
+	scripts/build/prebuild.sh
 
 # Tests build in the `ci` profile (Cargo.toml): release code without thin LTO,
 # whose link of every test binary was most of CI's compile time. One build of

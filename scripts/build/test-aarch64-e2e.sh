@@ -6,6 +6,7 @@
 # (scripts/build/aarch64-lib.sh; nothing arm64 is installed on the host).
 #
 #   scripts/build/test-aarch64-e2e.sh      (make test-aarch64-e2e; part of make test)
+#   scripts/build/test-aarch64-e2e.sh --build-only    the build alone (scripts/build/prebuild.sh)
 #   TALLY_SKIP_AARCH64=1 ...              skip (prints a WARNING)
 #
 # What runs, every process emulated (qemu-aarch64; the ranks too, through
@@ -25,12 +26,18 @@
 #   aarch64 end to end: N all-reduces (agg, ring; tcp, shm; f32, bf16), 1 failover, 0 wrong
 # and exits non-zero on any wrong element or failed step.
 set -euo pipefail
+BUILD_ONLY=0
+[[ "${1:-}" != "--build-only" ]] || BUILD_ONLY=1
 
 AARCH64_WHO="aarch64 end to end"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/build/aarch64-lib.sh
 source "$ROOT/scripts/build/aarch64-lib.sh"
-aarch64_begin "the aarch64 build was" "$ROOT/target"
+# A target directory of its own: a cross build also locks the host profile's
+# directory (target/ci), which `cargo test` holds while the x86 suites run,
+# and this builds beside them (scripts/build/prebuild.sh).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/aarch64-e2e"
+aarch64_begin "the aarch64 build was" "$CARGO_TARGET_DIR"
 CACHE="$ROOT/target-aarch64"
 
 aarch64_toolchain
@@ -43,20 +50,25 @@ t0=$SECONDS
 ZTARGET="$AARCH64_TARGET.2.28"
 OUT="$CARGO_TARGET_DIR/$AARCH64_TARGET/ci"
 echo "aarch64: building tally, the plugin and its ncclNet harness for $AARCH64_TARGET (glibc 2.28)"
-cargo zigbuild -q --profile ci --target "$ZTARGET" -p tally-cli -p tally-nccl-plugin || fail "the cross build failed"
+# One cargo run for the three: the harness built on its own (-p
+# tally-nccl-plugin) resolved other features (log's, and syn's for the proc
+# macros) and compiled the engine and its derives a second time, most of a
+# minute and a half. (Built with test targets, cargo adds the dev-dependencies'
+# features: yaml-rust2's turn on hashbrown's default-hasher.)
 # The test binaries' paths, from cargo's JSON (build scripts are executables too).
-harness="$(cargo-zigbuild test -q --profile ci --target "$ZTARGET" -p tally-nccl-plugin --test abi --test net_tcp --test net_shm \
-    --no-run --message-format=json | python3 -c '
+harness="$(cargo zigbuild -q --profile ci --target "$ZTARGET" -p tally-cli -p tally-nccl-plugin --lib --bins \
+    --test abi --test net_tcp --test net_shm --message-format=json | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["profile"]["test"] and m.get("executable"):
-        print(m["executable"])')" || fail "the harness did not build"
+        print(m["executable"])')" || fail "the cross build failed"
 [[ $(wc -l <<<"$harness") -eq 3 ]] || fail "expected 3 harness binaries, got: $harness"
 TALLY="$OUT/tally"
 PLUGIN="$OUT/libnccl_net_tally.so"
 file -b "$TALLY" | grep -q aarch64 || fail "$TALLY is not an aarch64 binary"
 build_s=$((SECONDS - t0))
+((!BUILD_ONLY)) || exit 0
 
 # Every process under emulation: the binaries we start and the ranks they start.
 export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu

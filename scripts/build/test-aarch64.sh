@@ -4,10 +4,13 @@
 # Emulated timings mean nothing; only correctness is checked here.
 #
 #   scripts/build/test-aarch64.sh            install what is missing, then test
+#   scripts/build/test-aarch64.sh --build-only    only build the tests (scripts/build/prebuild.sh)
 #   TALLY_SKIP_AARCH64=1 scripts/...   skip (prints a WARNING)
 #
 # Extra arguments go to the integration test binary (e.g. a test name filter).
 set -euo pipefail
+BUILD_ONLY=0
+[[ "${1:-}" != "--build-only" ]] || { BUILD_ONLY=1; shift; }
 
 AARCH64_WHO="aarch64"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,6 +26,13 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 # the cross loader would otherwise pick up /lib/aarch64-linux-gnu's libc, a
 # different build, and the first thread a test spawns hangs.
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib"
+
+if ((BUILD_ONLY)); then
+    # Both test binaries in one cargo run; the runs below then find them built.
+    cargo test -p tally-engine --no-default-features --features std --target "$TARGET" --lib --test reduce --no-run ||
+        fail "the tests did not build"
+    exit 0
+fi
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
