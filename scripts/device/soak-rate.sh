@@ -18,7 +18,9 @@
 # measured that way throughout).
 #
 # Every server's and rank's VmRSS is read WARM_S seconds after the loop
-# starts (warm-up done) and every 5 s after, the last reading before each
+# starts (warm-up done: 45 s, 90 with NCCL=1; on nvidia-h200 the servers
+# grew 475 -> 493 MB over the first 40 s of an agg soak and 438 -> 459 MB
+# over the first 90 s of an NCCL one, then stayed there) and every 5 s after, the last reading before each
 # ends being its end. The summary ($OUT/soak-rate.txt): faults injected,
 # operations, wrong elements (0), failed operations (0: the loop finished),
 # the longest stall (the loop's max_us, and the ranks' "took N s" lines),
@@ -62,7 +64,7 @@ STOP_S="${STOP_S:-10}"
 CUT_S="${CUT_S:-10}"
 LOSS="${LOSS:-1}"
 LOSS_S="${LOSS_S:-45}"
-WARM_S="${WARM_S:-10}"
+WARM_S="${WARM_S:-$([[ $NCCL == 1 ]] && echo 90 || echo 45)}"
 GSO="${GSO:-1}"
 # The share of the link's bound the loop is expected to reach: sets --iters.
 FILL="${FILL:-0.9}"
@@ -133,7 +135,9 @@ for i in $(seq 0 $(( HOSTS - 1 ))); do
     pgrep -P "$bench" -f "server --listen 198.18.0.$(( 10 + i )):" | head -1 >"$OUT/server$i.pid"
 done
 if [[ $NCCL == 1 ]]; then
-    pgrep -f 'cluster_allreduce.py --label soak' >"$OUT/ranks.pid"
+    # The Python processes themselves: not the wrappers that start them, nor the
+    # bench, whose command lines name the script too.
+    pgrep -f "^$PYTHON .*cluster_allreduce.py --label soak" >"$OUT/ranks.pid"
 else
     pgrep -P "$bench" -f 'bench allreduce' >"$OUT/ranks.pid"
 fi
