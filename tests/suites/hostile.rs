@@ -536,3 +536,43 @@ fn a_rank_with_a_token_sends_no_secret_to_a_server_that_asks_for_none() {
     assert!(err.contains("the server asks for no token and this rank holds one (TALLY_TOKEN)"), "{err}");
     assert_eq!(impostor.join().unwrap(), 0, "the rank sent nothing to the impostor");
 }
+
+/// The Hello's FAILOVER flag (`JobSpec::failover`), from a rank that holds
+/// the job's secret but claims the other setting (a misconfigured
+/// TALLY_FAILOVER, or a hostile member): refused by name while its job
+/// gathers, the job's own rank then completes that job, and a job running
+/// beside it all along never notices. One that claims it for a job of its
+/// own is only that job's business: the server runs it like any other.
+#[test]
+fn a_rank_claiming_the_other_failover_setting_is_refused_and_harms_no_job() {
+    let srv = server("tcp");
+    let secret: JobSecret = ClientConfig::draw_job_secret().unwrap();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let beside = job(&srv.addr, 0xfa_11, 2, 150, secret, progress.clone());
+    wait_rounds(&progress, 5);
+    let name = [2u8, 0, 0, 9, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    let id = 0xfa_12;
+    let first = HelloMessage::new(&spec(id, 2), 0, &secret, &[&name[..]]).unwrap();
+    let mut held = answered_hello(&srv.addr, &first, &token_bytes());
+    let mut wrong = HelloMessage::new(&JobSpec { failover: true, ..spec(id, 2) }, 1, &secret, &[&name[..]]).unwrap();
+    assert_ne!(wrong.hello.flags & Hello::FAILOVER, 0);
+    let r = read_reject(&mut answered_hello(&srv.addr, &wrong, &token_bytes()));
+    assert_eq!((r.code(), r.field()), (Some(RejectCode::JobMismatch), "failover"), "{r}");
+    // The job's own rank 1 completes the join: rank 0 is admitted.
+    wrong.hello.flags &= !Hello::FAILOVER;
+    let _second = answered_hello(&srv.addr, &wrong, &token_bytes());
+    held.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut b = [0u8; core::mem::size_of::<wire::Accept>()];
+    std::io::Read::read_exact(&mut held, &mut b).unwrap();
+    assert_eq!(wire::read::<wire::Accept>(&b).unwrap().header.check(), Ok(wire::Kind::Accept));
+    // Its own job with the flag: admitted like any other.
+    let own = HelloMessage::new(&JobSpec { failover: true, ..spec(0xfa_13, 1) }, 0, &secret, &[&name[..]]).unwrap();
+    let mut c = answered_hello(&srv.addr, &own, &token_bytes());
+    c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    std::io::Read::read_exact(&mut c, &mut b).unwrap();
+    assert_eq!(wire::read::<wire::Accept>(&b).unwrap().header.check(), Ok(wire::Kind::Accept));
+    drop((held, c));
+    let done = progress.load(Ordering::Relaxed);
+    join_all(beside);
+    assert!(done < 150, "the refusals came while the job beside ran ({done} rounds)");
+}
