@@ -456,7 +456,6 @@ impl ControlPlane {
     /// timers. Tear-down is [`ControlPlane::shut_down`].
     pub fn run(mut self, events: Receiver<Event>, stop: Arc<AtomicBool>) {
         let mut happened = Vec::new();
-        self.health.advance(ServerPhase::Serving);
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             let next = self.pending.values().map(|p| p.deadline).min().map_or(TICK, |d| d.saturating_duration_since(now).min(TICK));

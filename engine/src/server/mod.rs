@@ -193,6 +193,12 @@ impl Server {
         let stop2 = stop.clone();
         let control =
             std::thread::Builder::new().name("tally-control".into()).spawn(move || plane.run(ev_rx, stop2)).map_err(StartError::Io)?;
+        // Ready from here, as `tally server` says READY=1 from here: the
+        // listener is bound and the lcores are up, so a request that comes
+        // before the control loop's first turn waits in the backlog. (Set by
+        // the loop's first turn instead, a probe right after "ready" could
+        // read "starting" on a loaded host.)
+        health.advance(ServerPhase::Serving);
         log::info!("tally server listening on {local_addr}: {} lcores on cores {}, provider {provider}", cfg.lcores.len(), cfg.lcores);
         Ok(Server {
             lcores: Some(lcores),

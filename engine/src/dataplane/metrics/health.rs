@@ -9,9 +9,9 @@
 //!   older than [`ALIVE_WITHIN`] means the loop is stuck, and a server whose
 //!   control loop is stuck admits, ends and heartbeats nothing: a supervisor
 //!   should restart it.
-//! - **Ready**: the server's phase, which only moves forward: starting (the
-//!   control loop has not turned yet), serving (the lcores are up, the
-//!   control port listens and the loop turns), draining (it admits no new
+//! - **Ready**: the server's phase, which only moves forward: starting (set-up
+//!   is under way), serving (the lcores are up, the control port listens and
+//!   the control thread runs: `Server::start` returned), draining (it admits no new
 //!   jobs), stopping. Ready is serving and alive: a load balancer or a
 //!   scheduler sends new jobs only there.
 //!
@@ -56,7 +56,7 @@
 //! the control loop's last stamp is at most 5 s old, else 503 "the control loop has not turned for X
 //! s"; busy lcores do not make it late (they are other threads), and a stuck lcore is the control
 //! loop's watchdog's business ("Failure detection"). *Ready* (`/readyz`): 200 only while serving and
-//! alive, else 503 naming the phase (serving from the control loop's first turn, draining from
+//! alive, else 503 naming the phase (serving from `Server::start`'s return, when READY=1 goes out, draining from
 //! `start_drain`). A request is at most 8 KiB. Nobody who reaches the port (it takes no token) can keep
 //! a probe out: every connection is served at once on the endpoint's thread, a request has 2 s from
 //! its accept and an answer 2 s to go out, however slowly bytes come, and a source holds at most 8
@@ -223,7 +223,7 @@ impl fmt::Display for Unhealthy {
                 let what = if *started { "has not turned" } else { "has not started" };
                 writeln!(f, "not alive: the control loop {what} for {:.1} s (limit {} s)", since.as_secs_f64(), ALIVE_WITHIN.as_secs())
             }
-            Unhealthy::Starting => writeln!(f, "starting: the control loop has not turned yet"),
+            Unhealthy::Starting => writeln!(f, "starting: the lcores, listener and control loop are not all up yet"),
             Unhealthy::Draining => writeln!(f, "draining: admitting no new jobs, moving running ones to their other servers"),
             Unhealthy::Stopping => writeln!(f, "stopping"),
         }

@@ -486,7 +486,7 @@ mod tests {
         let starting = get("/readyz");
         assert!(
             starting.starts_with("HTTP/1.1 503 Service Unavailable\r\n")
-                && starting.ends_with("\r\n\r\nstarting: the control loop has not turned yet\n"),
+                && starting.ends_with("\r\n\r\nstarting: the lcores, listener and control loop are not all up yet\n"),
             "{starting}"
         );
         health.advance(ServerPhase::Serving);
