@@ -22,9 +22,22 @@ deps:
 demo: deps build
 	./target/release/tally demo
 
-# The x86 suites (test-rust) run while everything else make test compiles
-# builds beside them at nice 10 (scripts/build/prebuild.sh: the release
-# binaries, the no_std core, the aarch64 builds), in the CPU the suites leave
+# What make test builds for this host, it builds once: the `ci` profile
+# (Cargo.toml: release code without thin LTO, whose link of every test binary
+# was most of CI's compile time), linked by zig against glibc 2.28's symbols as
+# `make build` links the shipped binaries (scripts/build/release.sh). So the
+# test binaries, the tally and plugin the suites start, and the ones
+# test-glibc and test-wheel check and package are one build; `make build`
+# compiles the release profile (thin LTO, line tables) apart and checks its
+# own glibc floor.
+NATIVE := $(shell uname -m)-unknown-linux-gnu
+PY_TOOLS := $(CURDIR)/target/py-tools/bin
+CI_CARGO = PATH=$(PY_TOOLS):$$PATH cargo-zigbuild
+CI_FLAGS = --profile ci --target $(NATIVE).2.28
+CI_BIN := target/$(NATIVE)/ci
+
+# The x86 suites (test-rust) run while the aarch64 builds compile beside
+# them at nice 10 (scripts/build/prebuild.sh), in the CPU the suites leave
 # idle; then the suites that use those builds.
 test: deps
 	@$(MAKE) --no-print-directory -j2 test-rust prebuild
@@ -34,17 +47,16 @@ test: deps
 prebuild:
 	scripts/build/prebuild.sh
 
-# Tests build in the `ci` profile (Cargo.toml): release code without thin LTO,
-# whose link of every test binary was most of CI's compile time. One build of
-# every target: the plugin's cdylib (which `cargo test` does not build; its
-# tests load it from there), the test binaries, and the benchmarks (benches/,
-# so they cannot rot; `make bench` runs them). Built apart, `-p
+# One build of every target: the plugin's cdylib (which `cargo test` does not
+# build; its tests load it from there), the test binaries, and the benchmarks
+# (benches/, so they cannot rot; `make bench` runs them). Built apart, `-p
 # tally-nccl-plugin` resolved features without the workspace's and compiled
-# the engine a second time.
+# the engine a second time. The no_std core is type-checked (a library: what
+# could fail to build without std fails there).
 test-rust:
-	$(CARGO) build --profile ci --workspace --all-targets
-	$(CARGO) test --profile ci --workspace -- --test-threads=$(TEST_THREADS)
-	$(CARGO) build -p tally-engine --no-default-features
+	$(CI_CARGO) zigbuild $(CI_FLAGS) --workspace --all-targets
+	$(CI_CARGO) test $(CI_FLAGS) --workspace -- --test-threads=$(TEST_THREADS)
+	$(CARGO) check -q -p tally-engine --no-default-features
 	@echo "no_std core (reduce, wire) builds without std: ok"
 
 # The tally-nccl wheel (pip install): `tally` and the plugin as `make build`
@@ -52,15 +64,16 @@ test-rust:
 wheel: build
 	scripts/build/wheel.sh
 
-# The wheel installed into a fresh venv, tested from there only; after
-# test-rust, whose plugin harness it reruns against the installed library.
+# The wheel, packed from test-rust's build, installed into a fresh venv and
+# tested from there only; after test-rust, whose plugin harness it reruns
+# against the installed library.
 test-wheel:
-	scripts/build/test-wheel.sh
+	WHEEL_BIN=$(CI_BIN) scripts/build/test-wheel.sh
 
-# Every shipped binary loads on glibc 2.28 (Amazon Linux 2023, Ubuntu 20.04+, RHEL 8+).
+# The binaries load on glibc 2.28 (Amazon Linux 2023, Ubuntu 20.04+, RHEL 8+):
+# test-rust's, linked as the shipped ones are (release.sh checks those).
 test-glibc:
-	scripts/build/check-glibc.sh --floor 2.28 target/$(shell uname -m)-unknown-linux-gnu/release/tally \
-		target/$(shell uname -m)-unknown-linux-gnu/release/libnccl_net_tally.so
+	scripts/build/check-glibc.sh --floor 2.28 $(CI_BIN)/tally $(CI_BIN)/libnccl_net_tally.so
 
 test-aarch64:
 	scripts/build/test-aarch64.sh

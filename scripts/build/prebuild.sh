@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# What `make test` compiles besides the x86 test binaries, compiled while the
-# x86 suites run (the Makefile starts this beside test-rust, make -j2):
-#   - the shipped release binaries (scripts/build/release.sh; test-glibc and
-#     test-wheel use them),
-#   - the no_std build of the engine's core (test-rust checks it again: fresh),
-#   - the aarch64 kernels' tests and the aarch64 tally, plugin and harness
-#     (test-aarch64.sh and test-aarch64-e2e.sh with --build-only; their runs
-#     later find everything built).
+# What `make test` compiles besides the x86 build, compiled while the x86
+# suites run (the Makefile starts this beside test-rust, make -j2): the
+# aarch64 kernels' tests and the aarch64 tally, plugin and harness
+# (test-aarch64.sh and test-aarch64-e2e.sh with --build-only; their runs
+# later find everything built). The x86 shipped binaries are test-rust's own
+# build (the Makefile says why), not compiled again here.
 # At nice 10: the suites, several of which bound a stall or an error's delay
 # in seconds, get about nine tenths of a core they share with the builds
 # (CFS weights 1024 to 110) and preempt them on waking; the builds take what
@@ -35,8 +33,6 @@ step() {
 }
 # Started from make -j2: cargo must not take make's job slots for its own.
 unset MAKEFLAGS MFLAGS
-step scripts/build/release.sh
-step cargo build -p tally-engine --no-default-features
 step scripts/build/test-aarch64.sh --build-only
 step scripts/build/test-aarch64-e2e.sh --build-only
-echo "prebuild: release binaries, no_std core, aarch64 kernels and end-to-end binaries built beside the x86 suites ($((SECONDS - t0)) s, nice 10; log $LOG)"
+echo "prebuild: aarch64 kernels and end-to-end binaries built beside the x86 suites ($((SECONDS - t0)) s, nice 10; log $LOG)"

@@ -32,5 +32,8 @@ so="$("$VENV/bin/python" -I -m tally_nccl path | head -1)"
 
 # The plugin harness, loading the installed library: --workspace, as test-rust
 # built it (one package alone unifies features otherwise and recompiles).
-TALLY_PLUGIN_SO="$so" cargo test --profile ci --workspace --test abi --test net_shm -- --test-threads="${TEST_THREADS:-2}"
+# As test-rust built the harness (the Makefile's CI_CARGO): the same
+# command finds it built.
+PATH="$PWD/target/py-tools/bin:$PATH" TALLY_PLUGIN_SO="$so" cargo-zigbuild test --profile ci --target "$(uname -m)-unknown-linux-gnu.2.28" \
+    --workspace --test abi --test net_shm -- --test-threads="${TEST_THREADS:-2}"
 echo "test-wheel: the plugin harness passed against $so"

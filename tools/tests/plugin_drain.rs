@@ -42,7 +42,7 @@ struct Pace {
     sleep: Duration,
 }
 
-fn rank_main(coll: &'static CollNetV11, r: usize, n: usize, pace: Pace, board: &HandleBoard, progress: &AtomicUsize) {
+fn rank_main(coll: &'static CollNetV11, r: usize, n: usize, pace: Pace, board: &HandleBoard, progress: &AtomicUsize, stop_at: &AtomicUsize) {
     let rounds = pace.rounds;
     let mut c = CollNet::init(coll, 0xd4a1_0000 + r as u64, logger()).unwrap();
     c.connect(r, n, |h| Ok(board.allgather(r, h))).unwrap_or_else(|e| panic!("rank {r}: connect: {e}"));
@@ -56,6 +56,9 @@ fn rank_main(coll: &'static CollNetV11, r: usize, n: usize, pace: Pace, board: &
         .collect();
     let t0 = Instant::now();
     for round in 0..rounds {
+        if round >= stop_at.load(Ordering::Relaxed) {
+            break;
+        }
         for (k, s) in sends.iter_mut().enumerate() {
             for (i, v) in s.iter_mut().enumerate() {
                 *v = value(r, i, round, k);
@@ -112,6 +115,8 @@ const FREEZE_FOR: Duration = Duration::from_secs(8);
 /// The longest the loop may stand still under a freeze or a cut: the
 /// liveness time, a recovery and slack for a loaded 2-core machine.
 const STALL_BOUND: Duration = Duration::from_millis(5500);
+/// Rounds the job runs on a server once it took it back.
+const USED_FOR: usize = 200;
 const NS_RANKS: &str = "198.18.6.1";
 const NS_SERVERS: [&str; 3] = ["198.18.6.10", "198.18.6.11", "198.18.6.12"];
 
@@ -144,6 +149,10 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     let coll = collnet_driver::load(&p.path).unwrap().coll;
     let board = HandleBoard::new(n);
     let progress = std::sync::Arc::new(AtomicUsize::new(0));
+    // Where the ranks stop once the server is back and used (no rank is a
+    // round ahead of another: each round's all-reduces need both), so the
+    // loop lasts as long as the fault and the rejoin take, not `rounds`.
+    let stop_at = AtomicUsize::new(usize::MAX);
     let (mut killed, mut exited) = (None, None);
     // Long enough, with a restart or a freeze, for the job to take the server back and use it.
     let gray = matches!(stop, Stop::Freeze | Stop::LinkCut);
@@ -159,8 +168,8 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (board, progress) = (&board, &*progress);
-                s.spawn(move || rank_main(coll, r, n, pace, board, progress))
+                let (board, progress, stop_at) = (&board, &*progress, &stop_at);
+                s.spawn(move || rank_main(coll, r, n, pace, board, progress, stop_at))
             })
             .collect();
         while progress.load(Ordering::Relaxed) < KILL_AT && !hs.iter().any(|h| h.is_finished()) {
@@ -201,7 +210,9 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
         if stop == Stop::KillRestart || gray {
             let at = Instant::now();
             let ok = servers[1].wait_log("rejoined: every rank uses this server again", Duration::from_secs(30));
-            back = Some((ok, at.elapsed(), progress.load(Ordering::Relaxed)));
+            let round = progress.load(Ordering::Relaxed);
+            back = Some((ok, at.elapsed(), round));
+            stop_at.store(round + USED_FOR, Ordering::Relaxed);
         }
         worst = meter.map(|m| m.stop());
         for h in hs {
@@ -229,7 +240,7 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
             ),
         }
         assert!(ok, "the restarted server was not taken back:\n{log}");
-        assert!(round + 200 < rounds, "taken back at round {round} of {rounds}: too late to show it was used");
+        assert!(round + USED_FOR < rounds, "taken back at round {round} of {rounds}: too late to show it was used");
         drop(switch);
         assert!(
             servers[1].wait_log("every rank finished", Duration::from_secs(10)),
