@@ -1,5 +1,5 @@
 # Sourced, not run: what the aarch64 (Graviton) scripts share.
-#   test-aarch64.sh      the reduction kernels under qemu-user (no libfabric)
+#   test-aarch64.sh      the reduction kernels under qemu-user (test-aarch64-e2e.sh builds them)
 #   test-aarch64-e2e.sh  tally, the plugin and its harness under qemu-user
 #   dist.sh              the aarch64 tarball, started under qemu-user
 #

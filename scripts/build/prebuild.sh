@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What `make test` compiles besides the x86 build, compiled while the x86
 # suites run (the Makefile starts this beside test-rust, make -j2): the
-# aarch64 kernels' tests and the aarch64 tally, plugin and harness
-# (test-aarch64.sh and test-aarch64-e2e.sh with --build-only; their runs
+# aarch64 tally, plugin, harness and kernels' tests, one cross build
+# (test-aarch64-e2e.sh --build-only; test-aarch64.sh and test-aarch64-e2e.sh
 # later find everything built). The x86 shipped binaries are test-rust's own
 # build (the Makefile says why), not compiled again here.
 # At nice 10: the suites, several of which bound a stall or an error's delay
@@ -33,6 +33,5 @@ step() {
 }
 # Started from make -j2: cargo must not take make's job slots for its own.
 unset MAKEFLAGS MFLAGS
-step scripts/build/test-aarch64.sh --build-only
 step scripts/build/test-aarch64-e2e.sh --build-only
-echo "prebuild: aarch64 kernels and end-to-end binaries built beside the x86 suites ($((SECONDS - t0)) s, nice 10; log $LOG)"
+echo "prebuild: the aarch64 binaries built beside the x86 suites ($((SECONDS - t0)) s, nice 10; log $LOG)"

@@ -49,20 +49,26 @@ export PATH="$ROOT/target/py-tools/bin:$PATH"
 t0=$SECONDS
 ZTARGET="$AARCH64_TARGET.2.28"
 OUT="$CARGO_TARGET_DIR/$AARCH64_TARGET/ci"
-echo "aarch64: building tally, the plugin and its ncclNet harness for $AARCH64_TARGET (glibc 2.28)"
-# One cargo run for the three: the harness built on its own (-p
+echo "aarch64: building tally, the plugin, its ncclNet harness and the kernels' tests for $AARCH64_TARGET (glibc 2.28)"
+# One cargo run for all of it: the harness built on its own (-p
 # tally-nccl-plugin) resolved other features (log's, and syn's for the proc
 # macros) and compiled the engine and its derives a second time, most of a
-# minute and a half. (Built with test targets, cargo adds the dev-dependencies'
-# features: yaml-rust2's turn on hashbrown's default-hasher.)
-# The test binaries' paths, from cargo's JSON (build scripts are executables too).
-harness="$(cargo zigbuild -q --profile ci --target "$ZTARGET" -p tally-cli -p tally-nccl-plugin --lib --bins \
-    --test abi --test net_tcp --test net_shm --message-format=json | python3 -c '
+# minute and a half; the kernels' tests (engine/tests/reduce.rs,
+# test-aarch64.sh runs them) built on their own, in another profile, cost
+# CI three minutes more. (Built with test targets, cargo adds the
+# dev-dependencies' features: yaml-rust2's turn on hashbrown's default-hasher.)
+# The test binaries' names and paths, from cargo's JSON (build scripts are
+# executables too), listed in $TESTS for test-aarch64.sh.
+TESTS="$CARGO_TARGET_DIR/aarch64-tests.list"
+cargo zigbuild -q --profile ci --target "$ZTARGET" -p tally-cli -p tally-nccl-plugin -p tally-engine --lib --bins \
+    --test abi --test net_tcp --test net_shm --test reduce --message-format=json | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["profile"]["test"] and m.get("executable"):
-        print(m["executable"])')" || fail "the cross build failed"
+        print(m["target"]["name"], m["executable"])' >"$TESTS.new" || fail "the cross build failed"
+mv "$TESTS.new" "$TESTS"
+harness="$(awk '$1 != "reduce" { print $2 }' "$TESTS")"
 [[ $(wc -l <<<"$harness") -eq 3 ]] || fail "expected 3 harness binaries, got: $harness"
 TALLY="$OUT/tally"
 PLUGIN="$OUT/libnccl_net_tally.so"

@@ -1,55 +1,46 @@
 #!/usr/bin/env bash
-# Cross-builds tally-engine's reduction kernels for aarch64 (Graviton) and runs
-# their tests under qemu-user, so the NEON path is checked from an x86 machine.
+# The reduction kernels' tests (engine/tests/reduce.rs) as aarch64 (Graviton)
+# code under qemu-user, so the NEON path is checked from an x86 machine.
 # Emulated timings mean nothing; only correctness is checked here.
 #
 #   scripts/build/test-aarch64.sh            install what is missing, then test
-#   scripts/build/test-aarch64.sh --build-only    only build the tests (scripts/build/prebuild.sh)
+#   scripts/build/test-aarch64.sh --build-only    only build (scripts/build/prebuild.sh)
 #   TALLY_SKIP_AARCH64=1 scripts/...   skip (prints a WARNING)
 #
-# Extra arguments go to the integration test binary (e.g. a test name filter).
+# Extra arguments go to the test binary (e.g. a test name filter).
+#
+# The test binary comes from test-aarch64-e2e.sh's cross build (one cargo
+# run for every aarch64 binary make test starts: the ci profile, zig, the
+# arm64 libfabric it links), which this runs first (a no-op when it is
+# fresh). The engine's own unit tests of the scalar kernels are not run here:
+# they are the same Rust on every architecture, and the x86 suites run them.
 set -euo pipefail
 BUILD_ONLY=0
 [[ "${1:-}" != "--build-only" ]] || { BUILD_ONLY=1; shift; }
 
 AARCH64_WHO="aarch64"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# Where test-aarch64-e2e.sh builds (it adds aarch64-e2e to CARGO_TARGET_DIR).
+E2E_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/aarch64-e2e"
 # shellcheck source=scripts/build/aarch64-lib.sh
 source "$ROOT/scripts/build/aarch64-lib.sh"
-aarch64_begin "the aarch64 (NEON) kernels were" "$ROOT/target-reduce"
-TARGET="$AARCH64_TARGET"
-aarch64_toolchain
+aarch64_begin "the aarch64 (NEON) kernels were" "$E2E_DIR"
 
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-# Pin the library path to the cross libc as well as the loader: once arm64
-# multiarch packages are installed (libfabric-dev:arm64 brings libc6:arm64),
-# the cross loader would otherwise pick up /lib/aarch64-linux-gnu's libc, a
-# different build, and the first thread a test spawns hangs.
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib"
+"$ROOT/scripts/build/test-aarch64-e2e.sh" --build-only >/dev/null || fail "the aarch64 build failed (scripts/build/test-aarch64-e2e.sh --build-only says why)"
+((!BUILD_ONLY)) || exit 0
 
-if ((BUILD_ONLY)); then
-    # Both test binaries in one cargo run; the runs below then find them built.
-    cargo test -p tally-engine --no-default-features --features std --target "$TARGET" --lib --test reduce --no-run ||
-        fail "the tests did not build"
-    exit 0
-fi
+aarch64_env "$ROOT/target-aarch64"
+test_bin="$(awk '$1 == "reduce" { print $2 }' "$E2E_DIR/aarch64-tests.list")"
+[[ -x "$test_bin" ]] || fail "no reduce test binary in $E2E_DIR/aarch64-tests.list"
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-# `std` without `fabric`: the kernels need no libfabric, so nothing arm64
-# beyond libc. First the kernels' own unit tests (conversions, detection;
-# the other modules' unit tests are not this script's business), then the
-# integration test, which runs every kernel against the reference.
-run_tests() {
-    cargo test -p tally-engine --no-default-features --features std --target "$TARGET" "$@" 2>&1 | tee -a "$log"
-}
-if ! run_tests --lib -- reduce:: || ! run_tests --test reduce -- "$@"; then
-    fail "tests failed or did not build (see above)"
+if ! "${AARCH64_RUN[@]}" "$test_bin" "$@" 2>&1 | tee "$log"; then
+    fail "tests failed (see above)"
 fi
 
 passed=$(awk '/^test result: ok\./ { for (i = 1; i <= NF; i++) if ($i == "passed;") n += $(i - 1) } END { print n + 0 }' "$log")
 ((passed > 0)) || fail "no tests ran"
-# The integration test prints what it ran: "isas under test: scalar, neon (cpu: neon fp16 ...)".
 under_test=$(sed -n 's/.*isas under test: //p' "$log" | head -n1)
 [[ "$under_test" == *neon* ]] || fail "the NEON kernels were not exercised"
 kernels=${under_test%% (*}

@@ -42,7 +42,15 @@ struct Pace {
     sleep: Duration,
 }
 
-fn rank_main(coll: &'static CollNetV11, r: usize, n: usize, pace: Pace, board: &HandleBoard, progress: &AtomicUsize, stop_at: &AtomicUsize) {
+fn rank_main(
+    coll: &'static CollNetV11,
+    r: usize,
+    n: usize,
+    pace: Pace,
+    board: &HandleBoard,
+    progress: &AtomicUsize,
+    stop_at: &AtomicUsize,
+) {
     let rounds = pace.rounds;
     let mut c = CollNet::init(coll, 0xd4a1_0000 + r as u64, logger()).unwrap();
     c.connect(r, n, |h| Ok(board.allgather(r, h))).unwrap_or_else(|e| panic!("rank {r}: connect: {e}"));
