@@ -86,7 +86,7 @@ test-aarch64-e2e:
 # config/slurm/'s files under a real Slurm (Debian's slurmctld, slurmd, munge,
 # installed if missing), six nodes emulated as network namespaces of this host,
 # the sbatch submitted unchanged (tests/slurm/run.sh says what it checks). As
-# root; 40 to 75 s on 2 cores. Not in `make test`: it needs root, namespaces and
+# root; 25 to 75 s on 2 cores. Not in `make test`: it needs root, namespaces and
 # Slurm's packages. Uses the tally that make test builds, else target/release's
 # (TALLY=path to choose).
 test-slurm:
