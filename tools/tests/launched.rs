@@ -97,10 +97,13 @@ fn ranks_a_launcher_started_all_reduce_through_the_servers_every_element_checked
     }
 }
 
+/// Arguments, the launcher's variables, and what the error must say.
+type Case<'a> = (&'a [&'a str], Vec<(&'a str, String)>, &'a str);
+
 #[test]
 fn a_launch_without_the_launchers_variables_fails_naming_them() {
     let base = [("MASTER_ADDR", "127.0.0.1".to_string()), ("TALLY_SERVERS", "127.0.0.1:1".to_string())];
-    let cases: &[(&[&str], Vec<(&str, String)>, &str)] = &[
+    let cases: &[Case] = &[
         (&["--mode", "agg"], base.to_vec(), "no rank in the environment"),
         (&["--mode", "agg"], [&base[..], &[("RANK", "1".into())]].concat(), "RANK is set but WORLD_SIZE is not"),
         (
