@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build build-ci deps test prebuild test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e test-loom wheel bench demo dist cluster-bench clean fmt perf image
+.PHONY: all build build-ci deps test prebuild test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e test-loom test-slurm wheel bench demo dist cluster-bench clean fmt perf image
 
 all: build
 
@@ -86,6 +86,15 @@ test-aarch64:
 # tcp and shm, f32 and bf16, CollNet, a server killed mid-run (failover).
 test-aarch64-e2e:
 	scripts/build/test-aarch64-e2e.sh
+
+# config/slurm/'s files under a real Slurm (Debian's slurmctld, slurmd, munge,
+# installed if missing), six nodes emulated as network namespaces of this host,
+# the sbatch submitted unchanged (tests/slurm/run.sh says what it checks). As
+# root; 25 to 75 s on 2 cores. Not in `make test`: it needs root, namespaces and
+# Slurm's packages. Uses the tally that make test builds, else target/release's
+# (TALLY=path to choose).
+test-slurm:
+	tests/slurm/run.sh
 
 # Loom models of the lock-free state lcores share (engine/loom; not in `make test`:
 # loom builds in a target of its own).

@@ -142,6 +142,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         plugin_piece: "auto".into(),
         plugin_in_flight: 8,
         plugin_chunk: "auto".into(),
+        launched: false,
         rank: None,
         bootstrap: None,
         job_id: 0,

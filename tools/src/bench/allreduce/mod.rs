@@ -29,10 +29,12 @@
 //! servers' CPU time over the same interval.
 //!
 //! [`plan`]: the flags and what they resolve to; [`launch`]: the launcher;
-//! [`rank`]: a rank process; [`overlap`]: agg with several all-reduces in
+//! [`rank`]: a rank process; [`launched`]: a rank another launcher (srun,
+//! torchrun) started (`--launched`); [`overlap`]: agg with several all-reduces in
 //! flight (`--agg-in-flight`); [`timing`] and [`verify`]: what a rank
 //! measures and checks.
 pub mod launch;
+pub mod launched;
 pub mod overlap;
 pub mod plan;
 pub mod rank;
@@ -54,6 +56,9 @@ struct Report<'a> {
 /// `tally bench allreduce`: a rank process with `--rank`, else the
 /// launcher, then its plot and JSON.
 pub fn run(args: &AllreduceArgs) -> Result<(), String> {
+    if args.launched {
+        return rank::run_rank(&launched::resolve(args)?);
+    }
     if args.rank.is_some() {
         return rank::run_rank(args);
     }

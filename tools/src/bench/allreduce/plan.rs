@@ -101,6 +101,14 @@ pub struct AllreduceArgs {
     pub plugin_chunk: String,
     #[command(flatten)]
     pub plot: PlotArg,
+    /// Run as one rank of a job a launcher started (srun, torchrun), agg only: the rank and
+    /// rank count from RANK and WORLD_SIZE (else SLURM_PROCID and SLURM_NTASKS), rank 0
+    /// listening for the others at MASTER_ADDR:MASTER_PORT (default 29500), the servers from
+    /// --servers or TALLY_SERVERS, the token from TALLY_TOKEN; rank 0 draws the job's id and
+    /// secret. Every element of every all-reduce (warm-up too) is checked; each rank prints
+    /// one line (--json: an object) and exits 1 when any rank had a wrong element.
+    #[arg(long)]
+    pub launched: bool,
     /// Run as this rank (set by the launcher, or for multi-host runs by hand); with
     /// --ranks-per-process K, as ranks R..R+K, one thread each.
     #[arg(long, hide = true)]

@@ -1,11 +1,12 @@
 //! A rank process: its rank, or `--ranks-per-process` rank threads, each
 //! joining the job, then timing and checking every mode and size, rank 0
 //! printing a `RESULT` row for each (see [`crate::bench::report`]).
+use super::launched::{self, RankSummary};
 use super::overlap;
 use super::plan::{check_busy, parse_secret, plan, pollers_per_rank, ranks_per_process, resolve_poll, AllreduceArgs};
 use super::timing::{last_rank_times, mono_ns, OpTimes, GATHER_STAMPS};
 use super::verify::{check, fill};
-use crate::bench::report::{Row, LOOP_LINES_ENV};
+use crate::bench::report::{format_row, Row, LOOP_LINES_ENV};
 use crate::collnet_driver;
 use std::time::{Duration, Instant};
 use tally_engine::client::{Client, ClientConfig};
@@ -177,6 +178,18 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     // by the same --timeout (plus start-up slack), never longer.
     let boot_timeout = Duration::from_secs(args.timeout.max(1) + 30);
     let mut boot = Bootstrap::new(addr, rank, n, boot_timeout).map_err(|e| e.to_string())?;
+    // --launched: the job's id and secret come from rank 0, over the bootstrap.
+    let shared;
+    let args = if args.launched {
+        shared = launched::share_job(args, &mut boot)?;
+        &shared
+    } else {
+        args
+    };
+    let mut summary = RankSummary { rank, ranks: n, servers: args.servers.len(), ..Default::default() };
+    if args.launched && rank == 0 && !args.json.json {
+        super::launch::print_header(&p, args);
+    }
     let max = *p.sizes.iter().max().unwrap_or(&0);
     let dsize = p.dtype.size();
     let max_count = max / dsize;
@@ -252,13 +265,24 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             };
             // agg with --agg-in-flight above 1: its timed loop overlaps.
             let overlapping = agg.is_some() && !recvs.is_empty();
+            // --launched: every result checked, into a buffer overwritten first.
+            let check_each = args.launched;
+            let (mut ops, mut each_wrong) = (0u64, 0u64);
             let mut one = |recv: &mut [u8]| -> Result<(), String> {
+                if check_each {
+                    recv.fill(launched::POISON);
+                }
                 match (&mut agg, &mut ring, &mut plugin) {
                     (Some(c), _, _) => c.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
                     (_, Some(r), _) => r.allreduce(&send[..bytes], recv, p.dtype, p.op).map_err(|e| e.to_string()),
                     (_, _, Some(d)) => d.allreduce(&send[..bytes], recv, p.dtype, p.op),
                     _ => unreachable!("one mode is set"),
+                }?;
+                if check_each {
+                    ops += 1;
+                    each_wrong += check(p.dtype, p.op, n, recv);
                 }
+                Ok(())
             };
             for _ in 0..warm {
                 one(&mut recv[..bytes])?;
@@ -319,12 +343,18 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             };
             let t = if args.sync { stats.p50 } else { mean };
             // Every result buffer the loop wrote (overlapping agg), else the one.
-            let wrong = if overlapping {
+            let wrong = if check_each {
+                each_wrong
+            } else if overlapping {
                 recvs.iter().take(iters).map(|r| check(p.dtype, p.op, n, &r[..bytes])).sum()
             } else {
                 check(p.dtype, p.op, n, &recv[..bytes])
             };
             let total_wrong = boot.reduce_sum_u64(wrong).map_err(|e| e.to_string())?;
+            summary.allreduces += ops;
+            summary.elements += ops * count as u64;
+            summary.wrong += wrong;
+            summary.job_wrong += total_wrong;
             if rank == 0 {
                 let algbw = bytes as f64 / t / 1e9;
                 let row = Row {
@@ -351,10 +381,17 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                     wrong: total_wrong,
                     cpu_s,
                 };
-                println!("RESULT {}", serde_json::to_string(&row).unwrap());
+                if !args.launched {
+                    println!("RESULT {}", serde_json::to_string(&row).unwrap());
+                } else if !args.json.json {
+                    println!("{}", format_row(&row));
+                }
             }
         }
         boot.barrier().map_err(|e| e.to_string())?;
+    }
+    if args.launched {
+        return summary.finish(args.json.json);
     }
     Ok(())
 }
