@@ -60,6 +60,7 @@ echo "aarch64: building tally, the plugin, its ncclNet harness and the kernels' 
 # The test binaries' names and paths, from cargo's JSON (build scripts are
 # executables too), listed in $TESTS for test-aarch64.sh.
 TESTS="$CARGO_TARGET_DIR/aarch64-tests.list"
+mkdir -p "$CARGO_TARGET_DIR"
 cargo zigbuild -q --profile ci --target "$ZTARGET" -p tally-cli -p tally-nccl-plugin -p tally-engine --lib --bins \
     --test abi --test net_tcp --test net_shm --test reduce --message-format=json | python3 -c '
 import json, sys
