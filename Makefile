@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Two cores: keep the test harness from running more binaries than that at once.
 TEST_THREADS ?= 2
 
-.PHONY: all build build-ci deps test prebuild test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e test-loom test-slurm wheel bench demo dist cluster-bench clean fmt perf image
+.PHONY: all build build-ci deps test test-nostd prebuild test-glibc test-rust test-wheel test-aarch64 test-aarch64-e2e test-loom test-slurm wheel bench demo dist cluster-bench clean fmt perf image
 
 all: build
 
@@ -37,13 +37,14 @@ CI_FLAGS = --profile ci --target $(NATIVE).2.28
 CI_BIN := target/$(NATIVE)/ci
 
 # The x86 build first, on every core; then the x86 suites (test-rust) while
-# the aarch64 build compiles beside them at nice 10 (scripts/build/prebuild.sh),
-# in the CPU the suites leave idle (beside the x86 build it only slowed that
-# down: both are compilers); then the suites that use those builds.
+# the aarch64 build, the aarch64 kernels' tests and the no_std check run beside
+# them at nice 10 (scripts/build/prebuild.sh), in the CPU the suites leave
+# idle (beside the x86 build they only slowed it down: both are compilers);
+# then the suites that use those builds.
 test: deps
 	@$(MAKE) --no-print-directory build-ci
 	@$(MAKE) --no-print-directory -j2 test-rust prebuild
-	@$(MAKE) --no-print-directory test-glibc test-wheel test-aarch64 test-aarch64-e2e
+	@$(MAKE) --no-print-directory test-glibc test-wheel test-aarch64-e2e
 	@echo "make test: all suites passed"
 
 prebuild:
@@ -53,13 +54,16 @@ prebuild:
 # build; its tests load it from there), the test binaries, and the benchmarks
 # (benches/, so they cannot rot; `make bench` runs them). Built apart, `-p
 # tally-nccl-plugin` resolved features without the workspace's and compiled
-# the engine a second time. The no_std core is type-checked (a library: what
-# could fail to build without std fails there).
+# the engine a second time.
 build-ci:
 	$(CI_CARGO) zigbuild $(CI_FLAGS) --workspace --all-targets
 
 test-rust: build-ci
 	$(CI_CARGO) test $(CI_FLAGS) --workspace -- --test-threads=$(TEST_THREADS)
+
+# The no_std core type-checked (a library: what could fail to build without
+# std fails there); make test runs it beside the suites (prebuild.sh).
+test-nostd:
 	$(CARGO) check -q -p tally-engine --no-default-features
 	@echo "no_std core (reduce, wire) builds without std: ok"
 

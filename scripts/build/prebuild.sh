@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# What `make test` compiles besides the x86 build, compiled while the x86
-# suites run (the Makefile starts this beside test-rust, make -j2): the
-# aarch64 tally, plugin, harness and kernels' tests, one cross build
-# (test-aarch64-e2e.sh --build-only; test-aarch64.sh and test-aarch64-e2e.sh
-# later find everything built). The x86 shipped binaries are test-rust's own
-# build (the Makefile says why), not compiled again here.
+# What `make test` does beside the x86 suites (the Makefile starts this
+# beside test-rust, make -j2), in the CPU they leave idle:
+#   - the aarch64 build: tally, the plugin, its harness and the kernels'
+#     tests, one cross build (test-aarch64-e2e.sh --build-only; its runs come
+#     after the suites, and find everything built);
+#   - the aarch64 kernels' tests under qemu (test-aarch64.sh): computation
+#     only, no server and no deadline, so a busy host only slows them;
+#   - the no_std core type-checked (a target directory of its own:
+#     `cargo test` holds target/'s lock while the suites run).
+# The x86 shipped binaries are test-rust's own build (the Makefile says why).
 # At nice 10: the suites, several of which bound a stall or an error's delay
 # in seconds, get about nine tenths of a core they share with the builds
 # (CFS weights 1024 to 110) and preempt them on waking; the builds take what
@@ -34,4 +38,8 @@ step() {
 # Started from make -j2: cargo must not take make's job slots for its own.
 unset MAKEFLAGS MFLAGS
 step scripts/build/test-aarch64-e2e.sh --build-only
-echo "prebuild: the aarch64 binaries built beside the x86 suites ($((SECONDS - t0)) s, nice 10; log $LOG)"
+step scripts/build/test-aarch64.sh
+grep '^aarch64: .* tests passed under qemu' "$LOG" || true
+CARGO_TARGET_DIR="$TARGET/nostd" step cargo check -q -p tally-engine --no-default-features
+echo "no_std core (reduce, wire) builds without std: ok"
+echo "prebuild: the aarch64 build and kernels' tests, and the no_std check, beside the x86 suites ($((SECONDS - t0)) s, nice 10; log $LOG)"

@@ -20,13 +20,15 @@ BUILD_ONLY=0
 
 AARCH64_WHO="aarch64"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-# Where test-aarch64-e2e.sh builds (it adds aarch64-e2e to CARGO_TARGET_DIR).
-E2E_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/aarch64-e2e"
+# Where test-aarch64-e2e.sh builds (it adds aarch64-e2e to CARGO_TARGET_DIR,
+# so it is called with the caller's, not the one aarch64_begin exports).
+CALLER_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+E2E_DIR="$CALLER_TARGET_DIR/aarch64-e2e"
 # shellcheck source=scripts/build/aarch64-lib.sh
 source "$ROOT/scripts/build/aarch64-lib.sh"
 aarch64_begin "the aarch64 (NEON) kernels were" "$E2E_DIR"
 
-"$ROOT/scripts/build/test-aarch64-e2e.sh" --build-only >/dev/null || fail "the aarch64 build failed (scripts/build/test-aarch64-e2e.sh --build-only says why)"
+CARGO_TARGET_DIR="$CALLER_TARGET_DIR" "$ROOT/scripts/build/test-aarch64-e2e.sh" --build-only >/dev/null || fail "the aarch64 build failed (scripts/build/test-aarch64-e2e.sh --build-only says why)"
 ((!BUILD_ONLY)) || exit 0
 
 aarch64_env "$ROOT/target-aarch64"
