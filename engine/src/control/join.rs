@@ -22,7 +22,8 @@ impl ControlPlane {
     /// (`host::tcp_backoff`). Results the job sends it would wait too, up to
     /// about as long again as the outage lasted; the rank, refused as busy,
     /// asks again within a second. The backoff is capped meanwhile, where
-    /// the kernel can, so that the connection resends soon.
+    /// the kernel can, so that the connection resends soon; once none is
+    /// backed off, their congestion control starts afresh.
     ///
     /// Only the addresses of the rank's endpoint names where it proved to
     /// be one of the running job's ranks (`proven`: its secret), else only
@@ -51,6 +52,11 @@ impl ControlPlane {
                     b.rto_ms,
                     if b.capped > 0 { ", capped" } else { "" }
                 );
+            }
+            if b.backed_off == 0 {
+                // Taken back: what the connections' congestion control made
+                // of the outage is wrong now (`tcp_backoff`'s module doc).
+                crate::host::tcp_backoff::renew_congestion_control(ips, port);
             }
             b.backed_off > 0
         });

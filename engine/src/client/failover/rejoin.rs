@@ -62,7 +62,8 @@ pub(in crate::client) struct Wanted {
 /// connections to its endpoints waits out a retransmission backoff left by
 /// the cut (`host::tcp_backoff`): whatever the job sent it would queue
 /// behind that. While it is away the watcher caps those connections'
-/// backoff (where the kernel can) so that they resend soon after it returns.
+/// backoff (where the kernel can) so that they resend soon after it returns;
+/// when it hands a server over, their congestion control starts afresh.
 pub struct Watcher {
     /// Lost servers still to reach.
     pub(in crate::client) wanted: std::sync::Arc<std::sync::Mutex<Vec<Wanted>>>,
@@ -105,6 +106,9 @@ impl Watcher {
                     if let Ok(crate::client::greet::Opening::Challenge(challenge)) =
                         crate::client::greet::read_opening(&mut c, Duration::from_secs(1))
                     {
+                        // What the connections' congestion control made of
+                        // the outage is wrong now (`tcp_backoff`'s module doc).
+                        crate::host::tcp_backoff::renew_congestion_control(&want.data_ips, want.addr.port());
                         if let (Ok(mut wv), Ok(mut rv)) = (w.lock(), r.lock()) {
                             wv.retain(|x| (x.sub, x.server) != (sub, si));
                             told.retain(|x| *x != (sub, si));
