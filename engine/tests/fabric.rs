@@ -274,7 +274,7 @@ fn a_large_context_table_costs_memory_only_when_used() {
     // running beside this one (their 16 MiB exchanges), would count in it
     // (CI once saw 111 MiB). So the measurement runs in a process of its own:
     // this test binary again, with this test alone.
-    const ALONE: &str = "TALLY_TEST_RSS_ALONE";
+    const ALONE: &str = "FABRIC_TEST_RSS_ALONE";
     if std::env::var_os(ALONE).is_none() {
         let name = "a_large_context_table_costs_memory_only_when_used";
         let out = std::process::Command::new(std::env::current_exe().unwrap())
