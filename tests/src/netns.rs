@@ -34,6 +34,27 @@ pub fn available(what: &str) -> bool {
     root && tool
 }
 
+/// A /24 of 198.18.0.0/15 (`198.18.N.0`, N from 100 to 199) that no other
+/// process of this host holds, and the lock that holds it for this one
+/// (kept until the returned file is dropped or the process ends): tests
+/// that put an address on the root namespace, each copy in its own
+/// subnet (two copies with one subnet route each other's traffic).
+pub fn claim_subnet() -> (u32, std::fs::File) {
+    use std::os::fd::AsRawFd;
+    let start = std::process::id() % 100;
+    for i in 0..100 {
+        let n = 100 + (start + i) % 100;
+        let path = format!("/tmp/tally-test-subnet-198.18.{n}.lock");
+        let f = std::fs::OpenOptions::new().create(true).write(true).truncate(false).open(&path);
+        let f = f.unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: flock on a descriptor this File owns; released when it closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return (n, f);
+        }
+    }
+    panic!("no free subnet among 198.18.100-199.0/24: 100 tests hold them");
+}
+
 impl Switch {
     /// `tag`: up to 4 characters naming the test (interface names are at most 15).
     pub fn new(tag: &str) -> Switch {

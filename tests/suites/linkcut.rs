@@ -30,17 +30,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tally_e2e::jobloop::{check_gray_outcome, loop_job, results, wait_for_round, GrayOutcome, Shape, StallMeter};
-use tally_e2e::netns::{available, Switch};
+use tally_e2e::netns::{available, claim_subnet, Switch};
 use tally_e2e::ServerProcess;
 
-/// The test's subnet, 198.18.N.0/24 with N from this process's id: the
-/// ranks' end of it is in the root namespace, which every test process on
-/// the machine shares, so two of these runs at once (two checkouts' tests)
-/// must not both route 198.18.5.0/24 there, or one's ranks reach the
-/// other's servers (same job id: "a job with this id is already running").
-fn subnet() -> u32 {
-    100 + std::process::id() % 100
-}
 /// The round the link goes down in.
 const CUT_AT: usize = 40;
 /// How far into that round: about half way through its results' download
@@ -64,7 +56,10 @@ fn a_servers_link_cut_then_restored_fails_over_and_takes_it_back_tcp() {
     static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
     let job = 0x9f3;
     let mut sw = Switch::new("lc");
-    let net = subnet();
+    // The ranks' end is in the root namespace, which every test process
+    // shares: a subnet of its own, or two copies route to each other's
+    // servers ("a job with this id is already running").
+    let (net, _subnet) = claim_subnet();
     // 'static for the ranks' configuration (one test, one leak).
     let ranks_addr: &'static str = Box::leak(format!("198.18.{net}.1").into_boxed_str());
     sw.attach_root(ranks_addr);

@@ -56,7 +56,7 @@ impl ControlPlane {
             if b.backed_off == 0 {
                 // Taken back: what the connections' congestion control made
                 // of the outage is wrong now (`tcp_backoff`'s module doc).
-                crate::host::tcp_backoff::renew_congestion_control(ips, port);
+                crate::host::tcp_renew::renew_congestion_control(ips, port);
             }
             b.backed_off > 0
         });

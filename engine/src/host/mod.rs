@@ -2,7 +2,7 @@
 //! on: its configuration file, its random source, CPU lists, sizes and
 //! durations as people write them, hugepage pools, the service manager's
 //! notify socket, this process's TCP connections (those that wait out a
-//! retransmission backoff, and the floor of their timers), and wall-clock
+//! retransmission backoff, the floor of their timers, and BBR started afresh after an outage), and wall-clock
 //! times for log lines. Nothing here is on a data path (an lcore reads the
 //! wall clock only when a round breaks its job's record wait).
 pub mod config;
@@ -20,5 +20,7 @@ pub mod hugepages;
 pub mod sd_notify;
 #[cfg(feature = "fabric")]
 pub mod tcp_backoff;
+#[cfg(feature = "fabric")]
+pub mod tcp_renew;
 #[cfg(feature = "fabric")]
 pub mod tcp_rto_min;

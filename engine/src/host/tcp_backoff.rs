@@ -23,14 +23,8 @@
 //!   comes within that, not within the length of the cut; their give-up
 //!   time stays what it was (`cap_rto` says why that matters).
 //!
-//! - once the peer answers again, each of those connections' congestion
-//!   control starts afresh ([`renew_congestion_control`]): what it learned
-//!   over the outage is wrong once the link is back. BBR (v1, Linux's
-//!   `bbr`) read an 8 s cut as a token-bucket policer and paced the
-//!   connection at the rate it measured across the cut, 1.4 kbit/s, for
-//!   its 48 round trips: a 64 KiB piece then took 16 s to 30 s, the first
-//!   all-reduce after the heal with it (tests/suites/linkcut.rs, 7 runs in
-//!   101 on the 16-core device with bbr the hosts' default).
+//! Once the peer answers again, each of those connections' congestion
+//! control starts afresh: `tcp_renew`.
 //!
 //! Only TCP sockets connected to the given addresses are looked at, in
 //! `/proc/self/fd`; nothing here is on a data path (a lost server's watcher
@@ -46,7 +40,7 @@ pub const RTO_CAP_MS: u32 = 1000;
 const TCP_RTO_MAX_MS: libc::c_int = 44;
 
 /// `tcpi_state` of an established connection (include/net/tcp_states.h).
-const TCP_ESTABLISHED: u8 = 1;
+pub(super) const TCP_ESTABLISHED: u8 = 1;
 
 /// What [`scan`] found among this process's TCP connections to the peers.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -88,61 +82,6 @@ pub fn scan(peers: &[IpAddr], control_port: u16, cap: bool) -> Backoff {
         }
     }
     out
-}
-
-/// Starts the congestion control of each established TCP connection of
-/// this process to one of `peers` afresh (but control connections, as in
-/// [`scan`]): the algorithm is switched to reno and back, which the kernel
-/// does by initialising the algorithm's state again (setting the one a
-/// connection already has changes nothing). Reno has no state to renew and
-/// is left alone. Returns how many connections were renewed.
-///
-/// For a peer taken back after an outage; the algorithm stays the one the
-/// host or the provider chose. Reno is open to every process, and so is
-/// the host's default: a connection whose algorithm a privileged process
-/// set to another may refuse the switch back, and then keeps reno.
-pub fn renew_congestion_control(peers: &[IpAddr], control_port: u16) -> u32 {
-    if peers.is_empty() {
-        return 0;
-    }
-    let mut renewed = 0;
-    for sock in provider_sockets(Some(peers), control_port, |_| true) {
-        if tcp_info(sock.fd).is_none_or(|i| i.tcpi_state != TCP_ESTABLISHED) {
-            continue;
-        }
-        let Some(name) = congestion_control(sock.fd) else { continue };
-        if name.as_slice() == b"reno" {
-            continue;
-        }
-        if set_congestion_control(sock.fd, b"reno") && set_congestion_control(sock.fd, &name) {
-            renewed += 1;
-        }
-    }
-    renewed
-}
-
-/// `TCP_CA_NAME_MAX` (include/net/tcp.h): the longest algorithm name, NUL included.
-const CA_NAME_MAX: usize = 16;
-
-/// The name of `fd`'s congestion control algorithm.
-fn congestion_control(fd: libc::c_int) -> Option<Vec<u8>> {
-    let mut name = [0u8; CA_NAME_MAX];
-    let mut len = name.len() as libc::socklen_t;
-    // SAFETY: name is writable for len bytes; the kernel writes at most len.
-    let ret = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_mut_ptr().cast(), &mut len) };
-    if ret != 0 {
-        return None;
-    }
-    let name = &name[..(len as usize).min(CA_NAME_MAX)];
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    (end > 0).then(|| name[..end].to_vec())
-}
-
-/// Sets `fd`'s congestion control algorithm to `name`.
-fn set_congestion_control(fd: libc::c_int, name: &[u8]) -> bool {
-    // SAFETY: the kernel reads at most name.len() bytes of a live slice.
-    let ret = unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_ptr().cast(), name.len() as _) };
-    ret == 0
 }
 
 /// A connected IP socket of this process, as [`provider_sockets`] finds it.
@@ -296,31 +235,6 @@ mod tests {
         assert_eq!(with_ours.sockets, here.sockets - 2, "{here:?} {with_ours:?}");
         assert_eq!(scan(&["192.0.2.1".parse().unwrap()], 0, false), Backoff::default());
         assert_eq!(scan(&[], 0, true), Backoff::default());
-    }
-
-    #[test]
-    fn renews_the_congestion_control_of_connections_to_a_peer_and_keeps_its_algorithm() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        use std::os::fd::AsRawFd;
-        let before = congestion_control(c.as_raw_fd()).expect("a TCP socket has an algorithm");
-        let local: IpAddr = "127.0.0.1".parse().unwrap();
-        let renewed = renew_congestion_control(&[local], 0);
-        if before.as_slice() == b"reno" {
-            assert_eq!(renewed, 0, "reno has nothing to renew");
-        } else {
-            // Both ends are this process's; other tests' connections may be too.
-            assert!(renewed >= 2, "renewed {renewed}");
-        }
-        assert_eq!(congestion_control(c.as_raw_fd()), Some(before.clone()), "the algorithm is the one it had");
-        assert_eq!(congestion_control(s.as_raw_fd()), Some(before));
-        // As control connections (the listener's port) they are left alone.
-        let port = l.local_addr().unwrap().port();
-        let others = renew_congestion_control(&[local], port);
-        assert!(others <= renewed.saturating_sub(2) || renewed == 0, "{others} of {renewed}");
-        assert_eq!(renew_congestion_control(&["192.0.2.1".parse().unwrap()], 0), 0);
-        assert_eq!(renew_congestion_control(&[], 0), 0);
     }
 
     #[test]

@@ -108,7 +108,7 @@ impl Watcher {
                     {
                         // What the connections' congestion control made of
                         // the outage is wrong now (`tcp_backoff`'s module doc).
-                        crate::host::tcp_backoff::renew_congestion_control(&want.data_ips, want.addr.port());
+                        crate::host::tcp_renew::renew_congestion_control(&want.data_ips, want.addr.port());
                         if let (Ok(mut wv), Ok(mut rv)) = (w.lock(), r.lock()) {
                             wv.retain(|x| (x.sub, x.server) != (sub, si));
                             told.retain(|x| *x != (sub, si));
