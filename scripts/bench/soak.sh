@@ -186,7 +186,9 @@ fault_loop() {
         sleep "$(( 1 + $(rand 4) )).$(rand 10)"
         n=$((n + 1))
         local r=$(( 2 + $(rand 3) ))
-        timeout -k 5 60 "$TALLY" bench allreduce --servers "$ADDR" --provider "$PROVIDER" "${FABRIC_ARGS[@]}" --ranks "$r" --mode agg \
+        # The ranks log "rank N: joined" at debug: the kill waits for all of them.
+        TALLY_LOG="${TALLY_LOG:-info},tally_cli::bench::allreduce::rank=debug" \
+            timeout -k 5 60 "$TALLY" bench allreduce --servers "$ADDR" --provider "$PROVIDER" "${FABRIC_ARGS[@]}" --ranks "$r" --mode agg \
             --dtype f32 --op sum --sizes 16M --iters 200 --warmup 0 --json >/dev/null 2>"$WORK/fault$n.err" &
         local tpid=$! launcher="" ranks="" victim="" t0 t1 st=0
         # timeout -> launcher -> rank processes; wait until the ranks exist.
@@ -196,8 +198,15 @@ fault_loop() {
             [[ $(wc -w <<<"$ranks") -eq $r ]] && break
             sleep 0.05
         done
-    # Late enough that the ranks joined and are all-reducing (seconds on a loaded host).
-    sleep "$(( 2 + $(rand 3) )).$(rand 10)"
+        # Once every rank joined (a rank killed before it reached the servers is
+        # one they never saw: the launcher stops the others after 10 s, and that
+        # says nothing about how servers report a death), then into the loop.
+        for _ in $(seq 600); do
+            [[ $(grep -c ': joined' "$WORK/fault$n.err" 2>/dev/null || true) -ge $r ]] && break
+            kill -0 "$tpid" 2>/dev/null || break
+            sleep 0.05
+        done
+        sleep "$(rand 2).$(rand 10)"
         victim="$(shuf -n1 <<<"$ranks" 2>/dev/null || true)"
         if [[ -z "$victim" ]] || ! kill -KILL "$victim" 2>/dev/null; then
             wait "$tpid" || true
@@ -210,12 +219,14 @@ fault_loop() {
         local outcome
         case $st in
             0) outcome="missed" ;;            # the run finished before the kill landed
-            124|137) outcome="hang" ;;        # survivors did not notice within 60 s
+            124|137) outcome="hang" ;;        # survivors did not notice within 60 s (nor the launcher)
             *) outcome="error" ;;             # survivors exited with an error: expected
         esac
+        # Survivors the launcher had to stop (rank_watch.rs) did not notice by themselves.
+        grep -q 'had not exited' "$WORK/fault$n.err" && outcome="hang"
         local after="fail"
         clean_run "after$n" "$WORK/after" >/dev/null 2>&1 && after="ok"
-        echo "$outcome $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}') $after ranks=$r status=$st" >>"$WORK/faults"
+        echo "$outcome $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}') $after ranks=$r status=$st run=$n" >>"$WORK/faults"
     done
 }
 
@@ -271,7 +282,22 @@ steady_loop() {
     done
 }
 
-touch "$WORK/runs" "$WORK/faults" "$WORK/after" "$WORK/server_kills" "$WORK/steady"
+# Every server's VmRSS every 30 s ("seconds server pid kB"), to tell a warm-up
+# (pools that fill in the first minute) from growth that goes on.
+rss_loop() {
+    while [[ $(date +%s) -lt $END ]]; do
+        for f in "$WORK"/server*.pid; do
+            local i pid
+            i="${f##*/server}"; i="${i%.pid}"; pid="$(cat "$f")"
+            echo "$(( $(date +%s) - END + DURATION )) $i $pid $(rss "$pid" | cut -d' ' -f1)" >>"$WORK/rss"
+        done
+        sleep 30
+    done
+}
+
+touch "$WORK/runs" "$WORK/faults" "$WORK/after" "$WORK/server_kills" "$WORK/steady" "$WORK/rss"
+rss_loop &
+RSS_PID=$!
 fault_loop &
 FAULT_PID=$!
 STEADY_PID=""
@@ -307,6 +333,7 @@ if [[ -n "$KILLER_PID" ]]; then
     KILLER_PID=""
 fi
 [[ -n "$STEADY_PID" ]] && { wait "$STEADY_PID" || true; }
+kill "$RSS_PID" 2>/dev/null || true
 SERVER_PID="$(cat "$WORK/server0.pid")"
 
 RSS_END="$(rss "$SERVER_PID")"
@@ -350,6 +377,15 @@ if [[ $SERVER_KILLS != 0 ]]; then
 fi
 echo "  servers alive:      $alive"
 echo "  server VmRSS:       $RSS_START at start, $RSS_END at end"
+# Each server process alive at the end: its VmRSS once a minute old, and at the end.
+awk '$4 ~ /^[0-9]+$/ { if (!($3 in first)) first[$3] = $1; k = $2 " " $3; last[k] = $4; t[k] = $1
+    if (!(k in at60) && $1 - first[$3] >= 60) at60[k] = $4 }
+    END { for (k in last) { split(k, a, " "); if (k in at60) printf "  server %s (pid %s): VmRSS %d kB a minute in, %d kB at %d s (%+.1f%%)\n", a[1], a[2], at60[k], last[k], t[k], 100 * (last[k] - at60[k]) / at60[k] } }' \
+    "$WORK/rss" | sort
+if [[ $hangs -gt 0 ]]; then
+    echo "  hung runs (each run=N's ranks logged to fault<N>.err, the servers to server*.log):"
+    grep '^hang' "$WORK/faults" | head -5 | sed 's/^/    /'
+fi
 if [[ $clean_fail -gt 0 ]]; then echo "  failed runs:"; grep '^fail' "$WORK/runs" | head -5 | sed 's/^/    /'; fi
 cat "$WORK"/server*.log | grep -c 'ended' | sed 's/^/  server logs: jobs ended: /'
 if [[ $SERVER_KILLS != 0 ]] && grep -q '^fail' "$WORK/steady"; then echo "  failed steady runs:"; grep '^fail' "$WORK/steady" | head -3 | sed 's/^/    /'; fi

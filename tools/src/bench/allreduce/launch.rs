@@ -4,6 +4,7 @@
 //! rank 0's `RESULT` rows as they come.
 use super::plan::{check_busy, plan, pollers_per_rank, ranks_per_process, resolve_poll, AllreduceArgs, Plan};
 use super::rank::ensure_fds;
+use super::rank_watch::{self, RankWatch};
 use crate::bench::report::{self, format_row, method_line, Row};
 use crate::logfile;
 use crate::progress::Progress;
@@ -188,7 +189,10 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
     let mut progress = Progress::new(steps.len(), args.json.json);
     progress.working_on(steps.first().cloned().unwrap_or_default());
     let mut rows = Vec::new();
-    if let Some(out) = children[0].stdout.take() {
+    let rank0_out = children[0].stdout.take();
+    let labels = (0..children.len()).map(|k| ranks_label(k as u32 * per, per, args.ranks).trim_matches(['[', ']']).to_string());
+    let watch = RankWatch::start(children, labels.collect(), rank_watch::GRACE).map_err(|e| format!("cannot watch the ranks: {e}"))?;
+    if let Some(out) = rank0_out {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if let Some(j) = line.strip_prefix("RESULT ") {
                 let r: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
@@ -204,9 +208,10 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         }
     }
     progress.finish();
-    let mut failed = Vec::new();
-    for (k, mut c) in children.into_iter().enumerate() {
-        let st = c.wait().map_err(|e| e.to_string())?;
+    let ended = watch.finish();
+    let mut failed: Vec<String> = ended.stopped.into_iter().collect();
+    for (k, st) in ended.statuses.into_iter().enumerate() {
+        let st = st.map_err(|e| e.to_string())?;
         if !st.success() {
             let label = ranks_label(k as u32 * per, per, args.ranks);
             failed.push(format!("{} exited with {st}", label.trim_matches(['[', ']'])));

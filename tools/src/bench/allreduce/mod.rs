@@ -38,6 +38,7 @@ pub mod launched;
 pub mod overlap;
 pub mod plan;
 pub mod rank;
+pub mod rank_watch;
 pub mod timing;
 pub mod verify;
 

@@ -247,6 +247,8 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             min_piece = cfg.min_piece.max(dsize);
             let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
             c.join(p.dtype, p.op).map_err(|e| e.to_string())?;
+            // What scripts/bench/soak.sh waits for before it kills a rank.
+            log::debug!("rank {rank}: joined");
             agg = Some(c);
         } else {
             let mut cfg = RingConfig::new(&p.provider);
