@@ -1,6 +1,6 @@
 //! ncclCollNet against real tally servers: the plugin library is loaded the
-//! way NCCL loads it (tests/support of the plugin crate) and N ranks, each a
-//! thread with its own CollNet context and comm, replay NCCL's sequence:
+//! way NCCL loads it (tests/support) and N ranks, each a thread with its own
+//! CollNet context and comm, replay NCCL's sequence:
 //! init, devices, getProperties, listen, a collective connect, regMr, many
 //! iallreduce/test rounds (several in flight, every element checked), bad
 //! arguments, close, finalize. Over tcp;ofi_rxm and shm, with 2 and 4 ranks
@@ -11,11 +11,11 @@
 //!
 //! The servers are separate processes: shm endpoints of one process map
 //! each other's memory, and a server in the test process would tear that
-//! down under its clients. The plugin library must have been built in the
-//! same profile (`cargo build -p tally-nccl-plugin`, or the workspace).
+//! down under its clients. The plugin library and the `tally` binary must
+//! have been built in the same profile (`cargo build -p tally-nccl-plugin
+//! -p tally-cli`, or the workspace).
 mod collnet_legacy;
 mod collnet_threads;
-#[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
 
 use collnet_threads::{until_accepted, HandleBoard};
@@ -303,7 +303,7 @@ fn collnet_allreduce_through_tally_servers() {
 fn bench_allreduce_drives_the_plugin_like_nccl() {
     let lib = support::shipped_library();
     for provider in ["tcp", "shm"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+        let out = std::process::Command::new(tally_e2e::tally_bin())
             .args(["bench", "allreduce", "--mode", "agg-plugin,agg", "--ranks", "3", "--provider", provider])
             .args(["--sizes", "4K,100K,3M", "--iters", "4", "--warmup", "1", "--plugin-piece", "1M", "--window", "8", "--json"])
             .arg("--plugin")
