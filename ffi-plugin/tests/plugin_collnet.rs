@@ -145,6 +145,24 @@ fn rank_main(p: &Plugin, coll: &'static CollNetV11Lib, r: usize, n: usize, board
         .collect();
     // SAFETY: a CUDA registration is refused.
     assert_eq!(unsafe { (t.reg_mr)(comm, recvs[0].as_mut_ptr().cast(), 4, NCCL_PTR_CUDA, &mut null(),) }, NCCL_INVALID_ARGUMENT);
+    // The live comm and a memory handle where another kind belongs
+    // (ffi-plugin/src/handed.rs): refused, and nothing freed or changed, as
+    // the rounds below and the close show.
+    // SAFETY: every call is refused by the kind check before anything is used.
+    unsafe {
+        let (mut req, mut done, mut size) = (null(), 0 as c_int, 0 as c_int);
+        let s = sends[0].as_ptr() as *mut c_void;
+        assert_eq!((p.net11.isend)(comm, s, 4, 0, null(), null(), &mut req), NCCL_INVALID_ARGUMENT, "ncclNet isend on a CollNet comm");
+        assert_eq!((p.net11.close_send)(comm), NCCL_INVALID_ARGUMENT, "ncclNet closeSend of a CollNet comm");
+        assert_eq!((t.test)(comm, &mut done, &mut size), NCCL_INVALID_ARGUMENT, "test of a comm");
+        assert_eq!((t.close_listen)(comm), NCCL_INVALID_ARGUMENT, "closeListen of a comm");
+        assert_eq!(
+            (t.iallreduce)(mhs[0].0, s, s, 1, F32, SUM, null(), null(), &mut req),
+            NCCL_INVALID_ARGUMENT,
+            "iallreduce on a memory handle"
+        );
+    }
+    assert!(logged("sendComm is a CollNet comm, not a ncclNet send or receive comm"), "the refusal names both kinds");
     let t0 = Instant::now();
     // test() with a size pointer for even requests, NULL for odd ones (NCCL passes either).
     let expect: Vec<Option<usize>> = cases.iter().enumerate().map(|(k, c)| (k % 2 == 0).then_some(c.count * elem_size(c.dtype))).collect();
