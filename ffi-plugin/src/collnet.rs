@@ -29,6 +29,7 @@
 use crate::abi::NCCL_NET_HANDLE_MAXSIZE;
 use crate::device::Devices;
 use crate::error::{Error, Result};
+use crate::handed::Tagged;
 use crate::log;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -94,7 +95,7 @@ pub struct CollMr {
     pub len: usize,
 }
 
-pub fn listen(ctx: &CollCtx, dev: i32) -> Result<(Box<CollListen>, Handle)> {
+pub fn listen(ctx: &CollCtx, dev: i32) -> Result<(CollListen, Handle)> {
     if ctx.servers.is_empty() {
         return Err(Error::InvalidUsage("CollNet has no devices: TALLY_SERVERS is not set".into()));
     }
@@ -110,7 +111,7 @@ pub fn listen(ctx: &CollCtx, dev: i32) -> Result<(Box<CollListen>, Handle)> {
     h[4] = PROTO_VERSION;
     h[8..16].copy_from_slice(&job_id.to_le_bytes());
     h[SECRET_AT..SECRET_AT + JOB_SECRET_BYTES].copy_from_slice(&secret);
-    Ok((Box::new(CollListen { job_id, servers: ctx.servers.clone() }), h))
+    Ok((CollListen { job_id, servers: ctx.servers.clone() }, h))
 }
 
 /// The job id and secret a handle carries.
@@ -128,10 +129,12 @@ impl CollListen {
     }
 }
 
-/// A request slot, at a fixed address NCCL holds as the request pointer.
+/// A request slot, at a fixed address NCCL holds as the request pointer
+/// (tagged: [`crate::handed`]).
 #[derive(Debug)]
 pub struct CollRequest {
-    /// Address of the owning [`CollComm`] (dereferenced only by the FFI layer).
+    /// The pointer NCCL holds for the owning [`CollComm`] (turned back into
+    /// the comm only by the FFI layer, through its tag).
     pub owner: usize,
     pub index: usize,
 }
@@ -153,7 +156,7 @@ struct State {
 
 pub struct CollComm {
     state: Mutex<State>,
-    requests: Vec<CollRequest>,
+    requests: Vec<Tagged<CollRequest>>,
     pub rank: u32,
     pub nranks: u32,
     pub job_id: u64,
@@ -170,7 +173,7 @@ fn client_error(e: ClientError) -> Error {
 
 /// Joins the job named by rank 0's handle on every server. Blocking and
 /// collective, like NCCL's call.
-pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box<CollComm>> {
+pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<CollComm> {
     let nranks = handles.len();
     let rank = u32::try_from(rank).ok().filter(|&r| (r as usize) < nranks).ok_or_else(|| Error::arg(format!("rank {rank} of {nranks}")))?;
     for h in handles {
@@ -215,18 +218,15 @@ pub fn connect(listen: &CollListen, handles: &[Handle], rank: i32) -> Result<Box
         c.chunk_bytes,
         c.window,
     ));
-    let mut c = Box::new(CollComm {
+    // The requests get their owner once the comm is handed to NCCL
+    // (`CollComm::set_requests_owner`).
+    Ok(CollComm {
         state: Mutex::new(State { client, slots: vec![None; MAX_REQUESTS], joined: vec![(DataType::Float32, ReduceOp::Sum)] }),
-        requests: (0..MAX_REQUESTS).map(|index| CollRequest { owner: 0, index }).collect(),
+        requests: (0..MAX_REQUESTS).map(|index| Tagged::new(CollRequest { owner: 0, index })).collect(),
         rank,
         nranks: nranks as u32,
         job_id,
-    });
-    let owner = &*c as *const CollComm as usize;
-    for r in c.requests.iter_mut() {
-        r.owner = owner;
-    }
-    Ok(c)
+    })
 }
 
 /// Jobs (dtype, op pairs) a communicator keeps room for on every server
@@ -310,8 +310,20 @@ fn tcp_defaults(cfg: &mut ClientConfig) {
 }
 
 impl CollComm {
-    pub fn request(&self, index: usize) -> &CollRequest {
+    pub fn request(&self, index: usize) -> &Tagged<CollRequest> {
         &self.requests[index]
+    }
+
+    /// Every request slot's owner: `at`, the pointer NCCL holds for this comm.
+    pub(crate) fn set_requests_owner(&mut self, at: usize) {
+        for r in self.requests.iter_mut() {
+            r.owner = at;
+        }
+    }
+
+    /// Marks every request slot closed, as NCCL closes the comm.
+    pub(crate) fn close_requests(&mut self) {
+        self.requests.iter_mut().for_each(Tagged::close);
     }
 
     /// Starts an all-reduce; Ok(None): every slot is busy, try again.
@@ -393,8 +405,8 @@ impl CollComm {
     /// Closes the comm: the client says goodbye to the servers (or, with
     /// operations in flight, cancels them and closes, which fails the job
     /// for the other ranks at once rather than by timeout).
-    pub fn close(self: Box<Self>) -> Result<()> {
-        let CollComm { state, rank, .. } = *self;
+    pub fn close(self) -> Result<()> {
+        let CollComm { state, rank, .. } = self;
         let mut st = state.into_inner()?;
         if let Some(r) = st.client.take_piece_times() {
             log::info(&format!("CollNet rank {rank}: {r}"));

@@ -1,17 +1,20 @@
-//! The C entry points: the only place NCCL's raw pointers are touched.
+//! The C entry points: the only place NCCL's raw pointers are touched
+//! (those to plugin objects through [`crate::handed`]).
 //!
 //! Every function here follows one pattern (as in rustls-ffi): it runs its
 //! body inside [`guard`], which catches panics, turns an [`Error`] into an
 //! `ncclResult_t` through [`Error::code`] and logs it; the body checks every
-//! pointer for NULL before dereferencing it, turns it into a reference to a
-//! plugin object, and calls the safe core in [`crate::net`] /
-//! [`crate::collnet`].
+//! pointer for NULL before dereferencing it, turns a pointer to a plugin
+//! object back into a reference through [`crate::handed`], and calls the
+//! safe core in [`crate::net`] / [`crate::collnet`].
 //!
-//! Objects handed to NCCL (contexts, comms, memory handles) are `Box`es
-//! turned into raw pointers and back when NCCL closes them; requests are
-//! addresses of slots inside their comm's `Box`. NCCL never hands back a
-//! pointer it did not get from us (a garbage pointer cannot be detected in C
-//! either), but NULL always is detected.
+//! Objects handed to NCCL (contexts, comms, memory handles) are tagged
+//! `Box`es ([`crate::handed::hand_out`]), taken back when NCCL closes them
+//! ([`crate::handed::take`]); requests are tagged slots inside their comm's
+//! `Box`. Every pointer NCCL passes back is checked to be an open object of
+//! the kind the call expects ([`crate::handed::borrow`]): NULL, another
+//! kind, or an object already closed is refused with `ncclInvalidArgument`.
+//! A pointer that never came from this plugin cannot be detected (nor in C).
 //!
 //! # Safety
 //!
@@ -24,6 +27,7 @@ use crate::abi::*;
 use crate::collnet::{self, CollComm, CollCtx, CollListen, CollMr, CollRequest};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::handed::{borrow, borrow_mut, hand_out, take};
 use crate::log;
 use crate::net::conn::{Conn, Mr, Request};
 use crate::net::{self, ListenComm, NetCtx};
@@ -66,15 +70,6 @@ unsafe fn write<T>(p: *mut T, v: T, what: &str) -> Result<()> {
     // SAFETY: non-NULL, and the caller (NCCL) passes writable out-pointers.
     unsafe { p.write(v) };
     Ok(())
-}
-
-/// # Safety
-/// `p` must be NULL or point to an object of type `T` created by this plugin
-/// and not yet closed.
-unsafe fn obj<'a, T>(p: *mut c_void, what: &str) -> Result<&'a T> {
-    let p = non_null(p, what)?;
-    // SAFETY: per the contract above.
-    Ok(unsafe { &*(p as *const T) })
 }
 
 fn copy_handle(dst: *mut c_void, src: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<()> {
@@ -144,9 +139,8 @@ pub unsafe extern "C" fn net_init(
             devices.list.len(),
             list.join(" ")
         ));
-        let boxed = Box::into_raw(Box::new(NetCtx::new(devices)));
         // SAFETY: checked non-NULL above; NCCL passes a writable pointer.
-        unsafe { write(ctx, boxed.cast::<c_void>(), "ctx") }
+        unsafe { write(ctx, hand_out(NetCtx::new(devices)), "ctx") }
     })
 }
 
@@ -178,12 +172,12 @@ pub unsafe extern "C" fn net_listen(ctx: *mut c_void, dev: c_int, handle: *mut c
     guard("listen", || {
         non_null(handle, "handle")?;
         non_null(listen_comm, "listenComm")?;
-        // SAFETY: ctx comes from net_init.
-        let ctx: &NetCtx = unsafe { obj(ctx, "ctx")? };
+        // SAFETY: ctx comes from net_init (its tag is checked).
+        let ctx: &NetCtx = unsafe { borrow(ctx, "ctx")? };
         let (l, h) = net::listen(ctx, dev)?;
         copy_handle(handle, &h)?;
         // SAFETY: checked non-NULL above.
-        unsafe { write(listen_comm, Box::into_raw(l).cast::<c_void>(), "listenComm") }
+        unsafe { write(listen_comm, hand_out(l), "listenComm") }
     })
 }
 
@@ -197,15 +191,15 @@ pub unsafe extern "C" fn net_connect(
     guard("connect", || {
         // SAFETY: NCCL passes a writable comm pointer (NULL is rejected).
         unsafe { write(send_comm, ptr::null_mut(), "sendComm")? };
-        // SAFETY: ctx comes from net_init.
-        let ctx: &NetCtx = unsafe { obj(ctx, "ctx")? };
+        // SAFETY: ctx comes from net_init (its tag is checked).
+        let ctx: &NetCtx = unsafe { borrow(ctx, "ctx")? };
         let mut h = read_handle(handle)?;
         let r = net::connect(ctx, dev, &mut h);
         // The handle now carries this connection's progress token.
         copy_handle(handle, &h)?;
         if let Some(c) = r? {
             // SAFETY: checked above.
-            unsafe { write(send_comm, Box::into_raw(c).cast::<c_void>(), "sendComm")? };
+            unsafe { write(send_comm, hand_out(c), "sendComm")? };
         }
         Ok(())
     })
@@ -215,13 +209,12 @@ pub unsafe extern "C" fn net_accept(listen_comm: *mut c_void, recv_comm: *mut *m
     guard("accept", || {
         // SAFETY: NCCL passes a writable comm pointer (NULL is rejected).
         unsafe { write(recv_comm, ptr::null_mut(), "recvComm")? };
-        let l = non_null(listen_comm, "listenComm")?.cast::<ListenComm>();
-        // SAFETY: listen comms come from net_listen; NCCL does not use one
-        // from two threads at once.
-        let l = unsafe { &mut *l };
+        // SAFETY: listen comms come from net_listen (the tag is checked);
+        // NCCL does not use one from two threads at once.
+        let l: &mut ListenComm = unsafe { borrow_mut(listen_comm, "listenComm")? };
         if let Some(c) = l.accept()? {
             // SAFETY: checked above.
-            unsafe { write(recv_comm, Box::into_raw(c).cast::<c_void>(), "recvComm")? };
+            unsafe { write(recv_comm, hand_out(c), "recvComm")? };
         }
         Ok(())
     })
@@ -238,21 +231,23 @@ pub unsafe extern "C" fn net_reg_mr(
         non_null(mhandle, "mhandle")?;
         host_only(kind)?;
         check_buffer(data, size)?;
-        // SAFETY: send and receive comms come from net_connect / net_accept.
-        let c: &Conn = unsafe { obj(comm, "comm")? };
+        // SAFETY: send and receive comms come from net_connect / net_accept
+        // (the tag is checked).
+        let c: &Conn = unsafe { borrow(comm, "comm")? };
         let mr = c.reg_mr(data as usize, size)?;
         // SAFETY: checked non-NULL above.
-        unsafe { write(mhandle, Box::into_raw(mr).cast::<c_void>(), "mhandle") }
+        unsafe { write(mhandle, hand_out(mr), "mhandle") }
     })
 }
 
 pub unsafe extern "C" fn net_dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
     guard("deregMr", || {
         // SAFETY: as in regMr.
-        let c: &Conn = unsafe { obj(comm, "comm")? };
-        let mr = non_null(mhandle, "mhandle")?.cast::<Mr>();
-        // SAFETY: memory handles come from net_reg_mr and are freed once, here.
-        c.dereg_mr(unsafe { Box::from_raw(mr) })
+        let c: &Conn = unsafe { borrow(comm, "comm")? };
+        // SAFETY: memory handles come from net_reg_mr and are freed once,
+        // here (the tag is checked, and closed).
+        let mr: Mr = unsafe { take(mhandle, "mhandle")? };
+        c.dereg_mr(mr)
     })
 }
 
@@ -264,12 +259,12 @@ unsafe fn post(c: &Conn, data: *mut c_void, size: usize, mhandle: *mut c_void, r
     let mr = if mhandle.is_null() {
         None
     } else {
-        // SAFETY: memory handles come from net_reg_mr.
-        Some(unsafe { &*(mhandle as *const Mr) })
+        // SAFETY: memory handles come from net_reg_mr (the tag is checked).
+        Some(unsafe { borrow::<Mr>(mhandle, "mhandle")? })
     };
     // SAFETY: NCCL keeps the buffer valid until the request completes.
     let r = unsafe { c.post(data.cast::<u8>(), size, mr)? };
-    let p = r.map_or(ptr::null_mut(), |i| c.request(i) as *const Request as *mut c_void);
+    let p = r.map_or(ptr::null_mut(), |i| c.request(i).as_handed());
     // SAFETY: the caller checked request.
     unsafe { write(request, p, "request") }
 }
@@ -288,8 +283,8 @@ pub unsafe extern "C" fn net_isend(
         // SAFETY: NCCL passes a writable request pointer (NULL is rejected).
         unsafe { write(request, ptr::null_mut(), "request")? };
         check_buffer(data, size)?;
-        // SAFETY: send comms come from net_connect.
-        let c: &Conn = unsafe { obj(send_comm, "sendComm")? };
+        // SAFETY: send comms come from net_connect (the tag is checked).
+        let c: &Conn = unsafe { borrow(send_comm, "sendComm")? };
         if !c.is_send {
             return Err(Error::InvalidUsage("isend on a receive comm".into()));
         }
@@ -325,8 +320,8 @@ pub unsafe extern "C" fn net_irecv(
             unsafe { *mhandles }
         };
         check_buffer(buf, size)?;
-        // SAFETY: receive comms come from net_accept.
-        let c: &Conn = unsafe { obj(recv_comm, "recvComm")? };
+        // SAFETY: receive comms come from net_accept (the tag is checked).
+        let c: &Conn = unsafe { borrow(recv_comm, "recvComm")? };
         if c.is_send {
             return Err(Error::InvalidUsage("irecv on a send comm".into()));
         }
@@ -344,7 +339,8 @@ pub unsafe extern "C" fn net_iflush(
     request: *mut *mut c_void,
 ) -> NcclResult {
     guard("iflush", || {
-        non_null(recv_comm, "recvComm")?;
+        // SAFETY: receive comms come from net_accept (the tag is checked).
+        let _: &Conn = unsafe { borrow(recv_comm, "recvComm")? };
         // Host memory needs no flush: a NULL request means done.
         // SAFETY: NCCL passes a writable request pointer (NULL is rejected).
         unsafe { write(request, ptr::null_mut(), "request") }
@@ -354,10 +350,11 @@ pub unsafe extern "C" fn net_iflush(
 pub unsafe extern "C" fn net_test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
     guard("test", || {
         non_null(done, "done")?;
-        // SAFETY: requests are slots of live comms (net::conn::Request).
-        let r: &Request = unsafe { obj(request, "request")? };
-        // SAFETY: a slot's owner is the comm whose Box holds it.
-        let c: &Conn = unsafe { obj(r.owner as *mut c_void, "request owner")? };
+        // SAFETY: requests are slots of live comms (the tag is checked).
+        let r: &Request = unsafe { borrow(request, "request")? };
+        // SAFETY: a slot's owner is the pointer NCCL holds for the comm
+        // whose Box holds it (the tag is checked).
+        let c: &Conn = unsafe { borrow(r.owner as *mut c_void, "request's comm")? };
         let out = c.test(r.index);
         // SAFETY: done checked above; sizes may be NULL (checked).
         unsafe {
@@ -381,34 +378,40 @@ pub unsafe extern "C" fn net_test(request: *mut c_void, done: *mut c_int, sizes:
 
 pub unsafe extern "C" fn net_close_send(send_comm: *mut c_void) -> NcclResult {
     guard("closeSend", || {
-        let c = non_null(send_comm, "sendComm")?.cast::<Conn>();
-        // SAFETY: comms come from net_connect and are closed once.
-        unsafe { Box::from_raw(c) }.close()
+        // SAFETY: comms come from net_connect (the tag is checked).
+        if !unsafe { borrow::<Conn>(send_comm, "sendComm")? }.is_send {
+            return Err(Error::InvalidUsage("closeSend on a receive comm".into()));
+        }
+        // SAFETY: as above; closed once (the tag is closed).
+        unsafe { take::<Conn>(send_comm, "sendComm")? }.close()
     })
 }
 
 pub unsafe extern "C" fn net_close_recv(recv_comm: *mut c_void) -> NcclResult {
     guard("closeRecv", || {
-        let c = non_null(recv_comm, "recvComm")?.cast::<Conn>();
-        // SAFETY: comms come from net_accept and are closed once.
-        unsafe { Box::from_raw(c) }.close()
+        // SAFETY: comms come from net_accept (the tag is checked).
+        if unsafe { borrow::<Conn>(recv_comm, "recvComm")? }.is_send {
+            return Err(Error::InvalidUsage("closeRecv on a send comm".into()));
+        }
+        // SAFETY: as above; closed once (the tag is closed).
+        unsafe { take::<Conn>(recv_comm, "recvComm")? }.close()
     })
 }
 
 pub unsafe extern "C" fn net_close_listen(listen_comm: *mut c_void) -> NcclResult {
     guard("closeListen", || {
-        let l = non_null(listen_comm, "listenComm")?.cast::<ListenComm>();
-        // SAFETY: listen comms come from net_listen and are closed once.
-        unsafe { Box::from_raw(l) }.close()
+        // SAFETY: listen comms come from net_listen and are closed once
+        // (the tag is checked, and closed).
+        unsafe { take::<ListenComm>(listen_comm, "listenComm")? }.close()
     })
 }
 
 pub unsafe extern "C" fn net_finalize(ctx: *mut c_void) -> NcclResult {
     guard("finalize", || {
-        let c = non_null(ctx, "ctx")?.cast::<NetCtx>();
-        // SAFETY: contexts come from net_init and are finalized once. Comms
-        // still open keep their endpoint alive; nothing here runs a thread.
-        drop(unsafe { Box::from_raw(c) });
+        // SAFETY: contexts come from net_init and are finalized once (the
+        // tag is checked, and closed). Comms still open keep their endpoint
+        // alive; nothing here runs a thread.
+        drop(unsafe { take::<NetCtx>(ctx, "ctx")? });
         device::release();
         Ok(())
     })
@@ -428,9 +431,8 @@ pub unsafe extern "C" fn coll_init(ctx: *mut *mut c_void, comm_id: u64, logger: 
         } else {
             log::info_init(&format!("CollNet comm {comm_id:#x}: tally servers {}", servers.join(",")));
         }
-        let boxed = Box::into_raw(Box::new(CollCtx { servers }));
         // SAFETY: checked non-NULL above.
-        unsafe { write(ctx, boxed.cast::<c_void>(), "ctx") }
+        unsafe { write(ctx, hand_out(CollCtx { servers }), "ctx") }
     })
 }
 
@@ -470,12 +472,12 @@ pub unsafe extern "C" fn coll_listen(ctx: *mut c_void, dev: c_int, handle: *mut 
     guard("CollNet listen", || {
         non_null(handle, "handle")?;
         non_null(listen_comm, "listenComm")?;
-        // SAFETY: ctx comes from coll_init.
-        let ctx: &CollCtx = unsafe { obj(ctx, "ctx")? };
+        // SAFETY: ctx comes from coll_init (the tag is checked).
+        let ctx: &CollCtx = unsafe { borrow(ctx, "ctx")? };
         let (l, h) = collnet::listen(ctx, dev)?;
         copy_handle(handle, &h)?;
         // SAFETY: checked non-NULL above.
-        unsafe { write(listen_comm, Box::into_raw(l).cast::<c_void>(), "listenComm") }
+        unsafe { write(listen_comm, hand_out(l), "listenComm") }
     })
 }
 
@@ -497,11 +499,11 @@ pub unsafe extern "C" fn coll_connect(
                 read_handle(unsafe { *handles.add(i) })
             })
             .collect::<Result<Vec<_>>>()?;
-        // SAFETY: listen comms come from coll_listen.
-        let l: &CollListen = unsafe { obj(listen_comm, "listenComm")? };
+        // SAFETY: listen comms come from coll_listen (the tag is checked).
+        let l: &CollListen = unsafe { borrow(listen_comm, "listenComm")? };
         let c = collnet::connect(l, &hs, rank)?;
         // SAFETY: checked above.
-        unsafe { write(coll_comm, Box::into_raw(c).cast::<c_void>(), "collComm") }
+        unsafe { write(coll_comm, hand_out(c), "collComm") }
     })
 }
 
@@ -520,22 +522,24 @@ pub unsafe extern "C" fn coll_reg_mr(
     mhandle: *mut *mut c_void,
 ) -> NcclResult {
     guard("CollNet regMr", || {
-        non_null(coll_comm, "collComm")?;
+        // SAFETY: comms come from coll_connect (the tag is checked).
+        let _: &CollComm = unsafe { borrow(coll_comm, "collComm")? };
         non_null(mhandle, "mhandle")?;
         host_only(kind)?;
         check_buffer(data, size)?;
-        let mr = Box::new(CollMr { addr: data as usize, len: size });
         // SAFETY: checked non-NULL above.
-        unsafe { write(mhandle, Box::into_raw(mr).cast::<c_void>(), "mhandle") }
+        unsafe { write(mhandle, hand_out(CollMr { addr: data as usize, len: size }), "mhandle") }
     })
 }
 
 pub unsafe extern "C" fn coll_dereg_mr(coll_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
     guard("CollNet deregMr", || {
-        non_null(coll_comm, "collComm")?;
-        let mr = non_null(mhandle, "mhandle")?.cast::<CollMr>();
-        // SAFETY: memory handles come from coll_reg_mr and are freed once, here.
-        drop(unsafe { Box::from_raw(mr) });
+        // SAFETY: comms come from coll_connect (the tag is checked).
+        let _: &CollComm = unsafe { borrow(coll_comm, "collComm")? };
+        // A CollMr is only a record: taking it back frees it.
+        // SAFETY: memory handles come from coll_reg_mr and are freed once,
+        // here (the tag is checked, and closed).
+        let _: CollMr = unsafe { take(mhandle, "mhandle")? };
         Ok(())
     })
 }
@@ -554,11 +558,11 @@ pub unsafe extern "C" fn coll_iallreduce(
     guard("CollNet iallreduce", || {
         // SAFETY: NCCL passes a writable request pointer (NULL is rejected).
         unsafe { write(request, ptr::null_mut(), "request")? };
-        // SAFETY: comms come from coll_connect.
-        let c: &CollComm = unsafe { obj(coll_comm, "collComm")? };
+        // SAFETY: comms come from coll_connect (the tag is checked).
+        let c: &CollComm = unsafe { borrow(coll_comm, "collComm")? };
         // SAFETY: NCCL keeps both buffers valid until the request completes.
         let r = unsafe { c.iallreduce(send.cast::<u8>(), recv.cast::<u8>(), count, dtype, op)? };
-        let p = r.map_or(ptr::null_mut(), |i| c.request(i) as *const CollRequest as *mut c_void);
+        let p = r.map_or(ptr::null_mut(), |i| c.request(i).as_handed());
         // SAFETY: checked above.
         unsafe { write(request, p, "request") }
     })
@@ -572,7 +576,8 @@ pub unsafe extern "C" fn coll_iflush(
     request: *mut *mut c_void,
 ) -> NcclResult {
     guard("CollNet iflush", || {
-        non_null(coll_comm, "collComm")?;
+        // SAFETY: comms come from coll_connect (the tag is checked).
+        let _: &CollComm = unsafe { borrow(coll_comm, "collComm")? };
         // Host memory needs no flush: a NULL request means done.
         // SAFETY: NCCL passes a writable request pointer (NULL is rejected).
         unsafe { write(request, ptr::null_mut(), "request") }
@@ -582,10 +587,11 @@ pub unsafe extern "C" fn coll_iflush(
 pub unsafe extern "C" fn coll_test(request: *mut c_void, done: *mut c_int, size: *mut c_int) -> NcclResult {
     guard("CollNet test", || {
         non_null(done, "done")?;
-        // SAFETY: requests are slots of live comms (collnet::CollRequest).
-        let r: &CollRequest = unsafe { obj(request, "request")? };
-        // SAFETY: a slot's owner is the comm whose Box holds it.
-        let c: &CollComm = unsafe { obj(r.owner as *mut c_void, "request owner")? };
+        // SAFETY: requests are slots of live comms (the tag is checked).
+        let r: &CollRequest = unsafe { borrow(request, "request")? };
+        // SAFETY: a slot's owner is the pointer NCCL holds for the comm
+        // whose Box holds it (the tag is checked).
+        let c: &CollComm = unsafe { borrow(r.owner as *mut c_void, "request's comm")? };
         let out = c.test(r.index);
         // SAFETY: done checked above; size may be NULL (checked).
         unsafe {
@@ -609,26 +615,26 @@ pub unsafe extern "C" fn coll_test(request: *mut c_void, done: *mut c_int, size:
 
 pub unsafe extern "C" fn coll_close_coll(coll_comm: *mut c_void) -> NcclResult {
     guard("CollNet closeColl", || {
-        let c = non_null(coll_comm, "collComm")?.cast::<CollComm>();
-        // SAFETY: comms come from coll_connect and are closed once.
-        unsafe { Box::from_raw(c) }.close()
+        // SAFETY: comms come from coll_connect and are closed once (the tag
+        // is checked, and closed).
+        unsafe { take::<CollComm>(coll_comm, "collComm")? }.close()
     })
 }
 
 pub unsafe extern "C" fn coll_close_listen(listen_comm: *mut c_void) -> NcclResult {
     guard("CollNet closeListen", || {
-        let l = non_null(listen_comm, "listenComm")?.cast::<CollListen>();
-        // SAFETY: listen comms come from coll_listen and are closed once.
-        drop(unsafe { Box::from_raw(l) });
+        // SAFETY: listen comms come from coll_listen and are closed once
+        // (the tag is checked, and closed).
+        drop(unsafe { take::<CollListen>(listen_comm, "listenComm")? });
         Ok(())
     })
 }
 
 pub unsafe extern "C" fn coll_finalize(ctx: *mut c_void) -> NcclResult {
     guard("CollNet finalize", || {
-        let c = non_null(ctx, "ctx")?.cast::<CollCtx>();
-        // SAFETY: contexts come from coll_init and are finalized once.
-        drop(unsafe { Box::from_raw(c) });
+        // SAFETY: contexts come from coll_init and are finalized once (the
+        // tag is checked, and closed).
+        drop(unsafe { take::<CollCtx>(ctx, "ctx")? });
         Ok(())
     })
 }

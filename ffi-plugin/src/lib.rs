@@ -18,7 +18,9 @@
 //! differ); v7-v10 are thin adapters over them ([`ffi_legacy`]). Layout of
 //! the crate: [`abi`] and [`abi_legacy`] have the C types, [`ffi`] the C
 //! entry points (pointer checks, panic catching, error codes, logging: the
-//! only place NCCL's raw pointers are dereferenced), and [`net`],
+//! only place NCCL's raw pointers are dereferenced), [`handed`] the objects
+//! handed to NCCL as `void*`, tagged by kind and checked on the way back
+//! (the only way from NCCL's `void*` to a plugin object), and [`net`],
 //! [`collnet`], [`device`] the safe core. The plugin starts no threads:
 //! everything runs on NCCL's threads, inside its calls.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -30,6 +32,7 @@ pub mod device;
 pub mod error;
 pub mod ffi;
 pub mod ffi_legacy;
+pub mod handed;
 pub mod log;
 pub mod net;
 

@@ -1,7 +1,7 @@
 //! The library's face to NCCL: exactly twelve exported symbols, tables that
 //! NCCL can use, and entry points that refuse bad arguments with error codes
-//! instead of crashing. (The data paths are in net_shm.rs, net_tcp.rs and
-//! tools/tests/plugin_collnet.rs.)
+//! instead of crashing, a pointer of the wrong kind included. (The data
+//! paths are in net_shm.rs, net_tcp.rs and plugin_collnet.rs.)
 mod support;
 
 use std::ffi::{c_int, CStr};
@@ -176,5 +176,174 @@ fn reduce_support_is_every_nccl_type_and_op_and_nothing_else() {
             let want = (0..=9).contains(&dtype) && (0..=4).contains(&op);
             assert_eq!(s, want as c_int, "dtype {dtype} op {op}");
         }
+    }
+}
+
+/// Every pointer NCCL passes back is checked to be an open object of the kind
+/// the call expects (ffi-plugin/src/handed.rs): a listen comm where a send
+/// comm or a request belongs, a ncclNet comm given to CollNet, a CollNet
+/// listen comm given to ncclNet, a comm where a memory handle belongs, are
+/// each refused with ncclInvalidArgument (the log names both kinds), and
+/// nothing is freed or changed: the same objects then carry a message and
+/// close cleanly.
+#[test]
+fn a_handle_of_the_wrong_kind_is_refused_and_the_plugin_keeps_working() {
+    // Before the first init, which reads them; no other test here gets as
+    // far as reading them. tcp, not shm: two ranks of one process over shm
+    // fail under qemu-user (scripts/build/test-aarch64-e2e.sh runs this
+    // file). CollNet listen needs a server list (nothing connects to it).
+    std::env::set_var("TALLY_PROVIDER", "tcp");
+    std::env::set_var("TALLY_FABRIC_ADDR", "127.0.0.1");
+    std::env::set_var("TALLY_SERVERS", "127.0.0.1:9");
+    let p = load();
+    let (n, c) = (p.net11, p.coll11);
+    let (mut ctx, mut cctx) = (null(), null());
+    let (mut done, mut size): (c_int, c_int) = (0, 0);
+    let mut buf = [0u8; 64];
+    let mut rbuf = [0u8; 64];
+    let b = buf.as_mut_ptr().cast::<std::ffi::c_void>();
+    // SAFETY: valid out-pointers and buffers that outlive every request and
+    // registration; every object passed is live (made here, closed at the end).
+    unsafe {
+        assert_eq!((n.init)(&mut ctx, 0x4b1d, std::ptr::null_mut(), logger(), null()), NCCL_SUCCESS);
+        assert_eq!((c.init)(&mut cctx, 0x4b1e, logger()), NCCL_SUCCESS);
+        let mut h = [0u8; HANDLE];
+        let mut listen = null();
+        assert_eq!((n.listen)(ctx, 0, h.as_mut_ptr().cast(), &mut listen), NCCL_SUCCESS);
+        let (mut send, mut recv) = (null(), null());
+        let t0 = std::time::Instant::now();
+        while send.is_null() || recv.is_null() {
+            if send.is_null() {
+                assert_eq!((n.connect)(ctx, 0, h.as_mut_ptr().cast(), &mut send, null().cast()), NCCL_SUCCESS);
+            }
+            if recv.is_null() {
+                assert_eq!((n.accept)(listen, &mut recv, null().cast()), NCCL_SUCCESS);
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "no connection over tcp");
+        }
+        let mut ch = [0u8; HANDLE];
+        let mut clisten = null();
+        assert_eq!((c.listen)(cctx, 0, ch.as_mut_ptr().cast(), &mut clisten), NCCL_SUCCESS);
+        let mut mh = null();
+        assert_eq!((n.reg_mr)(send, b, buf.len(), NCCL_PTR_HOST, &mut mh), NCCL_SUCCESS);
+
+        let refused = |rc: NcclResult, what: &str, log: &str| {
+            assert_eq!(rc, NCCL_INVALID_ARGUMENT, "{what}");
+            assert!(logged(log), "{what}: no log line says {log:?}");
+        };
+        let mut req = null();
+        let mut out = null();
+        // ncclNet calls given ncclNet objects of the wrong kind.
+        refused(
+            (n.isend)(listen, b, 8, 0, null(), null(), &mut req),
+            "isend on a listen comm",
+            "sendComm is a ncclNet listen comm, not a ncclNet send or receive comm",
+        );
+        refused((n.test)(listen, &mut done, &mut size), "test of a listen comm", "request is a ncclNet listen comm, not a ncclNet request");
+        refused((n.test)(send, &mut done, &mut size), "test of a comm", "request is a ncclNet send or receive comm, not a ncclNet request");
+        refused(
+            (n.accept)(send, &mut out, null().cast()),
+            "accept on a comm",
+            "listenComm is a ncclNet send or receive comm, not a ncclNet listen comm",
+        );
+        refused(
+            (n.listen)(listen, 0, h.as_mut_ptr().cast(), &mut out),
+            "listen with a listen comm as context",
+            "ctx is a ncclNet listen comm, not a ncclNet context",
+        );
+        refused(
+            (n.reg_mr)(mh, b, 8, NCCL_PTR_HOST, &mut out),
+            "regMr on a memory handle",
+            "comm is a ncclNet memory handle, not a ncclNet send or receive comm",
+        );
+        refused((n.dereg_mr)(send, listen), "deregMr of a listen comm", "mhandle is a ncclNet listen comm, not a ncclNet memory handle");
+        refused((n.close_send)(listen), "closeSend of a listen comm", "sendComm is a ncclNet listen comm");
+        refused((n.close_listen)(send), "closeListen of a comm", "listenComm is a ncclNet send or receive comm, not a ncclNet listen comm");
+        refused((n.finalize)(listen), "finalize of a listen comm", "ctx is a ncclNet listen comm, not a ncclNet context");
+        // ncclNet calls given CollNet objects, and CollNet calls given ncclNet ones.
+        let (mut d, mut sz, mut tag, mut rmh) = (b, 8usize, 0 as c_int, null());
+        refused(
+            (n.irecv)(clisten, 1, &mut d, &mut sz, &mut tag, &mut rmh, null().cast(), &mut req),
+            "irecv on a CollNet listen comm",
+            "recvComm is a CollNet listen comm, not a ncclNet send or receive comm",
+        );
+        refused(
+            (n.listen)(cctx, 0, h.as_mut_ptr().cast(), &mut out),
+            "ncclNet listen with a CollNet context",
+            "ctx is a CollNet context, not a ncclNet context",
+        );
+        refused(
+            (c.listen)(ctx, 0, ch.as_mut_ptr().cast(), &mut out),
+            "CollNet listen with a ncclNet context",
+            "ctx is a ncclNet context, not a CollNet context",
+        );
+        refused(
+            (c.iallreduce)(send, b, b, 4, 7, 0, null(), null(), &mut req),
+            "iallreduce on a ncclNet comm",
+            "collComm is a ncclNet send or receive comm, not a CollNet comm",
+        );
+        refused(
+            (c.reg_mr)(recv, b, 8, NCCL_PTR_HOST, &mut out),
+            "CollNet regMr on a ncclNet comm",
+            "collComm is a ncclNet send or receive comm, not a CollNet comm",
+        );
+        refused(
+            (c.test)(mh, &mut done, &mut size),
+            "CollNet test of a memory handle",
+            "request is a ncclNet memory handle, not a CollNet request",
+        );
+        refused((c.close_coll)(clisten), "closeColl of a CollNet listen comm", "collComm is a CollNet listen comm, not a CollNet comm");
+        refused(
+            (c.close_listen)(listen),
+            "CollNet closeListen of a ncclNet listen comm",
+            "listenComm is a ncclNet listen comm, not a CollNet listen comm",
+        );
+        refused((c.finalize)(ctx), "CollNet finalize of a ncclNet context", "ctx is a ncclNet context, not a CollNet context");
+        let mut hp = [ch.as_mut_ptr().cast::<std::ffi::c_void>()];
+        refused(
+            (c.connect)(hp.as_mut_ptr(), 1, 0, listen, &mut out),
+            "CollNet connect on a ncclNet listen comm",
+            "listenComm is a ncclNet listen comm, not a CollNet listen comm",
+        );
+
+        // A request in flight, then tested through the wrong table.
+        let mut rreq = null();
+        let (mut d, mut sz, mut tag, mut rmh) = (rbuf.as_mut_ptr().cast(), rbuf.len(), 0 as c_int, null());
+        let mut sreq = null();
+        fill(&mut buf, 58);
+        let t0 = std::time::Instant::now();
+        while rreq.is_null() {
+            assert_eq!((n.irecv)(recv, 1, &mut d, &mut sz, &mut tag, &mut rmh, null().cast(), &mut rreq), NCCL_SUCCESS);
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "irecv never taken");
+        }
+        refused(
+            (c.test)(rreq, &mut done, &mut size),
+            "CollNet test of a ncclNet request",
+            "request is a ncclNet request, not a CollNet request",
+        );
+        // Everything still works: the message goes through the same comms.
+        while sreq.is_null() {
+            assert_eq!((n.isend)(send, b, buf.len(), 0, mh, null(), &mut sreq), NCCL_SUCCESS);
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "isend never taken");
+        }
+        let (mut sdone, mut rdone) = (0, 0);
+        while sdone == 0 || rdone == 0 {
+            if sdone == 0 {
+                assert_eq!((n.test)(sreq, &mut sdone, &mut size), NCCL_SUCCESS);
+            }
+            if rdone == 0 {
+                assert_eq!((n.test)(rreq, &mut rdone, &mut size), NCCL_SUCCESS);
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "the message never arrived");
+        }
+        assert_eq!(size as usize, buf.len());
+        check(&rbuf, 58, "the message after the refused calls");
+        assert_eq!((n.dereg_mr)(send, mh), NCCL_SUCCESS);
+        assert_eq!((n.close_send)(send), NCCL_SUCCESS);
+        assert_eq!((n.close_recv)(recv), NCCL_SUCCESS);
+        assert_eq!((n.close_listen)(listen), NCCL_SUCCESS);
+        assert_eq!((c.close_listen)(clisten), NCCL_SUCCESS);
+        assert_eq!((n.finalize)(ctx), NCCL_SUCCESS);
+        assert_eq!((c.finalize)(cctx), NCCL_SUCCESS);
     }
 }

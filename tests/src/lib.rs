@@ -1,5 +1,6 @@
 //! What the end-to-end suites share (the engine's in tests/suites/, the
-//! tools' in tools/tests/): a real `tally server` process
+//! tools' in tools/tests/, the plugin's CollNet and drain suites in
+//! ffi-plugin/tests/): a real `tally server` process
 //! ([`ServerProcess`]), clients joined to it, its metrics, a job looping
 //! under faults ([`jobloop`]) and a switch of network namespaces
 //! ([`netns`]).

@@ -15,7 +15,7 @@
 //!
 //! Link cuts (a server's switch port set down in network namespaces, then
 //! up) are in `tests/suites/linkcut.rs`; the same two through the plugin's
-//! CollNet in `plugin_collnet.rs`. Each test prints one `GRAYFAIL` line with
+//! CollNet in `ffi-plugin/tests/plugin_drain.rs`. Each test prints one `GRAYFAIL` line with
 //! its figures (see them with `--nocapture`).
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

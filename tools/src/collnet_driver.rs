@@ -16,7 +16,7 @@
 //!
 //! The sequence itself is [`CollNet`]: one rank's context and communicator,
 //! each step one method in NCCL's order, so that the plugin's tests
-//! (tools/tests/plugin_collnet.rs, plugin_drain.rs) drive it through the same
+//! (ffi-plugin/tests/plugin_collnet.rs, plugin_drain.rs) drive it through the same
 //! code as the benchmark ([`CollNetDriver`]: the net context, a [`CollNet`]
 //! and the piece pipeline of one all-reduce).
 #[path = "../../ffi-plugin/src/abi.rs"]

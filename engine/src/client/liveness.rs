@@ -29,7 +29,7 @@
 //!
 //! What a job with several servers sees of each way a server can fail (tcp, default settings;
 //! figures from this 2-core machine, `tests/suites/grayfail.rs`, `linkcut.rs`, `failover.rs`,
-//! `plugin_drain.rs`):
+//! `ffi-plugin/tests/plugin_drain.rs`):
 //!
 //! | failure | how the ranks see it | how long | what the job sees | what operators see |
 //! |---|---|---|---|---|

@@ -2,12 +2,14 @@
 //! sendComm or recvComm), its request slots, its sends and receives, and
 //! the registrations NCCL makes for them (`regMr`).
 use super::*;
+use crate::handed::Tagged;
 
-/// A request slot, at a fixed address NCCL holds as the request pointer.
+/// A request slot, at a fixed address NCCL holds as the request pointer
+/// (tagged: [`crate::handed`]).
 #[derive(Debug)]
 pub struct Request {
-    /// Address of the owning [`Conn`] (a number: dereferenced only by the
-    /// FFI layer, which got it from NCCL).
+    /// The pointer NCCL holds for the owning [`Conn`] (a number: turned back
+    /// into the comm only by the FFI layer, through its tag).
     pub owner: usize,
     pub index: usize,
 }
@@ -30,7 +32,7 @@ pub struct Conn {
     pub(super) peer: PeerAddr,
     pub(super) listen_id: u32,
     pub(super) state: Mutex<ConnState>,
-    pub(super) requests: [Request; NCCL_NET_MAX_REQUESTS],
+    pub(super) requests: [Tagged<Request>; NCCL_NET_MAX_REQUESTS],
 }
 
 /// A registration from `regMr`.
@@ -42,35 +44,43 @@ pub struct Mr {
 }
 
 impl Conn {
-    pub(super) fn boxed(port: PortRef, is_send: bool, peer: PeerAddr, listen_id: u32) -> Box<Conn> {
-        let mut c = Box::new(Conn {
+    /// A connection whose requests get their owner once it is handed to
+    /// NCCL ([`Conn::set_requests_owner`]).
+    pub(super) fn new(port: PortRef, is_send: bool, peer: PeerAddr, listen_id: u32) -> Conn {
+        Conn {
             port,
             is_send,
             peer,
             listen_id,
             state: Mutex::new(ConnState { next_seq: 0, slots: [None; NCCL_NET_MAX_REQUESTS] }),
-            requests: std::array::from_fn(|index| Request { owner: 0, index }),
-        });
-        let owner = &*c as *const Conn as usize;
-        for r in c.requests.iter_mut() {
-            r.owner = owner;
+            requests: std::array::from_fn(|index| Tagged::new(Request { owner: 0, index })),
         }
-        c
     }
 
-    pub fn request(&self, index: usize) -> &Request {
+    pub fn request(&self, index: usize) -> &Tagged<Request> {
         &self.requests[index]
     }
 
-    pub fn reg_mr(&self, addr: usize, len: usize) -> Result<Box<Mr>> {
-        let mut p = self.port.lock()?;
-        let mh = if p.mr_local { Some(p.register(addr, len)?) } else { None };
-        Ok(Box::new(Mr { addr, len, mh }))
+    /// Every request slot's owner: `at`, the pointer NCCL holds for this comm.
+    pub(crate) fn set_requests_owner(&mut self, at: usize) {
+        for r in self.requests.iter_mut() {
+            r.owner = at;
+        }
     }
 
-    // Takes the Box NCCL held: deregistering consumes the handle.
-    #[allow(clippy::boxed_local)]
-    pub fn dereg_mr(&self, mr: Box<Mr>) -> Result<()> {
+    /// Marks every request slot closed, as NCCL closes the comm.
+    pub(crate) fn close_requests(&mut self) {
+        self.requests.iter_mut().for_each(Tagged::close);
+    }
+
+    pub fn reg_mr(&self, addr: usize, len: usize) -> Result<Mr> {
+        let mut p = self.port.lock()?;
+        let mh = if p.mr_local { Some(p.register(addr, len)?) } else { None };
+        Ok(Mr { addr, len, mh })
+    }
+
+    /// Deregistering consumes the handle NCCL held.
+    pub fn dereg_mr(&self, mr: Mr) -> Result<()> {
         if mr.mh.is_some() {
             self.port.lock()?.deregister(mr.addr, mr.len)?;
         }
@@ -169,7 +179,7 @@ impl Conn {
     /// operation in flight gets a bounded time to finish, so that the
     /// provider is done with NCCL's buffers before NCCL frees them, then is
     /// left to the endpoint.
-    pub fn close(self: Box<Self>) -> Result<()> {
+    pub fn close(self) -> Result<()> {
         let st = self.state.lock()?;
         let live: Vec<u32> = st.slots.iter().flatten().map(|f| f.ctx).collect();
         if live.is_empty() {

@@ -228,7 +228,7 @@ pub struct ListenComm {
 
 /// Creates a listen comm on the next listening lane of `dev` and the handle
 /// to give the connecting peer.
-pub fn listen(ctx: &NetCtx, dev: i32) -> Result<(Box<ListenComm>, Handle)> {
+pub fn listen(ctx: &NetCtx, dev: i32) -> Result<(ListenComm, Handle)> {
     let (port, _) = ctx.port(ctx.device(dev)?, Role::Listen, None)?;
     let port = &port;
     let mut p = port.lock()?;
@@ -240,12 +240,12 @@ pub fn listen(ctx: &NetCtx, dev: i32) -> Result<(Box<ListenComm>, Handle)> {
     let nonce = random_u64() as u32;
     let handle = encode_handle(p.provider, listen_id, nonce, &p.name)?;
     let ctx = p.post_ctrl(None, connect_tag(listen_id))?;
-    Ok((Box::new(ListenComm { port: port.clone(), listen_id, nonce, ctx, accepted: false }), handle))
+    Ok((ListenComm { port: port.clone(), listen_id, nonce, ctx, accepted: false }, handle))
 }
 
 impl ListenComm {
     /// The receiving comm, once the peer's connect message has arrived.
-    pub fn accept(&mut self) -> Result<Option<Box<Conn>>> {
+    pub fn accept(&mut self) -> Result<Option<Conn>> {
         if self.accepted {
             return Err(Error::InvalidUsage("a listen handle takes one connection, and this one was accepted".into()));
         }
@@ -268,12 +268,11 @@ impl ListenComm {
         drop(p);
         self.accepted = true;
         log::info(&format!("device {device}: accepted a connection from {} on listen id {}", hex(&peer), self.listen_id));
-        Ok(Some(Conn::boxed(self.port.clone(), false, PeerAddr::default(), self.listen_id)))
+        Ok(Some(Conn::new(self.port.clone(), false, PeerAddr::default(), self.listen_id)))
     }
 
-    // Takes the Box NCCL held: closing consumes the comm.
-    #[allow(clippy::boxed_local)]
-    pub fn close(self: Box<Self>) -> Result<()> {
+    /// Closing consumes the comm NCCL held.
+    pub fn close(self) -> Result<()> {
         if let Some(ctx) = self.ctx {
             self.port.lock()?.abandon(ctx, true);
         }
@@ -287,7 +286,7 @@ impl ListenComm {
 /// One step of connecting to the listener named by `handle`: Some(comm) once
 /// the connect message is delivered. Progress is kept in the port, found
 /// through a token written into the handle.
-pub fn connect(ctx: &NetCtx, dev: i32, handle: &mut Handle) -> Result<Option<Box<Conn>>> {
+pub fn connect(ctx: &NetCtx, dev: i32, handle: &mut Handle) -> Result<Option<Conn>> {
     let dev = ctx.device(dev)?;
     let h = decode_handle(handle)?;
     // The first call takes the next connecting lane and records it in the
@@ -308,7 +307,7 @@ pub fn connect(ctx: &NetCtx, dev: i32, handle: &mut Handle) -> Result<Option<Box
         while p.pending.contains_key(&token) {
             token = random_u64() | 1;
         }
-        let conn = Conn::boxed(port.clone(), true, peer, h.listen_id);
+        let conn = Conn::new(port.clone(), true, peer, h.listen_id);
         p.pending.insert(token, PendingConnect { conn, msg, ctx: None });
         handle[TOKEN_AT..TOKEN_AT + 8].copy_from_slice(&token.to_le_bytes());
         handle[LANE_AT] = lane as u8;

@@ -23,7 +23,7 @@ pub(super) struct CtrlBuf {
 }
 
 pub(super) struct PendingConnect {
-    pub(super) conn: Box<Conn>,
+    pub(super) conn: Conn,
     pub(super) msg: Vec<u8>,
     pub(super) ctx: Option<u32>,
 }

@@ -1,5 +1,5 @@
-//! Test harness shared by the plugin's tests (and included by path from
-//! tools/tests/plugin_collnet.rs): loads the built library the way NCCL does
+//! Test harness shared by the plugin's tests (ncclNet, CollNet and drain
+//! alike, all in ffi-plugin/tests/): loads the built library the way NCCL does
 //! (dlopen by file name, dlsym of the versioned table symbols) and calls it
 //! only through the function-pointer tables, with the C types of
 //! `src/abi.rs`.

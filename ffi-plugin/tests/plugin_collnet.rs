@@ -1,6 +1,6 @@
 //! ncclCollNet against real tally servers: the plugin library is loaded the
-//! way NCCL loads it (tests/support of the plugin crate) and N ranks, each a
-//! thread with its own CollNet context and comm, replay NCCL's sequence:
+//! way NCCL loads it (tests/support) and N ranks, each a thread with its own
+//! CollNet context and comm, replay NCCL's sequence:
 //! init, devices, getProperties, listen, a collective connect, regMr, many
 //! iallreduce/test rounds (several in flight, every element checked), bad
 //! arguments, close, finalize. Over tcp;ofi_rxm and shm, with 2 and 4 ranks
@@ -11,11 +11,11 @@
 //!
 //! The servers are separate processes: shm endpoints of one process map
 //! each other's memory, and a server in the test process would tear that
-//! down under its clients. The plugin library must have been built in the
-//! same profile (`cargo build -p tally-nccl-plugin`, or the workspace).
+//! down under its clients. The plugin library and the `tally` binary must
+//! have been built in the same profile (`cargo build -p tally-nccl-plugin
+//! -p tally-cli`, or the workspace).
 mod collnet_legacy;
 mod collnet_threads;
-#[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
 
 use collnet_threads::{until_accepted, HandleBoard};
@@ -145,6 +145,24 @@ fn rank_main(p: &Plugin, coll: &'static CollNetV11Lib, r: usize, n: usize, board
         .collect();
     // SAFETY: a CUDA registration is refused.
     assert_eq!(unsafe { (t.reg_mr)(comm, recvs[0].as_mut_ptr().cast(), 4, NCCL_PTR_CUDA, &mut null(),) }, NCCL_INVALID_ARGUMENT);
+    // The live comm and a memory handle where another kind belongs
+    // (ffi-plugin/src/handed.rs): refused, and nothing freed or changed, as
+    // the rounds below and the close show.
+    // SAFETY: every call is refused by the kind check before anything is used.
+    unsafe {
+        let (mut req, mut done, mut size) = (null(), 0 as c_int, 0 as c_int);
+        let s = sends[0].as_ptr() as *mut c_void;
+        assert_eq!((p.net11.isend)(comm, s, 4, 0, null(), null(), &mut req), NCCL_INVALID_ARGUMENT, "ncclNet isend on a CollNet comm");
+        assert_eq!((p.net11.close_send)(comm), NCCL_INVALID_ARGUMENT, "ncclNet closeSend of a CollNet comm");
+        assert_eq!((t.test)(comm, &mut done, &mut size), NCCL_INVALID_ARGUMENT, "test of a comm");
+        assert_eq!((t.close_listen)(comm), NCCL_INVALID_ARGUMENT, "closeListen of a comm");
+        assert_eq!(
+            (t.iallreduce)(mhs[0].0, s, s, 1, F32, SUM, null(), null(), &mut req),
+            NCCL_INVALID_ARGUMENT,
+            "iallreduce on a memory handle"
+        );
+    }
+    assert!(logged("sendComm is a CollNet comm, not a ncclNet send or receive comm"), "the refusal names both kinds");
     let t0 = Instant::now();
     // test() with a size pointer for even requests, NULL for odd ones (NCCL passes either).
     let expect: Vec<Option<usize>> = cases.iter().enumerate().map(|(k, c)| (k % 2 == 0).then_some(c.count * elem_size(c.dtype))).collect();
@@ -303,7 +321,7 @@ fn collnet_allreduce_through_tally_servers() {
 fn bench_allreduce_drives_the_plugin_like_nccl() {
     let lib = support::shipped_library();
     for provider in ["tcp", "shm"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+        let out = std::process::Command::new(tally_e2e::tally_bin())
             .args(["bench", "allreduce", "--mode", "agg-plugin,agg", "--ranks", "3", "--provider", provider])
             .args(["--sizes", "4K,100K,3M", "--iters", "4", "--warmup", "1", "--plugin-piece", "1M", "--window", "8", "--json"])
             .arg("--plugin")

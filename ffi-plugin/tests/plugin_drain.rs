@@ -7,10 +7,10 @@
 //! and every element is right: NCCL would never see an error. (Its own test binary: it
 //! sets TALLY_SERVERS and TALLY_PROVIDER for the plugin in this process.)
 //! The NCCL sequence is the library's (`tally_cli::collnet_driver::CollNet`).
-//! The plugin library must have been built in the same profile
-//! (`cargo build -p tally-nccl-plugin`, or the workspace).
+//! The plugin library and the `tally` binary must have been built in the
+//! same profile (`cargo build -p tally-nccl-plugin -p tally-cli`, or the
+//! workspace).
 mod collnet_threads;
-#[path = "../../ffi-plugin/tests/support/mod.rs"]
 mod support;
 
 use collnet_threads::{until_accepted, HandleBoard};
