@@ -186,7 +186,7 @@ fn rank_main(t: &dyn NetApi, ctx: *mut c_void, r: usize, ex: &Mutex<Exchange>, b
                     if !req.is_null() {
                         break;
                     }
-                    assert!(t0.elapsed() < TIMEOUT, "irecv never accepted");
+                    assert!(t0.elapsed() < TIMEOUT, "rank {r}: irecv never accepted (round {round}: {inflight} x {size} B, channel {ch}, request {i})");
                 }
             }
             if inflight == 32 {
@@ -214,7 +214,7 @@ fn rank_main(t: &dyn NetApi, ctx: *mut c_void, r: usize, ex: &Mutex<Exchange>, b
                     if !req.is_null() {
                         break;
                     }
-                    assert!(t0.elapsed() < TIMEOUT, "isend never accepted");
+                    assert!(t0.elapsed() < TIMEOUT, "rank {r}: isend never accepted (round {round}: {inflight} x {size} B, channel {ch}, request {i})");
                 }
             }
         }
