@@ -189,9 +189,8 @@ fn reduce_support_is_every_nccl_type_and_op_and_nothing_else() {
 #[test]
 fn a_handle_of_the_wrong_kind_is_refused_and_the_plugin_keeps_working() {
     // Before the first init, which reads them; no other test here gets as
-    // far as reading them. tcp, not shm: two ranks of one process over shm
-    // fail under qemu-user (scripts/build/test-aarch64-e2e.sh runs this
-    // file). CollNet listen needs a server list (nothing connects to it).
+    // far as reading them. Over tcp (net_shm covers shm). CollNet listen
+    // needs a server list (nothing connects to it).
     std::env::set_var("TALLY_PROVIDER", "tcp");
     std::env::set_var("TALLY_FABRIC_ADDR", "127.0.0.1");
     std::env::set_var("TALLY_SERVERS", "127.0.0.1:9");

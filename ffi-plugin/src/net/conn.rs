@@ -28,6 +28,8 @@ pub(super) struct ConnState {
 /// One direction of a connection: NCCL's sendComm or recvComm.
 pub struct Conn {
     pub(super) port: PortRef,
+    /// Every endpoint of the context this connection belongs to.
+    pub(super) context: ContextPorts,
     pub is_send: bool,
     pub(super) peer: PeerAddr,
     pub(super) listen_id: u32,
@@ -46,9 +48,10 @@ pub struct Mr {
 impl Conn {
     /// A connection whose requests get their owner once it is handed to
     /// NCCL ([`Conn::set_requests_owner`]).
-    pub(super) fn new(port: PortRef, is_send: bool, peer: PeerAddr, listen_id: u32) -> Conn {
+    pub(super) fn new(port: PortRef, context: ContextPorts, is_send: bool, peer: PeerAddr, listen_id: u32) -> Conn {
         Conn {
             port,
+            context,
             is_send,
             peer,
             listen_id,
@@ -119,10 +122,21 @@ impl Conn {
         let mh = self.memory(&p, data as usize, size, mr)?;
         let tag = data_tag(self.listen_id, st.next_seq);
         // Two tries: the second after driving progress, which is what frees
-        // the provider's queues.
+        // the provider's queues: this endpoint's, and the context's others.
+        // shm without cross-memory attach (qemu-user; a container without
+        // CAP_SYS_PTRACE) sends above its inject size by copying through
+        // the peer's buffers, one such send per peer at a time: the next
+        // waits until the peer's endpoint has taken the last. Where the
+        // peer is this context's own listening endpoint (two ranks of one
+        // process), or its owner is itself waiting in a send, only a
+        // progress of every endpoint lets either go on: two ranks each
+        // retrying 32 sends of 4097 B waited for each other forever.
         for attempt in 0..2 {
             if attempt == 1 {
                 p.progress()?;
+                drop(p);
+                self.progress_context();
+                p = self.port.lock()?;
             }
             let Some(ctx) = p.alloc() else { continue };
             let r = if self.is_send {
@@ -148,6 +162,20 @@ impl Conn {
             }
         }
         Ok(None)
+    }
+
+    /// Drives every other endpoint of this connection's context once (its
+    /// own is the caller's to drive); their errors are theirs to report.
+    fn progress_context(&self) {
+        let others: Vec<PortRef> = match self.context.lock() {
+            Ok(ports) => ports.iter().flatten().flatten().filter(|p| !Arc::ptr_eq(p, &self.port)).cloned().collect(),
+            Err(_) => return,
+        };
+        for port in others {
+            if let Ok(mut p) = port.lock() {
+                let _ = p.progress();
+            }
+        }
     }
 
     /// Some(bytes) once request `index` is done: the size sent, or the size received.

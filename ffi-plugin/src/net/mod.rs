@@ -152,10 +152,14 @@ fn hex(b: &[u8]) -> String {
 /// `TALLY_NET_LANES` overrides the count.
 pub struct NetCtx {
     pub devices: Arc<Devices>,
-    /// [device][lane]: lanes 0..n listen, n..2n connect.
-    ports: Mutex<Vec<Vec<Option<PortRef>>>>,
+    ports: ContextPorts,
     next: Mutex<Vec<[usize; 2]>>,
 }
+
+/// A context's endpoints, [device][lane]: lanes 0..n listen, n..2n
+/// connect. Its connections hold it too: a send the provider refuses
+/// for now progresses every one of them ([`Conn::post`] says why).
+pub(super) type ContextPorts = Arc<Mutex<Vec<Vec<Option<PortRef>>>>>;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -179,7 +183,7 @@ impl NetCtx {
     pub fn new(devices: Arc<Devices>) -> NetCtx {
         let ports = devices.list.iter().map(|d| vec![None; 2 * lanes(&d.provider)]).collect();
         let next = vec![[0, 0]; devices.list.len()];
-        NetCtx { devices, ports: Mutex::new(ports), next: Mutex::new(next) }
+        NetCtx { devices, ports: Arc::new(Mutex::new(ports)), next: Mutex::new(next) }
     }
 
     fn device(&self, dev: i32) -> Result<usize> {
@@ -219,6 +223,7 @@ impl NetCtx {
 
 pub struct ListenComm {
     port: PortRef,
+    context: ContextPorts,
     listen_id: u32,
     nonce: u32,
     /// The posted connect-message receive (None: not posted yet).
@@ -239,8 +244,8 @@ pub fn listen(ctx: &NetCtx, dev: i32) -> Result<(ListenComm, Handle)> {
     p.next_listen += 1;
     let nonce = random_u64() as u32;
     let handle = encode_handle(p.provider, listen_id, nonce, &p.name)?;
-    let ctx = p.post_ctrl(None, connect_tag(listen_id))?;
-    Ok((ListenComm { port: port.clone(), listen_id, nonce, ctx, accepted: false }, handle))
+    let posted = p.post_ctrl(None, connect_tag(listen_id))?;
+    Ok((ListenComm { port: port.clone(), context: ctx.ports.clone(), listen_id, nonce, ctx: posted, accepted: false }, handle))
 }
 
 impl ListenComm {
@@ -268,7 +273,7 @@ impl ListenComm {
         drop(p);
         self.accepted = true;
         log::info(&format!("device {device}: accepted a connection from {} on listen id {}", hex(&peer), self.listen_id));
-        Ok(Some(Conn::new(self.port.clone(), false, PeerAddr::default(), self.listen_id)))
+        Ok(Some(Conn::new(self.port.clone(), self.context.clone(), false, PeerAddr::default(), self.listen_id)))
     }
 
     /// Closing consumes the comm NCCL held.
@@ -307,7 +312,7 @@ pub fn connect(ctx: &NetCtx, dev: i32, handle: &mut Handle) -> Result<Option<Con
         while p.pending.contains_key(&token) {
             token = random_u64() | 1;
         }
-        let conn = Conn::new(port.clone(), true, peer, h.listen_id);
+        let conn = Conn::new(port.clone(), ctx.ports.clone(), true, peer, h.listen_id);
         p.pending.insert(token, PendingConnect { conn, msg, ctx: None });
         handle[TOKEN_AT..TOKEN_AT + 8].copy_from_slice(&token.to_le_bytes());
         handle[LANE_AT] = lane as u8;

@@ -186,7 +186,10 @@ fn rank_main(t: &dyn NetApi, ctx: *mut c_void, r: usize, ex: &Mutex<Exchange>, b
                     if !req.is_null() {
                         break;
                     }
-                    assert!(t0.elapsed() < TIMEOUT, "rank {r}: irecv never accepted (round {round}: {inflight} x {size} B, channel {ch}, request {i})");
+                    assert!(
+                        t0.elapsed() < TIMEOUT,
+                        "rank {r}: irecv never accepted (round {round}: {inflight} x {size} B, channel {ch}, request {i})"
+                    );
                 }
             }
             if inflight == 32 {
@@ -214,7 +217,10 @@ fn rank_main(t: &dyn NetApi, ctx: *mut c_void, r: usize, ex: &Mutex<Exchange>, b
                     if !req.is_null() {
                         break;
                     }
-                    assert!(t0.elapsed() < TIMEOUT, "rank {r}: isend never accepted (round {round}: {inflight} x {size} B, channel {ch}, request {i})");
+                    assert!(
+                        t0.elapsed() < TIMEOUT,
+                        "rank {r}: isend never accepted (round {round}: {inflight} x {size} B, channel {ch}, request {i})"
+                    );
                 }
             }
         }
