@@ -35,28 +35,31 @@ const STOP_FOR: Duration = Duration::from_secs(8);
 /// slack for a loaded 2-core machine; well under [`STOP_FOR`].
 const STALL_BOUND: Duration = Duration::from_millis(5500);
 
+/// Rounds the ranks run on the server once it is taken back: enough to
+/// show the job uses it again, then they stop (as linkcut's do).
+const USED_FOR: usize = 200;
+
 #[test]
 fn a_sigstopped_server_is_declared_lost_then_fenced_and_taken_back_tcp() {
-    sigstop_one_of_three(0x9f1, None);
+    static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    sigstop_one_of_three(0x9f1, None, &STOP_AT);
 }
 
 #[test]
 fn a_sigstopped_server_is_declared_lost_by_ranks_with_rails_tcp() {
-    sigstop_one_of_three(0x9f2, Some(3));
+    static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    sigstop_one_of_three(0x9f2, Some(3), &STOP_AT);
 }
 
-fn sigstop_one_of_three(job: u64, rails: Option<usize>) {
-    // At least ~16 s of loop (4 ms apart): the stop, then the rejoin, then
-    // enough rounds to show the job uses the server again.
-    const ROUNDS: usize = 4000;
+fn sigstop_one_of_three(job: u64, rails: Option<usize>, stop_at: &'static AtomicUsize) {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     // A piece half sent when the server stops is sent whole once it runs
     // again: into no buffer given back (`Shape::keep`).
     let keep = Some((36, 48));
-    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, keep, ..Shape::default() };
-    let ranks = loop_job("tcp", &addrs, job, 3, ROUNDS, progress.clone(), shape);
+    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, keep, stop_at: Some(stop_at), ..Shape::default() };
+    let ranks = loop_job("tcp", &addrs, job, 3, usize::MAX, progress.clone(), shape);
     tally_e2e::jobloop::wait_for_round(&progress, 40, &ranks);
     let meter = StallMeter::start(progress.clone());
     let stopped_round = progress.load(Ordering::Relaxed);
@@ -68,14 +71,17 @@ fn sigstop_one_of_three(job: u64, rails: Option<usize>) {
     let back = servers[1].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
     let took = resumed.elapsed();
     let back_round = progress.load(Ordering::Relaxed);
+    let rounds = back_round + USED_FOR;
+    stop_at.store(rounds, Ordering::Relaxed);
+    tally_e2e::jobloop::wait_for_round(&progress, rounds, &ranks);
     let worst = meter.stop();
     let res = results(ranks);
     let fenced = if servers[1].log_contains("fencing the stale job") { "by a rejoin Hello" } else { "by the closed connections" };
     eprintln!(
         "GRAYFAIL sigstop (rails {rails:?}): server stopped {STOP_FOR:?} at round {stopped_round}; {during} rounds done while stopped; \
-         longest stall {worst:?}; resumed to taken back {took:?} (round {back_round} of {ROUNDS}); stale job fenced {fenced}; {res:?}"
+         longest stall {worst:?}; resumed to taken back {took:?} (round {back_round}, stopped at {rounds}); stale job fenced {fenced}; {res:?}"
     );
-    let o = GrayOutcome { back, during, worst, back_round, rounds: ROUNDS };
+    let o = GrayOutcome { back, during, worst, back_round, rounds };
     check_gray_outcome(&o, &res, &servers[1], job, STALL_BOUND);
 }
 
