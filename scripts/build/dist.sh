@@ -9,7 +9,8 @@
 #
 # Both architectures' binaries need at most glibc 2.28 (scripts/build/release.sh).
 #
-# Output: dist/tally-<version>-<arch>.tar.gz, each holding
+# Output: dist/tally_nccl-<version>-py3-none-manylinux_2_28_<arch>.whl (the
+# wheel of scripts/build/wheel.sh, for pip) and dist/tally-<version>-<arch>.tar.gz, each holding
 #   tally-<version>-<arch>/bin/tally
 #   tally-<version>-<arch>/lib/libnccl-net-tally.so
 #   tally-<version>-<arch>/config/...
@@ -74,6 +75,9 @@ log "building $HOST_ARCH release binaries and the plugin (glibc floor 2.28)"
 scripts/build/release.sh
 native_out="$CARGO_TARGET_DIR/$HOST_ARCH-unknown-linux-gnu/release"
 tarball="$(pack "$HOST_ARCH" "$native_out")"
+wheel="$(WHEEL_BIN="$native_out" scripts/build/wheel.sh)"
+cp "$wheel" "$DIST/"
+summary+=("$HOST_ARCH   $(basename "$wheel") (pip install)")
 summary+=("$HOST_ARCH   $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); bin/tally: $(describe "$native_out/tally")")
 
 # 2. The aarch64 cross build, and its tarball's demo under qemu.
@@ -90,6 +94,9 @@ if [[ "$HOST_ARCH" == "x86_64" ]]; then
     scripts/build/release.sh "$CROSS"
     cross_out="$CARGO_TARGET_DIR/$CROSS/release"
     tarball="$(pack aarch64 "$cross_out")"
+    wheel="$(WHEEL_BIN="$cross_out" scripts/build/wheel.sh "$CROSS")"
+    cp "$wheel" "$DIST/"
+    summary+=("aarch64  $(basename "$wheel") (pip install)")
     summary+=("aarch64  $(basename "$tarball") ($(du -h "$tarball" | cut -f1)); bin/tally: $(describe "$cross_out/tally")")
 
     if [[ "${TALLY_DIST_SKIP_TESTS:-}" == "1" ]]; then

@@ -18,6 +18,8 @@
 #   - failover: two `tally server` processes, 4 ranks striped over both;
 #     one server is SIGKILLed once the job runs; the run must finish with
 #     every element right, its ranks having recovered on the other server;
+#   - the aarch64 wheel (manylinux_2_28_aarch64) packed from this build,
+#     installed by pip for that platform, its tally and plugin run;
 #   - the plugin's ncclNet harness (ffi-plugin/tests: abi, net_tcp, net_shm)
 #     cross-built and run against the aarch64 .so (net_shm runs shm without
 #     cross-memory attach, which qemu-user does not give; see below).
@@ -185,5 +187,31 @@ while read -r test; do
 done <<<"$harness"
 harness_s=$((SECONDS - t2))
 
+# The aarch64 wheel: this build packed as `make wheel` packs a release
+# (scripts/build/wheel.sh: the glibc floor checked, tagged
+# manylinux_2_28_aarch64), installed by pip for that platform into a
+# directory, and used from there: its `tally` under qemu, `python -m
+# tally_nccl` (pure Python: this host's interpreter) naming its plugin, and the
+# ABI harness loading that plugin under qemu.
+t3=$SECONDS
+wheel="$(WHEEL_BIN="$OUT" "$ROOT/scripts/build/wheel.sh" "$AARCH64_TARGET")" || fail "packing the aarch64 wheel failed"
+[[ "$wheel" == *-manylinux_2_28_aarch64.whl ]] || fail "the aarch64 wheel has another tag: $wheel"
+pip=("$ROOT/target/py-tools/bin/pip")
+[[ -x "${pip[0]}" ]] || pip=(python3 -m pip)
+"${pip[@]}" install --quiet --no-index --disable-pip-version-check --only-binary=:all: \
+    --platform manylinux_2_28_aarch64 --target "$WORK/wheel" "$wheel" ||
+    fail "pip did not install $(basename "$wheel") for manylinux_2_28_aarch64"
+wheel_so="$(cd "$WORK" && PYTHONPATH="$WORK/wheel" python3 -m tally_nccl path | sed -n 1p)"
+if [[ "$wheel_so" != "$WORK/wheel/"* ]] || ! file -b "$wheel_so" | grep -q aarch64; then
+    fail "python -m tally_nccl path named $wheel_so, not the wheel's aarch64 plugin"
+fi
+version="$(qemu-aarch64 "$WORK/wheel/bin/tally" --version)" || fail "the wheel's tally did not start under qemu"
+abi="$(awk '$1 == "abi" { print $2 }' "$TESTS")"
+if ! TALLY_PLUGIN_SO="$wheel_so" timeout -k 5 300 qemu-aarch64 "$abi" --test-threads=1 </dev/null >"$WORK/wheel-abi.out" 2>&1; then
+    cat "$WORK/wheel-abi.out" >&2
+    fail "the ABI harness failed against the wheel's plugin"
+fi
+echo "aarch64: wheel $(basename "$wheel") installed for manylinux_2_28_aarch64: $version; its plugin passed the ABI harness ($((SECONDS - t3))s)"
+
 echo "aarch64 end to end: $ops all-reduces (agg, ring; tcp, shm; f32, bf16), 1 failover, $wrong wrong;" \
-    "ncclNet harness (abi, tcp, shm) passed (build ${build_s}s, runs ${run_s}s, plugin harness ${harness_s}s)"
+    "ncclNet harness (abi, tcp, shm) passed; the wheel installed and ran (build ${build_s}s, runs ${run_s}s, plugin harness ${harness_s}s)"
