@@ -43,6 +43,7 @@ use yaml_rust2::{Yaml, YamlLoader};
 const SERVER_YAML: &str = "config/k8s/tally-server.yaml";
 const WORKER_YAML: &str = "config/k8s/worker.yaml";
 const WORKER_TCP_YAML: &str = "config/k8s/worker-tcp.yaml";
+const SERVER_TCP_YAML: &str = "config/k8s/tally-server-tcp.yaml";
 const PODMONITOR_YAML: &str = "config/k8s/podmonitor.yaml";
 const SBATCH: &str = "config/slurm/tally-train.sbatch";
 const SERVER_STEP: &str = "config/slurm/tally-server-step.sh";
@@ -171,7 +172,7 @@ fn tool(name: &str) -> PathBuf {
 #[test]
 fn kubernetes_objects_match_the_api_schemas() {
     let validate = tool("kubernetes-validate");
-    for rel in [SERVER_YAML, WORKER_YAML, WORKER_TCP_YAML] {
+    for rel in [SERVER_YAML, SERVER_TCP_YAML, WORKER_YAML, WORKER_TCP_YAML] {
         let objects = yaml_docs(rel).len();
         for v in K8S_VERSIONS {
             let o = Command::new(&validate).args(["--strict", "-k", v]).arg(repo().join(rel)).output().unwrap();

@@ -1,5 +1,6 @@
 //! The tcp/ENA templates, kept apart from the EFA ones: config/tcp-ena.toml,
-//! config/k8s/worker-tcp.yaml and the sbatch's `TALLY_FABRIC=tcp`. What
+//! config/k8s/tally-server-tcp.yaml, config/k8s/worker-tcp.yaml and the
+//! sbatch's `TALLY_FABRIC=tcp`. What
 //! issue 56 found: EFA settings (`FI_PROVIDER=efa`, `efa-env --assume-efa`)
 //! in every worker file broke the tcp case, where tally's wins were measured.
 use super::*;
@@ -22,6 +23,81 @@ fn tcp_server_config_is_the_efa_one_but_for_the_transport() {
     assert_eq!(tcp.hugepages, "prefer", "tcp registers nothing with the NIC: hugepages must not be required");
     let same = ServerConfig { provider: efa.provider.clone(), poll: efa.poll.clone(), hugepages: efa.hugepages.clone(), ..tcp };
     assert_eq!(same, efa, "{TCP_TOML} differs from {EFA_TOML} beyond provider, poll and hugepages");
+}
+
+/// `doc[path]` (an existing key) replaced by `value`, or removed with None;
+/// an array on the way stands for its first element.
+fn set(doc: &mut Yaml, path: &[&str], value: Option<Yaml>) {
+    let Yaml::Hash(h) = doc else { panic!("{path:?}: not a map") };
+    let key = Yaml::String(path[0].to_string());
+    if path.len() == 1 {
+        // In place: a map's order is part of its equality here.
+        match value {
+            Some(v) => *h.get_mut(&key).unwrap_or_else(|| panic!("no {}", path[0])) = v,
+            None => drop(h.remove(&key)),
+        }
+        return;
+    }
+    let next = h.get_mut(&key).unwrap_or_else(|| panic!("no {}", path[0]));
+    match next {
+        Yaml::Array(a) => set(&mut a[0], &path[1..], value),
+        other => set(other, &path[1..], value),
+    }
+}
+
+/// The tcp server manifest is the EFA one with tcp's differences only: the
+/// transport settings (as config/tcp-ena.toml has them), no EFA device, no
+/// `tally efa-env`, no IPC_LOCK, and memory in place of hugepages. Anything
+/// else changed in one must change in the other.
+#[test]
+fn tcp_server_manifest_is_the_efa_one_but_for_the_transport() {
+    let (efa_docs, tcp_docs) = (yaml_docs(SERVER_YAML), yaml_docs(SERVER_TCP_YAML));
+    let toml = |docs: &[Yaml], rel: &str| {
+        let t = text(&kind(docs, "ConfigMap")["data"]["server.toml"]);
+        ServerFile::parse(&t).and_then(|f| f.resolve()).unwrap_or_else(|e| panic!("{rel} server.toml: {e}"))
+    };
+    let (efa, tcp) = (toml(&efa_docs, SERVER_YAML), toml(&tcp_docs, SERVER_TCP_YAML));
+    let ena = resolve(TCP_TOML);
+    assert_eq!((&tcp.provider, &tcp.poll, &tcp.hugepages), (&ena.provider, &ena.poll, &ena.hugepages), "as {TCP_TOML}");
+    let same = ServerConfig { provider: efa.provider.clone(), poll: efa.poll.clone(), hugepages: efa.hugepages.clone(), ..tcp };
+    assert_eq!(same, efa, "{SERVER_TCP_YAML}'s server.toml differs from {SERVER_YAML}'s beyond the transport");
+
+    // The DaemonSet: the EFA one, with its EFA parts taken out, is the tcp one.
+    let container = ["spec", "template", "spec", "containers"];
+    let c = &kind(&tcp_docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    let mut want = kind(&efa_docs, "DaemonSet").clone();
+    let efa_script = text(&kind(&efa_docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"][0]);
+    let without_efa: String = efa_script.lines().filter(|l| !l.contains("efa_env")).map(|l| format!("{l}\n")).collect();
+    assert!(without_efa.len() < efa_script.len(), "{SERVER_YAML}'s command no longer evaluates efa-env: update this test");
+    set(&mut want, &[&container[..], &["args"]].concat(), Some(Yaml::Array(vec![Yaml::String(without_efa)])));
+    set(&mut want, &[&container[..], &["securityContext"]].concat(), None);
+    set(&mut want, &[&container[..], &["resources"]].concat(), Some(c["resources"].clone()));
+    assert_eq!(&want, kind(&tcp_docs, "DaemonSet"), "{SERVER_TCP_YAML}'s DaemonSet differs from {SERVER_YAML}'s beyond EFA");
+    let script = text(&c["args"][0]);
+    assert!(!script.contains("efa-env") && !script.contains("FI_EFA"), "the tcp server evaluates no EFA settings");
+
+    // Resources: Guaranteed, whole CPUs as the EFA pod, no EFA and no
+    // hugepages, and memory for the slabs as well as the rest.
+    let (req, lim) = (&c["resources"]["requests"], &c["resources"]["limits"]);
+    assert_eq!(req, lim, "requests must equal limits");
+    let efa_req = &kind(&efa_docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"];
+    assert_eq!(req["cpu"], efa_req["cpu"]);
+    for r in ["hugepages-2Mi", "vpc.amazonaws.com/efa"] {
+        assert!(req[r].is_badvalue(), "{SERVER_TCP_YAML} requests {r}");
+    }
+    let lcores: u64 = text(&req["cpu"]).parse::<u64>().unwrap() - 1;
+    let slabs = lcores * tcp.slab_size;
+    assert_eq!(bytes(&req["memory"]), slabs + bytes(&efa_req["memory"]), "memory = {lcores} slabs + the EFA pod's memory");
+    assert!(bytes(&req["memory"]) + NODE_SYSTEM_MEMORY <= NODE_MEMORY);
+    let line = format!("{lcores} lcores x {} MiB = {} GiB", tcp.slab_size >> 20, slabs >> 30);
+    assert!(header(&read(SERVER_TCP_YAML)).replace('\n', " ").contains(&line), "the header lacks `{line}`");
+
+    // The command, as the image's bash runs it.
+    let shellcheck = tool("shellcheck");
+    let mut sc = Command::new(&shellcheck).args(["-s", "bash", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(&mut sc.stdin.take().unwrap(), script.as_bytes()).unwrap();
+    let o = sc.wait_with_output().unwrap();
+    assert!(o.status.success(), "shellcheck of {SERVER_TCP_YAML}'s container command:\n{}", show(&o));
 }
 
 #[test]
