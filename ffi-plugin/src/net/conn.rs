@@ -167,11 +167,10 @@ impl Conn {
     /// Drives every other endpoint of this connection's context once (its
     /// own is the caller's to drive); their errors are theirs to report.
     fn progress_context(&self) {
-        let others: Vec<PortRef> = match self.context.lock() {
-            Ok(ports) => ports.iter().flatten().flatten().filter(|p| !Arc::ptr_eq(p, &self.port)).cloned().collect(),
-            Err(_) => return,
-        };
-        for port in others {
+        // Under the context's lock, without a copy of its list (no
+        // allocation on a send's retry): nothing locks a port before it.
+        let Ok(ports) = self.context.lock() else { return };
+        for port in ports.iter().flatten().flatten().filter(|p| !Arc::ptr_eq(p, &self.port)) {
             if let Ok(mut p) = port.lock() {
                 let _ = p.progress();
             }
