@@ -282,6 +282,14 @@ fn rejoin_hellos_look_only_at_their_own_address_and_a_flood_gets_few_looks() {
     eprintln!("REJOIN FLOOD: {FLOOD} REJOIN Hellos in {:?}: {n} backoff looks, {addrs} addresses", t.elapsed());
     assert!(n >= 1.0 && n <= spells, "{n} looks for {FLOOD} Hellos in {spells} spells of 100 ms");
     assert_eq!(addrs, n, "each look at the connection's address only");
+    // Each look found nothing backed off, so it renewed BBR where a model
+    // read a policer: the job beside the flood, over the same address and
+    // moving data, has measured models, and none of its connections is
+    // restarted however many Hellos come. (Where the host's default is
+    // bbr; renewing every connection, as first written, restarted 4 here.)
+    let m = tally_e2e::scrape(&srv.metrics_addr());
+    let renewals = tally_e2e::sum(&m, "tally_control_cc_renewals_total", "");
+    assert_eq!(renewals, 0.0, "the flood restarted the congestion control of {renewals} connections of the job beside it");
     for r in ranks {
         r.join().unwrap().expect("the job finishes, every element right");
     }

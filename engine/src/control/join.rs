@@ -56,7 +56,8 @@ impl ControlPlane {
             if b.backed_off == 0 {
                 // Taken back: what the connections' congestion control made
                 // of the outage is wrong now (`tcp_backoff`'s module doc).
-                crate::host::tcp_renew::renew_congestion_control(ips, port);
+                let renewed = crate::host::tcp_renew::renew_congestion_control(ips, port);
+                counters.cc_renewals.fetch_add(u64::from(renewed), Ordering::Relaxed);
             }
             b.backed_off > 0
         });

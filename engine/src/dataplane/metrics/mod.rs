@@ -316,6 +316,8 @@ pub struct ControlCounters {
     /// check, and the addresses they looked for (`control::backoff_gate`).
     pub backoff_looks: AtomicU64,
     pub backoff_look_addresses: AtomicU64,
+    /// Connections whose BBR those looks started afresh (`host::tcp_renew`).
+    pub cc_renewals: AtomicU64,
     /// Connections or joins refused, by reject code.
     refusals: [AtomicU64; REASONS],
     /// A job's first join to its running (every lcore ready, Accepts sent).
@@ -422,7 +424,7 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
     }
 
     let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let control_gauges: [(&str, &str, &str, u64); 9] = [
+    let control_gauges: [(&str, &str, &str, u64); 10] = [
         ("tally_control_handshakes", "gauge", "Control connections in their handshake.", r(&control.handshakes)),
         ("tally_control_joined", "gauge", "Control connections past their handshake (ranks joining or running).", r(&control.joined)),
         ("tally_control_accepted_total", "counter", "Control connections accepted.", r(&control.accepted)),
@@ -456,6 +458,12 @@ pub fn render(lcores: &[Snapshot], table: &MetricsTable, jobs: &[JobInfo], contr
             "counter",
             "Addresses those looks looked for: the rejoining rank's connection's, and its endpoints' once it proved to be the job's.",
             r(&control.backoff_look_addresses),
+        ),
+        (
+            "tally_control_cc_renewals_total",
+            "counter",
+            "Connections to a rejoining rank whose BBR those looks started afresh (its model under 10 Mbit/s: a cut read as a policer).",
+            r(&control.cc_renewals),
         ),
     ];
     for (name, kind, help, v) in control_gauges {
