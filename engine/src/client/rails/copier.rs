@@ -9,14 +9,14 @@
 //! copy showed as the plugin's whole failover cost (docs/measurements.md,
 //! "What failover costs the plugin"). The copier takes it off the rails:
 //! a rail hands each completed [`Cmd::RecvCopy`](super::Cmd) to it as a
-//! [`CopyJob`] and goes on polling; the copier copies and hands the
+//! [`CopyJob`](super::queue::CopyJob) and goes on polling; the copier copies and hands the
 //! completion back to that rail, which queues it to the client as it would
 //! its own. Only the rail talks to the client, so the order of its events
 //! and the answers to cancels stay the rail's alone.
 //!
-//! Each rail has a pair of bounded rings with the copier ([`CopyLane`]):
-//! jobs out, completions back, each of [`LANE`] slots. A rail keeps at
-//! most [`LANE`] jobs out, so the ring back never fills and the copier
+//! Each rail has a pair of bounded rings with the copier ([`CopyLane`](super::queue::CopyLane)):
+//! jobs out, completions back, each of [`LANE`](super::queue::LANE) slots. A rail keeps at
+//! most [`LANE`](super::queue::LANE) jobs out, so the ring back never fills and the copier
 //! never waits on a rail; a rail whose ring out is full copies itself.
 //!
 //! Cancels: a rail answers `Cancel` and `CancelAll` only once every job it
@@ -34,60 +34,12 @@
 //! to each staged piece (a hop back through the rail, a copy from another
 //! core's cache, one more busy thread) outweighs the rail time it saves
 //! there; which of those, is not known.
-use super::idle::QUIET_SLEEP_MS;
-use super::{stream_copy, Bell, EmptyTurns, Shared};
-use crate::dataplane::fabric::Completion;
-use crossbeam_queue::ArrayQueue;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use super::idle::{EmptyTurns, QUIET_SLEEP_MS};
+use super::queue::{CopierShared, Shared};
+use super::stream_copy;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Jobs a rail keeps out with the copier at most (and each ring's slots).
-pub(super) const LANE: usize = 1024;
-
-/// A staged result to copy: `len` bytes from its slot to the caller's
-/// buffer, then `done` goes back to the rail.
-pub(super) struct CopyJob {
-    pub from: *const u8,
-    pub to: *mut u8,
-    pub len: usize,
-    pub done: Completion,
-}
-
-// SAFETY: `from` is a staging slot and `to` the caller's buffer, both kept
-// valid and untouched by anyone else until `done` is handed back to the
-// client (Rails::recv's contract); the copier only copies between them.
-unsafe impl Send for CopyJob {}
-
-/// One rail's rings with the copier.
-pub(super) struct CopyLane {
-    pub jobs: ArrayQueue<CopyJob>,
-    pub done: ArrayQueue<Completion>,
-    /// The copier's bell, rung by the rail after handing it a job.
-    pub copier: Arc<CopierShared>,
-}
-
-impl CopyLane {
-    pub(super) fn new(copier: Arc<CopierShared>) -> CopyLane {
-        CopyLane { jobs: ArrayQueue::new(LANE), done: ArrayQueue::new(LANE), copier }
-    }
-}
-
-/// What the copier shares with the rails and the client.
-pub(super) struct CopierShared {
-    pub bell: Bell,
-    pub stop: AtomicBool,
-    /// Copies made and the ns they took (timed only with
-    /// `TALLY_PIECE_TIMES`; written by the copier alone).
-    pub copies: AtomicU64,
-    pub copy_ns: AtomicU64,
-}
-
-impl CopierShared {
-    pub(super) fn new() -> std::io::Result<CopierShared> {
-        Ok(CopierShared { bell: Bell::new()?, stop: AtomicBool::new(false), copies: AtomicU64::new(0), copy_ns: AtomicU64::new(0) })
-    }
-}
 
 /// The copier thread's state: the rails it serves.
 pub(super) struct Copier {

@@ -1,13 +1,18 @@
 //! The rings between the client and a rail thread: the commands it
 //! queues ([`Cmd`]), what the rail hands back ([`Event`], [`Reply`]), the
 //! eventfd bells that wake a sleeping side ([`Bell`]), the state both share
-//! ([`Shared`]), and queueing with and without waiting for room.
-use super::copier::CopyLane;
+//! ([`Shared`]), and queueing with and without waiting for room; and a
+//! rail's pair of rings with the copier ([`CopyLane`]: jobs out as
+//! [`CopyJob`], completions back), whose bell is in [`CopierShared`].
 use crate::dataplane::fabric::{Completion, CompletionError, EndpointName, FabricError, PeerAddr, PostError};
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Operations queued to one rail at most; a client finding the ring full
+/// sees `EAGAIN` and posts again later, as from a full provider queue.
+pub(super) const RING: usize = 4096;
 
 /// An operation queued to a rail thread.
 pub(super) enum Cmd {
@@ -190,5 +195,52 @@ pub(super) fn ask(sh: &Shared, c: Cmd) -> Result<Reply, FabricError> {
             return Err(FabricError { call: "rail: no answer in 5 s", code: libc::ETIMEDOUT });
         }
         std::thread::yield_now();
+    }
+}
+
+/// Jobs a rail keeps out with the copier at most (and each ring's slots).
+pub(super) const LANE: usize = 1024;
+
+/// A staged result to copy: `len` bytes from its slot to the caller's
+/// buffer, then `done` goes back to the rail.
+pub(super) struct CopyJob {
+    pub from: *const u8,
+    pub to: *mut u8,
+    pub len: usize,
+    pub done: Completion,
+}
+
+// SAFETY: `from` is a staging slot and `to` the caller's buffer, both kept
+// valid and untouched by anyone else until `done` is handed back to the
+// client (Rails::recv's contract); the copier only copies between them.
+unsafe impl Send for CopyJob {}
+
+/// One rail's rings with the copier.
+pub(super) struct CopyLane {
+    pub jobs: ArrayQueue<CopyJob>,
+    pub done: ArrayQueue<Completion>,
+    /// The copier's bell, rung by the rail after handing it a job.
+    pub copier: Arc<CopierShared>,
+}
+
+impl CopyLane {
+    pub(super) fn new(copier: Arc<CopierShared>) -> CopyLane {
+        CopyLane { jobs: ArrayQueue::new(LANE), done: ArrayQueue::new(LANE), copier }
+    }
+}
+
+/// What the copier shares with the rails and the client.
+pub(super) struct CopierShared {
+    pub bell: Bell,
+    pub stop: AtomicBool,
+    /// Copies made and the ns they took (timed only with
+    /// `TALLY_PIECE_TIMES`; written by the copier alone).
+    pub copies: AtomicU64,
+    pub copy_ns: AtomicU64,
+}
+
+impl CopierShared {
+    pub(super) fn new() -> std::io::Result<CopierShared> {
+        Ok(CopierShared { bell: Bell::new()?, stop: AtomicBool::new(false), copies: AtomicU64::new(0), copy_ns: AtomicU64::new(0) })
     }
 }

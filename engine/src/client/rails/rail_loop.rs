@@ -34,7 +34,7 @@
 //! by default ([The copier](docs/measurements.md#the-copier-2026-11-27-a-fifth-session)).
 //! `TALLY_RAIL_CORES` pins it to the core after the rails'. In place (the output is the
 //! input) the caller's thread still copies, once it has seen the result, since a recovery may send
-//! the input again. The staging blocks are touched at the join (`failover/stage.rs`, `prefault`).
+//! the input again. The staging blocks are touched at the join (`client/stage.rs`, `prefault`).
 //! What the copy costs, and what was tried against it: [measurements](docs/measurements.md#rails).
 //!
 //! `ClientConfig::rails` (`TALLY_RAILS`): 0, the default, is `rails::auto_rails`: over tcp, for jobs
@@ -59,9 +59,8 @@
 //! `ffi-plugin/src/device.rs`). The runs (32 Gbit/s, lanes, real NCCL), the CPU per GB, and why
 //! libfabric 1.17 stays what `make deps`, the image and the tarballs use: [measurements,
 //! "Rails"](docs/measurements.md#rails).
-use super::copier::{CopyJob, LANE};
-use super::idle::QUIET_SLEEP_MS;
-use super::{Cmd, EmptyTurns, Event, Reply, Shared, RING};
+use super::idle::{EmptyTurns, QUIET_SLEEP_MS};
+use super::queue::{Cmd, CopyJob, Event, Reply, Shared, LANE, RING};
 use crate::dataplane::fabric::call_watch::Call;
 use crate::dataplane::fabric::{Completion, Endpoint, FabricError, PollError, PostError};
 use std::collections::VecDeque;
