@@ -1,9 +1,23 @@
 //! How a client reaches its servers and cuts its work ([`ClientConfig`]):
 //! the fields, their defaults and the environment variables that set them.
-use super::{servers, watchdog, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
+use super::{servers, watchdog};
 use crate::client::error::ClientError;
 use crate::wire::{self, JobSecret};
 use std::time::Duration;
+
+/// The smallest piece an all-reduce is cut into when it is spread over
+/// streams: below this, a piece's fixed costs outweigh the parallelism.
+pub const MIN_SPREAD_PIECE: usize = 4096;
+
+/// The largest `min_piece` (TALLY_MIN_PIECE) a client takes; the servers
+/// refuse a Hello above it alike. `op_chunk_bytes` (`state.rs`) never cuts past the
+/// job's chunk, so a minimum above every chunk a server grants (at most its
+/// `max_chunk`, 1 MiB by default, within its slab per lcore) means "never
+/// spread" and nothing more; 1 GiB is past any of them. The bound keeps the
+/// rounding up to a multiple of `min_piece` far from overflow (a wrapped
+/// share would cut an all-reduce into single elements) and the value within
+/// the Hello's u32.
+pub const MAX_MIN_PIECE: usize = wire::MAX_MIN_PIECE as usize;
 
 /// How to reach the servers and cut the work.
 #[derive(Debug, Clone)]
@@ -158,6 +172,13 @@ impl ClientConfig {
         self.copier && self.failover && rails > 1
     }
 
+    /// Whether this client asks its servers for heartbeats: only jobs that
+    /// can fail over act on them (a server older than heartbeats refuses
+    /// the flag, so single-server jobs do not send it).
+    pub(super) fn wants_heartbeats(&self) -> bool {
+        !self.liveness.is_zero() && self.failover && self.servers.len() > 1
+    }
+
     /// A secret for a new job from the kernel's random source, to hand to
     /// every rank as [`ClientConfig::job_secret`].
     pub fn draw_job_secret() -> Result<JobSecret, ClientError> {
@@ -298,6 +319,16 @@ fn id_secret(job_id: u64) -> JobSecret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_auto_window_keeps_a_stream_within_a_mebibyte_but_two_chunks() {
+        assert_eq!(auto_window(32 << 10), 4);
+        assert_eq!(auto_window(256 << 10), 4);
+        assert_eq!(auto_window(300 << 10), 3);
+        assert_eq!(auto_window(512 << 10), 2);
+        assert_eq!(auto_window(4 << 20), 2);
+        assert_eq!(auto_window(0), 4);
+    }
 
     #[test]
     fn min_piece_is_bounded_at_config_time() {

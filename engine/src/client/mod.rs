@@ -27,15 +27,33 @@
 //! (its id derived from the job id, dtype and op). Like every collective,
 //! that requires all ranks to issue the same calls in the same order.
 //!
-//! Pacing (progress.rs) and drains (control.rs) are described where they
-//! live.
+//! The parts, as a tree (each file imports only files below it; a type's
+//! methods live in its own file, and `tools/tests/house_rules.rs` keeps
+//! both):
+//!
+//! - this file: [`Client`], the API, and what hands one part's outcome to
+//!   the next (`check_controls`, `recover`, `on_switch`, `plan`);
+//! - `progress/`: the per-chunk path ([`Client::test`]'s work), one file
+//!   per mode (inject, direct, staged, relay, pacing); `control.rs`: the
+//!   control connections and drains; `failover/`: lost servers, recoveries,
+//!   redo flights, rejoins, the staging areas; `join.rs`: joining a sub-job;
+//! - `state.rs`: `Core` (what the parts share and are lent for each call)
+//!   and the sub-jobs, streams, flights and operations; `handshake.rs`,
+//!   `greet.rs`, `join_wait.rs`: a control connection's steps;
+//! - `stage.rs`, `rails/`, `config.rs`, `liveness.rs`, `watchdog.rs`,
+//!   `piece_times.rs`, `servers.rs`, `error.rs`: the leaves.
 //!
 //! Operations are asynchronous underneath ([`Client::start`] and
 //! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
 //! is the blocking convenience.
-use crate::dataplane::fabric::{select_provider, Completion, Endpoint, EndpointConfig, Hints, MemoryHandle};
-use crate::reduce::{DataType, Kernels, ReduceOp};
-use crate::wire::{self, Kind, TOKEN_BYTES};
+use crate::dataplane::fabric::{select_provider, Endpoint, EndpointConfig, Hints, MemoryHandle};
+use crate::reduce::{DataType, ReduceOp};
+use crate::wire::{self, Kind};
+use control::Control;
+use failover::{Failover, Verdict};
+use progress::{Progress, IDLE_CHECK_EVERY};
+use rails::Rails;
+use state::{Core, Flight, Op};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -46,6 +64,7 @@ mod control;
 mod error;
 pub mod failover;
 mod greet;
+mod handshake;
 mod join;
 mod join_wait;
 pub mod liveness;
@@ -53,99 +72,36 @@ pub mod piece_times;
 mod progress;
 pub mod rails;
 pub mod servers;
+mod stage;
 mod state;
 pub mod watchdog;
-pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS};
+pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
 pub use error::ClientError;
-use rails::Rails;
-use state::*;
+pub use join::MAX_SUBJOBS;
+pub use state::op_chunk_bytes;
 
-/// Sibling jobs (one per dtype/op pair) a client may open.
-pub const MAX_SUBJOBS: usize = 8;
 /// Operations queued per client.
 pub const MAX_OPS: usize = 64;
-/// Empty polls between two checks of the control connections and the timeout.
-const IDLE_CHECK_EVERY: u32 = 64;
-/// Polls with completions between two checks of the control connections:
-/// a rank that never sees an empty poll still hears of a drain.
-const BUSY_CHECK_EVERY: u32 = 1024;
-
-/// The smallest piece an all-reduce is cut into when it is spread over
-/// streams: below this, a piece's fixed costs outweigh the parallelism.
-pub const MIN_SPREAD_PIECE: usize = 4096;
-
-/// The largest `min_piece` (TALLY_MIN_PIECE) a client takes; the servers
-/// refuse a Hello above it alike. [`op_chunk_bytes`] never cuts past the
-/// job's chunk, so a minimum above every chunk a server grants (at most its
-/// `max_chunk`, 1 MiB by default, within its slab per lcore) means "never
-/// spread" and nothing more; 1 GiB is past any of them. The bound keeps the
-/// rounding up to a multiple of `min_piece` far from overflow (a wrapped
-/// share would cut an all-reduce into single elements) and the value within
-/// the Hello's u32.
-pub const MAX_MIN_PIECE: usize = wire::MAX_MIN_PIECE as usize;
-
-/// The chunk size of one all-reduce of `bytes`: the job's `max_chunk`, or,
-/// when fewer than one full chunk per stream would be left, an equal share
-/// per stream (rounded up to [`MIN_SPREAD_PIECE`] and whole elements) so
-/// that every server link and lcore carries part of it. Every rank computes
-/// the same value from the same arguments, so chunk `c` still meets chunk
-/// `c` of every other rank in the same slot.
-pub fn op_chunk_bytes(bytes: usize, max_chunk: usize, streams: usize, elem: usize, min_piece: usize) -> usize {
-    let share = bytes.div_ceil(streams.max(1)).next_multiple_of(min_piece.max(1)).next_multiple_of(elem);
-    share.min(max_chunk).max(elem)
-}
 
 /// An all-reduce handle from [`Client::start`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request(u64);
 
 pub struct Client {
-    cfg: ClientConfig,
-    token: [u8; TOKEN_BYTES],
-    /// The endpoints (one, or one per rail thread).
-    rails: Rails,
-    subs: Vec<SubJob>,
-    ops: VecDeque<Op>,
-    /// Per-stream cursors of finished operations, reused by the next ones.
-    spare_next: Vec<Vec<usize>>,
+    /// What the parts share: the settings, the endpoints, the sub-jobs, the
+    /// operations in progress and the context ids they post under. First:
+    /// the endpoints close their registrations before the staging areas
+    /// (in `failover`) drop.
+    core: Core,
+    /// The per-chunk path's own state.
+    progress: Progress,
+    /// Every sub-job's failover: its staging area, lost servers, recovery,
+    /// rejoins.
+    failover: Failover,
     next_op: u64,
-    /// Context ids refused with EAGAIN, retried first.
-    retry: Vec<u32>,
-    /// Something may have made a chunk postable since `pump` last looked
-    /// (an operation started or was cut, a flight finished, an operation
-    /// completed, a drain, recovery or rejoin moved on): only then does
-    /// `pump` walk the operations. Most calls of `test` find every window
-    /// full, and NCCL's proxy thread calls `test` for each request it waits
-    /// on: walking every waiting operation's streams each time was the
-    /// proxy's top symbol (perf, CollNet at 32 Gbit/s).
-    pump_due: bool,
-    per_sub: u32,
     registrations: Vec<(usize, usize, MemoryHandle)>,
-    last_progress: Instant,
-    /// Empty polls since the last completion (paces the idle checks).
-    idle_polls: u32,
-    /// Polls with completions (paces the control checks of a busy rank).
-    busy_polls: u32,
-    /// The completion batch, kept so that an empty poll writes nothing.
-    batch: [Completion; 32],
-    /// What failover did so far.
-    stats: failover::FailoverStats,
-    /// Per server, the IP addresses of its endpoints as its Accepts named
-    /// them (tcp only): where a lost one's watcher looks for connections
-    /// still backed off (`failover::Watcher`).
-    server_ips: Vec<Vec<std::net::IpAddr>>,
-    /// Every server's endpoint addresses together (tcp only), shared with
-    /// the watchdog's chore that sets the floor of the TCP timers on this
-    /// process's connections to them (`host::tcp_rto_min`).
-    tcp_peers: Arc<Mutex<Vec<std::net::IpAddr>>>,
-    /// Per server, a fingerprint of its endpoint names (`note_server_names`).
-    server_names: Vec<u64>,
-    /// Sampled pieces' round trips (`ClientConfig::piece_times`).
-    piece_times: piece_times::PieceTimes,
     /// Reports a provider call that does not return (None: off).
     watchdog: Option<watchdog::Watchdog>,
-    /// Reduces a relay job's pieces (the best kernels this CPU has).
-    kernels: Kernels,
     /// An operation failed or was aborted: this rank did not finish
     /// cleanly, so it must not say Bye (the servers then fail the job for
     /// the other ranks at once instead of counting this one as done).
@@ -180,7 +136,7 @@ impl Client {
         let ecfg = EndpointConfig {
             hints: Hints::new(&provider).with_node(node.as_deref()),
             cq_size: 0,
-            contexts: per_sub * MAX_SUBJOBS as u32,
+            contexts: per_sub * join::MAX_SUBJOBS as u32,
             wait_object: true,
         };
         let want = rails::resolve_rails(cfg.rails, &provider, cfg.servers.len());
@@ -221,46 +177,41 @@ impl Client {
             cfg.provider_watchdog,
             watchdog::rto_floor_chore(rails.provider(), cfg.tcp_rto_min_ms, &tcp_peers),
         );
+        let redo_base = per_sub - failover::REDO_CONTEXTS_PER_SERVER * cfg.servers.len() as u32;
         Ok(Client {
-            token,
+            failover: Failover::new(cfg.servers.len(), tcp_peers),
+            core: Core {
+                token,
+                rails,
+                subs: Vec::new(),
+                ops: VecDeque::with_capacity(MAX_OPS),
+                retry: Vec::with_capacity((per_sub as usize) * join::MAX_SUBJOBS),
+                per_sub,
+                redo_base,
+                cfg,
+            },
+            progress: Progress::new(MAX_OPS),
             watchdog,
-            rails,
-            subs: Vec::new(),
-            ops: VecDeque::with_capacity(MAX_OPS),
-            spare_next: Vec::with_capacity(MAX_OPS),
             next_op: 1,
-            retry: Vec::with_capacity((per_sub as usize) * MAX_SUBJOBS),
-            pump_due: true,
-            per_sub,
             registrations: Vec::new(),
-            last_progress: Instant::now(),
             failed: false,
-            stats: failover::FailoverStats::default(),
-            server_ips: vec![Vec::new(); cfg.servers.len()],
-            tcp_peers,
-            server_names: vec![0; cfg.servers.len()],
-            piece_times: piece_times::PieceTimes::default(),
-            kernels: Kernels::best(),
-            idle_polls: 0,
-            busy_polls: 0,
-            batch: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
-            cfg,
         })
     }
 
     pub fn provider(&self) -> &str {
-        self.rails.provider()
+        self.core.rails.provider()
     }
 
     /// The settings this client runs with (its window resolved from auto).
     pub fn config(&self) -> &ClientConfig {
-        &self.cfg
+        &self.core.cfg
     }
 
     /// The sampled pieces' round trips and the copies of staged results so
     /// far, where `ClientConfig::piece_times` is on (else None).
     pub fn piece_times(&self) -> Option<piece_times::PieceReport> {
-        self.cfg.piece_times.then(|| self.piece_times.report(self.rails.copy_times(), self.rails.copier_copies(), self.rails.busy_shares()))
+        let rails = &self.core.rails;
+        self.core.cfg.piece_times.then(|| self.progress.times.report(rails.copy_times(), rails.copier_copies(), rails.busy_shares()))
     }
 
     /// [`Client::piece_times`], for a caller that logs it itself (the NCCL
@@ -268,13 +219,37 @@ impl Client {
     /// not log it when it closes.
     pub fn take_piece_times(&mut self) -> Option<piece_times::PieceReport> {
         let r = self.piece_times();
-        self.cfg.piece_times = false;
+        self.core.cfg.piece_times = false;
         r
     }
 
     /// Streams (server, lcore pairs) of the first joined sub-job.
     pub fn streams(&self) -> usize {
-        self.subs.first().map_or(0, |s| s.streams.len())
+        self.core.subs.first().map_or(0, |s| s.streams.len())
+    }
+
+    /// Whether the first sub-job survives the loss of a server (several
+    /// servers, failover on, a provider that completes sends per peer).
+    pub fn can_fail_over(&self) -> bool {
+        !self.core.subs.is_empty() && self.failover.on(0)
+    }
+
+    /// Failover counters of the first sub-job.
+    pub fn failover_stats(&self) -> failover::FailoverStats {
+        let first = (!self.core.subs.is_empty()).then_some(0);
+        failover::FailoverStats {
+            streams: first.map_or(0, |_| self.core.subs[0].streams.len() as u32),
+            staging_bytes: first.and_then(|s| self.failover.staging(s)).map_or(0, |g| g.bytes() as u64),
+            staged: self.progress.staged,
+            late_receives: self.progress.late_receives,
+            ..self.failover.stats()
+        }
+    }
+
+    /// Joins the job for (dtype, op) on every server, if not joined yet.
+    /// Blocks until every rank joined (or the timeout). Collective.
+    pub fn join(&mut self, dtype: DataType, op: ReduceOp) -> Result<usize, ClientError> {
+        join::join_sub_job(&mut self.core, &mut self.failover, dtype, op)
     }
 
     /// Starts an all-reduce of `count` elements from `send` into `recv`
@@ -292,7 +267,7 @@ impl Client {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<Request, ClientError> {
-        if self.ops.len() >= MAX_OPS {
+        if self.core.ops.len() >= MAX_OPS {
             return Err(ClientError::BadArgument(format!("more than {MAX_OPS} all-reduces in flight")));
         }
         if count > 0 && (send.is_null() || recv.is_null()) {
@@ -300,7 +275,7 @@ impl Client {
         }
         let bytes = count.checked_mul(dtype.size()).ok_or_else(|| ClientError::BadArgument("count overflows".into()))?;
         let sub = self.join(dtype, op)?;
-        let (mh_send, mh_recv) = if self.rails.needs_local_mr() && bytes > 0 {
+        let (mh_send, mh_recv) = if self.core.rails.needs_local_mr() && bytes > 0 {
             (Some(self.registration(send as *mut u8, bytes)?), Some(self.registration(recv, bytes)?))
         } else {
             (None, None)
@@ -308,18 +283,18 @@ impl Client {
         let id = self.next_op;
         self.next_op += 1;
         // Every operation counts, empty ones too: every rank numbers them alike.
-        let index = self.subs[sub].started;
-        self.subs[sub].started += 1;
-        if self.cfg.piece_times {
-            self.piece_times.record_start(index);
+        let index = self.core.subs[sub].started;
+        self.core.subs[sub].started += 1;
+        if self.core.cfg.piece_times {
+            self.progress.times.record_start(index);
         }
         if bytes == 0 {
             // Nothing to move: complete at once (never queued, so `test`
             // finds it done).
             return self.after_start(sub, id);
         }
-        let next = self.spare_next.pop().unwrap_or_default();
-        self.ops.push_back(Op {
+        let next = self.progress.spare_next();
+        self.core.ops.push_back(Op {
             id,
             sub,
             index,
@@ -338,9 +313,9 @@ impl Client {
             mh_recv,
             started: Instant::now(),
         });
-        self.last_progress = Instant::now();
-        if !self.subs[sub].holding() {
-            let oi = self.ops.len() - 1;
+        self.progress.last_progress = Instant::now();
+        if !self.holding(sub) {
+            let oi = self.core.ops.len() - 1;
             if let Err(e) = self.plan(oi) {
                 self.failed = true;
                 return Err(e);
@@ -354,8 +329,8 @@ impl Client {
     }
 
     fn after_start(&mut self, sub: usize, id: u64) -> Result<Request, ClientError> {
-        if self.subs[sub].retiring {
-            if let Err(e) = self.retire(sub) {
+        if self.core.subs[sub].retiring {
+            if let Err(e) = control::retire(&mut self.core, sub) {
                 self.failed = true;
                 return Err(e);
             }
@@ -363,35 +338,35 @@ impl Client {
         Ok(Request(id))
     }
 
-    /// Cuts operation `oi` over its stream set: chunk size, chunk count,
-    /// first stream, per-stream cursors. Operations of a sub-job are cut in
-    /// index order, the same on every rank.
+    /// Operations of sub-job `sub` wait uncut: a drain's switch, a
+    /// recovery's agreement or a rejoin's switch is being agreed.
+    fn holding(&self, sub: usize) -> bool {
+        self.failover.holding(sub) || self.core.subs[sub].awaiting_switch()
+    }
+
+    /// Cuts operation `oi` over its stream set (`Core::cut`); where a
+    /// recovery redoes work of the old set, its chunks on the lost streams
+    /// go to the recovery instead.
     fn plan(&mut self, oi: usize) -> Result<(), ClientError> {
-        let (sub, index, bytes) = (self.ops[oi].sub, self.ops[oi].index, self.ops[oi].bytes);
-        let s = &mut self.subs[sub];
-        let Some(gen) = s.gen_for(index, bytes) else {
-            return Err(ClientError::Refused { server: "every server".into(), reject: "no server left for this job".into() });
-        };
-        let elem = s.dtype.size();
-        let g = &mut s.gens[gen];
-        let n = g.set.len();
-        let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * elem, n, elem, self.cfg.min_piece);
-        let chunks = bytes.div_ceil(chunk_bytes);
-        let first = g.rotate % n;
-        g.rotate = (first + chunks) % n;
-        let set = &s.gens[gen].set;
-        let op = &mut self.ops[oi];
-        op.next.clear();
-        op.next.resize(s.streams.len(), usize::MAX);
-        for (pos, &st) in set.iter().enumerate() {
-            op.next[st] = (pos + n - first) % n;
-        }
-        (op.gen, op.chunk_bytes, op.chunks, op.first, op.planned) = (gen, chunk_bytes, chunks, first, true);
-        self.pump_due = true;
-        if self.subs[sub].fo.round.as_ref().is_some_and(|r| index < r.switch_op) {
+        self.core.cut(oi)?;
+        self.progress.pump_due = true;
+        let (sub, index) = (self.core.ops[oi].sub, self.core.ops[oi].index);
+        if self.failover.redoes(sub, index) {
             // Cut over the old set, which still has the lost servers: their
             // chunks go to the recovery instead.
-            self.redo_cut(oi)?;
+            self.failover.redo_cut(&mut self.core, oi)?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the operations of sub-job `sub` held uncut, unless it still holds them.
+    fn plan_held(&mut self, sub: usize) -> Result<(), ClientError> {
+        if !self.holding(sub) {
+            for oi in 0..self.core.ops.len() {
+                if self.core.ops[oi].sub == sub && !self.core.ops[oi].planned {
+                    self.plan(oi)?;
+                }
+            }
         }
         Ok(())
     }
@@ -406,10 +381,10 @@ impl Client {
         // operation runs; the registration is dropped with the endpoint, and
         // a later buffer at the same address is re-registered only if it is
         // larger (cache entries cover the exact ranges registered).
-        let mh = unsafe { self.rails.register(p, len) }.map_err(|e| ClientError::Fabric(e.to_string()))?;
+        let mh = unsafe { self.core.rails.register(p, len) }.map_err(|e| ClientError::Fabric(e.to_string()))?;
         if self.registrations.len() >= 64 {
             let (_, _, old) = self.registrations.remove(0);
-            let _ = self.rails.deregister(old);
+            let _ = self.core.rails.deregister(old);
         }
         self.registrations.push((a, len, mh));
         Ok(mh)
@@ -428,13 +403,111 @@ impl Client {
         self.pump()?;
         self.poll()?;
         self.pump()?;
-        let done = !self.ops.iter().any(|o| o.id == req.0);
+        let done = !self.core.ops.iter().any(|o| o.id == req.0);
         // The clock is read only on the empty polls that also check the
         // control connections (see `poll`), not on every call.
-        if !done && self.idle_polls.is_multiple_of(IDLE_CHECK_EVERY) && self.last_progress.elapsed() > self.cfg.timeout {
-            return Err(ClientError::Timeout(format!("all-reduce made no progress for {:?}", self.cfg.timeout)));
+        if !done
+            && self.progress.idle_polls.is_multiple_of(IDLE_CHECK_EVERY)
+            && self.progress.last_progress.elapsed() > self.core.cfg.timeout
+        {
+            return Err(ClientError::Timeout(format!("all-reduce made no progress for {:?}", self.core.cfg.timeout)));
         }
         Ok(done)
+    }
+
+    /// Posts chunks while streams have room (`Progress::pump`).
+    #[inline]
+    fn pump(&mut self) -> Result<(), ClientError> {
+        self.progress.pump(&mut self.core, &mut self.failover)
+    }
+
+    /// Takes the completions that came (`Progress::poll`), and looks at the
+    /// control connections when that is due.
+    #[inline]
+    fn poll(&mut self) -> Result<(), ClientError> {
+        if self.progress.poll(&mut self.core, &mut self.failover)? {
+            return self.check_controls();
+        }
+        Ok(())
+    }
+
+    /// A server that ended the job, or drains, says so on the control
+    /// connection (`control::read`), and each message goes to its
+    /// handler; a rail stuck in a provider call is an error here.
+    fn check_controls(&mut self) -> Result<(), ClientError> {
+        if let Some(w) = self.watchdog.as_ref() {
+            if let Some(report) = w.stuck() {
+                let stuck = w.stuck_rails();
+                let rails = &mut self.core.rails;
+                (0..rails.count()).filter(|r| stuck & (1 << r) != 0).for_each(|r| rails.abandon(r));
+                return Err(ClientError::Fabric(report));
+            }
+        }
+        for sub in 0..self.core.subs.len() {
+            if self.failover.poll_rejoins(&mut self.core, sub)? {
+                self.progress.pump_due = true;
+            }
+            for si in 0..self.core.subs[sub].controls.len() {
+                while let Some(msg) = control::read(&mut self.core, sub, si, self.failover.on(sub))? {
+                    let now = Instant::now();
+                    let live = &mut self.core.subs[sub].live;
+                    match &msg {
+                        Control::Alive => live.alive(si, now),
+                        Control::Gone(_) => {}
+                        _ => live.heard(si, now),
+                    }
+                    match msg {
+                        Control::Alive => {}
+                        Control::Drain => control::on_drain(&mut self.core, sub, si)?,
+                        Control::SwitchAt(k) => self.on_switch(sub, si, k)?,
+                        Control::Gone(why) => self.failover.lose(&mut self.core, sub, 1u64 << si, &why)?,
+                        Control::Failover(dead) => self.failover.lose(&mut self.core, sub, dead, "the recovery's leader says so")?,
+                        Control::Recover { dead, switch_op, reports } => self.failover.hear_verdict(sub, (dead, switch_op, reports)),
+                    }
+                }
+                // Liveness, only for jobs that can fail over (see [`liveness`]).
+                if self.failover.on(sub) && !self.failover.has_lost(sub, si) {
+                    if let Some(why) = control::silence(&mut self.core, sub, si) {
+                        self.failover.lose(&mut self.core, sub, 1u64 << si, &why)?;
+                    }
+                }
+            }
+        }
+        // Recoveries join redo jobs, a blocking collective: every rank takes
+        // its sub-jobs' verdicts in sub-job order, or two ranks could each
+        // wait in a different sub-job's join for the other.
+        for sub in 0..self.core.subs.len() {
+            if let Some(verdict) = self.failover.take_verdict(sub) {
+                self.recover(sub, verdict)?;
+            } else if self.failover.recovering(sub) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The draining server `si` named the switch operation `k`
+    /// (`control::on_switch`): operations held for it are cut, the server
+    /// retired if this rank is past `k`, and the chunks posted.
+    fn on_switch(&mut self, sub: usize, si: usize, k: u64) -> Result<(), ClientError> {
+        control::on_switch(&mut self.core, sub, si, k)?;
+        self.plan_held(sub)?;
+        control::retire(&mut self.core, sub)?;
+        self.progress.pump_due = true;
+        self.pump()
+    }
+
+    /// The leader's verdict for sub-job `sub` (`Failover::recover`): once
+    /// the recovery started, the operations it completed are handed back,
+    /// the ones held are cut, and the chunks posted.
+    fn recover(&mut self, sub: usize, verdict: Verdict) -> Result<(), ClientError> {
+        if !self.failover.recover(&mut self.core, sub, verdict)? {
+            return Ok(());
+        }
+        self.progress.finish_done_ops(&mut self.core)?;
+        self.plan_held(sub)?;
+        self.progress.pump_due = true;
+        self.pump()
     }
 
     /// Blocking all-reduce from `send` into `recv` (same length, whole elements).
@@ -468,7 +541,7 @@ impl Client {
     pub fn wait(&mut self, req: Request) -> Result<(), ClientError> {
         let mut empty = 0u32;
         loop {
-            let before = self.last_progress;
+            let before = self.progress.last_progress;
             match self.test(req) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
@@ -479,10 +552,10 @@ impl Client {
                     return Err(e);
                 }
             }
-            if self.last_progress == before {
+            if self.progress.last_progress == before {
                 empty += 1;
-                if empty >= self.cfg.spin_polls {
-                    let _ = self.rails.wait(self.cfg.sleep_ms.min(i32::MAX as u32) as i32);
+                if empty >= self.core.cfg.spin_polls {
+                    let _ = self.core.rails.wait(self.core.cfg.sleep_ms.min(i32::MAX as u32) as i32);
                     empty = 0;
                 }
             } else {
@@ -495,10 +568,11 @@ impl Client {
     /// rank no longer counts as finishing cleanly.
     pub fn abort(&mut self) {
         self.failed = true;
-        self.rails.cancel_all();
-        self.ops.clear();
-        self.retry.clear();
-        for s in &mut self.subs {
+        let c = &mut self.core;
+        c.rails.cancel_all();
+        c.ops.clear();
+        c.retry.clear();
+        for s in &mut c.subs {
             for st in &mut s.streams {
                 st.head_seq = st.next_seq;
                 st.head_slot = st.next_slot;
@@ -518,56 +592,19 @@ impl Drop for Client {
         // rank said bye). Otherwise just close: the servers fail the job and
         // the other ranks hear of it at once. Canceling first means no
         // receive still targets a caller's buffer.
-        let clean = self.ops.is_empty() && !self.failed;
+        let clean = self.core.ops.is_empty() && !self.failed;
         if let Some(r) = self.piece_times() {
-            log::info!("rank {}: {r}", self.cfg.rank);
+            log::info!("rank {}: {r}", self.core.cfg.rank);
         }
-        self.rails.cancel_all();
+        self.core.rails.cancel_all();
         if clean {
             let bye = wire::Header::new(Kind::Bye);
-            for s in &mut self.subs {
+            for s in &mut self.core.subs {
                 for c in s.controls.iter_mut().flatten() {
                     let _ = c.set_nonblocking(false);
                     let _ = c.write_all(bytemuck::bytes_of(&bye));
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{auto_window, op_chunk_bytes, MIN_SPREAD_PIECE};
-
-    #[test]
-    fn the_auto_window_keeps_a_stream_within_a_mebibyte_but_two_chunks() {
-        assert_eq!(auto_window(32 << 10), 4);
-        assert_eq!(auto_window(256 << 10), 4);
-        assert_eq!(auto_window(300 << 10), 3);
-        assert_eq!(auto_window(512 << 10), 2);
-        assert_eq!(auto_window(4 << 20), 2);
-        assert_eq!(auto_window(0), 4);
-    }
-
-    #[test]
-    fn small_operations_spread_over_every_stream() {
-        const M: usize = MIN_SPREAD_PIECE;
-        // 1 MiB over 8 streams with 512 KiB chunks: 8 pieces of 128 KiB.
-        assert_eq!(op_chunk_bytes(1 << 20, 512 << 10, 8, 4, M), 128 << 10);
-        // Large operations keep the job's chunk.
-        assert_eq!(op_chunk_bytes(64 << 20, 512 << 10, 8, 4, M), 512 << 10);
-        // A few KiB stay whole: one piece, one stream.
-        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4, M), MIN_SPREAD_PIECE);
-        assert_eq!(op_chunk_bytes(100, 512 << 10, 8, 4, M), MIN_SPREAD_PIECE);
-        // Whole elements, never above the job's chunk, never zero.
-        assert_eq!(op_chunk_bytes(3 << 20, 1 << 20, 3, 8, M), 1 << 20);
-        assert_eq!(op_chunk_bytes(8, 8, 1, 8, M), 8);
-        // A smaller minimum piece spreads a 4 KiB all-reduce over 4 streams.
-        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4, 1024), 1024);
-        for (bytes, max, streams, elem) in [(12345usize, 65536usize, 7usize, 2usize), (1 << 22, 4096, 64, 8), (0, 4096, 4, 4)] {
-            let c = op_chunk_bytes(bytes, max, streams, elem, M);
-            assert!(c.is_multiple_of(elem) && c <= max && c >= elem, "{bytes} {max} {streams} {elem}: {c}");
-            assert!(bytes.div_ceil(c) <= streams.max(bytes.div_ceil(max)), "{bytes} {max} {streams}: {c}");
         }
     }
 }

@@ -1,16 +1,118 @@
 //! A client's state: per sub-job (one per (dtype, op) pair) its streams
 //! (one per server lcore), the chunks in flight on each (`Flight`), the
 //! stream sets operations are cut over (`Gen`), and each all-reduce in
-//! progress (`Op`). Only the client's own modules see inside.
-use crate::client::failover::{Fo, Stage};
-use crate::client::liveness::Liveness;
-use crate::client::rails::Rails;
+//! progress (`Op`), cut here (`Core::cut`); and [`Core`], what the
+//! client's parts (the per-chunk path, control, failover, joins) share and
+//! are lent for each call. Only the client's own modules see inside.
+//!
+//! The context ids: a sub-job `sub` owns `per_sub` of them from
+//! `sub * per_sub`. Below `redo_base` they name data flights, two per slot
+//! of each stream's window (`(st * window + slot) << 1`, `| 1` for the
+//! send); from `redo_base` on, a recovery's redo flights
+//! (`failover/redo.rs`). A completion is decoded from its context id alone.
+use super::config::ClientConfig;
+use super::error::ClientError;
+use super::liveness::Liveness;
+use super::rails::Rails;
+use super::stage::{Landed, Stage};
 use crate::dataplane::fabric::{MemoryHandle, PeerAddr};
 use crate::reduce::{DataType, ReduceOp};
-use crate::wire::JobTag;
+use crate::wire::{self, JobTag, TOKEN_BYTES};
 use std::collections::VecDeque;
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+
+/// What the client's parts share, lent to each for one call: the
+/// settings, the endpoints, the sub-jobs, the operations in progress and
+/// the context ids they post under. The parts' own state (the per-chunk
+/// path's, failover's) is theirs; this is what every one of them reads.
+pub(super) struct Core {
+    pub(super) cfg: ClientConfig,
+    pub(super) token: [u8; TOKEN_BYTES],
+    /// The endpoints (one, or one per rail thread).
+    pub(super) rails: Rails,
+    pub(super) subs: Vec<SubJob>,
+    pub(super) ops: VecDeque<Op>,
+    /// Context ids refused with EAGAIN, retried first.
+    pub(super) retry: Vec<u32>,
+    /// Context ids per sub-job (see the module doc).
+    pub(super) per_sub: u32,
+    /// The first of a sub-job's context ids (after `sub * per_sub`) that
+    /// names a redo flight.
+    pub(super) redo_base: u32,
+}
+
+impl Core {
+    /// Index of the sub-job's first operation not yet cut into chunks.
+    pub(super) fn first_uncut(&self, sub: usize) -> u64 {
+        self.ops.iter().filter(|o| o.sub == sub && !o.planned).map(|o| o.index).min().unwrap_or(self.subs[sub].started)
+    }
+
+    /// Writes a whole small message on a (non-blocking) control connection.
+    pub(super) fn send_control(&mut self, sub: usize, si: usize, bytes: &[u8]) -> Result<(), ClientError> {
+        let Some(c) = self.subs[sub].controls[si].as_mut() else { return Ok(()) };
+        let _ = c.set_nonblocking(false);
+        let r = c.write_all(bytes);
+        let _ = c.set_nonblocking(true);
+        r.map_err(|e| ClientError::Connect { server: self.cfg.servers[si].clone(), error: e.to_string() })
+    }
+
+    /// The server job of this communicator for (dtype, op) when it is not
+    /// the first pair: derived with the job's secret (`wire::derive_job_id`).
+    pub(super) fn sub_job_id(&self, dtype: DataType, op: ReduceOp) -> u64 {
+        wire::derive_job_id(self.cfg.job_id, &self.cfg.job_secret, &[b'd', dtype as u8, b'o', op as u8])
+    }
+
+    /// The servers in `mask`, by address, for messages.
+    pub(super) fn servers_named(&self, mask: u64) -> String {
+        bits(mask).filter_map(|i| self.cfg.servers.get(i)).cloned().collect::<Vec<_>>().join(", ")
+    }
+
+    /// Cuts operation `oi` over its stream set: chunk size, chunk count,
+    /// first stream, per-stream cursors. Operations of a sub-job are cut in
+    /// index order, the same on every rank. (Chunks a recovery redoes are
+    /// the client's to hand over: `Client::plan`.)
+    pub(super) fn cut(&mut self, oi: usize) -> Result<(), ClientError> {
+        let (sub, index, bytes) = (self.ops[oi].sub, self.ops[oi].index, self.ops[oi].bytes);
+        let s = &mut self.subs[sub];
+        let Some(gen) = s.gen_for(index, bytes) else {
+            return Err(ClientError::Refused { server: "every server".into(), reject: "no server left for this job".into() });
+        };
+        let elem = s.dtype.size();
+        let g = &mut s.gens[gen];
+        let n = g.set.len();
+        let chunk_bytes = op_chunk_bytes(bytes, s.chunk_elems * elem, n, elem, self.cfg.min_piece);
+        let chunks = bytes.div_ceil(chunk_bytes);
+        let first = g.rotate % n;
+        g.rotate = (first + chunks) % n;
+        let set = &s.gens[gen].set;
+        let op = &mut self.ops[oi];
+        op.next.clear();
+        op.next.resize(s.streams.len(), usize::MAX);
+        for (pos, &st) in set.iter().enumerate() {
+            op.next[st] = (pos + n - first) % n;
+        }
+        (op.gen, op.chunk_bytes, op.chunks, op.first, op.planned) = (gen, chunk_bytes, chunks, first, true);
+        Ok(())
+    }
+}
+
+/// The indices of the bits set in `mask` (servers, by their place in the list).
+pub(super) fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    (0..64).filter(move |i| mask & (1u64 << i) != 0)
+}
+
+/// The chunk size of one all-reduce of `bytes`: the job's `max_chunk`, or,
+/// when fewer than one full chunk per stream would be left, an equal share
+/// per stream (rounded up to `min_piece`, by default `MIN_SPREAD_PIECE`, and whole elements) so
+/// that every server link and lcore carries part of it. Every rank computes
+/// the same value from the same arguments, so chunk `c` still meets chunk
+/// `c` of every other rank in the same slot.
+pub fn op_chunk_bytes(bytes: usize, max_chunk: usize, streams: usize, elem: usize, min_piece: usize) -> usize {
+    let share = bytes.div_ceil(streams.max(1)).next_multiple_of(min_piece.max(1)).next_multiple_of(elem);
+    share.min(max_chunk).max(elem)
+}
 
 /// One (server, lcore) stream of a sub-job.
 pub(super) struct Stream {
@@ -121,6 +223,9 @@ pub(super) struct Gen {
 
 /// A job on the servers for one (dtype, op).
 pub(super) struct SubJob {
+    /// Its job on the servers: the caller's id for the first pair, derived
+    /// for the others (`Core::sub_job_id`).
+    pub(super) job_id: u64,
     pub(super) dtype: DataType,
     pub(super) op: ReduceOp,
     pub(super) chunk_elems: usize,
@@ -146,9 +251,6 @@ pub(super) struct SubJob {
     /// Per server: sends in flight, and send contexts waiting for a credit
     /// (in chunk order). Only used with `send_credits`.
     pub(super) pacing: Vec<Pacing>,
-    /// Where results land first when the sub-job can fail over (None: straight
-    /// into the caller's buffer).
-    pub(super) stage: Option<Stage>,
     /// A relay job's receive buffers (see [`ClientConfig::relay`]): the
     /// other rank's small pieces land here and are reduced with this
     /// rank's into the result's place (None: not a relay job).
@@ -157,15 +259,15 @@ pub(super) struct SubJob {
     /// carries every operation of at most `split_max` bytes (None: not split).
     pub(super) split: Option<usize>,
     pub(super) split_max: usize,
-    /// Failover state: lost servers, the recovery round in progress.
-    pub(super) fo: Fo,
     /// When each server was last heard from (see [`liveness`]).
     pub(super) live: Liveness,
 }
 
 impl SubJob {
-    pub(super) fn holding(&self) -> bool {
-        self.fo.recovering || self.fo.rejoin_pending() || self.leave.iter().any(|l| matches!(l, Leave::Awaiting { .. }))
+    /// A drain's switch is being agreed: operations are held uncut
+    /// (failover holds them too, `Client::holding`).
+    pub(super) fn awaiting_switch(&self) -> bool {
+        self.leave.iter().any(|l| matches!(l, Leave::Awaiting { .. }))
     }
 
     /// Whether stream `st` belongs to a server this rank lost.
@@ -309,8 +411,47 @@ impl Op {
     /// its output as they arrive (`copy_to` of [`Rails::recv`]). Not in place:
     /// there the output is the input, which must stay intact until the main
     /// thread has seen the result (a recovery may send the input again for
-    /// a result the rank has not seen), so `failover::land` copies it then.
+    /// a result the rank has not seen), so [`Op::land`] copies it then.
     pub(super) fn rail_copies(&self, rails: &Rails) -> bool {
         rails.copies_results() && !std::ptr::eq(self.send, self.recv.cast_const())
+    }
+
+    /// Chunk `chunk`'s result, staged in `stage`'s slot of (`st`, `seq`):
+    /// copied into this operation's output where it is still to be copied
+    /// (`how`), and remembered as what the slot stands for.
+    #[inline]
+    pub(super) fn land(&self, stage: &mut Stage, st: usize, seq: u32, chunk: usize, how: Landed) {
+        let (off, len) = self.span(chunk);
+        // SAFETY: off + len <= bytes, inside the caller's output (contract
+        // of `start`), which no staging slot overlaps.
+        unsafe { stage.land(st, seq, chunk, self.index, self.recv.add(off), len, how) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::op_chunk_bytes;
+    use crate::client::config::MIN_SPREAD_PIECE;
+
+    #[test]
+    fn small_operations_spread_over_every_stream() {
+        const M: usize = MIN_SPREAD_PIECE;
+        // 1 MiB over 8 streams with 512 KiB chunks: 8 pieces of 128 KiB.
+        assert_eq!(op_chunk_bytes(1 << 20, 512 << 10, 8, 4, M), 128 << 10);
+        // Large operations keep the job's chunk.
+        assert_eq!(op_chunk_bytes(64 << 20, 512 << 10, 8, 4, M), 512 << 10);
+        // A few KiB stay whole: one piece, one stream.
+        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4, M), MIN_SPREAD_PIECE);
+        assert_eq!(op_chunk_bytes(100, 512 << 10, 8, 4, M), MIN_SPREAD_PIECE);
+        // Whole elements, never above the job's chunk, never zero.
+        assert_eq!(op_chunk_bytes(3 << 20, 1 << 20, 3, 8, M), 1 << 20);
+        assert_eq!(op_chunk_bytes(8, 8, 1, 8, M), 8);
+        // A smaller minimum piece spreads a 4 KiB all-reduce over 4 streams.
+        assert_eq!(op_chunk_bytes(4096, 512 << 10, 8, 4, 1024), 1024);
+        for (bytes, max, streams, elem) in [(12345usize, 65536usize, 7usize, 2usize), (1 << 22, 4096, 64, 8), (0, 4096, 4, 4)] {
+            let c = op_chunk_bytes(bytes, max, streams, elem, M);
+            assert!(c.is_multiple_of(elem) && c <= max && c >= elem, "{bytes} {max} {streams} {elem}: {c}");
+            assert!(bytes.div_ceil(c) <= streams.max(bytes.div_ceil(max)), "{bytes} {max} {streams}: {c}");
+        }
     }
 }

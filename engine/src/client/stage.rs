@@ -1,9 +1,11 @@
-//! Where results land before they are copied out ([`Stage`]), and what each
-//! staging slot holds, so that a recovery can relay a result this rank has
-//! and a slower one lacks (the module above says which results are staged
-//! and why).
-use crate::client::rails::Rails;
-use crate::client::{ClientError, Op, SubJob};
+//! Slots that results land in before they are copied out ([`Stage`]), and
+//! what each slot holds. A sub-job that can fail over stages every result
+//! (failover owns that staging area: `failover`'s module doc says which
+//! results are staged and why), so that a recovery can relay a result this
+//! rank has and a slower one lacks; a relay job's other-rank pieces and a
+//! redo job's results land in slots of the same kind.
+use super::error::ClientError;
+use super::rails::Rails;
 use crate::dataplane::fabric::MemoryHandle;
 
 /// Where a sub-job's results land before they are copied out: per stream,
@@ -83,8 +85,8 @@ impl Stage {
             if ep.needs_local_mr() {
                 // SAFETY: the block stays allocated while registered: the
                 // endpoint closes its registrations before the sub-jobs'
-                // stages drop (field order of Client), and redo stages are
-                // deregistered before they drop (`maybe_end_round`).
+                // stages drop (field order of Client: `core` before `failover`), and redo stages are
+                // deregistered before they drop (`Round::close`).
                 let mh = unsafe { ep.register(ptr, layout.size()) }
                     .map_err(|e| ClientError::Fabric(format!("registering the staging area: {e}")))?;
                 block.mh = Some(mh);
@@ -140,7 +142,7 @@ pub(in crate::client) fn prefault(ptr: *mut u8, len: usize) {
     }
 }
 
-/// Where a completed flight's result is, for [`land`].
+/// Where a completed flight's result is, for [`Stage::land`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(in crate::client) enum Landed {
     /// In its staging slot: copy it into the caller's buffer.
@@ -160,26 +162,31 @@ impl Landed {
     }
 }
 
-/// A completed flight's result: copy it out of the staging slot into the
-/// caller's buffer where it is still to be copied, and remember what the
-/// slot stands for.
-#[inline]
-pub(in crate::client) fn land(s: &mut SubJob, op: &Op, st: usize, seq: u32, chunk: usize, how: Landed) {
-    let Some(stage) = s.stage.as_mut() else { return };
-    let (off, len) = op.span(chunk);
-    if how == Landed::Staged {
-        // SAFETY: the slot holds the whole result (its receive completed); the
-        // caller's buffer holds `bytes` (contract of `start`), off + len <= bytes.
-        unsafe { std::ptr::copy_nonoverlapping(stage.slot(st, seq), op.recv.add(off), len) };
-    }
-    stage.hold(op, st, seq, chunk);
-}
-
 impl Stage {
-    /// Notes that the slot of (`st`, `seq`) stands for chunk `chunk` of `op`.
-    #[inline(always)]
-    fn hold(&mut self, op: &Op, st: usize, seq: u32, chunk: usize) {
-        let len = op.span(chunk).1 as u32;
-        self.meta[st * self.slots + seq as usize % self.slots] = Held { valid: true, seq, len, chunk: chunk as u32, op_index: op.index };
+    /// A completed flight's result, `len` bytes in the slot of (`st`,
+    /// `seq`), chunk `chunk` of operation `op_index`: copied into `out`
+    /// where it is still to be copied (`how`), and remembered as what the
+    /// slot stands for (`Op::land` is the safe call).
+    ///
+    /// # Safety
+    /// `out` is valid for `len` bytes of writes and overlaps no slot.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::client) unsafe fn land(
+        &mut self,
+        st: usize,
+        seq: u32,
+        chunk: usize,
+        op_index: u64,
+        out: *mut u8,
+        len: usize,
+        how: Landed,
+    ) {
+        if how == Landed::Staged {
+            // SAFETY: the slot holds the whole result (its receive
+            // completed); `out` holds `len` bytes (this function's contract).
+            unsafe { std::ptr::copy_nonoverlapping(self.slot(st, seq), out, len) };
+        }
+        self.meta[st * self.slots + seq as usize % self.slots] = Held { valid: true, seq, len: len as u32, chunk: chunk as u32, op_index };
     }
 }
