@@ -14,11 +14,18 @@
 //!   which others it may use; every `crate::` path in the code (its `use`
 //!   lines and inline paths, comments left out) must be one of them. A new
 //!   folder must get a row.
+//! - **The client is a tree** (`engine/src/client`, issue 58): a type's
+//!   `impl` blocks live in the file that defines the type (no file adds
+//!   methods to another's `Client`: a call then shows as an import of the
+//!   callee's file), and the files' imports (`use` lines and inline
+//!   `crate::client::`, `super::`, `self::` and child-module paths,
+//!   comments and test modules left out) have no cycle: no two files that
+//!   use each other, no loop through several.
 //!
 //! Each failure names the file and line, and the rule's own parsing is
 //! checked on small examples at the end, so a parser that finds nothing
 //! cannot pass everything.
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 mod repo_tree;
@@ -353,4 +360,297 @@ fn the_rules_parse_what_they_rely_on() {
     let lines = ["use super::*;", "#[cfg(test)]", "mod tests {", "    use super::*;", "}", "fn f() {}"];
     assert_eq!(test_regions(&lines), [(1, 5)]);
     assert!(is_test_cfg("#[cfg(all(test, target_arch = \"x86_64\"))]") && !is_test_cfg("#[cfg(feature = \"std\")]"));
+}
+
+/// The folder the tree rule covers.
+const TREE: &str = "engine/src/client";
+
+/// The module declarations (`mod x;`, `pub(super) mod x;`) of a file,
+/// outside test modules: its child modules.
+fn child_modules(lines: &[&str], tests: &[(usize, usize)]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (n, line) in lines.iter().enumerate() {
+        if tests.iter().any(|&(a, b)| (a..b).contains(&n)) || n.checked_sub(1).is_some_and(|p| is_test_cfg(lines[p])) {
+            continue;
+        }
+        let mut t = line.trim();
+        if let Some(rest) = t.strip_prefix("pub") {
+            t = rest.trim_start();
+            if t.starts_with('(') {
+                t = t[t.find(')').map_or(t.len(), |i| i + 1)..].trim_start();
+            }
+        }
+        if let Some(name) = t.strip_prefix("mod ").and_then(|n| n.strip_suffix(';')) {
+            out.insert(name.trim().to_string());
+        }
+    }
+    out
+}
+
+/// The paths a line of code names, as written: each `use` tree expanded,
+/// and inline paths (`a::b::c`) outside `use` lines. Comments are left out
+/// by the caller.
+fn code_paths(code: &str, in_use: bool) -> Vec<String> {
+    if in_use {
+        return expand_use(code);
+    }
+    // A visibility (`pub(in crate::client)`) names a module, not an import.
+    let mut code = code.to_string();
+    while let Some(i) = code.find("pub(in ") {
+        let end = code[i..].find(')').map_or(code.len(), |j| i + j + 1);
+        code.replace_range(i..end, "pub");
+    }
+    let code = code.as_str();
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < bytes.len() {
+        let start_ok = ident(bytes[i]) && (i == 0 || !(ident(bytes[i - 1]) || bytes[i - 1] == b':' || bytes[i - 1] == b'$'));
+        if !start_ok {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < bytes.len() && (ident(bytes[j]) || (bytes[j] == b':' && bytes.get(j + 1) == Some(&b':') && j + 2 < bytes.len())) {
+            j += if bytes[j] == b':' { 2 } else { 1 };
+        }
+        let path = &code[i..j];
+        if path.contains("::") {
+            out.push(path.trim_end_matches(':').to_string());
+        }
+        i = j.max(i + 1);
+    }
+    out
+}
+
+/// One import between two files of the tree: where it is written.
+#[derive(Debug, Clone, PartialEq)]
+struct Import {
+    from: String,
+    to: String,
+    line: usize,
+    path: String,
+}
+
+/// The imports between the files `files` (path, text), each resolved to
+/// the file of the longest module prefix it names (`super::queue::Cmd` is
+/// `queue.rs`, `super::Cmd` the parent's file). Only files under `dir`.
+fn tree_imports(files: &[(String, String)], dir: &str) -> Vec<Import> {
+    let modules: BTreeMap<Vec<String>, &str> = files.iter().map(|(rel, _)| (module_of(rel), rel.as_str())).collect();
+    let mut out = Vec::new();
+    for (rel, text) in files {
+        let here = module_of(rel);
+        let lines: Vec<&str> = text.lines().collect();
+        let tests = test_regions(&lines);
+        let children = child_modules(&lines, &tests);
+        let mut n = 0;
+        while n < lines.len() {
+            let first = n;
+            let code = lines[n].split("//").next().unwrap_or("");
+            let t = code.trim();
+            let use_at = t.find("use ").filter(|&i| i == 0 || t[..i].trim().starts_with("pub"));
+            let mut stmt = code.to_string();
+            if let Some(i) = use_at {
+                stmt = t[i + 4..].to_string();
+                while !stmt.trim_end().ends_with(';') && n + 1 < lines.len() {
+                    n += 1;
+                    stmt.push_str(lines[n].split("//").next().unwrap_or("").trim());
+                }
+                stmt = stmt.trim_end().trim_end_matches(';').to_string();
+            }
+            n += 1;
+            if tests.iter().any(|&(a, b)| (a..b).contains(&first)) {
+                continue;
+            }
+            for path in code_paths(&stmt, use_at.is_some()) {
+                let segs: Vec<&str> = path.split("::").map(str::trim).collect();
+                let mut abs: Vec<String> = match segs[0] {
+                    "crate" => Vec::new(),
+                    "self" | "super" => here.clone(),
+                    s if children.contains(s) => here.clone(),
+                    _ => continue,
+                };
+                for s in &segs {
+                    match *s {
+                        "crate" | "self" => {}
+                        "super" => {
+                            abs.pop();
+                        }
+                        s => abs.push(s.to_string()),
+                    }
+                }
+                let Some(to) = (1..=abs.len()).rev().find_map(|k| modules.get(&abs[..k])) else { continue };
+                if *to != rel.as_str() && to.starts_with(dir) {
+                    out.push(Import { from: rel.clone(), to: to.to_string(), line: first + 1, path: path.clone() });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each cycle among the imports (a strongly connected set of files), as
+/// the imports inside it, `file:line: path -> file`.
+fn import_cycles(imports: &[Import]) -> Vec<Vec<String>> {
+    let mut next: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for i in imports {
+        next.entry(&i.from).or_default().insert(&i.to);
+    }
+    let reach = |a: &str| {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![a]);
+        while let Some(x) = todo.pop() {
+            for &y in next.get(x).into_iter().flatten() {
+                if seen.insert(y) {
+                    todo.push(y);
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&str, BTreeSet<&str>> = next.keys().map(|&a| (a, reach(a))).collect();
+    let mut done = BTreeSet::new();
+    let mut out = Vec::new();
+    for (&a, r) in &reached {
+        if done.contains(a) || !r.contains(a) {
+            continue;
+        }
+        let set: BTreeSet<&str> = r.iter().copied().filter(|b| reached.get(b).is_some_and(|rb| rb.contains(a))).collect();
+        done.extend(set.iter().copied());
+        let mut inside: Vec<String> = imports
+            .iter()
+            .filter(|i| set.contains(i.from.as_str()) && set.contains(i.to.as_str()))
+            .map(|i| format!("{}:{}: {} -> {}", i.from, i.line, i.path, i.to))
+            .collect();
+        inside.dedup();
+        out.push(inside);
+    }
+    out
+}
+
+/// `impl` blocks of a type defined in another file of the tree, as
+/// `file:line: impl ... (defined in file)`.
+fn foreign_impls(files: &[(String, String)]) -> Vec<String> {
+    let name_after = |t: &str, kw: &str| -> Option<String> {
+        let rest = t.strip_prefix(kw)?;
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        (!name.is_empty()).then_some(name)
+    };
+    let mut defined: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    for (rel, text) in files {
+        for line in text.lines() {
+            let mut t = line.trim();
+            if let Some(rest) = t.strip_prefix("pub") {
+                t = rest.trim_start();
+                if t.starts_with('(') {
+                    t = t[t.find(')').map_or(t.len(), |i| i + 1)..].trim_start();
+                }
+            }
+            for kw in ["struct ", "enum ", "union ", "type ", "trait "] {
+                if let Some(name) = name_after(t, kw) {
+                    defined.entry(name).or_default().insert(rel);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (rel, text) in files {
+        for (n, line) in text.lines().enumerate() {
+            let t = line.trim().trim_start_matches("unsafe ");
+            if !(t.starts_with("impl ") || t.starts_with("impl<")) {
+                continue;
+            }
+            // The self type: after ` for ` if a trait's, else after `impl<...>`.
+            let head = t.split('{').next().unwrap_or(t).trim();
+            let head = head.split(" where ").next().unwrap_or(head);
+            let mut depth = 0;
+            let mut generics_end = 4;
+            for (i, c) in head.char_indices().skip(4) {
+                match c {
+                    '<' => depth += 1,
+                    '>' => depth -= 1,
+                    _ if depth == 0 => {
+                        generics_end = i;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let rest = head[generics_end..].trim();
+            let ty = rest.rsplit(" for ").next().unwrap_or(rest).trim();
+            let ty = ty.split('<').next().unwrap_or(ty).rsplit("::").next().unwrap_or(ty).trim();
+            if let Some(homes) = defined.get(ty) {
+                if !homes.contains(rel.as_str()) {
+                    out.push(format!("{rel}:{}: {t} ({ty} is defined in {})", n + 1, homes.iter().copied().collect::<Vec<_>>().join(", ")));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The tree's `.rs` files and their text.
+fn tree_files(root: &Path) -> Vec<(String, String)> {
+    files_under(root, TREE).into_iter().filter(|f| f.ends_with(".rs")).map(|f| (f.clone(), read(root, &f))).collect()
+}
+
+#[test]
+fn the_client_is_a_tree() {
+    let files = tree_files(&repo());
+    assert!(files.len() > 20, "only {} files under {TREE}", files.len());
+    let impls = foreign_impls(&files);
+    assert!(
+        impls.is_empty(),
+        "impl blocks outside the file that defines their type (move the methods there, or make them a function of the file that calls them):\n  {}",
+        impls.join("\n  ")
+    );
+    let imports = tree_imports(&files, TREE);
+    assert!(imports.len() > 50, "only {} imports between the files of {TREE}", imports.len());
+    let cycles = import_cycles(&imports);
+    let shown: Vec<String> = cycles.iter().map(|c| c.join("\n    ")).collect();
+    assert!(
+        cycles.is_empty(),
+        "files of {TREE} that import each other, directly or through others (move what both need into a file below both, or have the lower one return what the upper one should do):\n  {}",
+        shown.join("\n  ")
+    );
+}
+
+#[test]
+fn the_tree_rule_parses_what_it_relies_on() {
+    let file = |p: &str, t: &str| (format!("x/{p}"), t.to_string());
+    let files = [
+        file("mod.rs", "mod a;\npub(super) mod b;\n#[cfg(test)]\nmod tests;\nuse a::A;\nfn f() { b::g(); x::y(); } // c::z()\n"),
+        file("a.rs", "use super::{b::B, Top};\n//! crate::x::c::C in a doc\npub(super) struct A;\n#[cfg(test)]\nmod tests {\n    use super::super::c::C;\n}\n"),
+        file("b.rs", "use crate::x::{\n    a::A,\n};\nfn g() { let _ = crate::x::c::f(); let s = \"{v:?}\"; }\nimpl A {}\n"),
+        file("c.rs", "pub struct C;\nimpl<'a> Default for C {}\nimpl Drop for Outside {}\n"),
+        file("a/d.rs", "use super::super::c::C;\nuse super::Q;\nuse std::io::Read;\nimpl crate::x::c::C {}\n"),
+    ];
+    let got: Vec<(String, String, usize)> = tree_imports(&files, "x")
+        .into_iter()
+        .map(|i| (i.from.trim_start_matches("x/").into(), i.to.trim_start_matches("x/").into(), i.line))
+        .collect();
+    let want = [
+        ("mod.rs", "a.rs", 5),
+        ("mod.rs", "b.rs", 6),
+        ("a.rs", "b.rs", 1),
+        ("a.rs", "mod.rs", 1),
+        ("b.rs", "a.rs", 1),
+        ("b.rs", "c.rs", 4),
+    ];
+    let want2 = [("a/d.rs", "c.rs", 1), ("a/d.rs", "a.rs", 2), ("a/d.rs", "c.rs", 4)];
+    let want: Vec<(String, String, usize)> = want.iter().chain(&want2).map(|&(a, b, n)| (a.into(), b.into(), n)).collect();
+    let sorted = |mut v: Vec<(String, String, usize)>| {
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(got), sorted(want));
+    let cycles = import_cycles(&tree_imports(&files, "x"));
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+    assert!(cycles[0].iter().any(|l| l.starts_with("x/b.rs:1: crate::x::a::A -> x/a.rs")), "{cycles:?}");
+    assert!(!cycles[0].iter().any(|l| l.contains("c.rs")), "{cycles:?}");
+    let impls = foreign_impls(&files);
+    assert_eq!(impls.len(), 2, "{impls:?}");
+    assert!(impls[0].starts_with("x/b.rs:5: impl A {}") && impls[1].starts_with("x/a/d.rs:4: impl crate::x::c::C {}"), "{impls:?}");
+    assert_eq!(code_paths("let x = a::b(c::D::new()) + self::e::F;", false), ["a::b", "c::D::new", "self::e::F"]);
+    assert_eq!(code_paths("pub(in crate::client) fn f(x: a::B) {}", false), ["a::B"]);
 }
