@@ -11,7 +11,7 @@
 //! `engine/src/wire/failover.rs`, the servers' part `ControlPlane::lost`
 //! (`engine/src/control/failover.rs`). Not said there:
 //!
-//! **Staging** (`failover/stage.rs`) takes per stream twice the window of piece-sized slots (2 MiB
+//! **Staging** (`client/stage.rs`, owned by `Failover`) takes per stream twice the window of piece-sized slots (2 MiB
 //! blocks and up on transparent huge pages), and every result goes through it: into its slot, then
 //! copied into the caller's buffer by the rail that received it (or the caller's thread). Results
 //! once skipped it where a proof within the operation said no rank could need them from here after
@@ -44,7 +44,7 @@
 //! are registered too. A vanished host (powered off, link down) or a server making no progress
 //! (frozen, hung) is noticed by missing heartbeats ("Failure detection").
 //!
-//! **Rejoin** (`failover/rejoin.rs`). The `Watcher` thread tries the lost servers every half second
+//! **Rejoin** (`failover/rejoin.rs`). The `Watcher` thread (`failover/watcher.rs`) tries the lost servers every half second
 //! (a blocking connect to a dead host must not stall the data path). One that answers `busy` (every
 //! rank of every job reconnecting at once) is tried again half a second later, the ranks already in
 //! waiting within the server's `join_timeout_s`

@@ -11,7 +11,7 @@
 //!
 //! **Two ranks: the relay.** A two-rank job's pieces of at most `RELAY_MAX` (4 KiB, shm's inject
 //! size) go on as they arrive, by inject from their receive buffer, to the *other* rank, which
-//! reduces the two in rank order itself (`Client::reduce_relayed`; the long version: the module docs
+//! reduces the two in rank order itself (`client/progress/relay.rs`; the long version: the module docs
 //! of `engine/src/wire/mod.rs` and `engine/src/dataplane/shard/relay.rs`). The client asks for it
 //! (`Hello::RELAY`) for a job on one server only (`ClientConfig::relay`; `TALLY_RELAY=0` turns it
 //! off): why, the test that checks it, and the figures:

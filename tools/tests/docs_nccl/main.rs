@@ -352,7 +352,7 @@ fn quoted_figures_hold() {
         .iter()
         .map(|f| read(&format!("engine/src/control/{f}")))
         .collect::<String>();
-    let client = ["mod.rs", "error.rs", "join.rs", "progress.rs", "control.rs"]
+    let client = ["mod.rs", "error.rs", "join.rs", "handshake.rs", "progress/mod.rs", "control.rs"]
         .iter()
         .map(|f| read(&format!("engine/src/client/{f}")))
         .collect::<String>();

@@ -71,7 +71,7 @@
 //!
 //! Client side: the module docs of `engine/src/client/mod.rs` (the cut into chunks, `op_chunk_bytes`,
 //! the streams and their rotation: each shard goes straight to the lcore that owns it, the RSS idea,
-//! no dispatcher) and `client/progress.rs` (the posts; pacing with `send_credits`) are the long
+//! no dispatcher) and `client/progress/` (the posts and each mode; pacing with `send_credits`) are the long
 //! version. A chunk is at most `chunk_elems` (the piece the servers granted, see Jobs), and an
 //! all-reduce smaller than S full chunks is cut into S equal ones of at least 4 KiB
 //! (`TALLY_MIN_PIECE`). Pieces are tagged `job(16) | slot(16) | seq(32)` (`wire/tag.rs`); one at or
