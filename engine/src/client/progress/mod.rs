@@ -179,6 +179,7 @@ impl Progress {
 
     /// Takes the completions that came; true when the control connections
     /// are due for a look (see [`IDLE_CHECK_EVERY`]).
+    #[inline]
     pub(super) fn poll(&mut self, c: &mut Core, fo: &mut Failover) -> Result<bool, ClientError> {
         let n = match c.rails.poll(&mut self.batch) {
             Ok(n) => n,

@@ -13,6 +13,7 @@ use crate::client::piece_times::PieceTimes;
 use crate::client::state::Core;
 
 /// Posts a chunk's send now if its server has a send credit, else queues it.
+#[inline]
 pub(super) fn issue_send(c: &mut Core, fo: &Failover, times: &mut PieceTimes, ctx: u32) -> Result<(), ClientError> {
     if c.cfg.send_credits == 0 {
         return post(c, fo, times, ctx);
@@ -29,6 +30,7 @@ pub(super) fn issue_send(c: &mut Core, fo: &Failover, times: &mut PieceTimes, ct
 }
 
 /// A send completed: its server's credit goes to the next waiting sends.
+#[inline]
 pub(super) fn release_send_credit(
     c: &mut Core,
     fo: &Failover,

@@ -34,6 +34,7 @@ pub(super) fn recv(
 /// A relayed flight (of stream `st`) has the other rank's piece and sent its own:
 /// reduces the two, in rank order, into where the result goes (the
 /// staging slot, or the caller's buffer).
+#[inline]
 pub(super) fn reduce(c: &Core, stage: Option<&Stage>, kernels: &Kernels, sub: usize, st: usize, f: Flight) -> Result<(), ClientError> {
     let s = &c.subs[sub];
     let Some(op) = c.ops.iter().find(|o| o.id == f.op) else { return Ok(()) };
