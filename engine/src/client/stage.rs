@@ -128,6 +128,33 @@ impl Stage {
         // SAFETY: (seq mod slots) * piece lies inside the stream's block.
         unsafe { self.blocks[st].ptr.add(seq as usize % self.slots * self.piece) }
     }
+
+    /// A completed flight's result, `len` bytes in the slot of (`st`,
+    /// `seq`), chunk `chunk` of operation `op_index`: copied into `out`
+    /// where it is still to be copied (`how`), and remembered as what the
+    /// slot stands for (`Op::land` is the safe call).
+    ///
+    /// # Safety
+    /// `out` is valid for `len` bytes of writes and overlaps no slot.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::client) unsafe fn land(
+        &mut self,
+        st: usize,
+        seq: u32,
+        chunk: usize,
+        op_index: u64,
+        out: *mut u8,
+        len: usize,
+        how: Landed,
+    ) {
+        if how == Landed::Staged {
+            // SAFETY: the slot holds the whole result (its receive
+            // completed); `out` holds `len` bytes (this function's contract).
+            unsafe { std::ptr::copy_nonoverlapping(self.slot(st, seq), out, len) };
+        }
+        self.meta[st * self.slots + seq as usize % self.slots] = Held { valid: true, seq, len: len as u32, chunk: chunk as u32, op_index };
+    }
 }
 
 /// Touches every page of a fresh allocation, so that its page faults happen
@@ -159,34 +186,5 @@ impl Landed {
         } else {
             Landed::Staged
         }
-    }
-}
-
-impl Stage {
-    /// A completed flight's result, `len` bytes in the slot of (`st`,
-    /// `seq`), chunk `chunk` of operation `op_index`: copied into `out`
-    /// where it is still to be copied (`how`), and remembered as what the
-    /// slot stands for (`Op::land` is the safe call).
-    ///
-    /// # Safety
-    /// `out` is valid for `len` bytes of writes and overlaps no slot.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::client) unsafe fn land(
-        &mut self,
-        st: usize,
-        seq: u32,
-        chunk: usize,
-        op_index: u64,
-        out: *mut u8,
-        len: usize,
-        how: Landed,
-    ) {
-        if how == Landed::Staged {
-            // SAFETY: the slot holds the whole result (its receive
-            // completed); `out` holds `len` bytes (this function's contract).
-            unsafe { std::ptr::copy_nonoverlapping(self.slot(st, seq), out, len) };
-        }
-        self.meta[st * self.slots + seq as usize % self.slots] = Held { valid: true, seq, len: len as u32, chunk: chunk as u32, op_index };
     }
 }
