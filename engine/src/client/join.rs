@@ -105,6 +105,7 @@ impl Client {
         let mut controls: Vec<Option<TcpStream>> = controls.into_iter().map(Some).collect();
         let join_started = Instant::now();
         let mut answers = self.collect_answers(&mut controls, &hellos, join_started)?;
+        let mut live = Liveness::new(self.cfg.servers.len());
         for (si, slot) in controls.iter_mut().enumerate() {
             let server = &self.cfg.servers[si];
             let Some(s) = slot.as_mut() else { continue };
@@ -135,6 +136,9 @@ impl Client {
             let latency_lcores = g.latency.map_or(0, |(l, _)| l);
             small_lcores = if latency_lcores > 0 { latency_lcores } else { g.names.len() } as u32;
             self.note_server_names(si, g.names.iter().map(|n| n.as_bytes()));
+            if g.beats && self.wants_heartbeats() {
+                live.alive(si, Instant::now());
+            }
             for (k, n) in g.names.iter().enumerate() {
                 let rail = self.rails.rail_for(si, k);
                 let addr = self.rails.insert_peer(rail, n).map_err(|e| ClientError::Fabric(e.to_string()))?;
@@ -199,7 +203,7 @@ impl Client {
             split,
             split_max,
             fo: Fo::default(),
-            live: Liveness::new(self.cfg.servers.len()),
+            live,
         });
         Ok(self.subs.len() - 1)
     }
@@ -460,6 +464,8 @@ pub(crate) struct Granted {
     /// The first `.0` names take only operations of at most `.1` bytes
     /// (`Accept::latency_split`).
     pub latency: Option<(usize, usize)>,
+    /// The server says it sends heartbeats (`Accept::heartbeat_ms`).
+    pub beats: bool,
 }
 
 /// An Accept's grant, or why not.
@@ -492,7 +498,7 @@ pub(super) fn read_answer(s: &mut TcpStream) -> Result<Granted, Answer> {
                 let n = rec.name().map_err(|e| Answer::Io(e.to_string()))?;
                 names.push(EndpointName::from_bytes(n).ok_or_else(|| Answer::Io("bad name".into()))?);
             }
-            Ok(Granted { tag: a.job(), names, piece_elems: a.piece_elems, latency: a.latency_split() })
+            Ok(Granted { tag: a.job(), names, piece_elems: a.piece_elems, latency: a.latency_split(), beats: a.heartbeat_ms > 0 })
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
     }

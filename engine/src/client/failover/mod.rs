@@ -72,7 +72,8 @@
 //! provider still holds of the old ones can complete (`settle_lost`): a
 //! server killed and restarted any number of times costs a rank what it
 //! cost once. (A frozen or cut-off one, the same process, still gets new
-//! places each time: `take_back` says why.)
+//! places each time, `take_back` says why, but not new staging slots:
+//! those of a place lost for good whose receives settled, `Stage::hand_over`.)
 //!
 //! Limits: a second loss while a recovery's items are in flight fails the
 //! job with an error saying so (a loss during the agreement is fine: it
@@ -159,8 +160,10 @@ pub struct FailoverStats {
     /// copied out), while failover was on: every one.
     pub staged: u64,
     /// What the first sub-job holds now, lost servers' part included: its
-    /// streams, and the bytes of its staging area. A server lost and taken
-    /// back any number of times holds no more than it did the first time.
+    /// streams (a server taken back as another process takes its lost
+    /// streams' places; as the same process, places of its own), and the
+    /// bytes of its staging area, which a server lost and taken back any
+    /// number of times, either way, does not grow (`Stage::hand_over`).
     pub streams: u32,
     pub staging_bytes: u64,
     /// Receives of lost streams that completed after the loss (their

@@ -3,7 +3,7 @@
 //! ranks agree on its new streams carry operations again.
 use super::REDO_CONTEXTS_PER_SERVER;
 use crate::client::{Client, ClientError, Flight, Stream};
-use crate::dataplane::fabric::EndpointName;
+use crate::dataplane::fabric::{EndpointName, PendingSends};
 use crate::wire::{self, Challenge, Hello, JobSpec};
 use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -17,6 +17,8 @@ pub(in crate::client) struct Rejoin {
     /// Since when its Accept waits for the lost streams' operations to
     /// settle ([`SETTLE_FOR`]).
     pub(in crate::client) settling: Option<Instant>,
+    /// Its Accept says it sends heartbeats (`Accept::heartbeat_ms`).
+    pub(in crate::client) beats: bool,
 }
 
 /// How long a server's Accept waits for what the provider still holds of
@@ -178,7 +180,7 @@ impl Client {
             let sent = crate::client::greet::send_answered(&mut conn, &hello, &challenge, &self.token);
             if sent.is_ok() && conn.set_nonblocking(true).is_ok() {
                 log::info!("server {} answers again: taking it back into job {:#x}", self.cfg.servers[si], spec.job_id);
-                self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept, settling: None });
+                self.subs[sub].fo.rejoins.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept, settling: None, beats: false });
             } else {
                 self.watch_again(sub, si);
             }
@@ -225,16 +227,16 @@ impl Client {
     /// still complete. The places are the same on every rank (every rank
     /// lost the same streams), so a completion of the old ones must not be
     /// taken for one of the new: their receives were canceled at the loss
-    /// and are asked again; with `forget_sends` (the server is another
-    /// process now: tcp;ofi_rxm drops what was queued to the dead one
-    /// without completing it) their sends are forgotten, else waited for.
-    fn settle_lost(&mut self, sub: usize, si: usize, forget_sends: bool) -> u32 {
+    /// and are asked again; their sends are forgotten (the server is
+    /// another process now: tcp;ofi_rxm drops what was queued to the dead
+    /// one without completing it).
+    fn settle_lost(&mut self, sub: usize, si: usize) -> u32 {
         let window = self.cfg.window;
         let s = &self.subs[sub];
         let mut left = 0u32;
         for (st, stream) in s.streams.iter().enumerate().filter(|(_, x)| x.server == si && x.lost && !x.split) {
             let base = sub as u32 * self.per_sub + st as u32 * window * 2;
-            left = left.saturating_add(self.rails.settle(stream.rail, base..base + window * 2, forget_sends));
+            left = left.saturating_add(self.rails.settle(stream.rail, base..base + window * 2, PendingSends::Forget));
         }
         left
     }
@@ -305,7 +307,7 @@ impl Client {
                 names.push(crate::dataplane::fabric::EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?);
             }
             let restarted = fingerprint(names.iter().map(|n| n.as_bytes())) != self.server_names[si];
-            let left = if restarted { self.settle_lost(sub, si, true) } else { 0 };
+            let left = if restarted { self.settle_lost(sub, si) } else { 0 };
             if left > 0 {
                 let since = *self.subs[sub].fo.rejoins[i].settling.get_or_insert_with(Instant::now);
                 if since.elapsed() < SETTLE_FOR {
@@ -355,6 +357,7 @@ impl Client {
                     return Ok(false);
                 }
                 self.subs[sub].fo.rejoins[i].phase = RejoinPhase::Question;
+                self.subs[sub].fo.rejoins[i].beats = a.heartbeat_ms > 0;
                 Ok(true)
             }
             wire::Kind::Rejoin => {
@@ -386,8 +389,13 @@ impl Client {
                 s.fo.handled &= !(1u64 << si);
                 s.fo.reported &= !(1u64 << si);
                 s.controls[si] = Some(conn);
-                // Armed again by its first heartbeat on this connection.
-                s.live.disarm(si);
+                // Armed from now where its Accept said it sends heartbeats
+                // (`Liveness::alive` says why), else by its first one.
+                if s.fo.rejoins[i].beats {
+                    s.live.alive(si, Instant::now());
+                } else {
+                    s.live.disarm(si);
+                }
                 log::warn!("server {server} is back in job {job:#x} from operation {k}");
                 self.stats.rejoins += 1;
                 if !self.subs[sub].holding() {
@@ -457,9 +465,40 @@ impl Client {
         let s = &mut self.subs[sub];
         s.flights.resize(s.streams.len() * window, Flight::default());
         if let Some(stage) = s.stage.as_mut() {
-            stage.add(added, &mut self.rails)?;
+            stage.add_places(added);
         }
+        let taken = old.iter().take(names.len()).copied().chain(self.subs[sub].streams.len() - added..self.subs[sub].streams.len());
+        self.equip_stage(sub, &taken.collect::<Vec<_>>())?;
         Ok(true)
+    }
+
+    /// Staging slots for the places in `taken` that have none: a block
+    /// handed over from a stream lost for good whose receives the provider
+    /// gave back (`Stage::hand_over`), else a new one. Which block a place
+    /// gets is this rank's own business (no other rank sees it), so it asks
+    /// only its own provider. Not while a recovery may still read staged
+    /// results of lost streams.
+    fn equip_stage(&mut self, sub: usize, taken: &[usize]) -> Result<(), ClientError> {
+        let window = self.cfg.window;
+        let s = &self.subs[sub];
+        let Some(stage) = s.stage.as_ref() else { return Ok(()) };
+        let needy: Vec<usize> = taken.iter().copied().filter(|&st| !stage.has_slots(st)).collect();
+        let recovering = s.fo.round.is_some() || s.fo.recovering;
+        let mut donors: Vec<usize> = (0..s.streams.len())
+            .filter(|&st| !recovering && s.streams[st].lost && !s.streams[st].split && stage.has_slots(st) && !taken.contains(&st))
+            .collect();
+        for st in needy {
+            let settled = donors.iter().position(|&d| {
+                let base = sub as u32 * self.per_sub + d as u32 * window * 2;
+                self.rails.settle(self.subs[sub].streams[d].rail, base..base + window * 2, PendingSends::Ignore) == 0
+            });
+            let stage = self.subs[sub].stage.as_mut().expect("a stage");
+            match settled {
+                Some(i) => stage.hand_over(donors.swap_remove(i), st),
+                None => stage.equip(st, &mut self.rails)?,
+            }
+        }
+        Ok(())
     }
 }
 
