@@ -184,6 +184,8 @@ pub(crate) struct Granted {
     /// The first `.0` names take only operations of at most `.1` bytes
     /// (`Accept::latency_split`).
     pub latency: Option<(usize, usize)>,
+    /// The server says it sends heartbeats (`Accept::heartbeat_ms`).
+    pub beats: bool,
 }
 
 /// An Accept's grant, or why not.
@@ -216,7 +218,7 @@ pub(super) fn read_answer(s: &mut TcpStream) -> Result<Granted, Answer> {
                 let n = rec.name().map_err(|e| Answer::Io(e.to_string()))?;
                 names.push(EndpointName::from_bytes(n).ok_or_else(|| Answer::Io("bad name".into()))?);
             }
-            Ok(Granted { tag: a.job(), names, piece_elems: a.piece_elems, latency: a.latency_split() })
+            Ok(Granted { tag: a.job(), names, piece_elems: a.piece_elems, latency: a.latency_split(), beats: a.heartbeat_ms > 0 })
         }
         k => Err(Answer::Io(format!("unexpected {k:?} from the server"))),
     }

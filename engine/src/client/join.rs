@@ -96,6 +96,7 @@ pub(super) fn join_sub_job(c: &mut Core, fo: &mut Failover, dtype: DataType, op:
     let mut controls: Vec<Option<TcpStream>> = controls.into_iter().map(Some).collect();
     let join_started = Instant::now();
     let mut answers = collect_answers(c, &mut controls, &hellos, join_started)?;
+    let mut live = Liveness::new(c.cfg.servers.len());
     for (si, slot) in controls.iter_mut().enumerate() {
         let server = &c.cfg.servers[si];
         let Some(s) = slot.as_mut() else { continue };
@@ -126,6 +127,9 @@ pub(super) fn join_sub_job(c: &mut Core, fo: &mut Failover, dtype: DataType, op:
         let latency_lcores = g.latency.map_or(0, |(l, _)| l);
         small_lcores = if latency_lcores > 0 { latency_lcores } else { g.names.len() } as u32;
         fo.note_server_names(c.rails.provider(), si, g.names.iter().map(|n| n.as_bytes()));
+        if g.beats && c.cfg.wants_heartbeats() {
+            live.alive(si, Instant::now());
+        }
         for (k, n) in g.names.iter().enumerate() {
             let rail = c.rails.rail_for(si, k);
             let addr = c.rails.insert_peer(rail, n).map_err(|e| ClientError::Fabric(e.to_string()))?;
@@ -189,7 +193,7 @@ pub(super) fn join_sub_job(c: &mut Core, fo: &mut Failover, dtype: DataType, op:
         relay,
         split,
         split_max,
-        live: Liveness::new(c.cfg.servers.len()),
+        live,
     });
     fo.add_job(stage);
     Ok(c.subs.len() - 1)

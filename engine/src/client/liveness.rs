@@ -11,16 +11,19 @@
 //! control thread sends a bare `Alive` header every `heartbeat_ms` (250 by
 //! default), and only while every lcore of the job keeps polling. A frozen
 //! process sends nothing; a stuck lcore withholds its jobs' heartbeats. A
-//! rank that has heard a server once and then hears nothing from it for
-//! `ClientConfig::liveness` (2 s by default, `TALLY_LIVENESS_MS`) declares
-//! it lost, exactly as if its connection had closed, and the job fails over.
+//! rank that hears nothing from a server for `ClientConfig::liveness` (2 s
+//! by default, `TALLY_LIVENESS_MS`) from the moment its Accept said it
+//! sends them (`Accept::heartbeat_ms`, at the join and when it is taken
+//! back) declares it lost, exactly as if its connection had closed, and the
+//! job fails over.
 //!
 //! The rank checks where it reads its control connections (while it waits
 //! on an all-reduce) and reads everything buffered first, so a rank that
 //! did not call into the client for a while is not fooled by its own
 //! absence: what the server sent meanwhile counts as heard now. A server
-//! that never sent a heartbeat (one older than heartbeats, or run with
-//! `heartbeat_ms = 0`) is never declared lost this way. Jobs that cannot
+//! run with `heartbeat_ms = 0` is never declared lost this way; one from
+//! before `Accept::heartbeat_ms` (which sends them unannounced) only once
+//! it sent its first. Jobs that cannot
 //! fail over (one server, shm, `TALLY_FAILOVER=0`) do not check: losing
 //! their only server is an error, and waiting for one that resumes is
 //! better; the client's own `timeout` bounds that wait.
@@ -84,8 +87,8 @@
 //! (`REDO_CONNECT_FOR`), and a `busy` answer as any join's is.
 use std::time::{Duration, Instant};
 
-/// When each server of a sub-job was last heard (None: not armed: no
-/// heartbeat from it yet, or it was lost and not taken back). Sized at the
+/// When each server of a sub-job was last heard (None: not armed: it was
+/// lost and not taken back, or its job asked for no heartbeats). Sized at the
 /// join: a heartbeat is read while an all-reduce runs, and allocates nothing.
 pub struct Liveness {
     heard: Vec<Option<Instant>>,
@@ -97,7 +100,11 @@ impl Liveness {
         Liveness { heard: vec![None; servers] }
     }
 
-    /// A heartbeat from server `si`: it is armed from now on.
+    /// A heartbeat from server `si`, or its Accept saying it sends them
+    /// (`Accept::heartbeat_ms`): it is armed from now on. Armed only at a
+    /// first beat, a server frozen right after admitting the job (at the
+    /// join, or taken back) was never declared lost: the job stood still
+    /// for the whole freeze.
     pub fn alive(&mut self, si: usize, now: Instant) {
         if let Some(h) = self.heard.get_mut(si) {
             *h = Some(now);
@@ -111,8 +118,8 @@ impl Liveness {
         }
     }
 
-    /// Forget `si` (lost, or taken back on a new connection: armed again by
-    /// its first heartbeat there).
+    /// Forget `si` (lost: armed again when it is taken back, by
+    /// [`Liveness::alive`]).
     pub fn disarm(&mut self, si: usize) {
         if let Some(h) = self.heard.get_mut(si) {
             *h = None;

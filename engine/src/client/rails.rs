@@ -58,7 +58,9 @@
 //! thread as commands too, and the client waits for their answer: they
 //! happen at joins, recoveries and stops, never per chunk.
 use crate::dataplane::fabric::call_watch::CallWatch;
-use crate::dataplane::fabric::{Completion, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PollError, PostError};
+use crate::dataplane::fabric::{
+    Completion, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PendingSends, PollError, PostError,
+};
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -564,14 +566,20 @@ impl Rails {
 
     /// `Endpoint::settle` on rail `r`: how many of the operations `ctxs`
     /// last named may still complete (on a rail thread, plus one while
-    /// completions are still on their way here; an abandoned rail never
-    /// settles). Rare: when a server is taken back, never per chunk.
-    pub fn settle(&mut self, r: usize, ctxs: std::ops::Range<u32>, forget_sends: bool) -> u32 {
+    /// completions are still on their way here, one of which may name them;
+    /// an abandoned rail never settles). With [`PendingSends::Ignore`] only
+    /// the receives the provider still holds count: the caller wants their
+    /// buffers back, not the contexts, and a completion on its way writes
+    /// nothing more (on a busy rail some always are: counting them, a lost
+    /// stream's slots at 16 Gbit/s were never handed over). Rare: when a
+    /// server is taken back, never per chunk.
+    pub fn settle(&mut self, r: usize, ctxs: std::ops::Range<u32>, sends: PendingSends) -> u32 {
+        let on_the_way = |held: bool| u32::from(held && sends != PendingSends::Ignore);
         match &mut self.mode {
-            Mode::Direct(ep) => ep.settle(ctxs, forget_sends),
+            Mode::Direct(ep) => ep.settle(ctxs, sends),
             Mode::Threaded { rails, .. } if rails[r].shared.abandoned.load(Ordering::Relaxed) => u32::MAX,
-            Mode::Threaded { rails, held, .. } => match ask(&rails[r].shared, Cmd::Settle(ctxs, forget_sends)) {
-                Ok(Reply::Count(n)) => n + u32::from(held.is_some()),
+            Mode::Threaded { rails, held, .. } => match ask(&rails[r].shared, Cmd::Settle(ctxs, sends)) {
+                Ok(Reply::Count(n)) => n + on_the_way(held.is_some()),
                 Ok(_) => u32::MAX,
                 Err(e) => {
                     log::warn!("rail {r}: {e}");

@@ -28,10 +28,23 @@ pub(in crate::client) struct Block {
     pub(in crate::client) mh: Option<MemoryHandle>,
 }
 
+impl Block {
+    /// No slots: the place of a stream lost for good whose block went to
+    /// another ([`Stage::hand_over`]), until a stream there needs slots again.
+    fn none() -> Block {
+        Block { ptr: std::ptr::null_mut(), layout: std::alloc::Layout::new::<u8>(), mh: None }
+    }
+}
+
 impl Drop for Block {
     fn drop(&mut self) {
-        // SAFETY: allocated in `Stage::add` with this layout. The client
-        // cancels every receive before its sub-jobs go (Client's Drop).
+        if self.ptr.is_null() {
+            return;
+        }
+        // SAFETY: allocated in `Stage::alloc_block` with this layout. The
+        // client cancels every receive before its sub-jobs go (Client's
+        // Drop), and a block moves to another stream only once the provider
+        // gave back every receive posted into it (`hand_over`).
         unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
 }
@@ -61,40 +74,82 @@ impl Stage {
     /// Slots for `n` more streams.
     pub fn add(&mut self, n: usize, ep: &mut Rails) -> Result<(), ClientError> {
         for _ in 0..n {
-            let size = (self.slots * self.piece).max(64);
-            // Blocks of 2 MiB or more start on a 2 MiB boundary and ask for
-            // transparent huge pages: every staged result goes through the
-            // kernel's receive copy and a rail's copy out, and on 4 KiB pages
-            // a 2 MiB block is 512 translations. (Advice only: 4 KiB pages
-            // where THP is off.)
-            let huge = size >= THP_SIZE;
-            let layout = std::alloc::Layout::from_size_align(size, if huge { THP_SIZE } else { 64 }).expect("staging layout");
-            // SAFETY: the layout has a non-zero size.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            if ptr.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            if huge {
-                // SAFETY: [ptr, ptr + size rounded down to 2 MiB) lies in this
-                // fresh allocation, 2 MiB aligned; advice changes no data, and
-                // a kernel without THP refuses it, which changes nothing.
-                let _ = unsafe { libc::madvise(ptr.cast(), size / THP_SIZE * THP_SIZE, libc::MADV_HUGEPAGE) };
-            }
-            prefault(ptr, layout.size());
-            let mut block = Block { ptr, layout, mh: None };
-            if ep.needs_local_mr() {
-                // SAFETY: the block stays allocated while registered: the
-                // endpoint closes its registrations before the sub-jobs'
-                // stages drop (field order of Client: `core` before `failover`), and redo stages are
-                // deregistered before they drop (`Round::close`).
-                let mh = unsafe { ep.register(ptr, layout.size()) }
-                    .map_err(|e| ClientError::Fabric(format!("registering the staging area: {e}")))?;
-                block.mh = Some(mh);
-            }
+            let block = self.alloc_block(ep)?;
             self.blocks.push(block);
         }
         self.meta.resize(self.blocks.len() * self.slots, Held::default());
         Ok(())
+    }
+
+    /// Places for `n` more streams, without slots yet: each gets a block
+    /// handed over ([`Stage::hand_over`]) or a new one ([`Stage::equip`]).
+    pub(in crate::client) fn add_places(&mut self, n: usize) {
+        self.blocks.extend((0..n).map(|_| Block::none()));
+        self.meta.resize(self.blocks.len() * self.slots, Held::default());
+    }
+
+    /// Whether stream `st` has slots (a stream lost for good may have given
+    /// its block to another).
+    pub(in crate::client) fn has_slots(&self, st: usize) -> bool {
+        !self.blocks[st].ptr.is_null()
+    }
+
+    /// Gives stream `to`, which has none, the slots of stream `from`: a
+    /// stream lost for good (no stream takes its place) whose receives the
+    /// provider gave back, and whose results no recovery reads any more.
+    /// `from` keeps none. A server taken back as the same process (a frozen
+    /// or cut-off one) gets places of its own (`take_back` says why), but
+    /// not memory of its own: without this every such outage grew a rank by
+    /// its staging area (20 MB at 16 MiB, 4 + 4 hosts).
+    pub(in crate::client) fn hand_over(&mut self, from: usize, to: usize) {
+        debug_assert!(!self.has_slots(to));
+        self.blocks[to] = std::mem::replace(&mut self.blocks[from], Block::none());
+        self.clear(from);
+        self.clear(to);
+    }
+
+    /// New slots for stream `st`, which has none.
+    pub(in crate::client) fn equip(&mut self, st: usize, ep: &mut Rails) -> Result<(), ClientError> {
+        self.blocks[st] = self.alloc_block(ep)?;
+        self.clear(st);
+        Ok(())
+    }
+
+    /// One stream's block: twice the window of pieces, prefaulted, and
+    /// registered where the provider wants it.
+    fn alloc_block(&self, ep: &mut Rails) -> Result<Block, ClientError> {
+        let size = (self.slots * self.piece).max(64);
+        // Blocks of 2 MiB or more start on a 2 MiB boundary and ask for
+        // transparent huge pages: every staged result goes through the
+        // kernel's receive copy and a rail's copy out, and on 4 KiB pages
+        // a 2 MiB block is 512 translations. (Advice only: 4 KiB pages
+        // where THP is off.)
+        let huge = size >= THP_SIZE;
+        let layout = std::alloc::Layout::from_size_align(size, if huge { THP_SIZE } else { 64 }).expect("staging layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        if huge {
+            // SAFETY: [ptr, ptr + size rounded down to 2 MiB) lies in this
+            // fresh allocation, 2 MiB aligned; advice changes no data, and
+            // a kernel without THP refuses it, which changes nothing.
+            let _ = unsafe { libc::madvise(ptr.cast(), size / THP_SIZE * THP_SIZE, libc::MADV_HUGEPAGE) };
+        }
+        prefault(ptr, layout.size());
+        let mut block = Block { ptr, layout, mh: None };
+        if ep.needs_local_mr() {
+            // SAFETY: the block stays allocated while registered: the
+            // endpoint closes its registrations before the sub-jobs'
+            // stages drop (field order of Client: `core` before
+            // `failover`), and redo stages are deregistered before they
+            // drop (`Round::close`).
+            let mh = unsafe { ep.register(ptr, layout.size()) }
+                .map_err(|e| ClientError::Fabric(format!("registering the staging area: {e}")))?;
+            block.mh = Some(mh);
+        }
+        Ok(block)
     }
 
     /// Stream `st`'s slots hold nothing any more (its place is taken by a
@@ -105,7 +160,7 @@ impl Stage {
 
     /// The bytes of every stream's slots.
     pub fn bytes(&self) -> usize {
-        self.blocks.iter().map(|b| b.layout.size()).sum()
+        self.blocks.iter().filter(|b| !b.ptr.is_null()).map(|b| b.layout.size()).sum()
     }
 
     /// The registration of stream `st`'s slots, where the provider wants one.
@@ -125,7 +180,9 @@ impl Stage {
     /// The slot of sequence `seq` on stream `st`.
     #[inline(always)]
     pub fn slot(&self, st: usize, seq: u32) -> *mut u8 {
-        // SAFETY: (seq mod slots) * piece lies inside the stream's block.
+        // SAFETY: (seq mod slots) * piece lies inside the stream's block
+        // (a stream that carries operations has one: only streams lost for
+        // good give theirs up, `hand_over`).
         unsafe { self.blocks[st].ptr.add(seq as usize % self.slots * self.piece) }
     }
 

@@ -72,7 +72,7 @@ impl ControlPlane {
             server_lcores: names.len() as u32,
             piece_elems: a.spec.chunk_elems,
             seq_key: a.key,
-            _pad: 0,
+            heartbeat_ms: self.heartbeat.map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32),
         };
         msg.extend_from_slice(bytemuck::bytes_of(&acc));
         for n in names.iter().take(a.spec.shards as usize) {

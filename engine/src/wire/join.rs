@@ -101,7 +101,11 @@ pub struct Accept {
     pub piece_elems: u32,
     /// The job's sequence key ([`JobTag`]): drawn at random per job.
     pub seq_key: u32,
-    pub _pad: u32,
+    /// Milliseconds between the heartbeats this server sends the ranks that
+    /// asked for them ([`Hello::ALIVE`]); 0: it sends none (heartbeats off
+    /// here), or says nothing (a server from before this field, which sends
+    /// them unannounced: such a rank arms its liveness at their first).
+    pub heartbeat_ms: u32,
 }
 const_assert_eq!(size_of::<Accept>(), 32);
 

@@ -73,7 +73,8 @@
 //! provider still holds of the old ones can complete (`settle_lost`): a
 //! server killed and restarted any number of times costs a rank what it
 //! cost once. (A frozen or cut-off one, the same process, still gets new
-//! places each time: `take_back` says why.)
+//! places each time, `take_back` says why, but not new staging slots:
+//! those of a place lost for good whose receives settled, `Stage::hand_over`.)
 //!
 //! Limits: a second loss while a recovery's items are in flight fails the
 //! job with an error saying so (a loss during the agreement is fine: it
@@ -181,8 +182,10 @@ pub struct FailoverStats {
     /// copied out), while failover was on: every one.
     pub staged: u64,
     /// What the first sub-job holds now, lost servers' part included: its
-    /// streams, and the bytes of its staging area. A server lost and taken
-    /// back any number of times holds no more than it did the first time.
+    /// streams (a server taken back as another process takes its lost
+    /// streams' places; as the same process, places of its own), and the
+    /// bytes of its staging area, which a server lost and taken back any
+    /// number of times, either way, does not grow (`Stage::hand_over`).
     pub streams: u32,
     pub staging_bytes: u64,
     /// Receives of lost streams that completed after the loss (their
@@ -592,7 +595,7 @@ impl Failover {
             match fo.rejoins.step(c, &mut self.names, fo.stage.as_mut(), sub, i)? {
                 Step::Waiting => i += 1,
                 Step::Over => fo.rejoins.end(i),
-                Step::Back { si, k, conn } => {
+                Step::Back { si, k, conn, beats } => {
                     fo.rejoins.end(i);
                     let s = &mut c.subs[sub];
                     for st in s.streams.iter_mut().filter(|st| st.server == si && st.born == u64::MAX) {
@@ -602,8 +605,13 @@ impl Failover {
                     fo.handled &= !(1u64 << si);
                     fo.reported &= !(1u64 << si);
                     s.controls[si] = Some(conn);
-                    // Armed again by its first heartbeat on this connection.
-                    s.live.disarm(si);
+                    // Armed from now where its Accept said it sends heartbeats
+                    // (`Liveness::alive` says why), else by its first one.
+                    if beats {
+                        s.live.alive(si, Instant::now());
+                    } else {
+                        s.live.disarm(si);
+                    }
                     log::warn!("server {} is back in job {:#x} from operation {k}", c.cfg.servers[si], s.job_id);
                     self.stats.rejoins += 1;
                     if !(s.awaiting_switch() || fo.recovering || fo.rejoins.pending()) {

@@ -11,7 +11,7 @@ use crate::client::greet::send_answered;
 use crate::client::handshake::{hello_to, keepalive, wire_min_piece};
 use crate::client::stage::Stage;
 use crate::client::state::{Core, Flight, Stream};
-use crate::dataplane::fabric::EndpointName;
+use crate::dataplane::fabric::{EndpointName, PendingSends};
 use crate::wire::{self, Hello, JobSpec};
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream, ToSocketAddrs};
@@ -26,6 +26,8 @@ struct Rejoin {
     /// Since when its Accept waits for the lost streams' operations to
     /// settle ([`SETTLE_FOR`]).
     settling: Option<Instant>,
+    /// Its Accept says it sends heartbeats (`Accept::heartbeat_ms`).
+    beats: bool,
 }
 
 /// How long a server's Accept waits for what the provider still holds of
@@ -59,8 +61,9 @@ pub(super) enum Step {
     /// Over: given up, or left to the watcher to try again.
     Over,
     /// Server `si` carries operations again from `k` on, with `conn` as
-    /// the sub-job's control connection to it.
-    Back { si: usize, k: u64, conn: TcpStream },
+    /// the sub-job's control connection to it; `beats`: its Accept said it
+    /// sends heartbeats (`Accept::heartbeat_ms`).
+    Back { si: usize, k: u64, conn: TcpStream, beats: bool },
 }
 
 /// What each server's endpoint names were when last seen: a fingerprint (a
@@ -173,7 +176,7 @@ impl Rejoins {
             let sent = send_answered(&mut conn, &hello, &challenge, &c.token);
             if sent.is_ok() && conn.set_nonblocking(true).is_ok() {
                 log::info!("server {} answers again: taking it back into job {:#x}", c.cfg.servers[si], spec.job_id);
-                self.list.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept, settling: None });
+                self.list.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept, settling: None, beats: false });
             } else {
                 self.watch_again(c, names, sub, si);
             }
@@ -253,7 +256,7 @@ impl Rejoins {
                 accepted.push(EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?);
             }
             let restarted = fingerprint(accepted.iter().map(|n| n.as_bytes())) != names.fingerprints[si];
-            let left = if restarted { settle_lost(c, sub, si, true) } else { 0 };
+            let left = if restarted { settle_lost(c, sub, si) } else { 0 };
             if left > 0 {
                 let since = *self.list[i].settling.get_or_insert_with(Instant::now);
                 if since.elapsed() < SETTLE_FOR {
@@ -302,6 +305,7 @@ impl Rejoins {
                     return Ok(Step::Over);
                 }
                 self.list[i].phase = RejoinPhase::Question;
+                self.list[i].beats = a.heartbeat_ms > 0;
                 Ok(Step::Waiting)
             }
             wire::Kind::Rejoin => {
@@ -323,7 +327,7 @@ impl Rejoins {
                 // The caller drops the rejoin entry; the connection lives on
                 // (a duplicate descriptor) as the job's control connection.
                 let conn = self.list[i].conn.try_clone().map_err(|e| ClientError::Fabric(e.to_string()))?;
-                Ok(Step::Back { si, k, conn })
+                Ok(Step::Back { si, k, conn, beats: self.list[i].beats })
             }
         }
     }
@@ -334,16 +338,16 @@ impl Rejoins {
 /// still complete. The places are the same on every rank (every rank
 /// lost the same streams), so a completion of the old ones must not be
 /// taken for one of the new: their receives were canceled at the loss
-/// and are asked again; with `forget_sends` (the server is another
-/// process now: tcp;ofi_rxm drops what was queued to the dead one
-/// without completing it) their sends are forgotten, else waited for.
-fn settle_lost(c: &mut Core, sub: usize, si: usize, forget_sends: bool) -> u32 {
+/// and are asked again; their sends are forgotten (the server is another
+/// process now: tcp;ofi_rxm drops what was queued to the dead one without
+/// completing it).
+fn settle_lost(c: &mut Core, sub: usize, si: usize) -> u32 {
     let window = c.cfg.window;
     let s = &c.subs[sub];
     let mut left = 0u32;
     for (st, stream) in s.streams.iter().enumerate().filter(|(_, x)| x.server == si && x.lost && !x.split) {
         let base = sub as u32 * c.per_sub + st as u32 * window * 2;
-        left = left.saturating_add(c.rails.settle(stream.rail, base..base + window * 2, forget_sends));
+        left = left.saturating_add(c.rails.settle(stream.rail, base..base + window * 2, PendingSends::Forget));
     }
     left
 }
@@ -411,9 +415,38 @@ fn take_back(
     let s = &mut c.subs[sub];
     s.flights.resize(s.streams.len() * window, Flight::default());
     if let Some(stage) = stage {
-        stage.add(added, &mut c.rails)?;
+        stage.add_places(added);
+        let len = c.subs[sub].streams.len();
+        let taken: Vec<usize> = old.iter().take(names.len()).copied().chain(len - added..len).collect();
+        equip_stage(c, stage, sub, &taken)?;
     }
     Ok(true)
+}
+
+/// Staging slots for the places in `taken` that have none: a block handed
+/// over from a stream lost for good whose receives the provider gave back
+/// (`Stage::hand_over`), else a new one. Which block a place gets is this
+/// rank's own business (no other rank sees it), so it asks only its own
+/// provider. Called between recoveries only (`Failover::poll_rejoins`): no
+/// recovery reads staged results of lost streams any more.
+fn equip_stage(c: &mut Core, stage: &mut Stage, sub: usize, taken: &[usize]) -> Result<(), ClientError> {
+    let window = c.cfg.window;
+    let s = &c.subs[sub];
+    let needy: Vec<usize> = taken.iter().copied().filter(|&st| !stage.has_slots(st)).collect();
+    let mut donors: Vec<usize> = (0..s.streams.len())
+        .filter(|&st| s.streams[st].lost && !s.streams[st].split && stage.has_slots(st) && !taken.contains(&st))
+        .collect();
+    for st in needy {
+        let settled = donors.iter().position(|&d| {
+            let base = sub as u32 * c.per_sub + d as u32 * window * 2;
+            c.rails.settle(c.subs[sub].streams[d].rail, base..base + window * 2, PendingSends::Ignore) == 0
+        });
+        match settled {
+            Some(i) => stage.hand_over(donors.swap_remove(i), st),
+            None => stage.equip(st, &mut c.rails)?,
+        }
+    }
+    Ok(())
 }
 
 /// A fingerprint of a server's endpoint names, to tell whether it came back

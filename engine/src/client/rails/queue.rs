@@ -4,7 +4,7 @@
 //! ([`Shared`]), and queueing with and without waiting for room; and a
 //! rail's pair of rings with the copier ([`CopyLane`]: jobs out as
 //! [`CopyJob`], completions back), whose bell is in [`CopierShared`].
-use crate::dataplane::fabric::{Completion, CompletionError, EndpointName, FabricError, PeerAddr, PostError};
+use crate::dataplane::fabric::{Completion, CompletionError, EndpointName, FabricError, PeerAddr, PendingSends, PostError};
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,11 +52,11 @@ pub(super) enum Cmd {
     /// Add a peer to the rail's address vector, answer [`Reply::Peer`]
     /// (boxed: a name is large, and this is rare).
     InsertPeer(Box<EndpointName>),
-    /// `Endpoint::settle` these contexts (sends forgotten with the flag),
+    /// `Endpoint::settle` these contexts (their sends as it says),
     /// answer [`Reply::Count`]: the operations still in flight, plus one
     /// while events are still on their way to the client (one of them may
     /// name these contexts).
-    Settle(std::ops::Range<u32>, bool),
+    Settle(std::ops::Range<u32>, PendingSends),
 }
 
 // SAFETY: the buffer pointers belong to the client's caller, who keeps them

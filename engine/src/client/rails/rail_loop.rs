@@ -62,7 +62,7 @@
 use super::idle::{EmptyTurns, QUIET_SLEEP_MS};
 use super::queue::{Cmd, CopyJob, Event, Reply, Shared, LANE, RING};
 use crate::dataplane::fabric::call_watch::Call;
-use crate::dataplane::fabric::{Completion, Endpoint, FabricError, PollError, PostError};
+use crate::dataplane::fabric::{Completion, Endpoint, FabricError, PendingSends, PollError, PostError};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -224,7 +224,7 @@ impl RailLoop {
                 Cmd::InsertPeer(name) => {
                     let _ = self.sh.replies.push(Reply::Peer(self.ep.insert_peer(&name)));
                 }
-                Cmd::Settle(range, forget_sends) => {
+                Cmd::Settle(range, sends) => {
                     self.wait_copier(false);
                     let queued = |w: &Cmd| matches!(w, Cmd::Send { ctx, .. } | Cmd::Recv { ctx, .. } | Cmd::RecvCopy { ctx, .. } if range.contains(ctx));
                     self.waiting.retain(|w| !queued(w));
@@ -233,8 +233,9 @@ impl RailLoop {
                             *c = (std::ptr::null_mut(), std::ptr::null_mut());
                         }
                     }
-                    let left = self.ep.settle(range, forget_sends);
-                    let on_the_way = u32::from(!self.unsent.is_empty() || !self.sh.events.is_empty());
+                    let left = self.ep.settle(range, sends);
+                    // Receives only: a completion on its way writes nothing more.
+                    let on_the_way = u32::from(sends != PendingSends::Ignore && (!self.unsent.is_empty() || !self.sh.events.is_empty()));
                     let _ = self.sh.replies.push(Reply::Count(left + on_the_way));
                 }
                 data => {

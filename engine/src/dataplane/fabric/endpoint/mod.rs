@@ -232,6 +232,21 @@ macro_rules! check {
     }};
 }
 
+/// What [`Endpoint::settle`] does with the sends still in flight among the
+/// contexts it settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingSends {
+    /// Count them: their contexts are to name new operations, and a late
+    /// completion would be taken for one of those.
+    Wait,
+    /// Forget them ([`Endpoint::forget`] says when that is right: their
+    /// peer's process is gone).
+    Forget,
+    /// Leave them out: only the receives' buffers are wanted back (a send
+    /// never writes into its buffer).
+    Ignore,
+}
+
 impl Endpoint {
     /// Opens fabric, domain, AV, CQ and endpoint for the first interface the
     /// hints match, and enables the endpoint.
@@ -476,24 +491,24 @@ impl Endpoint {
     }
 
     /// Before the owner names new operations with `contexts` again (a
-    /// server taken back reuses its lost streams' ids): how many of the
-    /// operations they last named are still in flight. Receives among them
-    /// are asked to cancel (again: a cancel asked for earlier may have come
-    /// while the provider still held the receive); with `forget_sends`,
-    /// sends are forgotten ([`Endpoint::forget`] says when that is right:
-    /// their peer's process is gone). 0: no completion can name them any
-    /// more, and no receive writes into their buffers.
-    pub fn settle(&mut self, contexts: std::ops::Range<u32>, forget_sends: bool) -> u32 {
+    /// server taken back reuses its lost streams' ids), or hands their
+    /// receive buffers to others: how many of the operations they last
+    /// named are still in flight. Receives among them are asked to cancel
+    /// (again: a cancel asked for earlier may have come while the provider
+    /// still held the receive); `sends` says what is done with sends. 0: no
+    /// completion can name them any more (with [`PendingSends::Ignore`]:
+    /// no receive), and no receive writes into their buffers.
+    pub fn settle(&mut self, contexts: std::ops::Range<u32>, sends: PendingSends) -> u32 {
         let mut left = 0;
         for c in contexts {
             let Some(ctx) = self.contexts.get(c as usize) else { continue };
-            match (ctx.in_flight, ctx.is_send) {
-                (false, _) => {}
-                (true, true) if forget_sends => {
+            match (ctx.in_flight, ctx.is_send, sends) {
+                (false, _, _) | (true, true, PendingSends::Ignore) => {}
+                (true, true, PendingSends::Forget) => {
                     self.forget(c..c + 1);
                 }
-                (true, true) => left += 1,
-                (true, false) => {
+                (true, true, PendingSends::Wait) => left += 1,
+                (true, false, _) => {
                     self.cancel(c);
                     left += 1;
                 }
