@@ -62,6 +62,10 @@ pub(in crate::client) struct Held {
 /// A transparent huge page on x86-64, and on aarch64 with 4 KiB base pages.
 const THP_SIZE: usize = 2 << 20;
 
+/// The smallest page `release` drops (aarch64 kernels with 64 KiB pages
+/// round an unaligned range in, which is all this needs).
+const PAGE: usize = 4096;
+
 impl Stage {
     /// Slots for `streams` streams; registered on `rails` if the provider
     /// wants local buffers registered.
@@ -106,6 +110,32 @@ impl Stage {
         self.blocks[to] = std::mem::replace(&mut self.blocks[from], Block::none());
         self.clear(from);
         self.clear(to);
+    }
+
+    /// Gives the memory of stream `st`'s slots back to the system: a
+    /// stream lost for good whose receives the provider gave back, when no
+    /// stream took its slots at the rejoin (they had not settled yet:
+    /// `failover::rejoin`'s `reclaim_slots`). Its pages are dropped before
+    /// the block is freed, so the process's resident size falls whatever
+    /// the allocator does with the range.
+    pub(in crate::client) fn release(&mut self, st: usize, ep: &mut Rails) {
+        let mut block = std::mem::replace(&mut self.blocks[st], Block::none());
+        self.clear(st);
+        if block.ptr.is_null() {
+            return;
+        }
+        if let Some(mh) = block.mh.take() {
+            let _ = ep.deregister(mh);
+        }
+        let start = (block.ptr as usize).next_multiple_of(PAGE);
+        let end = (block.ptr as usize + block.layout.size()) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: [start, end) lies inside this block, which nothing
+            // reads or writes any more (no receive is posted into it, none
+            // completes there, and no flight or recovery names it); dropping
+            // private anonymous pages only zeroes them.
+            let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
     }
 
     /// New slots for stream `st`, which has none.

@@ -138,7 +138,14 @@ struct JobFailover {
     verdict: Option<Verdict>,
     /// Lost servers on their way back, and the watcher that reaches them.
     rejoins: Rejoins,
+    /// When to look again for lost streams' staging slots to give back
+    /// (`rejoin::reclaim_slots`): set when a server is taken back, cleared
+    /// once none is held.
+    reclaim_at: Option<Instant>,
 }
+
+/// How often a rank looks for lost streams' staging slots it can give back.
+const RECLAIM_EVERY: Duration = Duration::from_secs(1);
 
 /// The leader's Recover: the lost set, the switch operation, and every
 /// rank's report.
@@ -585,7 +592,16 @@ impl Failover {
     /// held for it were cut (the client posts them).
     pub(super) fn poll_rejoins(&mut self, c: &mut Core, sub: usize) -> Result<bool, ClientError> {
         let fo = &mut self.jobs[sub];
-        if !fo.rejoins.watching() || fo.round.is_some() || fo.recovering {
+        if fo.round.is_some() || fo.recovering {
+            return Ok(false);
+        }
+        if let (Some(at), Some(stage)) = (fo.reclaim_at, fo.stage.as_mut()) {
+            let now = Instant::now();
+            if now >= at {
+                fo.reclaim_at = rejoin::reclaim_slots(c, stage, sub).then_some(now + RECLAIM_EVERY);
+            }
+        }
+        if !fo.rejoins.watching() {
             return Ok(false);
         }
         fo.rejoins.answer_reached(c, &self.names, sub);
@@ -614,6 +630,7 @@ impl Failover {
                     }
                     log::warn!("server {} is back in job {:#x} from operation {k}", c.cfg.servers[si], s.job_id);
                     self.stats.rejoins += 1;
+                    fo.reclaim_at = Some(Instant::now());
                     if !(s.awaiting_switch() || fo.recovering || fo.rejoins.pending()) {
                         for oi in 0..c.ops.len() {
                             if c.ops[oi].sub == sub && !c.ops[oi].planned {
