@@ -68,7 +68,14 @@ impl ControlPlane {
             msg.extend_from_slice(rep);
         }
         log::info!("job {job_id:#x}: every rank reported losing servers {:#x}; switching at operation {k}", r.dead);
-        r.reports.iter_mut().for_each(|x| *x = None);
+        // The round is over: the next starts from what the ranks report
+        // then. Kept, this set outlived the servers' return: a server lost,
+        // taken back, and a later loss of another made this leader tell
+        // every rank to lose both (on the device's soak each freeze or cut
+        // took back every server frozen or cut before it once more).
+        // Every rank reported this set, and reports a set only once, so no
+        // report of this round can come after.
+        a.recovery = None;
         for c in &a.conns {
             if let Err(e) = self.net.send(c.id, &msg) {
                 log::warn!("job {job_id:#x}: cannot send the recovery to rank {} at {}: {e}", c.rank, c.peer);

@@ -179,7 +179,8 @@ struct Active {
 /// hands every rank all of them. It decides nothing but the switch point;
 /// the ranks derive the rest identically from the reports.
 struct JobRecovery {
-    /// Union of the lost servers ranks reported (bits of the job's server list).
+    /// Union of the lost servers ranks reported in this round (bits of the
+    /// job's server list); the round, and this, end with the `Recover`.
     dead: u64,
     /// Per rank: (boundary, report) for `dead`, once it reported that set.
     reports: Vec<Option<(u64, Vec<u8>)>>,
