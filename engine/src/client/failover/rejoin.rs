@@ -342,12 +342,12 @@ impl Rejoins {
 /// process now: tcp;ofi_rxm drops what was queued to the dead one without
 /// completing it).
 fn settle_lost(c: &mut Core, sub: usize, si: usize) -> u32 {
-    let window = c.cfg.window;
     let s = &c.subs[sub];
+    let lost: Vec<usize> =
+        (0..s.streams.len()).filter(|&st| s.streams[st].server == si && s.streams[st].lost && !s.streams[st].split).collect();
     let mut left = 0u32;
-    for (st, stream) in s.streams.iter().enumerate().filter(|(_, x)| x.server == si && x.lost && !x.split) {
-        let base = sub as u32 * c.per_sub + st as u32 * window * 2;
-        left = left.saturating_add(c.rails.settle(stream.rail, base..base + window * 2, PendingSends::Forget));
+    for st in lost {
+        left = left.saturating_add(settle_stream(c, sub, st, PendingSends::Forget));
     }
     left
 }
@@ -430,23 +430,27 @@ fn take_back(
 /// provider. Called between recoveries only (`Failover::poll_rejoins`): no
 /// recovery reads staged results of lost streams any more.
 fn equip_stage(c: &mut Core, stage: &mut Stage, sub: usize, taken: &[usize]) -> Result<(), ClientError> {
-    let window = c.cfg.window;
     let s = &c.subs[sub];
     let needy: Vec<usize> = taken.iter().copied().filter(|&st| !stage.has_slots(st)).collect();
     let mut donors: Vec<usize> = (0..s.streams.len())
         .filter(|&st| s.streams[st].lost && !s.streams[st].split && stage.has_slots(st) && !taken.contains(&st))
         .collect();
     for st in needy {
-        let settled = donors.iter().position(|&d| {
-            let base = sub as u32 * c.per_sub + d as u32 * window * 2;
-            c.rails.settle(c.subs[sub].streams[d].rail, base..base + window * 2, PendingSends::Ignore) == 0
-        });
+        let settled = donors.iter().position(|&d| settle_stream(c, sub, d, PendingSends::Ignore) == 0);
         match settled {
             Some(i) => stage.hand_over(donors.swap_remove(i), st),
             None => stage.equip(st, &mut c.rails)?,
         }
     }
     Ok(())
+}
+
+/// `Rails::settle` over stream `st`'s contexts in sub-job `sub` (its
+/// window's receives and sends): how many may still complete.
+fn settle_stream(c: &mut Core, sub: usize, st: usize, sends: PendingSends) -> u32 {
+    let window = c.cfg.window;
+    let base = sub as u32 * c.per_sub + st as u32 * window * 2;
+    c.rails.settle(c.subs[sub].streams[st].rail, base..base + window * 2, sends)
 }
 
 /// Gives back the memory of lost streams' staging slots whose receives the
@@ -456,15 +460,13 @@ fn equip_stage(c: &mut Core, stage: &mut Stage, sub: usize, taken: &[usize]) -> 
 /// 16 Gbit/s a freeze kept a rank 18 MB larger for good). True: some are
 /// still held, look again later. Between recoveries only.
 pub(super) fn reclaim_slots(c: &mut Core, stage: &mut Stage, sub: usize) -> bool {
-    let window = c.cfg.window;
     let mut held = false;
     for st in 0..c.subs[sub].streams.len() {
         let s = &c.subs[sub].streams[st];
         if !s.lost || s.split || !stage.has_slots(st) {
             continue;
         }
-        let base = sub as u32 * c.per_sub + st as u32 * window * 2;
-        if c.rails.settle(s.rail, base..base + window * 2, PendingSends::Ignore) == 0 {
+        if settle_stream(c, sub, st, PendingSends::Ignore) == 0 {
             stage.release(st, &mut c.rails);
         } else {
             held = true;
