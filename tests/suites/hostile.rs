@@ -17,6 +17,9 @@
 //!   names give), and a flood of them gets a few looks, not one each;
 //! - a storm of malformed handshakes logs a few lines a second, not one each;
 //! - a flood of messages for no receive is discarded and counted;
+//! - a job's own ranks flooding their recovery leader with `Lost` reports:
+//!   that job is ended by name after its budget of rounds, with a few log
+//!   lines, and the failover job beside it never loses the server;
 //! - a server that asks for no token gets no secret from a rank that holds one.
 use std::io::Write;
 use std::net::TcpStream;
@@ -583,4 +586,96 @@ fn a_rank_claiming_the_other_failover_setting_is_refused_and_harms_no_job() {
     let done = progress.load(Ordering::Relaxed);
     join_all(beside);
     assert!(done < 150, "the refusals came while the job beside ran ({done} rounds)");
+}
+
+/// Issue 55: `Lost` reports from a job's own ranks (they hold its secret)
+/// are that job's business, but the server that leads its recovery is
+/// shared. Two ranks joined by hand flood their leader with Lost reports,
+/// the largest reports a rank may attach, each completing a recovery round
+/// with the other's (every round: a Failover and a Recover of both
+/// reports to each), for four seconds, while a job with failover on runs
+/// on that server and another, its heartbeats read within two seconds.
+/// The job beside it never declares its server lost, finishes with every
+/// element right, and the flooding job is ended by name, with a few log
+/// lines, not a line a round.
+#[test]
+fn a_flood_of_lost_reports_ends_that_job_and_not_the_one_beside_it() {
+    use tally_e2e::jobloop::{loop_job, results, server as plain_server, Shape};
+    let servers: Vec<ServerProcess> = (0..2).map(|_| plain_server("tcp", &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let beside = loop_job("tcp", &addrs, 0x1057_0001, 2, 400, progress.clone(), Shape { pace: Some(Duration::from_millis(10)), ..Shape::default() });
+    wait_rounds(&progress, 5);
+    // Job 0x1057_0002, both ranks by hand, on the first server only.
+    let id = 0x1057_0002;
+    let secret = [0x42u8; 32];
+    let name = [2u8, 0, 0, 9, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    let mut conns: Vec<TcpStream> = (0..2)
+        .map(|rank| answered_hello(&addrs[0], &HelloMessage::new(&spec(id, 2), rank, &secret, &[&name[..]]).unwrap(), &[0; TOKEN_BYTES]))
+        .collect();
+    for c in &mut conns {
+        c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut b = [0u8; core::mem::size_of::<wire::Accept>()];
+        std::io::Read::read_exact(c, &mut b).unwrap();
+        assert_eq!(wire::read::<wire::Accept>(&b).unwrap().header.check(), Ok(wire::Kind::Accept));
+    }
+    // What the server sends back is read and dropped: a flooder that reads.
+    let readers: Vec<_> = conns
+        .iter()
+        .map(|c| {
+            let mut r = c.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; 1 << 20];
+                let mut got = 0usize;
+                while let Ok(n) = std::io::Read::read(&mut r, &mut b) {
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                got
+            })
+        })
+        .collect();
+    let mut one = bytemuck::bytes_of(&wire::Lost::new(1, 0, wire::MAX_REPORT)).to_vec();
+    one.resize(one.len() + wire::MAX_REPORT as usize, 0x5a);
+    let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * 16).collect();
+    let t = Instant::now();
+    let writers: Vec<_> = conns
+        .iter()
+        .map(|c| {
+            let (mut w, batch) = (c.try_clone().unwrap(), batch.clone());
+            std::thread::spawn(move || {
+                let mut sent = 0usize;
+                while t.elapsed() < Duration::from_secs(4) && w.write_all(&batch).is_ok() {
+                    sent += batch.len();
+                }
+                sent
+            })
+        })
+        .collect();
+    let sent: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    drop(conns);
+    let got: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    let res = results(beside);
+    let lines = servers[0].log_count(&format!("{id:#x}"));
+    eprintln!(
+        "LOST FLOOD: {} MiB of Lost reports in {:?}, {} MiB back; {lines} log lines name the job; the job beside: {:?}",
+        sent >> 20,
+        t.elapsed(),
+        got >> 20,
+        res.iter().map(|r| r.as_ref().ok()).collect::<Vec<_>>()
+    );
+    for r in &res {
+        let r = r.as_ref().expect("the job beside finishes, every element right");
+        assert_eq!(r.recoveries, 0, "the job beside declared a server lost: {r:?}");
+    }
+    let tail = |s: &ServerProcess| s.log.lock().unwrap().iter().rev().take(12).cloned().collect::<Vec<_>>();
+    assert!(servers[0].log_contains("more recovery rounds than servers can be lost"), "the flooding job is ended by name: {:?}", tail(&servers[0]));
+    assert!(lines <= 20, "{lines} log lines for one flooding job: {:?}", tail(&servers[0]));
+    // The server still admits and serves.
+    join_all(sum_job("tcp", &addrs[0], 0x1057_0003, 2, 16 << 10, 3));
+    for s in servers {
+        assert!(s.stop().success());
+    }
 }

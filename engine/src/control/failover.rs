@@ -2,10 +2,12 @@
 //! rank until all reported the same set (the leader's `Recover`), the
 //! rejoin of a restarted server, and fencing a job whose ranks dropped this
 //! server while it was frozen.
+use super::round_budget::{RoundBudget, ROUND_BURST, ROUND_EVERY};
 use super::{ControlPlane, JobDrain, JobRecovery, Phase};
 use crate::wire::{self, Header, Kind, RejectCode};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 impl ControlPlane {
     /// A rank lost other servers of job `conn`'s job and takes this server
@@ -18,13 +20,24 @@ impl ControlPlane {
         if a.phase != Phase::Running {
             return;
         }
+        let now = Instant::now();
+        if a.recovery.is_none() && !a.rounds.take_round(now) {
+            let msg = format!(
+                "rank {rank} started more recovery rounds than servers can be lost ({ROUND_BURST} at once, then one every {ROUND_EVERY:?})"
+            );
+            log::warn!("job {job_id:#x}: {msg}; ending the job");
+            self.end(i, RejectCode::JobFailed, &msg);
+            return;
+        }
         let nranks = a.spec.nranks as usize;
         let r = a.recovery.get_or_insert_with(|| JobRecovery { dead: 0, reports: vec![None; nranks] });
         if dead & !r.dead != 0 {
             // News: a new round. Every rank hears the whole set and reports it.
             r.dead |= dead;
             r.reports.iter_mut().for_each(|x| *x = None);
-            log::warn!("job {job_id:#x}: rank {rank} lost servers {:#x}; the job recovers on the others (led here)", r.dead);
+            if quiet_line(&mut a.rounds, job_id, now) {
+                log::warn!("job {job_id:#x}: rank {rank} lost servers {:#x}; the job recovers on the others (led here)", r.dead);
+            }
             let msg = wire::Failover::new(r.dead);
             for c in &a.conns {
                 if !a.done[c.rank as usize] {
@@ -38,6 +51,15 @@ impl ControlPlane {
             return; // an older view; the rank reports again after the Failover
         }
         r.reports[rank] = Some((boundary, report));
+        self.recover_if_all_reported(i, now);
+    }
+
+    /// Once every rank of job `i` reported its recovery's set: the
+    /// `Recover` (the switch point and every report) to every rank.
+    fn recover_if_all_reported(&mut self, i: usize, now: Instant) {
+        let a = self.active[i].as_mut().unwrap();
+        let job_id = a.job_id;
+        let r = a.recovery.as_ref().expect("a round runs");
         let mut k = 0u64;
         let mut len = None;
         for (rk, x) in r.reports.iter().enumerate() {
@@ -61,13 +83,16 @@ impl ControlPlane {
                 None => return,
             }
         }
-        let len = len.unwrap_or(0);
+        let (len, nranks) = (len.unwrap_or(0), r.reports.len());
         let mut msg = Vec::with_capacity(32 + nranks * len);
         msg.extend_from_slice(bytemuck::bytes_of(&wire::Recover::new(r.dead, k, nranks as u32, len as u32)));
         for (_, rep) in r.reports.iter().flatten() {
             msg.extend_from_slice(rep);
         }
-        log::info!("job {job_id:#x}: every rank reported losing servers {:#x}; switching at operation {k}", r.dead);
+        let dead = r.dead;
+        if quiet_line(&mut a.rounds, job_id, now) {
+            log::info!("job {job_id:#x}: every rank reported losing servers {dead:#x}; switching at operation {k}");
+        }
         // The round is over: the next starts from what the ranks report
         // then. Kept, this set outlived the servers' return: a server lost,
         // taken back, and a later loss of another made this leader tell
@@ -110,4 +135,14 @@ impl ControlPlane {
         self.counters.jobs_fenced.fetch_add(1, Ordering::Relaxed);
         self.end(i, RejectCode::JobFailed, "fenced: the job's ranks declared this server lost and are taking it back");
     }
+}
+
+/// Whether job `job_id`'s next recovery line goes to the log
+/// ([`RoundBudget::line`]); first, how many were held back before it.
+fn quiet_line(rounds: &mut RoundBudget, job_id: u64, now: Instant) -> bool {
+    let l = rounds.line(now);
+    if l.held > 0 {
+        log::warn!("job {job_id:#x}: {} more recovery lines not logged (its ranks report losses faster than they are logged)", l.held);
+    }
+    l.line
 }

@@ -339,6 +339,7 @@ impl ControlPlane {
             last_traffic: Instant::now(),
             drain: None,
             recovery: None,
+            rounds: super::round_budget::RoundBudget::new(Instant::now()),
             rejoin: p.rejoin,
             first_join: p.first_join,
             withheld: false,

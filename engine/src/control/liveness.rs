@@ -2,10 +2,11 @@
 //! ends its jobs), the systemd watchdog fed from this loop, and the
 //! heartbeats sent to ranks that asked for them (only for jobs whose lcores
 //! all polled lately, so that a frozen or stuck server sends none).
-use super::{ControlPlane, Phase, LCORE_QUIET_AFTER, LCORE_STUCK_AFTER};
+use super::{ControlPlane, Phase, Watch, LCORE_QUIET_AFTER, LCORE_STUCK_AFTER};
+use crate::host::cpu_wait;
 use crate::wire::{Header, Kind, RejectCode};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 impl ControlPlane {
     /// Sends `WATCHDOG=1` when it is due (see [`WatchdogFeed`]).
@@ -41,7 +42,10 @@ impl ControlPlane {
                     log::warn!("lcore {l} polls again");
                 }
                 (w.polls, w.moved, w.stuck) = (polls, now, false);
-            } else if !w.stuck && now.duration_since(w.moved) >= LCORE_STUCK_AFTER {
+                if w.waited.is_none_or(|(at, _)| now.duration_since(at) >= Duration::from_secs(1)) {
+                    w.waited = cpu_wait::waited(w.stats.tid.load(Ordering::Relaxed)).map(|d| (now, d));
+                }
+            } else if !w.stuck && now.duration_since(w.moved) >= LCORE_STUCK_AFTER && could_run(w, now, cpu_wait::waited(w.stats.tid.load(Ordering::Relaxed))) >= LCORE_STUCK_AFTER {
                 w.stuck = true;
                 newly_stuck.push(l);
             }
@@ -98,5 +102,36 @@ impl ControlPlane {
                 let _ = self.net.send(c.id, bytemuck::bytes_of(&alive));
             }
         }
+    }
+}
+
+/// How long lcore `w` could have run since it last moved: the time since,
+/// less what it spent waiting for a CPU (`waited_now`, against the reading
+/// at or before its last move; all of the time where the kernel does not say).
+fn could_run(w: &Watch, now: Instant, waited_now: Option<Duration>) -> Duration {
+    match (w.waited, waited_now) {
+        (Some((at, before)), Some(after)) => now.duration_since(at).saturating_sub(after.saturating_sub(before)),
+        _ => now.duration_since(w.moved),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn time_spent_waiting_for_a_cpu_is_not_time_stuck() {
+        let now = Instant::now();
+        let at = now - Duration::from_secs(6);
+        let base = Duration::from_secs(10);
+        let w = Watch { stats: Arc::default(), polls: 0, moved: at, waited: Some((at, base)), stuck: false };
+        let s = |d: u64| Some(base + Duration::from_secs(d));
+        assert_eq!(could_run(&w, now, s(3)), Duration::from_secs(3), "3 of the 6 s spent waiting for a CPU");
+        assert!(could_run(&w, now, s(3)) < LCORE_STUCK_AFTER);
+        assert_eq!(could_run(&w, now, s(0)), Duration::from_secs(6), "a thread that waited for nothing is held to all 6 s");
+        assert_eq!(could_run(&w, now, None), Duration::from_secs(6), "where the kernel does not say: all of it");
+        let w = Watch { waited: None, ..w };
+        assert_eq!(could_run(&w, now, s(3)), Duration::from_secs(6));
     }
 }

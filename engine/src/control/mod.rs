@@ -110,6 +110,7 @@ use join::refuse;
 mod jobs;
 mod liveness;
 mod reserve;
+pub mod round_budget;
 pub mod token;
 
 /// A rank's control connection, as the job logic knows it.
@@ -166,6 +167,8 @@ struct Active {
     drain: Option<JobDrain>,
     /// Set while ranks report losing other servers (this server leads).
     recovery: Option<JobRecovery>,
+    /// The recovery rounds it may still start here, and its lines logged.
+    rounds: round_budget::RoundBudget,
     /// Admitted as a rejoin: the ranks run the job already, elsewhere.
     rejoin: bool,
     /// When its first rank joined (for the join-to-running time).
@@ -315,12 +318,17 @@ struct Watch {
     stats: Arc<crate::dataplane::lcore::LcoreStats>,
     polls: u64,
     moved: Instant,
+    /// The lcore's wait for a CPU (`host::cpu_wait`) when it last moved, read
+    /// at most once a second: the watchdog holds it to time it could run.
+    waited: Option<(Instant, Duration)>,
     stuck: bool,
 }
 
 /// An lcore whose poll count has not moved for this long is stuck (inside a
 /// provider call: e.g. shm spinning on the lock of a peer process that died
 /// holding it). Every lcore polls at least every few milliseconds, idle or not.
+/// Time the lcore spent waiting for a CPU does not count (`host::cpu_wait`):
+/// on a starved host its jobs wait instead of failing.
 pub const LCORE_STUCK_AFTER: Duration = Duration::from_secs(5);
 
 /// An lcore whose poll count has not moved for this long proves nothing:
@@ -447,7 +455,7 @@ impl ControlPlane {
     /// Watches the lcores' poll counters (see [`LCORE_STUCK_AFTER`]).
     pub fn with_watchdog(mut self, stats: Vec<Arc<crate::dataplane::lcore::LcoreStats>>) -> ControlPlane {
         let now = Instant::now();
-        self.watchdog = stats.into_iter().map(|stats| Watch { polls: stats.snapshot().polls, stats, moved: now, stuck: false }).collect();
+        self.watchdog = stats.into_iter().map(|stats| Watch { polls: stats.snapshot().polls, stats, moved: now, waited: None, stuck: false }).collect();
         self
     }
 

@@ -30,7 +30,7 @@
 use crate::host::cpuset::{self, CoreList};
 use crossbeam_utils::CachePadded;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
@@ -99,6 +99,9 @@ pub struct Counters {
     /// Messages that reached the lcore for no receive of its and were
     /// discarded (`shard::sweep`).
     pub discarded: AtomicU64,
+    /// The lcore thread's id, set once it starts (0 before): the watchdog
+    /// reads its wait for a CPU (`host::cpu_wait`).
+    pub tid: AtomicU32,
 }
 
 pub type LcoreStats = CachePadded<Counters>;
@@ -227,6 +230,7 @@ where
         let thread = std::thread::Builder::new()
             .name(format!("lcore-{id}"))
             .spawn(move || {
+                stats2.tid.store(crate::host::cpu_wait::current_tid(), Ordering::Relaxed);
                 precise_naps();
                 if let Err(e) = cpuset::pin_current_thread(core) {
                     let _ = tx2.send((id, Err(LcoreError::Pin { core, reason: e.to_string() })));

@@ -6,6 +6,8 @@
 //! times for log lines. Nothing here is on a data path (an lcore reads the
 //! wall clock only when a round breaks its job's record wait).
 pub mod config;
+#[cfg(feature = "fabric")]
+pub mod cpu_wait;
 pub mod cpuset;
 pub mod fault;
 #[cfg(feature = "fabric")]
