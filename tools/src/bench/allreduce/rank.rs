@@ -390,6 +390,17 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 }
             }
         }
+        // What faults cost this rank (the soak reads it beside its RSS).
+        if let Some(f) = agg.as_ref().map(|c| c.failover_stats()).filter(|f| f.recoveries + f.rejoins > 0) {
+            log::info!(
+                "rank {rank}: {} recoveries, {} rejoins; {} streams, staging area {} bytes, {} late receives",
+                f.recoveries,
+                f.rejoins,
+                f.streams,
+                f.staging_bytes,
+                f.late_receives
+            );
+        }
         boot.barrier().map_err(|e| e.to_string())?;
     }
     if args.launched {
