@@ -12,10 +12,12 @@
 //! blocked in a call, does not wait for a CPU, so the verdict still comes.
 use std::time::Duration;
 
-/// The calling thread's id (what `/proc/self/task/` names it by).
+/// The calling thread's id (what `/proc/self/task/` names it by). By the
+/// system call: glibc has `gettid` from 2.30 only, and tally's binaries
+/// link against 2.28.
 pub fn current_tid() -> u32 {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    (unsafe { libc::gettid() }) as u32
+    // SAFETY: SYS_gettid takes no arguments, has no preconditions and cannot fail.
+    (unsafe { libc::syscall(libc::SYS_gettid) }) as u32
 }
 
 /// Thread `tid`'s time runnable but waiting for a CPU so far; None where
