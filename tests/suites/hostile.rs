@@ -604,7 +604,8 @@ fn a_flood_of_lost_reports_ends_that_job_and_not_the_one_beside_it() {
     let servers: Vec<ServerProcess> = (0..2).map(|_| plain_server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
-    let beside = loop_job("tcp", &addrs, 0x1057_0001, 2, 400, progress.clone(), Shape { pace: Some(Duration::from_millis(10)), ..Shape::default() });
+    let beside =
+        loop_job("tcp", &addrs, 0x1057_0001, 2, 400, progress.clone(), Shape { pace: Some(Duration::from_millis(10)), ..Shape::default() });
     wait_rounds(&progress, 5);
     // Job 0x1057_0002, both ranks by hand, on the first server only.
     let id = 0x1057_0002;
@@ -671,7 +672,11 @@ fn a_flood_of_lost_reports_ends_that_job_and_not_the_one_beside_it() {
         assert_eq!(r.recoveries, 0, "the job beside declared a server lost: {r:?}");
     }
     let tail = |s: &ServerProcess| s.log.lock().unwrap().iter().rev().take(12).cloned().collect::<Vec<_>>();
-    assert!(servers[0].log_contains("more recovery rounds than servers can be lost"), "the flooding job is ended by name: {:?}", tail(&servers[0]));
+    assert!(
+        servers[0].log_contains("more recovery rounds than servers can be lost"),
+        "the flooding job is ended by name: {:?}",
+        tail(&servers[0])
+    );
     assert!(lines <= 20, "{lines} log lines for one flooding job: {:?}", tail(&servers[0]));
     // The server still admits and serves.
     join_all(sum_job("tcp", &addrs[0], 0x1057_0003, 2, 16 << 10, 3));

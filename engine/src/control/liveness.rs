@@ -42,10 +42,11 @@ impl ControlPlane {
                     log::warn!("lcore {l} polls again");
                 }
                 (w.polls, w.moved, w.stuck) = (polls, now, false);
-                if w.waited.is_none_or(|(at, _)| now.duration_since(at) >= Duration::from_secs(1)) {
-                    w.waited = cpu_wait::waited(w.stats.tid.load(Ordering::Relaxed)).map(|d| (now, d));
+                if w.waited.is_none_or(|(at, _)| now.duration_since(at) >= WAITED_EVERY) {
+                    w.waited = w.waited_now().map(|d| (now, d));
                 }
-            } else if !w.stuck && now.duration_since(w.moved) >= LCORE_STUCK_AFTER && could_run(w, now, cpu_wait::waited(w.stats.tid.load(Ordering::Relaxed))) >= LCORE_STUCK_AFTER {
+            } else if !w.stuck && now.duration_since(w.moved) >= LCORE_STUCK_AFTER && could_run(w, now, w.waited_now()) >= LCORE_STUCK_AFTER
+            {
                 w.stuck = true;
                 newly_stuck.push(l);
             }
@@ -102,6 +103,17 @@ impl ControlPlane {
                 let _ = self.net.send(c.id, bytemuck::bytes_of(&alive));
             }
         }
+    }
+}
+
+/// How often a moving lcore's wait for a CPU is read (a file in /proc per
+/// lcore): the baseline [`could_run`] measures from is at most this old.
+const WAITED_EVERY: Duration = Duration::from_secs(1);
+
+impl Watch {
+    /// The lcore thread's wait for a CPU so far (`host::cpu_wait`).
+    fn waited_now(&self) -> Option<Duration> {
+        cpu_wait::waited(self.stats.tid.load(Ordering::Relaxed))
     }
 }
 

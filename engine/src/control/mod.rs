@@ -455,7 +455,8 @@ impl ControlPlane {
     /// Watches the lcores' poll counters (see [`LCORE_STUCK_AFTER`]).
     pub fn with_watchdog(mut self, stats: Vec<Arc<crate::dataplane::lcore::LcoreStats>>) -> ControlPlane {
         let now = Instant::now();
-        self.watchdog = stats.into_iter().map(|stats| Watch { polls: stats.snapshot().polls, stats, moved: now, waited: None, stuck: false }).collect();
+        self.watchdog =
+            stats.into_iter().map(|stats| Watch { polls: stats.snapshot().polls, stats, moved: now, waited: None, stuck: false }).collect();
         self
     }
 
