@@ -590,17 +590,19 @@ fn a_rank_claiming_the_other_failover_setting_is_refused_and_harms_no_job() {
 
 /// Issue 55: `Lost` reports from a job's own ranks (they hold its secret)
 /// are that job's business, but the server that leads its recovery is
-/// shared. Two ranks joined by hand flood their leader with Lost reports,
-/// the largest reports a rank may attach, each completing a recovery round
-/// with the other's (every round: a Failover and a Recover of both
-/// reports to each), for four seconds, while a job with failover on runs
+/// shared. Two ranks joined by hand report losing a server in lock step,
+/// each with the largest report a rank may attach, so that every pair
+/// completes a recovery round (a Failover and a Recover of both reports to
+/// each), as fast as the server answers, while a job with failover on runs
 /// on that server and another, its heartbeats read within two seconds.
-/// The job beside it never declares its server lost, finishes with every
-/// element right, and the flooding job is ended by name, with a few log
-/// lines, not a line a round.
+/// The job beside it never declares its server lost and finishes with
+/// every element right; the flooding job gets its budget of rounds
+/// (`round_budget::ROUND_BURST`, one more a second) and is then ended by
+/// name, with a few log lines, not two a round.
 #[test]
 fn a_flood_of_lost_reports_ends_that_job_and_not_the_one_beside_it() {
     use tally_e2e::jobloop::{loop_job, results, server as plain_server, Shape};
+    use tally_engine::control::round_budget::{ROUND_BURST, ROUND_EVERY};
     let servers: Vec<ServerProcess> = (0..2).map(|_| plain_server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
@@ -618,59 +620,53 @@ fn a_flood_of_lost_reports_ends_that_job_and_not_the_one_beside_it() {
         c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
         let mut b = [0u8; core::mem::size_of::<wire::Accept>()];
         std::io::Read::read_exact(c, &mut b).unwrap();
-        assert_eq!(wire::read::<wire::Accept>(&b).unwrap().header.check(), Ok(wire::Kind::Accept));
+        let accept: wire::Accept = wire::read(&b).unwrap();
+        assert_eq!(accept.header.check(), Ok(wire::Kind::Accept));
+        // Its lcores' names follow.
+        let mut names = vec![0u8; accept.lcores as usize * core::mem::size_of::<wire::NameRecord>()];
+        std::io::Read::read_exact(c, &mut names).unwrap();
     }
-    // What the server sends back is read and dropped: a flooder that reads.
-    let readers: Vec<_> = conns
-        .iter()
-        .map(|c| {
-            let mut r = c.try_clone().unwrap();
-            std::thread::spawn(move || {
-                let mut b = vec![0u8; 1 << 20];
-                let mut got = 0usize;
-                while let Ok(n) = std::io::Read::read(&mut r, &mut b) {
-                    if n == 0 {
-                        break;
-                    }
-                    got += n;
-                }
-                got
-            })
-        })
-        .collect();
-    let mut one = bytemuck::bytes_of(&wire::Lost::new(1, 0, wire::MAX_REPORT)).to_vec();
-    one.resize(one.len() + wire::MAX_REPORT as usize, 0x5a);
-    let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * 16).collect();
+    let mut lost = bytemuck::bytes_of(&wire::Lost::new(1, 0, wire::MAX_REPORT)).to_vec();
+    lost.resize(lost.len() + wire::MAX_REPORT as usize, 0x5a);
     let t = Instant::now();
-    let writers: Vec<_> = conns
-        .iter()
-        .map(|c| {
-            let (mut w, batch) = (c.try_clone().unwrap(), batch.clone());
-            std::thread::spawn(move || {
-                let mut sent = 0usize;
-                while t.elapsed() < Duration::from_secs(4) && w.write_all(&batch).is_ok() {
-                    sent += batch.len();
+    let (mut rounds, mut sent) = (0u32, 0usize);
+    let ended = 'flood: loop {
+        assert!(t.elapsed() < Duration::from_secs(30), "the flooding job was never ended ({rounds} rounds)");
+        for c in &mut conns {
+            if c.write_all(&lost).is_err() {
+                break 'flood true;
+            }
+            sent += lost.len();
+        }
+        // Each rank hears the round's Failover, then its Recover.
+        for c in &mut conns {
+            for want in [wire::Kind::Failover, wire::Kind::Recover] {
+                match next_message(c) {
+                    Some(k) if k == want => {}
+                    _ => break 'flood true,
                 }
-                sent
-            })
-        })
-        .collect();
-    let sent: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
+            }
+        }
+        rounds += 1;
+    };
+    let took = t.elapsed();
     drop(conns);
-    let got: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
     let res = results(beside);
     let lines = servers[0].log_count(&format!("{id:#x}"));
     eprintln!(
-        "LOST FLOOD: {} MiB of Lost reports in {:?}, {} MiB back; {lines} log lines name the job; the job beside: {:?}",
+        "LOST FLOOD: {rounds} rounds in {took:?} ({} MiB of reports sent), then ended: {ended}; {lines} log lines name the job; the job beside: {:?}",
         sent >> 20,
-        t.elapsed(),
-        got >> 20,
         res.iter().map(|r| r.as_ref().ok()).collect::<Vec<_>>()
     );
     for r in &res {
         let r = r.as_ref().expect("the job beside finishes, every element right");
         assert_eq!(r.recoveries, 0, "the job beside declared a server lost: {r:?}");
     }
+    let earned = (took.as_secs_f64() / ROUND_EVERY.as_secs_f64()).ceil() as u32;
+    assert!(
+        (ROUND_BURST..=ROUND_BURST + earned).contains(&rounds),
+        "{rounds} rounds in {took:?}: its budget is {ROUND_BURST} and one every {ROUND_EVERY:?}"
+    );
     let tail = |s: &ServerProcess| s.log.lock().unwrap().iter().rev().take(12).cloned().collect::<Vec<_>>();
     assert!(
         servers[0].log_contains("more recovery rounds than servers can be lost"),
@@ -683,4 +679,34 @@ fn a_flood_of_lost_reports_ends_that_job_and_not_the_one_beside_it() {
     for s in servers {
         assert!(s.stop().success());
     }
+}
+
+/// The kind of the next message the server sends a rank joined by hand,
+/// read whole (a Failover, a Recover and its reports); None at anything
+/// else (the job's Reject once it is ended) or when the connection ends.
+fn next_message(c: &mut TcpStream) -> Option<wire::Kind> {
+    use std::io::Read;
+    let mut head = [0u8; 32];
+    let kind = loop {
+        c.read_exact(&mut head[..8]).ok()?;
+        match wire::read::<wire::Header>(&head).ok()?.check() {
+            Ok(wire::Kind::Alive) => continue, // a heartbeat, a bare header
+            Ok(k) => break k,
+            Err(e) => panic!("the server sent {e:?}"),
+        }
+    };
+    match kind {
+        wire::Kind::Failover => c.read_exact(&mut head[8..core::mem::size_of::<wire::Failover>()]).ok()?,
+        wire::Kind::Recover => {
+            c.read_exact(&mut head[8..core::mem::size_of::<wire::Recover>()]).ok()?;
+            let r: wire::Recover = wire::read(&head).ok()?;
+            let mut reports = vec![0u8; r.nranks as usize * r.report_len as usize];
+            c.read_exact(&mut reports).ok()?;
+        }
+        k => {
+            eprintln!("LOST FLOOD: the server sent {k:?}");
+            return None;
+        }
+    }
+    Some(kind)
 }
