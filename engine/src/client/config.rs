@@ -156,8 +156,8 @@ pub struct ClientConfig {
     /// TALLY_PROVIDER_WATCHDOG_S, else 10 s; zero: not watched.
     pub provider_watchdog: Duration,
     /// Over tcp, the floor this client sets on its connections' TCP timers
-    /// (ms; `host::tcp_rto_min`). Default from TALLY_TCP_RTO_MIN_MS, else 0:
-    /// none (the kernel's 200 ms).
+    /// (ms; `host::tcp_rto_min`; 0: none, the kernel's 200 ms). Default from
+    /// TALLY_TCP_RTO_MIN_MS, else `tcp_rto_min::DEFAULT_FLOOR_MS` (5).
     pub tcp_rto_min_ms: u32,
     /// Time one piece in 16 from its send to its result, and the copies of
     /// staged results (see [`super::piece_times`]); logged when the client

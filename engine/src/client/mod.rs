@@ -40,7 +40,7 @@
 //! - `state.rs`: `Core` (what the parts share and are lent for each call)
 //!   and the sub-jobs, streams, flights and operations; `handshake.rs`,
 //!   `greet.rs`, `join_wait.rs`: a control connection's steps;
-//! - `stage.rs`, `rails/`, `config.rs`, `liveness.rs`, `watchdog.rs`,
+//! - `stage.rs`, `rails/`, `config.rs`, `liveness.rs`, `watchdog.rs`, `tcp_floor.rs`,
 //!   `piece_times.rs`, `servers.rs`, `error.rs`: the leaves.
 //!
 //! Operations are asynchronous underneath ([`Client::start`] and
@@ -56,7 +56,7 @@ use rails::Rails;
 use state::{Core, Flight, Op};
 use std::collections::VecDeque;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 mod config;
@@ -74,6 +74,7 @@ pub mod rails;
 pub mod servers;
 mod stage;
 mod state;
+pub mod tcp_floor;
 pub mod watchdog;
 pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
 pub use error::ClientError;
@@ -174,7 +175,7 @@ impl Client {
             log::info!("rank {}: {} rails (an endpoint and a thread each){copier}, {how}", cfg.rank, rails.count());
         }
         crate::dataplane::lcore::precise_naps();
-        let tcp_peers = Arc::new(Mutex::new(Vec::new()));
+        let tcp_peers = Arc::new(tcp_floor::TcpPeers::default());
         let watchdog = watchdog::Watchdog::start(
             format!("rank {}", cfg.rank),
             rails.provider(),
@@ -185,8 +186,9 @@ impl Client {
                 (false, false) => watchdog::OnStuck::Log,
             },
             cfg.provider_watchdog,
-            watchdog::rto_floor_chore(rails.provider(), cfg.tcp_rto_min_ms, &tcp_peers),
+            tcp_floor::rto_floor_chore(rails.provider(), cfg.tcp_rto_min_ms, &tcp_peers),
         );
+        tcp_peers.poke_with(watchdog.as_ref().and_then(|w| w.poke()));
         let redo_base = per_sub - failover::REDO_CONTEXTS_PER_SERVER * cfg.servers.len() as u32;
         Ok(Client {
             failover: Failover::new(cfg.servers.len(), tcp_peers),

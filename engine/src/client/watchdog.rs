@@ -29,10 +29,10 @@
 //! driven by NCCL's threads).
 //!
 //! The same thread runs the client's one periodic chore off the data path
-//! ([`Chore`], every [`CHORE_EVERY`]): over tcp, setting the floor of the
-//! TCP timers on the connections the provider opened to the servers since
-//! (`host::tcp_rto_min` says why). It runs even where the watchdog's limit
-//! is 0.
+//! ([`Chore`], every [`CHORE_EVERY`], sooner where it asks, or when
+//! [`Poke`]d): over tcp, setting the floor of the TCP timers on the
+//! connections the provider opened to the servers since (`tcp_floor`). It
+//! runs even where the watchdog's limit is 0.
 use crate::dataplane::fabric::call_watch::CallWatch;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,14 +56,31 @@ pub enum OnStuck {
 /// sysexits' EX_SOFTWARE.
 pub const EXIT_STUCK: i32 = 70;
 
-/// Work the watchdog's thread does every [`CHORE_EVERY`], off the data path.
-pub type Chore = Box<dyn FnMut() + Send>;
+/// Work the watchdog's thread does off the data path; it returns how soon
+/// it wants to run again (at most [`CHORE_EVERY`] is waited).
+pub type Chore = Box<dyn FnMut() -> Duration + Send>;
 
-/// How often the watchdog's thread runs its [`Chore`].
+/// How often the watchdog's thread runs its [`Chore`] at most.
 pub const CHORE_EVERY: Duration = Duration::from_secs(1);
+
+/// Asks the watchdog's thread to run its chore now, whenever it is due
+/// next (the client's failover state, when it learns new server addresses).
+#[derive(Clone)]
+pub struct Poke {
+    asked: Arc<AtomicBool>,
+    thread: std::thread::Thread,
+}
+
+impl Poke {
+    pub fn now(&self) {
+        self.asked.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
 
 pub struct Watchdog {
     stop: Arc<AtomicBool>,
+    asked: Arc<AtomicBool>,
     /// Woken and joined on drop: no thread outlives its owner (the plugin's
     /// finalize promises NCCL that).
     thread: Option<std::thread::JoinHandle<()>>,
@@ -95,6 +112,8 @@ impl Watchdog {
             return None;
         }
         let (stop, raised, report) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(None)));
+        let asked = Arc::new(AtomicBool::new(false));
+        let poked = asked.clone();
         let stuck_rails = Arc::new(AtomicU32::new(0));
         let (s, r, rep, provider, mask) = (stop.clone(), raised.clone(), report.clone(), provider.to_string(), stuck_rails.clone());
         let period =
@@ -106,13 +125,14 @@ impl Watchdog {
                 let mut seen: Vec<(u32, Instant, bool)> = watches.iter().map(|w| (w.sample().0, Instant::now(), false)).collect();
                 let mut chore_due = Instant::now();
                 while !s.load(Ordering::Relaxed) {
-                    std::thread::park_timeout(period);
+                    let chore_in = if chore.is_some() { chore_due.saturating_duration_since(Instant::now()) } else { period };
+                    std::thread::park_timeout(period.min(chore_in));
                     if s.load(Ordering::Relaxed) {
                         break;
                     }
-                    if let Some(c) = chore.as_mut().filter(|_| Instant::now() >= chore_due) {
-                        chore_due = Instant::now() + CHORE_EVERY;
-                        c();
+                    let poked = poked.swap(false, Ordering::AcqRel);
+                    if let Some(c) = chore.as_mut().filter(|_| poked || Instant::now() >= chore_due) {
+                        chore_due = Instant::now() + c().min(CHORE_EVERY);
                     }
                     for (i, w) in watches.iter().enumerate() {
                         let (seq, call) = w.sample();
@@ -155,7 +175,7 @@ impl Watchdog {
                 }
             })
             .ok()?;
-        Some(Watchdog { stop, thread: Some(thread), raised, report, stuck_rails })
+        Some(Watchdog { stop, asked, thread: Some(thread), raised, report, stuck_rails })
     }
 
     /// The report of a rail stuck in a provider call, if any (one load when none).
@@ -171,23 +191,11 @@ impl Watchdog {
     pub fn stuck_rails(&self) -> u32 {
         self.stuck_rails.load(Ordering::Acquire)
     }
-}
 
-/// Over tcp with a floor of `floor_ms` (none for 0), the chore that sets
-/// the floor of the TCP timers on this process's new connections to
-/// `peers` (the servers' endpoint addresses, as the client learns them).
-pub fn rto_floor_chore(provider: &str, floor_ms: u32, peers: &Arc<Mutex<Vec<std::net::IpAddr>>>) -> Option<Chore> {
-    if !provider.starts_with("tcp") {
-        return None;
+    /// What runs the chore now from another thread.
+    pub fn poke(&self) -> Option<Poke> {
+        Some(Poke { asked: self.asked.clone(), thread: self.thread.as_ref()?.thread().clone() })
     }
-    let mut floor = crate::host::tcp_rto_min::RtoFloor::new(floor_ms)?;
-    let peers = peers.clone();
-    Some(Box::new(move || {
-        let now: Vec<std::net::IpAddr> = peers.lock().map(|p| p.clone()).unwrap_or_default();
-        // The control connections too (port 0: none left out): tally's own,
-        // and a heartbeat's tail is as much a tail.
-        floor.sweep(Some(&now), 0);
-    }))
 }
 
 /// The limit from `TALLY_PROVIDER_WATCHDOG_S` (default 10 s; 0: off).

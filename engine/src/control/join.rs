@@ -2,7 +2,7 @@
 //! (or the join timeout), checked against each other, then the job placed
 //! on lcores with a slab region on each (`budget`, `alloc`) and the Accepts
 //! sent; or every rank refused with the reason.
-use super::{budget, Active, Conn, ControlPlane, Pending, Phase};
+use super::{budget, Active, Conn, ControlPlane, Pending, Phase, RTO_SETTLE, RTO_SWEEP_SOON};
 use crate::control::alloc::REGION_ALIGN;
 use crate::control::backoff_gate::{Verdict, REUSE_FOR};
 use crate::control::conn::{Connections, Joining};
@@ -178,6 +178,10 @@ impl ControlPlane {
 
     pub(super) fn admit(&mut self, p: Pending) {
         let spec = p.spec;
+        // Its ranks' first sends open provider connections: find them soon.
+        let now = Instant::now();
+        self.rto_settle_until = now + RTO_SETTLE;
+        self.next_rto_sweep = self.next_rto_sweep.min(now + RTO_SWEEP_SOON);
         let mut conns: Vec<Conn> = p.conns.into_iter().map(|c| c.expect("all joined")).collect();
         let names: Vec<Vec<EndpointName>> = p.names.into_iter().map(|n| n.expect("all joined")).collect();
         // A communicator's later job takes the room its first job kept

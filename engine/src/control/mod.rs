@@ -281,11 +281,21 @@ pub struct ControlPlane {
     /// every [`RTO_SWEEP_EVERY`] (tcp only; `host::tcp_rto_min` says why).
     rto_floor: Option<crate::host::tcp_rto_min::RtoFloor>,
     next_rto_sweep: Instant,
+    /// Until then the sweep runs every [`RTO_SWEEP_SOON`]: a job was just
+    /// admitted (a join or a rejoin), and its ranks' first sends open the
+    /// provider connections the floor is for.
+    rto_settle_until: Instant,
 }
 
 /// How often the control loop looks for new provider connections to set
 /// the floor of their TCP timers on (a walk of /proc/self/fd).
 const RTO_SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The same for [`RTO_SETTLE`] after a job's admission: a lost tail on a
+/// connection the walk has not yet found waits the kernel's 200 ms
+/// (`client::watchdog::rto_floor_chore` says what that cost).
+const RTO_SWEEP_SOON: Duration = Duration::from_millis(50);
+const RTO_SETTLE: Duration = Duration::from_secs(3);
 
 /// `WATCHDOG=1` to the service manager every `every` (half its period),
 /// sent from the control loop itself: a loop that stops turning stops
@@ -433,6 +443,7 @@ impl ControlPlane {
             systemd_watchdog: None,
             rto_floor: crate::host::tcp_rto_min::RtoFloor::from_env(),
             next_rto_sweep: Instant::now(),
+            rto_settle_until: Instant::now(),
             net,
         }
     }
@@ -500,7 +511,7 @@ impl ControlPlane {
             return;
         }
         let Some(floor) = self.rto_floor.as_mut() else { return };
-        self.next_rto_sweep = now + RTO_SWEEP_EVERY;
+        self.next_rto_sweep = now + if now < self.rto_settle_until { RTO_SWEEP_SOON } else { RTO_SWEEP_EVERY };
         floor.sweep(None, self.net.listen_port());
     }
 

@@ -18,10 +18,11 @@
 //! A process may set the floor of its own connections (`TCP_RTO_MIN_US`,
 //! Linux 6.15 and later). tally does, on the connections its fabric
 //! provider opened (tcp;ofi_rxm opens them itself, as a peer is first
-//! sent to): every second, a server's control thread and a rank's watchdog
-//! thread walk this process's sockets and set the floor on each new one
-//! (`TALLY_TCP_RTO_MIN_MS=5`; off by default, [`DEFAULT_FLOOR_MS`] says
-//! why; 0 leaves the kernel's). A rank touches only its connections to its servers' endpoint
+//! sent to): every second, a server's control thread and one of the
+//! process's rank watchdog threads (one walk for all its ranks,
+//! [`sweep_for_ranks`]) walk this process's sockets and set the floor on each new one
+//! (`TALLY_TCP_RTO_MIN_MS`, [`DEFAULT_FLOOR_MS`] by default; 0 leaves the
+//! kernel's). A rank touches only its connections to its servers' endpoint
 //! addresses: a training process holds other TCP connections (NCCL's
 //! bootstrap, PyTorch's store) that are not tally's to change. Older
 //! kernels refuse the option; the walk then stops, and says once that the
@@ -34,15 +35,16 @@
 //! tens of microseconds. Nothing here is on a data path.
 use super::tcp_backoff::{provider_sockets, set_int};
 use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-/// The floor tally sets where `TALLY_TCP_RTO_MIN_MS` does not say (ms):
-/// none. With 5 ms, 1024 rank processes and their server on one 2-core
-/// machine (`tests/suites/many_ranks.rs`, a thousand ranks) stalled for
-/// 20 s in their first all-reduce, and passed without it (why is not
-/// known: spurious timeouts on a host that starves its processes of CPU,
-/// or the sweeps themselves); so it is asked for where the fabric loses
-/// packets (5 is what was measured), until that is understood.
-pub const DEFAULT_FLOOR_MS: u32 = 0;
+/// The floor tally sets where `TALLY_TCP_RTO_MIN_MS` does not say (ms).
+/// 5 is what was measured (docs/measurements.md, "Loss"). It was off by
+/// default while 1024 rank processes and their server on one 2-core machine
+/// (`tests/suites/many_ranks.rs`) stalled for 30 s with it, reproducibly:
+/// every rank walked its process's /proc/self/fd once a second, 64 ranks to
+/// a process. One walk per process ([`sweep_for_ranks`]) passes.
+pub const DEFAULT_FLOOR_MS: u32 = 5;
 
 /// The floor used where the kernel refuses the asked one as below its
 /// timer's resolution (two ticks: 8 ms at 250 Hz, 20 ms at 100 Hz).
@@ -142,6 +144,65 @@ impl RtoFloor {
     }
 }
 
+/// How often the ranks of one process walk its sockets, all of them
+/// together ([`sweep_for_ranks`]).
+pub const RANK_SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The same while a rank asks soon (its connections are being opened).
+pub const RANK_SWEEP_SOON: Duration = Duration::from_millis(50);
+
+/// The ranks' walk of this process's sockets, one for the whole process.
+/// A process may hold many ranks (`tally bench allreduce --ranks 64`, the
+/// load generator `tests/suites/many_ranks.rs` runs 16 of), each with its
+/// own client: walked once a second per rank, 1024 ranks on a 2-core host
+/// read /proc/self/fd about 200,000 times a second.
+static RANK_SWEEP: Mutex<RankSweep> = Mutex::new(RankSweep { floor: None, peers: Vec::new(), last: None });
+
+/// The ranks' shared walk: the peers asked for since the last one, and
+/// when that ran.
+struct RankSweep {
+    /// The floor of the first rank that asked (every rank reads the same
+    /// `TALLY_TCP_RTO_MIN_MS`; a later one asking another is not followed).
+    floor: Option<RtoFloor>,
+    peers: Vec<IpAddr>,
+    last: Option<Instant>,
+}
+
+/// Sets the floor of `floor_ms` on this process's new connections to
+/// `peers` (a rank's servers, control connections too): the peers join the
+/// next walk, which runs when a rank asks at least [`RANK_SWEEP_EVERY`]
+/// after the last ([`RANK_SWEEP_SOON`] where it asks `soon`: a rank whose
+/// connections are being opened). Each rank asks every second, so a rank's
+/// new connections get the floor within two. Returns how many this call set.
+pub fn sweep_for_ranks(floor_ms: u32, peers: &[IpAddr], soon: bool) -> u32 {
+    let Ok(mut shared) = RANK_SWEEP.lock() else { return 0 };
+    shared.ask(floor_ms, peers, Instant::now(), soon)
+}
+
+impl RankSweep {
+    fn ask(&mut self, floor_ms: u32, peers: &[IpAddr], now: Instant, soon: bool) -> u32 {
+        if self.floor.is_none() {
+            self.floor = RtoFloor::new(floor_ms);
+        }
+        for ip in peers {
+            if !self.peers.contains(ip) {
+                self.peers.push(*ip);
+            }
+        }
+        // `last`: when the last walk ran.
+        let every = if soon { RANK_SWEEP_SOON } else { RANK_SWEEP_EVERY };
+        if self.last.is_some_and(|last| now < last + every) {
+            return 0;
+        }
+        let Some(floor) = self.floor.as_mut() else { return 0 };
+        self.last = Some(now);
+        let set = floor.sweep(Some(&self.peers), 0);
+        // Only the ranks that ask again (those still alive) name the next walk's peers.
+        self.peers.clear();
+        set
+    }
+}
+
 /// Whether this kernel lets a process set one connection's floor
 /// (`TCP_RTO_MIN_US`, Linux 6.15+), probed on a fresh TCP socket.
 pub fn kernel_has_option() -> bool {
@@ -204,5 +265,34 @@ mod tests {
         // Done once: the next sweep sets nothing new.
         assert_eq!(f.sweep(Some(&[local]), port), 0);
         assert!(RtoFloor::new(0).is_none());
+    }
+
+    #[test]
+    fn ranks_of_one_process_share_one_walk_and_each_ranks_peers_join_the_next() {
+        // Addresses of their own, as above.
+        let (a, b) = (TcpListener::bind("127.0.0.78:0").unwrap(), TcpListener::bind("127.0.0.79:0").unwrap());
+        let ca = TcpStream::connect(a.local_addr().unwrap()).unwrap();
+        let cb = TcpStream::connect(b.local_addr().unwrap()).unwrap();
+        if floor_of(ca.as_raw_fd()).is_none() {
+            return; // before Linux 6.15: the test above checks the refusal
+        }
+        let (pa, pb): (IpAddr, IpAddr) = ("127.0.0.78".parse().unwrap(), "127.0.0.79".parse().unwrap());
+        let mut shared = RankSweep { floor: None, peers: Vec::new(), last: None };
+        let t0 = Instant::now();
+        // Rank A's ask walks at once; rank B's, within the second, waits.
+        assert_eq!(shared.ask(5, &[pa], t0, false), 1);
+        assert_eq!(shared.ask(5, &[pb], t0 + Duration::from_millis(300), false), 0);
+        assert_eq!(floor_of(cb.as_raw_fd()), Some(200_000));
+        // The next walk, whoever asks it, carries B's peer too.
+        assert_eq!(shared.ask(5, &[pa], t0 + RANK_SWEEP_EVERY, false), 1);
+        assert!(floor_of(cb.as_raw_fd()).unwrap() < 200_000);
+        // A rank opening connections may ask sooner; nothing new, nothing set.
+        let t1 = t0 + RANK_SWEEP_EVERY + RANK_SWEEP_SOON;
+        assert_eq!(shared.ask(5, &[pa, pb], t1, false), 0);
+        assert_eq!(shared.ask(5, &[pa, pb], t1, true), 0);
+        assert_eq!(shared.last, Some(t1), "the soon walk ran");
+        // A floor of 0 asks for nothing.
+        let mut none = RankSweep { floor: None, peers: Vec::new(), last: None };
+        assert_eq!(none.ask(0, &[pa], t0, false), 0);
     }
 }

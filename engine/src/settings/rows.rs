@@ -201,10 +201,10 @@ pub static ENV: &[EnvVar] = &[
     ),
     var(
         "TALLY_TCP_RTO_MIN_MS",
-        "0",
-        "the kernel's 200 ms",
+        "5",
+        "",
         &[Server, Client, Plugin],
-        "over tcp, a floor for the TCP retransmission timers of tally's own connections (Linux 6.15+), e.g. 5 where the fabric loses packets: a lost last packet of a piece then costs an all-reduce about this, not 200 ms (off by default: 1024 ranks on 2 cores stalled with it)",
+        "over tcp, a floor for the TCP retransmission timers of tally's own connections (Linux 6.15+; the kernel rounds it up to two ticks, 8 ms at 250 Hz): a lost last packet of a piece then costs an all-reduce about this, not 200 ms (0: the kernel's 200 ms)",
     ),
     var(
         "TALLY_JOIN_TIMEOUT_S",

@@ -105,8 +105,7 @@ use crate::dataplane::fabric::CompletionError;
 use crate::wire;
 use redo::{seq_ge, Item, Round};
 use rejoin::{Rejoins, ServerNames, Step};
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod redo;
@@ -204,7 +203,7 @@ pub struct FailoverStats {
 impl Failover {
     /// For a client of `servers` servers; `tcp_peers` is shared with the
     /// watchdog (see `ServerNames`).
-    pub(super) fn new(servers: usize, tcp_peers: Arc<Mutex<Vec<IpAddr>>>) -> Failover {
+    pub(super) fn new(servers: usize, tcp_peers: Arc<super::tcp_floor::TcpPeers>) -> Failover {
         Failover { jobs: Vec::new(), stats: FailoverStats::default(), names: ServerNames::new(servers, tcp_peers) }
     }
 

@@ -11,11 +11,12 @@ use crate::client::greet::send_answered;
 use crate::client::handshake::{hello_to, keepalive, wire_min_piece};
 use crate::client::stage::Stage;
 use crate::client::state::{Core, Flight, Stream};
+use crate::client::tcp_floor::TcpPeers;
 use crate::dataplane::fabric::{EndpointName, PendingSends};
 use crate::wire::{self, Hello, JobSpec};
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A lost server that answered again, on its way back into the job.
@@ -76,11 +77,11 @@ pub(super) struct ServerNames {
     /// Every server's addresses together, shared with the watchdog's chore
     /// that sets the floor of the TCP timers on this process's connections
     /// to them (`host::tcp_rto_min`).
-    tcp_peers: Arc<Mutex<Vec<IpAddr>>>,
+    tcp_peers: Arc<TcpPeers>,
 }
 
 impl ServerNames {
-    pub(super) fn new(servers: usize, tcp_peers: Arc<Mutex<Vec<IpAddr>>>) -> ServerNames {
+    pub(super) fn new(servers: usize, tcp_peers: Arc<TcpPeers>) -> ServerNames {
         ServerNames { fingerprints: vec![0; servers], ips: vec![Vec::new(); servers], tcp_peers }
     }
 
@@ -90,9 +91,7 @@ impl ServerNames {
         if provider.starts_with("tcp") {
             self.ips[si] = crate::host::tcp_backoff::ips_of(names, None);
         }
-        if let Ok(mut all) = self.tcp_peers.lock() {
-            *all = self.ips.concat();
-        }
+        self.tcp_peers.set(self.ips.concat());
     }
 }
 

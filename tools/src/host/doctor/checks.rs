@@ -322,8 +322,8 @@ fn jobs_may_use_tcp(t: &Target, h: &HostFacts) -> bool {
 /// The floor of TCP's timers, where the job traffic may go over tcp: a lost
 /// last packet waits for it (200 ms by default; `host::tcp_rto_min` in the
 /// engine says why that hit agg, measured with `bench cluster --loss`).
-/// tally lowers it on its own connections where asked and the kernel lets
-/// it; else a note with the ways there are.
+/// tally lowers it on its own connections (by default) where the kernel
+/// lets it; else a note with the ways there are.
 pub(super) fn check_rto_floor(t: &Target, h: &HostFacts) -> Option<Check> {
     const NAME: &str = "TCP timer floor";
     if !jobs_may_use_tcp(t, h) {
@@ -345,7 +345,7 @@ pub(super) fn check_rto_floor(t: &Target, h: &HostFacts) -> Option<Check> {
                 "200 ms (the kernel's): where the fabric loses packets each lost last packet of a piece costs an all-reduce about \
                  that (agg at 0.1% loss kept 0.23 of its rate at 200 ms, 0.5-0.7 at 5 ms). Try: {}",
                 if per_socket {
-                    "TALLY_TCP_RTO_MIN_MS=5 on the servers and workers (tally's connections only), or"
+                    "TALLY_TCP_RTO_MIN_MS=5 on the servers and workers (tally's default, which TALLY_TCP_RTO_MIN_MS=0 turned off; tally's connections only), or"
                 } else {
                     "(this kernel, before Linux 6.15, does not let tally set its own)"
                 }
