@@ -106,11 +106,16 @@ pub struct ClusterArgs {
     /// packet on the backlog of the CPU that sent it, and a flow whose packets
     /// leave from several CPUs (a host's rails and lcores share its one
     /// shaped link) arrives out of order, which TCP answers with spurious
-    /// retransmissions. Off by default: on 64 cores (the device) `workers`
-    /// ended the reordering (12,000-17,000 retransmissions per CollNet run
-    /// to 4-540) without making CollNet faster, and `on` slowed it to a
-    /// fraction (docs/measurements.md).
-    #[arg(long, value_enum, default_value_t = Rps::Off)]
+    /// retransmissions. auto (the default): off, but `workers` with
+    /// `--loss` where the workers have cores of their own (where every host
+    /// shares a few cores nothing reorders, and steering costs CPU: 0
+    /// reorderings on the 2-core machine at 1 Gbit/s). Off: on 64 cores (the device) `workers` ended the
+    /// reordering (12,000-17,000 retransmissions per CollNet run to 4-540)
+    /// without making CollNet faster, and `on` slowed it to a fraction.
+    /// `workers` with `--loss`: reordering on top of loss is what the
+    /// emulation adds, not what a wire does, and it took most of what agg
+    /// lost at 0.1% (docs/measurements.md, "The TCP floor by default").
+    #[arg(long, value_enum, default_value_t = Rps::Auto)]
     pub rps: Rps,
     /// Loss levels, comma-separated: a percent of packets dropped on every
     /// link (`0,0.1,1`), or on one host's link (`s1:1`, `w0:0.5`; hosts are
@@ -213,16 +218,27 @@ impl OnOff {
 /// `--rps`: which CPUs the veths steer received packets to.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rps {
+    Auto,
     Off,
     On,
     Workers,
 }
 
 impl Rps {
-    /// As the table's header says it.
+    /// What `auto` is: `lossy` for a run with `--loss` whose workers have
+    /// cores of their own.
+    pub fn resolved(self, lossy: bool) -> Rps {
+        match (self, lossy) {
+            (Rps::Auto, true) => Rps::Workers,
+            (Rps::Auto, false) => Rps::Off,
+            (r, _) => r,
+        }
+    }
+
+    /// As the table's header says it (resolved).
     pub fn text(self) -> &'static str {
         match self {
-            Rps::Off => "off",
+            Rps::Auto | Rps::Off => "off",
             Rps::On => "on every CPU",
             Rps::Workers => "on the workers' cores",
         }
@@ -389,7 +405,15 @@ pub fn loops_at(args: &ClusterArgs, rate: f64) -> LoopArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::{cores_mask, cpu_mask, parse_rcvbuf, parse_rto_min, parse_tcp_cc, RcvBuf, RtoMin, TcpCc};
+    use super::{cores_mask, cpu_mask, parse_rcvbuf, parse_rto_min, parse_tcp_cc, RcvBuf, Rps, RtoMin, TcpCc};
+
+    #[test]
+    fn receive_steering_is_on_the_workers_cores_where_links_lose_packets_unless_asked() {
+        assert_eq!(Rps::Auto.resolved(true), Rps::Workers);
+        assert_eq!(Rps::Auto.resolved(false), Rps::Off);
+        assert_eq!(Rps::Off.resolved(true), Rps::Off);
+        assert_eq!(Rps::On.resolved(false), Rps::On);
+    }
 
     #[test]
     fn cpu_masks_are_grouped_by_32() {

@@ -280,8 +280,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let sw = format!("{prefix}sw");
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
     let worker_list = worker_cores.as_ref().and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok());
-    let rps_mask = match (args.rps, &worker_list) {
-        (Rps::Off, _) => None,
+    let rps_mask = match (args.rps.resolved(!args.loss.is_empty() && worker_list.is_some()), &worker_list) {
+        (Rps::Off | Rps::Auto, _) => None,
         (Rps::Workers, Some(list)) => Some(cores_mask(list.as_slice())),
         (Rps::On | Rps::Workers, _) => Some(cpu_mask(cores)),
     };
@@ -429,7 +429,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                         "# emulated cluster, links {rate} Gbit/s: {} servers + {} workers (RPS {}, RTO floor {}, receive buffers {}, congestion control {}); placement: {placement}; running in each worker: {cmd}",
                         args.hosts,
                         args.hosts,
-                        args.rps.text(),
+                        args.rps.resolved(!args.loss.is_empty() && worker_cores.is_some()).text(),
                         args.tcp_rto_min.text(),
                         args.tcp_rcvbuf.text(),
                         args.tcp_cc.text()

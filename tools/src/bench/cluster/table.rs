@@ -195,7 +195,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         args.tcp_rto_min.text(),
         args.tcp_rcvbuf.text(),
         args.tcp_cc.text(),
-        args.rps.text(),
+        args.rps.resolved(!args.loss.is_empty() && worker_cores.is_some()).text(),
         provider_text(&args.provider)
     );
     println!("# placement: {placement}");
