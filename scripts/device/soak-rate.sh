@@ -34,7 +34,9 @@
 # (1024 x 16 KiB, perf-traced to fi_cq_read as a stopped server resumed
 # and sent its fenced job's results), which it keeps and reuses and never
 # frees: a step of 16.4 MB per rail at most, not a leak; a leak grows again
-# on the second cycle.
+# on the second cycle. The pool holds rxm's FI_OFI_RXM_MSG_RX_SIZE (128)
+# buffers posted per connection: at 32 the step was 3.3 MB, not 20
+# (docs/measurements.md, "Where the ranks' RSS step comes from").
 #
 # NCCL=1: the same testbed and faults driving real NCCL instead
 # (tests/nccl/cluster_proof.sh's testbed: one PyTorch rank per worker
