@@ -293,7 +293,7 @@ const RTO_SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// The same for [`RTO_SETTLE`] after a job's admission: a lost tail on a
 /// connection the walk has not yet found waits the kernel's 200 ms
-/// (`client::watchdog::rto_floor_chore` says what that cost).
+/// (`client::tcp_floor` says what that cost).
 const RTO_SWEEP_SOON: Duration = Duration::from_millis(50);
 const RTO_SETTLE: Duration = Duration::from_secs(3);
 
