@@ -18,14 +18,9 @@
 use super::watchdog::{Chore, Poke, CHORE_EVERY};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// How long after the servers' addresses change the chore walks every
-/// [`SETTLE_EVERY`]: a join's first all-reduces, a rejoin's.
-pub const SETTLE: Duration = Duration::from_secs(3);
-
-/// How often the chore walks while settling.
-pub const SETTLE_EVERY: Duration = Duration::from_millis(50);
+use crate::host::tcp_rto_min::{RANK_SWEEP_SOON as SETTLE_EVERY, SETTLE};
 
 /// The servers' IP addresses (over tcp), as the client learns them.
 #[derive(Default)]

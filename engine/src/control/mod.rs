@@ -291,11 +291,8 @@ pub struct ControlPlane {
 /// the floor of their TCP timers on (a walk of /proc/self/fd).
 const RTO_SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// The same for [`RTO_SETTLE`] after a job's admission: a lost tail on a
-/// connection the walk has not yet found waits the kernel's 200 ms
-/// (`client::tcp_floor` says what that cost).
-const RTO_SWEEP_SOON: Duration = Duration::from_millis(50);
-const RTO_SETTLE: Duration = Duration::from_secs(3);
+// The walks' pace after a job's admission, the ranks' own (`host::tcp_rto_min`).
+use crate::host::tcp_rto_min::{RANK_SWEEP_SOON as RTO_SWEEP_SOON, SETTLE as RTO_SETTLE};
 
 /// `WATCHDOG=1` to the service manager every `every` (half its period),
 /// sent from the control loop itself: a loop that stops turning stops

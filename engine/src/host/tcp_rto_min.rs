@@ -148,8 +148,14 @@ impl RtoFloor {
 /// together ([`sweep_for_ranks`]).
 pub const RANK_SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// The same while a rank asks soon (its connections are being opened).
+/// How often a process walks while a job's connections are being opened
+/// (a rank asking `soon`, a server after an admission): for [`SETTLE`]
+/// after a join or a rejoin. Until a walk finds a new connection, a lost
+/// tail on it waits the kernel's 200 ms (`client::tcp_floor` says what that cost).
 pub const RANK_SWEEP_SOON: Duration = Duration::from_millis(50);
+
+/// How long after a join or a rejoin the walks come every [`RANK_SWEEP_SOON`].
+pub const SETTLE: Duration = Duration::from_secs(3);
 
 /// The ranks' walk of this process's sockets, one for the whole process.
 /// A process may hold many ranks (`tally bench allreduce --ranks 64`, the
