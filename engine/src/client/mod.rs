@@ -46,7 +46,7 @@
 //! Operations are asynchronous underneath ([`Client::start`] and
 //! [`Client::test`], the form the NCCL plugin uses); [`Client::allreduce`]
 //! is the blocking convenience.
-use crate::dataplane::fabric::{select_provider, Endpoint, EndpointConfig, Hints, MemoryHandle};
+use crate::dataplane::fabric::{select_provider, Endpoint, EndpointConfig, EndpointName, Hints, MemoryHandle};
 use crate::reduce::{DataType, ReduceOp};
 use crate::wire::{self, Kind};
 use control::Control;
@@ -58,6 +58,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
+use sweep::Sweep;
 
 mod config;
 mod control;
@@ -74,6 +75,7 @@ pub mod rails;
 pub mod servers;
 mod stage;
 mod state;
+mod sweep;
 pub mod tcp_floor;
 pub mod watchdog;
 pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
@@ -147,7 +149,7 @@ impl Client {
         let ecfg = EndpointConfig {
             hints: Hints::new(&provider).with_node(node.as_deref()),
             cq_size: 0,
-            contexts: per_sub * join::MAX_SUBJOBS as u32,
+            contexts: per_sub * join::MAX_SUBJOBS as u32 + sweep::SWEEP_CONTEXTS,
             wait_object: true,
         };
         let want = rails::resolve_rails(cfg.rails, &provider, cfg.servers.len());
@@ -161,7 +163,17 @@ impl Client {
                 eps.push(open()?);
             }
             let copier = cfg.runs_copier(eps.len());
-            Rails::threaded(eps, cfg.rail_spin_polls, cfg.sleep_ms, &cfg.rail_cores, ecfg.contexts as usize, cfg.piece_times, copier)
+            let sweep_base = per_sub * join::MAX_SUBJOBS as u32;
+            Rails::threaded(
+                eps,
+                cfg.rail_spin_polls,
+                cfg.sleep_ms,
+                &cfg.rail_cores,
+                ecfg.contexts as usize,
+                sweep_base,
+                cfg.piece_times,
+                copier,
+            )
         }
         .map_err(|e| ClientError::Fabric(e.to_string()))?
         .serve(cfg.servers.len());
@@ -190,6 +202,7 @@ impl Client {
         );
         tcp_peers.poke_with(watchdog.as_ref().and_then(|w| w.poke()));
         let redo_base = per_sub - failover::REDO_CONTEXTS_PER_SERVER * cfg.servers.len() as u32;
+        let can_sweep = rails.can_sweep();
         Ok(Client {
             failover: Failover::new(cfg.servers.len(), tcp_peers),
             core: Core {
@@ -202,7 +215,7 @@ impl Client {
                 redo_base,
                 cfg,
             },
-            progress: Progress::new(MAX_OPS),
+            progress: Progress::new(MAX_OPS, Sweep::new(can_sweep, per_sub * join::MAX_SUBJOBS as u32)),
             watchdog,
             next_op: 1,
             registrations: Vec::new(),
@@ -235,6 +248,13 @@ impl Client {
         r
     }
 
+    /// The fabric names of this rank's endpoints, one per rail: what its
+    /// Hello gives the servers, and what any peer that reaches the rank
+    /// sends to.
+    pub fn endpoint_names(&self) -> Vec<EndpointName> {
+        (0..self.core.rails.count()).map(|r| self.core.rails.name(r).clone()).collect()
+    }
+
     /// Streams (server, lcore pairs) of the first joined sub-job.
     pub fn streams(&self) -> usize {
         self.core.subs.first().map_or(0, |s| s.streams.len())
@@ -254,6 +274,7 @@ impl Client {
             staging_bytes: first.and_then(|s| self.failover.staging(s)).map_or(0, |g| g.bytes() as u64),
             staged: self.progress.staged,
             late_receives: self.progress.late_receives,
+            discarded: self.progress.sweep.discarded,
             ..self.failover.stats()
         }
     }
@@ -447,6 +468,7 @@ impl Client {
     /// connection (`control::read`), and each message goes to its
     /// handler; a rail stuck in a provider call is an error here.
     fn check_controls(&mut self) -> Result<(), ClientError> {
+        self.progress.sweep.tick(&mut self.core, &self.failover);
         if let Some(w) = self.watchdog.as_ref() {
             if let Some(report) = w.stuck() {
                 let stuck = w.stuck_rails();

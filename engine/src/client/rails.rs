@@ -59,7 +59,7 @@
 //! happen at joins, recoveries and stops, never per chunk.
 use crate::dataplane::fabric::call_watch::CallWatch;
 use crate::dataplane::fabric::{
-    Completion, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PendingSends, PollError, PostError,
+    Completion, CompletionError, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PendingSends, PollError, PostError,
 };
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -74,7 +74,7 @@ mod rail_loop;
 mod stream_copy;
 use count::lanes;
 pub use count::{auto_rails, calls_may_spin_forever, resolve_rails, shm_rail, wants_rail_threads, AUTO_MIN_RAILS, MAX_RAILS};
-use queue::{ask, queue, Bell, Cmd, CopierShared, CopyLane, Event, Reply, Shared, RING};
+use queue::{ask, queue, Bell, Cmd, CopierShared, CopyLane, Event, Reply, Shared, RING, SWEEP_RING};
 use rail_loop::RailLoop;
 
 /// Says so when rail `r`, given no core of its own, would share the one core
@@ -166,6 +166,7 @@ impl Rails {
         sleep_ms: u32,
         cores: &[usize],
         contexts: usize,
+        sweep_base: u32,
         timed: bool,
         copier: bool,
     ) -> Result<Rails, FabricError> {
@@ -192,6 +193,7 @@ impl Rails {
             let shared = Arc::new(Shared {
                 cmds: ArrayQueue::new(RING),
                 events: ArrayQueue::new(RING),
+                sweep: ArrayQueue::new(SWEEP_RING),
                 replies: ArrayQueue::new(4),
                 bell: Bell::new().map_err(os_error("eventfd"))?,
                 owner: owner.clone(),
@@ -216,7 +218,7 @@ impl Rails {
                             log::warn!("rail {i}: cannot pin to core {c}: {e}");
                         }
                     }
-                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts, timed).run()
+                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts, sweep_base, timed).run()
                 })
                 .map_err(os_error("spawning a rail thread"))?;
             if let Mode::Threaded { rails, .. } = &mut made.mode {
@@ -450,6 +452,44 @@ impl Rails {
         }
     }
 
+    /// Whether the rails' endpoints can look at and discard their
+    /// unexpected messages (`client::sweep`).
+    pub fn can_sweep(&self) -> bool {
+        crate::dataplane::fabric::provider_can_sweep(&self.provider)
+    }
+
+    /// Asks rail `r` for its oldest unexpected message's tag, as a
+    /// completion of `ctx` (`Endpoint::peek_unexpected`).
+    pub fn peek_unexpected(&mut self, r: usize, ctx: u32) -> Result<(), PostError> {
+        match &mut self.mode {
+            Mode::Direct(ep) => ep.peek_unexpected(ctx),
+            Mode::Threaded { rails, .. } => queue(&rails[r].shared, Cmd::Peek { ctx }),
+        }
+    }
+
+    /// Discards rail `r`'s oldest unexpected message of `tag`, as a
+    /// completion of `ctx` (`Endpoint::discard_unexpected`).
+    pub fn discard_unexpected(&mut self, r: usize, tag: u64, ctx: u32) -> Result<(), PostError> {
+        match &mut self.mode {
+            Mode::Direct(ep) => ep.discard_unexpected(tag, ctx),
+            Mode::Threaded { rails, .. } => queue(&rails[r].shared, Cmd::Discard { tag, ctx }),
+        }
+    }
+
+    /// The next completion of the sweep's peeks and discards on rail `r`
+    /// (rail threads hold them apart, see `Shared::sweep`); None with one
+    /// endpoint on the caller's thread, whose [`Rails::poll`] returns them.
+    pub fn take_sweep_event(&mut self, r: usize) -> Option<Result<Completion, Box<CompletionError>>> {
+        match &mut self.mode {
+            Mode::Direct(_) => None,
+            Mode::Threaded { rails, .. } => match rails.get(r)?.shared.sweep.pop()? {
+                Event::Done(c) => Some(Ok(c)),
+                Event::Failed(e) => Some(Err(e)),
+                Event::Broken(e) => Some(Err(Box::new(CompletionError::refused(u32::MAX, e.code, &e.to_string())))),
+            },
+        }
+    }
+
     /// Sends a small message by inject (direct mode only: [`Rails::inject_size`] is 0 otherwise).
     ///
     /// # Safety
@@ -503,6 +543,27 @@ impl Rails {
                     Some(Event::Failed(e)) => return Err(PollError::Completion(*e)),
                     Some(Event::Broken(e)) => return Err(PollError::Fabric(e)),
                     None => break,
+                }
+            }
+        }
+        if n == 0 {
+            // Nothing else came: the sweep's completions, which the
+            // client tells by their context ids (`client::sweep`).
+            for r in rails.iter() {
+                while n < out.len() {
+                    match r.shared.sweep.pop() {
+                        Some(Event::Done(c)) => {
+                            out[n] = c;
+                            n += 1;
+                        }
+                        Some(Event::Failed(e)) if n > 0 => {
+                            *held = Some(Event::Failed(e));
+                            return Ok(n);
+                        }
+                        Some(Event::Failed(e)) => return Err(PollError::Completion(*e)),
+                        Some(Event::Broken(_)) => {}
+                        None => break,
+                    }
                 }
             }
         }

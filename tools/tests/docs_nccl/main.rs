@@ -311,7 +311,7 @@ fn quoted_figures_hold() {
     assert!(plugin.contains("pub const TCP_MAX_PIECE: usize = 128 << 10;"));
     assert!(plugin.contains("cfg.min_piece = cfg.chunk_bytes;"), "whole pieces over tcp");
     let limit_1_17 = tally_engine::dataplane::fabric::defaults::PROVIDER_DEFAULTS;
-    assert_eq!(limit_1_17, [("FI_OFI_RXM_EAGER_LIMIT", "131072")], "the eager limit the page quotes for 1.17");
+    assert_eq!(limit_1_17[0], ("FI_OFI_RXM_EAGER_LIMIT", "131072"), "the eager limit the page quotes for 1.17");
     assert_eq!(c.send_credits, 0, "unset, no pacing: the page says the plugin keeps it");
     assert!(plugin.contains("pub const TCP_WINDOW: u32 = 16;"));
     assert!(

@@ -198,6 +198,10 @@ pub struct FailoverStats {
     /// results are ignored): the provider had already taken them when the
     /// rank cancelled, and wrote them once the lost server's data came.
     pub late_receives: u64,
+    /// Messages for no receive of this rank, discarded (`client::sweep`):
+    /// results a fenced job's server sent once it ran again, or anything
+    /// else no receive would ever take.
+    pub discarded: u64,
 }
 
 impl Failover {
@@ -248,6 +252,12 @@ impl Failover {
     /// Whether this rank lost server `si` of sub-job `sub`.
     pub(super) fn has_lost(&self, sub: usize, si: usize) -> bool {
         self.jobs[sub].dead & (1u64 << si) != 0
+    }
+
+    /// Whether a receive of a recovery's redo jobs will take a message
+    /// with this tag (`client::sweep`).
+    pub(super) fn redo_awaits(&self, tag: wire::Tag) -> bool {
+        self.jobs.iter().filter_map(|j| j.round.as_ref()).any(|r| r.awaits(tag))
     }
 
     /// A recovery of sub-job `sub` is redoing work.

@@ -117,6 +117,12 @@ impl Round {
 
     /// Per stream, the oldest head in wrapping order (every other is at or
     /// after it): below it every rank has every result.
+    /// Whether a redo job's receive will take a message with this tag
+    /// (`client::sweep`).
+    pub(super) fn awaits(&self, tag: crate::wire::Tag) -> bool {
+        self.jobs.iter().any(|j| j.streams.iter().any(|st| crate::client::sweep::stream_awaits(st, REDO_WINDOW, tag)))
+    }
+
     pub(super) fn oldest_heads(&self, nstreams: usize) -> Vec<u32> {
         (0..nstreams)
             .map(|st| {

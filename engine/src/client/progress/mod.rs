@@ -28,6 +28,7 @@ use super::error::ClientError;
 use super::failover::{Failover, RedoDone};
 use super::piece_times::PieceTimes;
 use super::state::{Core, Flight, Op, SLOW_OP};
+use super::sweep::Sweep;
 use crate::dataplane::fabric::{Completion, PollError};
 use crate::reduce::Kernels;
 use crate::wire;
@@ -77,11 +78,13 @@ pub(super) struct Progress {
     /// Receives of lost streams that completed after the loss
     /// (`FailoverStats::late_receives`).
     pub(super) late_receives: u64,
+    /// Discards messages no receive of this rank will take (`client::sweep`).
+    pub(super) sweep: Sweep,
 }
 
 impl Progress {
     /// For a client of at most `max_ops` operations in progress.
-    pub(super) fn new(max_ops: usize) -> Progress {
+    pub(super) fn new(max_ops: usize, sweep: Sweep) -> Progress {
         Progress {
             pump_due: true,
             batch: [Completion { context: 0, is_recv: false, len: 0, tag: 0 }; 32],
@@ -93,6 +96,7 @@ impl Progress {
             busy_polls: 0,
             staged: 0,
             late_receives: 0,
+            sweep,
         }
     }
 
@@ -183,6 +187,10 @@ impl Progress {
     pub(super) fn poll(&mut self, c: &mut Core, fo: &mut Failover) -> Result<bool, ClientError> {
         let n = match c.rails.poll(&mut self.batch) {
             Ok(n) => n,
+            Err(PollError::Completion(e)) if e.context.is_some_and(|ctx| self.sweep.owns(ctx)) => {
+                self.sweep.on_failed(&e);
+                return Ok(false);
+            }
             Err(PollError::Completion(e)) => return fo.on_error_completion(c, e).map(|()| false),
             Err(PollError::Fabric(e)) => return Err(ClientError::Fabric(e.to_string())),
         };
@@ -196,10 +204,18 @@ impl Progress {
         }
         self.idle_polls = 0;
         self.busy_polls = self.busy_polls.wrapping_add(1);
-        self.last_progress = Instant::now();
         let window = c.cfg.window as usize;
+        if self.batch[..n].iter().any(|d| !self.sweep.owns(d.context)) {
+            // (The sweep's completions are not the all-reduce's progress:
+            // a look every 50 ms must not keep a stalled one from timing out.)
+            self.last_progress = Instant::now();
+        }
         for i in 0..n {
             let done = self.batch[i];
+            if self.sweep.owns(done.context) {
+                self.sweep.on_done(c, fo, done);
+                continue;
+            }
             let (sub, local) = ((done.context / c.per_sub) as usize, done.context % c.per_sub);
             if local >= c.redo_base {
                 match fo.on_redo_completion(c, sub, local - c.redo_base, done.is_recv) {

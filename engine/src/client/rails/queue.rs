@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Sweep completions a rail holds for the client at most: a peek and a
+/// discard out at a time, and room to spare.
+pub(super) const SWEEP_RING: usize = 8;
+
 /// Operations queued to one rail at most; a client finding the ring full
 /// sees `EAGAIN` and posts again later, as from a full provider queue.
 pub(super) const RING: usize = 4096;
@@ -42,6 +46,18 @@ pub(super) enum Cmd {
         tag: u64,
         ctx: u32,
         to: *mut u8,
+    },
+    /// Look at the oldest unexpected message (`Endpoint::peek_unexpected`):
+    /// its completion (or a failed one: none, or refused) comes back as
+    /// any other, under `ctx`. In order with the data operations.
+    Peek {
+        ctx: u32,
+    },
+    /// Discard the oldest unexpected message of `tag`
+    /// (`Endpoint::discard_unexpected`), likewise.
+    Discard {
+        tag: u64,
+        ctx: u32,
     },
     /// Cancel one operation (or drop it, if still queued on the rail),
     /// answer [`Reply::Done`]. A canceled [`Cmd::RecvCopy`] copies nothing
@@ -129,6 +145,12 @@ impl Drop for Bell {
 pub(super) struct Shared {
     pub(super) cmds: ArrayQueue<Cmd>,
     pub(super) events: ArrayQueue<Event>,
+    /// The completions of the client's sweep (`client::sweep`), kept out
+    /// of `events`: a look every 50 ms must not read as a data completion
+    /// on its way (`Cmd::Settle`) to a rail whose server was lost (ranks
+    /// then put off taking a restarted server back). The client takes them
+    /// in a poll that found nothing else, and at its control checks.
+    pub(super) sweep: ArrayQueue<Event>,
     pub(super) replies: ArrayQueue<Reply>,
     /// Rung by the client after queueing to a sleeping rail.
     pub(super) bell: Bell,

@@ -62,7 +62,7 @@
 use super::idle::{EmptyTurns, QUIET_SLEEP_MS};
 use super::queue::{Cmd, CopyJob, Event, Reply, Shared, LANE, RING};
 use crate::dataplane::fabric::call_watch::Call;
-use crate::dataplane::fabric::{Completion, Endpoint, FabricError, PendingSends, PollError, PostError};
+use crate::dataplane::fabric::{Completion, CompletionError, Endpoint, FabricError, PendingSends, PollError, PostError};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -93,6 +93,9 @@ pub(super) struct RailLoop {
     copied_ns: u64,
     turn_ns: u64,
     busy_ns: u64,
+    /// Context ids from here on are the client's sweep's: their
+    /// completions go to `Shared::sweep`.
+    sweep_base: u32,
     /// Fault injection: when this rail's thread blocks for good as inside a
     /// provider call (`TALLY_FAULT_RAIL_STALL=RAIL@SECONDS`). None in real use.
     stall_at: Option<Instant>,
@@ -106,9 +109,11 @@ impl RailLoop {
         spin_polls: u32,
         sleep_ms: u32,
         contexts: usize,
+        sweep_base: u32,
         timed: bool,
     ) -> RailLoop {
         RailLoop {
+            sweep_base,
             stall_at: crate::host::fault::stall_at("TALLY_FAULT_RAIL_STALL", rail),
             copies: vec![(std::ptr::null_mut(), std::ptr::null_mut()); contexts].into_boxed_slice(),
             stream_copy: super::stream_copy::wanted(),
@@ -274,6 +279,8 @@ impl RailLoop {
                         }
                         None => Err(PostError::BadContext(ctx)),
                     },
+                    Cmd::Peek { ctx } => self.ep.peek_unexpected(ctx),
+                    Cmd::Discard { tag, ctx } => self.ep.discard_unexpected(tag, ctx),
                     _ => Ok(()),
                 }
             };
@@ -283,6 +290,14 @@ impl RailLoop {
                     any = true;
                 }
                 Err(PostError::Again) => break,
+                Err(e) if matches!(c, Cmd::Peek { .. } | Cmd::Discard { .. }) => {
+                    // The client's sweep hears of it as the look's failure
+                    // (and stops sweeping); nothing else is broken.
+                    let (Cmd::Peek { ctx } | Cmd::Discard { ctx, .. }) = *c else { unreachable!() };
+                    self.waiting.pop_front();
+                    let _ = self.sh.sweep.push(Event::Failed(Box::new(CompletionError::refused(ctx, libc::EIO, &e.to_string()))));
+                    any = true;
+                }
                 Err(e) => {
                     self.waiting.pop_front();
                     let fe = match e {
@@ -308,6 +323,12 @@ impl RailLoop {
             Ok(n) => {
                 for i in 0..n {
                     let c = self.batch[i];
+                    if c.context >= self.sweep_base {
+                        // The client takes it at its next control check
+                        // (its look stays out until then if the ring is full).
+                        let _ = self.sh.sweep.push(Event::Done(c));
+                        continue;
+                    }
                     if c.is_recv && self.hand_to_copier(c) {
                         continue;
                     }
@@ -316,6 +337,10 @@ impl RailLoop {
                     }
                     self.push(Event::Done(c));
                 }
+                any = true;
+            }
+            Err(PollError::Completion(e)) if e.context.is_some_and(|ctx| ctx >= self.sweep_base) => {
+                let _ = self.sh.sweep.push(Event::Failed(Box::new(e)));
                 any = true;
             }
             Err(PollError::Completion(e)) => {

@@ -57,6 +57,21 @@
 //! 8 ranks with 256 KiB pieces gained as much (1.21-1.35 against 0.89-1.07).
 //! So tally sets it to the eager limit too.
 //!
+//! rxm posts `FI_OFI_RXM_MSG_RX_SIZE` receive buffers (128 by default, of
+//! its buffer size) on each connection it opens, from a pool that grows
+//! 1024 buffers at a time and never shrinks; a buffer stays taken by a
+//! message that came for no posted receive until it is matched or
+//! discarded. A server frozen or cut off sends its fenced job's results in
+//! a burst when it runs again, and with 128 posted per connection that
+//! burst grew each rank's pool by one 16.4 MB chunk (the device's soak: a
+//! rank +13% start to end). tally posts 32: the first stop grew a rank by
+//! 3.3 MB instead of 20.2 on the 2-core machine, every process started
+//! smaller (ranks 84 MB against 135, servers 347 against 483), and on the
+//! device (4 + 4 hosts, 16 and 32 Gbit/s, 16 and 64 MiB, agg and
+//! agg-plugin, each alternated twice with the default) no row was slower:
+//! 0.51-0.99 of the bound against 0.28-0.98 (docs/measurements.md, "Posted
+//! receives per connection"). Only local memory: peers need not agree.
+//!
 //! libfabric reads its parameters when it first initializes, in the
 //! process's first `fi_getinfo`. [`apply`] runs once, before any tally code
 //! calls into libfabric (every `fi_getinfo` of the engine goes through it),
@@ -64,10 +79,14 @@
 use std::sync::OnceLock;
 
 /// (variable, value) pairs, libfabric 1.17.
-pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "131072")];
+pub const PROVIDER_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXM_EAGER_LIMIT", "131072"), RX_PER_CONNECTION];
 
 /// The same for libfabric 1.18 and later.
-pub const PROVIDER_DEFAULTS_1_18: &[(&str, &str)] = &[("FI_OFI_RXM_BUFFER_SIZE", "32768"), ("FI_OFI_RXM_SAR_LIMIT", "32768")];
+pub const PROVIDER_DEFAULTS_1_18: &[(&str, &str)] =
+    &[("FI_OFI_RXM_BUFFER_SIZE", "32768"), ("FI_OFI_RXM_SAR_LIMIT", "32768"), RX_PER_CONNECTION];
+
+/// Receive buffers rxm posts per connection (the module doc says why).
+const RX_PER_CONNECTION: (&str, &str) = ("FI_OFI_RXM_MSG_RX_SIZE", "32");
 
 /// The defaults for the libfabric this process loaded.
 pub fn provider_defaults() -> &'static [(&'static str, &'static str)] {
@@ -84,6 +103,12 @@ static APPLIED: OnceLock<Vec<String>> = OnceLock::new();
 /// process; returns the `VAR=value` pairs it set.
 pub fn apply() -> &'static [String] {
     APPLIED.get_or_init(|| set_where_unset(provider_defaults()))
+}
+
+/// Whether `var` holds the value [`apply`] gave it (the user set nothing):
+/// a caller with a better value for its own case may replace it.
+pub fn set_by_tally(var: &str) -> bool {
+    APPLIED.get().is_some_and(|set| set.iter().any(|pair| pair.split_once('=').is_some_and(|(v, _)| v == var)))
 }
 
 /// rxm's eager limit where nothing sets one (its buffer size, 16 KiB).

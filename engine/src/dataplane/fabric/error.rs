@@ -113,6 +113,16 @@ impl CompletionError {
         }
     }
 
+    /// An operation the provider refused when it was posted, reported as
+    /// its failure (a rail thread posts for the client and hands back
+    /// completions, not post results).
+    pub fn refused(context: u32, code: i32, text: &str) -> Self {
+        let mut buf = [0u8; TEXT_LEN];
+        let n = text.len().min(TEXT_LEN);
+        buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+        CompletionError { context: Some(context), flags: 0, code, prov_errno: 0, tag: 0, len: 0, overflow: 0, text: buf, text_len: n as u8 }
+    }
+
     /// `fi_cq_strerror`'s text for the provider error.
     pub fn text(&self) -> &str {
         core::str::from_utf8(&self.text[..self.text_len as usize]).unwrap_or("?")

@@ -83,7 +83,9 @@ pub mod names;
 pub mod shm;
 pub mod sys;
 
-pub use endpoint::{Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, PendingSends, MAX_NAME_LEN};
+pub use endpoint::{
+    provider_can_sweep, Completion, Endpoint, EndpointConfig, EndpointName, MemoryHandle, PeerAddr, PendingSends, MAX_NAME_LEN,
+};
 pub use error::{CompletionError, FabricError, PollError, PostError};
 pub use info::{canonical_provider, library_version, list_providers, provider_available, select_provider, Hints, InfoList};
 pub use names::NameShape;

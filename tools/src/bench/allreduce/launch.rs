@@ -145,7 +145,7 @@ pub fn launch(args: &AllreduceArgs) -> Result<Outcome, String> {
         }
         if per > 1 && p.provider.starts_with("tcp") {
             for (var, value) in thread_rxm_env() {
-                if std::env::var_os(var).is_none() {
+                if std::env::var_os(var).is_none() || tally_engine::dataplane::fabric::defaults::set_by_tally(var) {
                     c.env(var, value);
                 }
             }

@@ -393,12 +393,13 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
         // What faults cost this rank (the soak reads it beside its RSS).
         if let Some(f) = agg.as_ref().map(|c| c.failover_stats()).filter(|f| f.recoveries + f.rejoins > 0) {
             log::info!(
-                "rank {rank}: {} recoveries, {} rejoins; {} streams, staging area {} bytes, {} late receives",
+                "rank {rank}: {} recoveries, {} rejoins; {} streams, staging area {} bytes, {} late receives, {} messages for no receive discarded",
                 f.recoveries,
                 f.rejoins,
                 f.streams,
                 f.staging_bytes,
-                f.late_receives
+                f.late_receives,
+                f.discarded
             );
         }
         boot.barrier().map_err(|e| e.to_string())?;

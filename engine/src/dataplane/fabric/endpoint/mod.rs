@@ -55,6 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 mod complete;
 mod post;
 mod unexpected;
+pub use unexpected::provider_can_sweep;
 
 /// An address-vector entry: a peer endpoint this endpoint can reach.
 pub type PeerAddr = sys::fi_addr_t;

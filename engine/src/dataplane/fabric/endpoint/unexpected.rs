@@ -19,13 +19,19 @@ use crate::dataplane::fabric::error::PostError;
 use crate::dataplane::fabric::sys;
 use std::ptr;
 
+/// Whether endpoints of `provider` can look at and discard their
+/// unexpected messages ([`Endpoint::can_sweep`]).
+pub fn provider_can_sweep(provider: &str) -> bool {
+    provider.contains("ofi_rxm")
+}
+
 impl Endpoint {
     /// Whether this endpoint's unexpected messages can be looked at and
     /// discarded. tcp;ofi_rxm: yes. shm serves one host (its peers are
     /// local processes) and 1.17 keeps one tag mask per endpoint (module
     /// doc), which a peek's mask would disturb; efa's peek is untried here.
     pub fn can_sweep(&self) -> bool {
-        self.provider().contains("ofi_rxm")
+        provider_can_sweep(self.provider())
     }
 
     /// Asks for the tag and length of the oldest unexpected message, as a
