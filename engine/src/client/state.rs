@@ -152,6 +152,21 @@ pub(super) struct Stream {
 }
 
 impl Stream {
+    /// Whether this stream (of `window` slots) will take a message with
+    /// this tag (`client::sweep`): not lost, its job's tag, one of its
+    /// slots, and a sequence from a window before its oldest one in flight
+    /// to two windows past its next (a relayed piece comes back at most a
+    /// window ahead of this rank).
+    pub(super) fn awaits(&self, window: u32, tag: wire::Tag) -> bool {
+        if self.lost || tag.job() != self.job_tag.job || tag.slot().wrapping_sub(self.slot_base) as u32 >= window {
+            return false;
+        }
+        let seq = self.job_tag.seq_of(tag);
+        let from = self.head_seq.wrapping_sub(window);
+        let span = self.next_seq.wrapping_sub(self.head_seq).saturating_add(3 * window);
+        seq.wrapping_sub(from) < span
+    }
+
     pub(super) fn new(addr: PeerAddr, server: usize, rail: usize, job_tag: JobTag) -> Stream {
         Stream {
             lost: false,

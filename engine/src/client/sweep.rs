@@ -24,7 +24,7 @@
 //! there is none. A message is awaited when its tag names a live stream of
 //! this rank (a sub-job's or a recovery's redo job's), one of the stream's
 //! slots, and a sequence (decoded with the stream's key) within a few
-//! windows of where the stream stands ([`stream_awaits`]). A stale key
+//! windows of where the stream stands (`Stream::awaits`). A stale key
 //! decodes to a sequence anywhere in 2^32, so a fenced job's results are
 //! told from the new job's even where the server reuses its job's tag.
 //! After discards, the allocator gives the freed memory back (as the
@@ -41,7 +41,7 @@
 //! job). shm and efa do not sweep (`Endpoint::can_sweep`).
 use super::failover::Failover;
 use super::rails::MAX_RAILS;
-use super::state::{Core, Stream};
+use super::state::Core;
 use crate::dataplane::fabric::{Completion, CompletionError, PostError};
 use crate::wire::Tag;
 use std::time::{Duration, Instant};
@@ -237,31 +237,17 @@ impl Sweep {
 /// near its sequence.
 fn awaits(c: &Core, fo: &Failover, tag: Tag) -> bool {
     let window = c.cfg.window;
-    c.subs.iter().any(|s| s.streams.iter().any(|st| stream_awaits(st, window, tag))) || fo.redo_awaits(tag)
-}
-
-/// Whether `stream` (of `window` slots) will take a message with this tag:
-/// not lost, its job's tag, one of its slots, and a sequence from a window
-/// before its oldest one in flight to two windows past its next (a relayed
-/// piece comes back at most a window ahead of this rank).
-pub(super) fn stream_awaits(stream: &Stream, window: u32, tag: Tag) -> bool {
-    if stream.lost || tag.job() != stream.job_tag.job {
-        return false;
-    }
-    if tag.slot().wrapping_sub(stream.slot_base) as u32 >= window {
-        return false;
-    }
-    let seq = stream.job_tag.seq_of(tag);
-    let from = stream.head_seq.wrapping_sub(window);
-    let span = stream.next_seq.wrapping_sub(stream.head_seq).saturating_add(3 * window);
-    seq.wrapping_sub(from) < span
+    c.subs.iter().any(|s| s.streams.iter().any(|st| st.awaits(window, tag))) || fo.redo_awaits(tag)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::stream_awaits;
     use crate::client::state::Stream;
-    use crate::wire::JobTag;
+    use crate::wire::{JobTag, Tag};
+
+    fn stream_awaits(s: &Stream, window: u32, tag: Tag) -> bool {
+        s.awaits(window, tag)
+    }
 
     fn stream(job: u16, key: u32, head: u32, next: u32) -> Stream {
         let mut s = Stream::new(0, 0, 0, JobTag { job, key });

@@ -120,7 +120,7 @@ impl Round {
     /// Whether a redo job's receive will take a message with this tag
     /// (`client::sweep`).
     pub(super) fn awaits(&self, tag: crate::wire::Tag) -> bool {
-        self.jobs.iter().any(|j| j.streams.iter().any(|st| crate::client::sweep::stream_awaits(st, REDO_WINDOW, tag)))
+        self.jobs.iter().any(|j| j.streams.iter().any(|st| st.awaits(REDO_WINDOW, tag)))
     }
 
     pub(super) fn oldest_heads(&self, nstreams: usize) -> Vec<u32> {
