@@ -205,16 +205,18 @@ impl Progress {
         self.idle_polls = 0;
         self.busy_polls = self.busy_polls.wrapping_add(1);
         let window = c.cfg.window as usize;
-        if self.batch[..n].iter().any(|d| !self.sweep.owns(d.context)) {
-            // (The sweep's completions are not the all-reduce's progress:
-            // a look every 50 ms must not keep a stalled one from timing out.)
-            self.last_progress = Instant::now();
-        }
+        // The sweep's completions are not the all-reduce's progress: a look
+        // every 50 ms must not keep a stalled one from timing out.
+        let mut progressed = false;
         for i in 0..n {
             let done = self.batch[i];
             if self.sweep.owns(done.context) {
                 self.sweep.on_done(c, fo, done);
                 continue;
+            }
+            if !progressed {
+                progressed = true;
+                self.last_progress = Instant::now();
             }
             let (sub, local) = ((done.context / c.per_sub) as usize, done.context % c.per_sub);
             if local >= c.redo_base {

@@ -77,6 +77,15 @@ impl std::error::Error for PostError {}
 
 const TEXT_LEN: usize = 160;
 
+/// `text` cut to [`TEXT_LEN`] bytes, in place: an error carries its text
+/// without allocating.
+fn text_buf(text: &[u8]) -> ([u8; TEXT_LEN], usize) {
+    let mut buf = [0u8; TEXT_LEN];
+    let n = text.len().min(TEXT_LEN);
+    buf[..n].copy_from_slice(&text[..n]);
+    (buf, n)
+}
+
 /// An error completion: the operation named by `context` failed.
 #[derive(Clone)]
 pub struct CompletionError {
@@ -97,9 +106,7 @@ pub struct CompletionError {
 
 impl CompletionError {
     pub(super) fn new(e: &sys::fi_cq_err_entry, context: Option<u32>, text: &[u8]) -> Self {
-        let mut buf = [0u8; TEXT_LEN];
-        let n = text.len().min(TEXT_LEN);
-        buf[..n].copy_from_slice(&text[..n]);
+        let (buf, n) = text_buf(text);
         CompletionError {
             context,
             flags: e.flags,
@@ -117,9 +124,7 @@ impl CompletionError {
     /// its failure (a rail thread posts for the client and hands back
     /// completions, not post results).
     pub fn refused(context: u32, code: i32, text: &str) -> Self {
-        let mut buf = [0u8; TEXT_LEN];
-        let n = text.len().min(TEXT_LEN);
-        buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+        let (buf, n) = text_buf(text.as_bytes());
         CompletionError { context: Some(context), flags: 0, code, prov_errno: 0, tag: 0, len: 0, overflow: 0, text: buf, text_len: n as u8 }
     }
 
