@@ -72,6 +72,9 @@ pub struct Shape {
     /// Fault injection: rank `.0` drops the results server `.1` sends for
     /// operations from index `.2` on (see `ClientConfig::fault_drop_results`).
     pub drop_results: Option<(u32, usize, u64)>,
+    /// Fault injection: the ranks in this mask put off their first taking
+    /// back of a lost server (see `ClientConfig::fault_rejoin_put_off`).
+    pub put_off: u32,
     /// Rails per rank (`ClientConfig::rails`); None: the default (one on
     /// this 2-core machine).
     pub rails: Option<usize>,
@@ -131,6 +134,7 @@ pub fn loop_job(
                     cfg.fault_drop_results = Some((si, from));
                 }
             }
+            cfg.fault_rejoin_put_off = shape.put_off & (1 << rank) != 0;
             let progress = progress.clone();
             std::thread::spawn(move || {
                 let mut kept: Vec<(usize, Vec<f32>)> = Vec::new();

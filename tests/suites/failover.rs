@@ -14,7 +14,9 @@
 //!   operation boundary all ranks agree on (rejoin) and runs on all three
 //!   again (the restarted server ends the job cleanly at the loop's end);
 //!   killed and restarted six times over, the ranks hold no more streams
-//!   and staging than at the start;
+//!   and staging than at the start; a rejoin two ranks put off and the
+//!   server fails is tried again by every rank, and the rank that had
+//!   come goes on meanwhile;
 //! - every server killed: each rank fails with an error saying no server
 //!   is left, and nothing hangs;
 //! - with failover off (TALLY_FAILOVER=0 / `ClientConfig::failover`) a kill
@@ -233,13 +235,13 @@ fn two_servers_killed_one_after_the_other_leave_the_job_on_the_last() {
 #[test]
 fn a_killed_server_restarted_on_its_port_is_taken_back_into_the_job() {
     static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
-    restarted_server_is_taken_back(0xf6, false, None, &STOP_AT);
+    restarted_server_is_taken_back(0xf6, false, None, 0, &STOP_AT);
 }
 
 #[test]
 fn a_restarted_server_that_answers_busy_is_taken_back_once_it_has_room() {
     static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
-    restarted_server_is_taken_back(0xf7, true, None, &STOP_AT);
+    restarted_server_is_taken_back(0xf7, true, None, 0, &STOP_AT);
 }
 
 #[test]
@@ -247,7 +249,21 @@ fn a_restarted_server_is_taken_back_by_ranks_with_rails() {
     // Three rails: the rejoin's Hello names the restarted server's rail,
     // whose thread adds the new lcores' addresses.
     static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
-    restarted_server_is_taken_back(0xf8, false, Some(3), &STOP_AT);
+    restarted_server_is_taken_back(0xf8, false, Some(3), 0, &STOP_AT);
+}
+
+#[test]
+fn a_rejoin_two_ranks_put_off_is_tried_again_and_the_rank_that_came_goes_on() {
+    // Ranks 0 and 1 put off their first taking back of the restarted
+    // server (as when their provider still holds an operation posted to it
+    // before the loss) and let that rejoin go after 5 s; rank 2 came,
+    // answered the server's question and held its operations for the
+    // switch. The server fails that rejoin: rank 2 cuts what it held
+    // without the server, as the others did, and every rank comes again.
+    // Before, rank 2 kept its operations held for good (the job stalled),
+    // had taken the new streams already, and gave the server up.
+    static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    restarted_server_is_taken_back(0xf9, false, None, 0b011, &STOP_AT);
 }
 
 /// Kills one of three servers mid-loop and restarts it on its port. With
@@ -255,14 +271,16 @@ fn a_restarted_server_is_taken_back_by_ranks_with_rails() {
 /// silent connection from the ranks' address holds that place for its 2 s
 /// deadline (a reconnect storm in miniature): the ranks' rejoins are told
 /// busy, their watchers come back every 0.5 s, and they get in after it.
-fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>, stop_at: &'static AtomicUsize) {
+/// The ranks in mask `put_off` put off their first rejoin (see
+/// `ClientConfig::fault_rejoin_put_off`).
+fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>, put_off: u32, stop_at: &'static AtomicUsize) {
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     // The loop runs until the server is taken back and 200 rounds on it (a
     // fixed length once ended, on an idle fast host, within the 2 s the
     // storm holds the restarted server busy, before any rank could rejoin).
-    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, stop_at: Some(stop_at), ..Shape::default() };
+    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, stop_at: Some(stop_at), put_off, ..Shape::default() };
     let ranks = loop_job("tcp", &addrs, job, 3, usize::MAX, progress.clone(), shape);
     wait_for_round(&progress, 40, &ranks);
     sigkill(&mut servers[1]);

@@ -115,6 +115,11 @@ pub struct ClientConfig {
     /// `.0` (its index in `servers`) of operations from index `.1` on are
     /// dropped as they arrive, as if lost in flight. None in real use.
     pub fault_drop_results: Option<(usize, u64)>,
+    /// Fault injection, for tests of rejoins: this rank puts off its first
+    /// taking back of a lost server, as though an operation posted to that
+    /// server before the loss were still with the provider (it lets that
+    /// rejoin go after waiting for it, and tries again). False in real use.
+    pub fault_rejoin_put_off: bool,
     /// A two-rank job on one server asks it to relay its pieces of at most
     /// [`wire::RELAY_MAX`] bytes (each rank gets the other's piece and
     /// reduces the two itself: one hop through the server for the last
@@ -249,6 +254,7 @@ impl ClientConfig {
             interleave: std::env::var("TALLY_INTERLEAVE").is_ok_and(|v| v.trim() == "1"),
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
             fault_drop_results: None,
+            fault_rejoin_put_off: false,
             relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
             split: std::env::var("TALLY_SPLIT").map_or(true, |v| v != "0"),
             rails: std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0),

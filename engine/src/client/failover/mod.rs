@@ -566,8 +566,10 @@ impl Failover {
     }
 
     /// Takes back lost servers of sub-job `sub` that answer again (see
-    /// `rejoin.rs`), between recoveries. True: one is back, and operations
-    /// held for it were cut (the client posts them).
+    /// `rejoin.rs`), between recoveries. True: operations held for a
+    /// rejoin's switch were cut (the client posts them): the server is
+    /// back, or its rejoin failed on the way (then without it, as on the
+    /// ranks that had not come that far).
     pub(super) fn poll_rejoins(&mut self, c: &mut Core, sub: usize) -> Result<bool, ClientError> {
         let fo = &mut self.jobs[sub];
         if fo.round.is_some() || fo.recovering {
@@ -583,7 +585,7 @@ impl Failover {
             return Ok(false);
         }
         fo.rejoins.answer_reached(c, &self.names, sub);
-        let mut cut = false;
+        let held = fo.rejoins.pending();
         let mut i = 0;
         while i < fo.rejoins.active() {
             match fo.rejoins.step(c, &mut self.names, fo.stage.as_mut(), sub, i)? {
@@ -609,14 +611,15 @@ impl Failover {
                     log::warn!("server {} is back in job {:#x} from operation {k}", c.cfg.servers[si], s.job_id);
                     self.stats.rejoins += 1;
                     fo.reclaim_at = Some(Instant::now());
-                    if !(s.awaiting_switch() || fo.recovering || fo.rejoins.pending()) {
-                        for oi in 0..c.ops.len() {
-                            if c.ops[oi].sub == sub && !c.ops[oi].planned {
-                                c.cut(oi)?;
-                                cut = true;
-                            }
-                        }
-                    }
+                }
+            }
+        }
+        let mut cut = false;
+        if held && !(c.subs[sub].awaiting_switch() || fo.recovering || fo.rejoins.pending()) {
+            for oi in 0..c.ops.len() {
+                if c.ops[oi].sub == sub && !c.ops[oi].planned {
+                    c.cut(oi)?;
+                    cut = true;
                 }
             }
         }

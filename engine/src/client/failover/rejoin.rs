@@ -1,6 +1,9 @@
 //! Taking a lost server back: the watcher (`watcher.rs`) reaches it, a
 //! Hello flagged REJOIN admits this rank again, and from the switch the
-//! ranks agree on its new streams carry operations again. [`Rejoins`]
+//! ranks agree on its new streams carry operations again. Nothing of the
+//! job changes before that switch: a rejoin that fails on the way (another
+//! rank put it off, the server failed it) leaves this rank as every other
+//! rank, and the watcher tries again. [`Rejoins`]
 //! holds a sub-job's servers on their way back, stepped by
 //! `Failover::poll_rejoins` with what arrived; [`ServerNames`] what each
 //! server's endpoint names were, to tell a restarted server from the same
@@ -29,6 +32,16 @@ struct Rejoin {
     settling: Option<Instant>,
     /// Its Accept says it sends heartbeats (`Accept::heartbeat_ms`).
     beats: bool,
+    /// What its Accept granted, taken into the job at the switch.
+    accepted: Option<Accepted>,
+}
+
+/// A rejoining server's Accept: its new streams' names, and whether it is
+/// another process than the one lost (other names).
+struct Accepted {
+    accept: wire::Accept,
+    names: Vec<EndpointName>,
+    restarted: bool,
 }
 
 /// How long a server's Accept waits for what the provider still holds of
@@ -53,6 +66,8 @@ enum RejoinPhase {
 pub(super) struct Rejoins {
     list: Vec<Rejoin>,
     watcher: Option<Watcher>,
+    /// `ClientConfig::fault_rejoin_put_off` was acted on.
+    put_off_done: bool,
 }
 
 /// Where a step of rejoin `i` left it ([`Rejoins::step`]).
@@ -175,17 +190,17 @@ impl Rejoins {
             let sent = send_answered(&mut conn, &hello, &challenge, &c.token);
             if sent.is_ok() && conn.set_nonblocking(true).is_ok() {
                 log::info!("server {} answers again: taking it back into job {:#x}", c.cfg.servers[si], spec.job_id);
-                self.list.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept, settling: None, beats: false });
+                self.list.push(Rejoin { server: si, conn, phase: RejoinPhase::Accept, settling: None, beats: false, accepted: None });
             } else {
                 self.watch_again(c, names, sub, si);
             }
         }
     }
 
-    /// Advances rejoin `i` of sub-job `sub` with what arrived: adds the
-    /// streams of its Accept (into `stage`, the sub-job's staging area),
-    /// answers its question with this rank's boundary and, at the switch
-    /// operation K it names, is [`Step::Back`].
+    /// Advances rejoin `i` of sub-job `sub` with what arrived: keeps what
+    /// its Accept granted, answers its question with this rank's boundary
+    /// and, at the switch operation K it names, adds the new streams (into
+    /// `stage`, the sub-job's staging area) and is [`Step::Back`].
     pub(super) fn step(
         &mut self,
         c: &mut Core,
@@ -255,7 +270,10 @@ impl Rejoins {
                 accepted.push(EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?);
             }
             let restarted = fingerprint(accepted.iter().map(|n| n.as_bytes())) != names.fingerprints[si];
-            let left = if restarted { settle_lost(c, sub, si) } else { 0 };
+            let mut left = if restarted { settle_lost(c, sub, si) } else { 0 };
+            if c.cfg.fault_rejoin_put_off && !self.put_off_done {
+                left = left.max(1);
+            }
             if left > 0 {
                 let since = *self.list[i].settling.get_or_insert_with(Instant::now);
                 if since.elapsed() < SETTLE_FOR {
@@ -265,6 +283,7 @@ impl Rejoins {
                     "server {server}: {left} operation(s) posted to it before it was lost still not returned by the provider after \
                      {SETTLE_FOR:?}; taking it back later"
                 );
+                self.put_off_done |= c.cfg.fault_rejoin_put_off;
                 self.watch_again(c, names, sub, si);
                 return Ok(Step::Over);
             }
@@ -279,12 +298,24 @@ impl Rejoins {
             wire::Kind::Alive => self.step(c, names, stage, sub, i),
             wire::Kind::Reject => {
                 let r: wire::Reject = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
-                if r.code() == Some(wire::RejectCode::Busy) {
+                use wire::RejectCode::{Busy, JobFailed, Timeout};
+                match r.code() {
                     // Every rank of every job reconnects to a restarted
                     // server at once: the watcher tries again in 0.5 s.
-                    log::debug!("server {server} is busy ({r}); taking it back later");
-                    self.watch_again(c, names, sub, si);
-                    return Ok(Step::Over);
+                    Some(Busy) => {
+                        log::debug!("server {server} is busy ({r}); taking it back later");
+                        self.watch_again(c, names, sub, si);
+                        return Ok(Step::Over);
+                    }
+                    // Another rank let this rejoin go (its provider still
+                    // held an operation posted before the loss) or did not
+                    // come in time: every rank tries again, as that one does.
+                    Some(JobFailed | Timeout) => {
+                        log::info!("server {server} could not take job {job:#x} back this time ({r}); trying again");
+                        self.watch_again(c, names, sub, si);
+                        return Ok(Step::Over);
+                    }
+                    _ => {}
                 }
                 log::warn!("server {server} refused to take job {job:#x} back ({r}); the job goes on without it");
                 Ok(Step::Over)
@@ -300,9 +331,10 @@ impl Rejoins {
                     return Ok(Step::Over);
                 }
                 let restarted = fingerprint(accepted.iter().map(|n| n.as_bytes())) != names.fingerprints[si];
-                if !take_back(c, names, stage, sub, si, &a, &accepted, restarted)? {
+                if !has_room(c, sub, si, accepted.len(), restarted) {
                     return Ok(Step::Over);
                 }
+                self.list[i].accepted = Some(Accepted { accept: a, names: accepted, restarted });
                 self.list[i].phase = RejoinPhase::Question;
                 self.list[i].beats = a.heartbeat_ms > 0;
                 Ok(Step::Waiting)
@@ -323,6 +355,10 @@ impl Rejoins {
             }
             _ => {
                 let k = wire::read::<wire::SwitchAt>(&msg).and_then(|m| m.check()).map_err(|e| ClientError::Fabric(e.to_string()))?;
+                let Some(a) = self.list[i].accepted.take() else { return Ok(Step::Over) };
+                if !take_back(c, names, stage, sub, si, &a)? {
+                    return Ok(Step::Over);
+                }
                 // The caller drops the rejoin entry; the connection lives on
                 // (a duplicate descriptor) as the job's control connection.
                 let conn = self.list[i].conn.try_clone().map_err(|e| ClientError::Fabric(e.to_string()))?;
@@ -363,31 +399,22 @@ fn settle_lost(c: &mut Core, sub: usize, si: usize) -> u32 {
 /// provider may still complete what was posted to it before the outage
 /// long after it answers again (a link-cut run once waited over 5 s),
 /// and every rank must decide alike without waiting for that.
-/// False: no room for them in the context table.
-#[allow(clippy::too_many_arguments)]
+/// Called at the switch, so that a rejoin that fails before it changes
+/// nothing. False: no room for them in the context table.
 fn take_back(
     c: &mut Core,
     seen: &mut ServerNames,
     mut stage: Option<&mut Stage>,
     sub: usize,
     si: usize,
-    a: &wire::Accept,
-    names: &[EndpointName],
-    restarted: bool,
+    accepted: &Accepted,
 ) -> Result<bool, ClientError> {
-    let window = c.cfg.window as usize;
-    let s = &c.subs[sub];
-    let reusable = |st: usize| restarted && s.streams[st].server == si && s.streams[st].lost && !s.streams[st].split;
-    let old: Vec<usize> = (0..s.streams.len()).filter(|&st| reusable(st)).collect();
-    let grown = s.streams.len() + names.len().saturating_sub(old.len());
-    if (grown * window * 2) as u32 > c.redo_base {
-        log::warn!(
-            "server {}: no room for its streams in this client's context table; job {:#x} goes on without it",
-            c.cfg.servers[si],
-            s.job_id
-        );
+    let Accepted { accept: a, names, restarted } = accepted;
+    if !has_room(c, sub, si, names.len(), *restarted) {
         return Ok(false);
     }
+    let window = c.cfg.window as usize;
+    let old = reusable_places(c, sub, si, *restarted);
     seen.note(c.rails.provider(), si, names.iter().map(|n| n.as_bytes()));
     let latency_lcores = a.latency_split().map_or(0, |(l, _)| l);
     let mut added = 0;
@@ -420,6 +447,30 @@ fn take_back(
         equip_stage(c, stage, sub, &taken)?;
     }
     Ok(true)
+}
+
+/// The places of server `si`'s lost streams in sub-job `sub` that its new
+/// ones take, where it is another process (`restarted`: see `take_back`).
+fn reusable_places(c: &Core, sub: usize, si: usize, restarted: bool) -> Vec<usize> {
+    let s = &c.subs[sub];
+    let reusable = |st: usize| restarted && s.streams[st].server == si && s.streams[st].lost && !s.streams[st].split;
+    (0..s.streams.len()).filter(|&st| reusable(st)).collect()
+}
+
+/// Whether `lcores` new streams of server `si` fit in this client's context
+/// table beside sub-job `sub`'s (`take_back`); logged where not.
+fn has_room(c: &Core, sub: usize, si: usize, lcores: usize, restarted: bool) -> bool {
+    let s = &c.subs[sub];
+    let grown = s.streams.len() + lcores.saturating_sub(reusable_places(c, sub, si, restarted).len());
+    let room = (grown * c.cfg.window as usize * 2) as u32 <= c.redo_base;
+    if !room {
+        log::warn!(
+            "server {}: no room for its streams in this client's context table; job {:#x} goes on without it",
+            c.cfg.servers[si],
+            s.job_id
+        );
+    }
+    room
 }
 
 /// Staging slots for the places in `taken` that have none: a block handed
