@@ -5,8 +5,8 @@
 //! - three servers, one job of three ranks looping over all-reduces of mixed
 //!   sizes (4 KiB to 1 MiB), every element checked: one server is SIGTERMed
 //!   mid-loop; no operation fails, every element is right, the server exits
-//!   with status 0 within its drain timeout while the loop still has many
-//!   operations to go (carried by the other two), over shm and tcp; also
+//!   with status 0 within its drain timeout, and the loop goes on for 100
+//!   rounds on the other two, over shm and tcp; also
 //!   with two sub-jobs (sum and max alternating: two server jobs drained at
 //!   once), with the ranks idle (between all-reduces) when it starts, with
 //!   two lcores per server, and under a staged job of 12 ranks (tcp);
@@ -33,20 +33,20 @@ fn drain_one_of_three(provider: &str, shape: Shape) {
 /// As [`drain_one_of_three`], with `n` ranks and `extra` server flags.
 fn drain_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) {
     const KILL_AT: usize = 80;
-    // Over shm a round takes a millisecond or two. With the ranks idle, the
-    // switch waits for rank 0 to wake (300 ms after the SIGTERM) and then
-    // for every rank's answer: once, on 2 busy cores (CI), the server left
-    // 555 ms after the SIGTERM, 290 rounds on, 29 before the end of 400.
-    // Room for that, so that it still leaves with most rounds to go.
-    let rounds: usize = if shape.pause.is_some() { 1500 } else { 400 };
+    // The loop runs until the draining server exited and then `AFTER`
+    // rounds more on the other two, however long its exit takes on a busy
+    // host (over shm a round takes a millisecond or two; on 2 busy cores a
+    // server once left 1.8 s after its SIGTERM, 222 rounds on).
+    const AFTER: usize = 100;
+    let stop_at: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(usize::MAX)));
     const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
     let lcores: &[&str] = if shape.two_lcores { &["--lcores", "0-1"] } else { &[] };
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server(provider, &[&["--drain-timeout", "15"], lcores, extra].concat())).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let shape = Shape { pause: shape.pause.map(|(_, d)| (KILL_AT, d)), ..shape };
-    let ranks = loop_job(provider, &addrs, 0xd1, n, rounds, progress.clone(), shape);
+    let shape = Shape { pause: shape.pause.map(|(_, d)| (KILL_AT, d)), stop_at: Some(stop_at), ..shape };
+    let ranks = loop_job(provider, &addrs, 0xd1, n, usize::MAX, progress.clone(), shape);
     wait_for_round(&progress, KILL_AT, &ranks);
     if shape.pause.is_some() {
         // Rank 0 finished round KILL_AT and sleeps: let the others reach it too.
@@ -57,6 +57,10 @@ fn drain_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str])
     let killed = Instant::now();
     let exited = wait_exit(&mut servers[1], DRAIN_TIMEOUT + Duration::from_secs(5));
     let exit_round = progress.load(Ordering::Relaxed);
+    // Rounds on the other two servers only, then the ranks stop.
+    let rounds = exit_round + AFTER;
+    stop_at.store(rounds, Ordering::Relaxed);
+    wait_for_round(&progress, rounds, &ranks);
     let res = results(ranks);
     let log = servers[1].log.lock().unwrap().join("\n");
     eprintln!(
@@ -80,9 +84,9 @@ fn drain_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str])
     assert_eq!(count("every rank left this draining server"), jobs, "{log}");
     assert!(servers[1].log_contains("drained: no job left"), "{log}");
     assert!(!servers[1].log_contains("drain timeout"), "{log}");
-    // The server left while the loop had most of its rounds to go: the
-    // other two servers carried those (and every element was right).
-    assert!(exit_round + 100 < rounds, "the server exited at round {exit_round} of {rounds}: too late to show the others carried on");
+    // The loop went on past the server's exit: the other two servers
+    // carried those rounds (and every element was right).
+    assert!(progress.load(Ordering::Relaxed) >= rounds, "the loop stopped at round {} of {rounds}", progress.load(Ordering::Relaxed));
     if extra.contains(&"--stage-buffers") {
         for s in &servers {
             assert!(s.log_contains("elements per piece (received"), "not staged: {:?}", s.log.lock().unwrap());
