@@ -218,7 +218,7 @@ impl Rails {
                             log::warn!("rail {i}: cannot pin to core {c}: {e}");
                         }
                     }
-                    RailLoop::new(i, ep, sh, spin_polls, sleep_ms, contexts, sweep_base, timed).run()
+                    RailLoop::new(i, ep, sh, (spin_polls, sleep_ms), contexts, sweep_base, timed).run()
                 })
                 .map_err(os_error("spawning a rail thread"))?;
             if let Mode::Threaded { rails, .. } = &mut made.mode {
