@@ -11,7 +11,9 @@
 //! - resumed, the server is fenced (its stale job ended: by the ranks'
 //!   closed connections, or by their rejoin Hellos, whichever it reads
 //!   first) and taken back into the job at an operation boundary;
-//! - no operation fails, no element is wrong.
+//! - no operation fails, no element is wrong;
+//! - two servers frozen one after the other and resumed at once are both
+//!   taken back, at the same switch, and every element stays right.
 //!
 //! Link cuts (a server's switch port set down in network namespaces, then
 //! up) are in `tests/suites/linkcut.rs`; the same two through the plugin's
@@ -137,6 +139,54 @@ fn servers_frozen_and_taken_back_one_after_another_cost_the_ranks_no_memory() {
         assert_eq!((r.recoveries, r.rejoins), (n, n), "a server taken back was lost again at a later freeze: {r:?}");
         assert_eq!(r.streams, 3 + n, "a place of its own per rejoin of the same process: {r:?}");
         assert_eq!(r.staging_bytes, 3 * 2 * window * (64 << 10), "the staging area grew: {r:?}");
+    }
+}
+
+/// Two servers of three frozen one after the other, then resumed at the
+/// same moment: their rejoins run at once. Each is the same process back,
+/// so each gets places of its own, added at its switch; every rank must
+/// add them in the same order (the order of a rejoin's streams decides
+/// which server gets which piece), whichever switch it reads first.
+#[test]
+fn two_frozen_servers_resumed_at_once_are_both_taken_back_and_every_element_is_right() {
+    static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let shape = Shape { pace: Some(Duration::from_millis(2)), stop_at: Some(&STOP_AT), ..Shape::default() };
+    let ranks = loop_job("tcp", &addrs, 0x9f6, 3, usize::MAX, progress.clone(), shape);
+    tally_e2e::jobloop::wait_for_round(&progress, 20, &ranks);
+    let t0 = Instant::now();
+    // The second freeze once the first server is lost (its recovery over),
+    // so that neither loss lands inside the other's recovery.
+    signal(&servers[1], libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(4));
+    signal(&servers[2], libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(4));
+    let back_line = "rejoined: every rank uses this server again from operation";
+    signal(&servers[1], libc::SIGCONT);
+    signal(&servers[2], libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (servers[1].log_count(back_line) == 0 || servers[2].log_count(back_line) == 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let back = (servers[1].log_count(back_line), servers[2].log_count(back_line));
+    let at = progress.load(Ordering::Relaxed);
+    if back == (1, 1) {
+        tally_e2e::jobloop::wait_for_round(&progress, at + USED_FOR, &ranks);
+    }
+    STOP_AT.store(progress.load(Ordering::Relaxed) + 10, Ordering::Relaxed);
+    let res = results(ranks);
+    eprintln!("GRAYFAIL two frozen, resumed at once: taken back {back:?} in {:?}; {res:?}", t0.elapsed());
+    let logs = |si: usize| servers[si].log.lock().unwrap().join("\n");
+    assert_eq!(back, (1, 1), "not both taken back:\n{}\n---\n{}", logs(1), logs(2));
+    for r in &res {
+        let r = r.as_ref().expect("no operation fails, no element is wrong");
+        assert_eq!((r.recoveries, r.rejoins), (2, 2), "{r:?}");
+        assert_eq!(r.streams, 5, "a place of its own per rejoin of the same process: {r:?}");
+    }
+    for si in [1, 2] {
+        assert!(servers[si].wait_log("job 0x9f6: every rank finished", Duration::from_secs(5)), "{}", logs(si));
     }
 }
 

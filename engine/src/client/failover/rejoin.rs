@@ -195,6 +195,12 @@ impl Rejoins {
                 self.watch_again(c, names, sub, si);
             }
         }
+        // Switches read in one pass add their servers' places in server
+        // order, not in the order this rank's watcher reached them: a
+        // server taken back as the same process adds places, and their
+        // order must be every rank's. (Switches read in different passes
+        // on different ranks could still add them in another order.)
+        self.list.sort_by_key(|r| r.server);
     }
 
     /// Advances rejoin `i` of sub-job `sub` with what arrived: keeps what
