@@ -20,8 +20,12 @@ use tally_e2e::{bench, ServerProcess};
 use tally_engine::client::{Client, ClientError};
 use tally_engine::reduce::{DataType, ReduceOp};
 
+/// A server of two lcores; its op timeout (the wait for a straggling rank)
+/// raised from 30 s to 120: these tests are about joins and pieces, and on
+/// CI's 2 busy cores, beside the other suites, one of 1024 rank threads
+/// once sat 32 s inside a provider call, and the job failed as a straggler.
 fn server(slab: &str) -> ServerProcess {
-    ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", slab])
+    ServerProcess::start(&["--lcores", "0-1", "--provider", "tcp", "--poll", "adaptive", "--slab-size", slab, "--op-timeout", "120"])
 }
 
 #[test]
