@@ -267,6 +267,7 @@ impl Rejoins {
         // An Accept's names, read once; its streams wait (the message stays
         // unread) until the lost ones settled.
         let mut accepted = Vec::new();
+        let mut restarted = false;
         if kind == wire::Kind::Accept {
             let a: wire::Accept = wire::read(&msg).map_err(|e| ClientError::Fabric(e.to_string()))?;
             for k in 0..(a.lcores as usize).min((msg.len() - hdr.len()) / core::mem::size_of::<wire::NameRecord>()) {
@@ -275,7 +276,7 @@ impl Rejoins {
                 let name = rec.name().map_err(|e| ClientError::Fabric(e.to_string()))?;
                 accepted.push(EndpointName::from_bytes(name).ok_or_else(|| ClientError::Fabric("bad name".into()))?);
             }
-            let restarted = fingerprint(accepted.iter().map(|n| n.as_bytes())) != names.fingerprints[si];
+            restarted = fingerprint(accepted.iter().map(|n| n.as_bytes())) != names.fingerprints[si];
             let mut left = if restarted { settle_lost(c, sub, si) } else { 0 };
             if c.cfg.fault_rejoin_put_off && !self.put_off_done {
                 left = left.max(1);
@@ -336,7 +337,6 @@ impl Rejoins {
                     );
                     return Ok(Step::Over);
                 }
-                let restarted = fingerprint(accepted.iter().map(|n| n.as_bytes())) != names.fingerprints[si];
                 if !has_room(c, sub, si, accepted.len(), restarted) {
                     return Ok(Step::Over);
                 }
