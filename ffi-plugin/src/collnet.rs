@@ -289,6 +289,11 @@ pub const FEW_CORES_PIECE: usize = 32 << 10;
 /// 0.90-0.99; on 4 GPUs the figures above. At 4-16 Gbit/s every setting
 /// gave 0.96-1.00.
 ///
+/// Where the rank's link rate is known (TALLY_LINK_GBITS; `tally bench
+/// cluster` sets it for its workers), auto rails count on each of the
+/// plugin's carrying `client::rails::NCCL_RAIL_GBITS`: two at 8 Gbit/s, four
+/// from 16 (the library's client: two up to 16).
+///
 /// On a host of fewer than [`FEW_CORES`] cores pieces are at most
 /// [`FEW_CORES_PIECE`]: there the CPU, not the count of messages, is what
 /// runs out, and 128 KiB pieces cost twice the CPU per byte (2-core
@@ -307,6 +312,7 @@ fn tcp_defaults(cfg: &mut ClientConfig) {
     if std::env::var_os("TALLY_WINDOW").is_none() {
         cfg.window = TCP_WINDOW;
     }
+    cfg.rail_gbits = tally_engine::client::rails::NCCL_RAIL_GBITS;
 }
 
 impl CollComm {

@@ -138,10 +138,20 @@ pub struct ClientConfig {
     /// Endpoints the client moves bytes through, each driven by its own
     /// thread, server `si` on rail `si mod rails`, or on its lanes with more
     /// rails than servers (see [`rails`]). 1: one endpoint on the caller's
-    /// thread, no thread of its own. 0: auto ([`rails::auto_rails`]: one per
-    /// server but at least 4, over tcp, for 2+ servers on hosts of 8 or more
-    /// cores). Default from TALLY_RAILS, else 0.
+    /// thread, no thread of its own. 0: auto ([`rails::auto_rails`]: over
+    /// tcp, for 2+ servers on hosts of 8 or more cores, as few as carry
+    /// [`ClientConfig::link_gbits`], or one per server but at least 4 where
+    /// that is unknown). Default from TALLY_RAILS, else 0.
     pub rails: usize,
+    /// The rate (Gbit/s each way) this rank's share of the link gives it, 0
+    /// if unknown: auto rails run no more threads than carry it. Default
+    /// from TALLY_LINK_GBITS, else 0 (`tally bench cluster` sets it to its
+    /// links' rate for the commands it runs).
+    pub link_gbits: f64,
+    /// What auto rails count on each rail to carry (Gbit/s each way) where
+    /// `link_gbits` is known: [`super::rails::RAIL_GBITS`], the NCCL plugin's
+    /// [`super::rails::NCCL_RAIL_GBITS`].
+    pub rail_gbits: f64,
     /// Cores to pin the rail threads to, one each in order, then one for
     /// the copier (empty: they keep the affinity of the thread that
     /// connects). From TALLY_RAIL_CORES.
@@ -258,6 +268,8 @@ impl ClientConfig {
             relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
             split: std::env::var("TALLY_SPLIT").map_or(true, |v| v != "0"),
             rails: std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0),
+            link_gbits: link_gbits_from_env(),
+            rail_gbits: super::rails::RAIL_GBITS,
             rail_cores: std::env::var("TALLY_RAIL_CORES")
                 .ok()
                 .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
@@ -276,6 +288,11 @@ impl ClientConfig {
 /// TALLY_COMM_JOBS, when it is a number of jobs from 1 to 8.
 pub fn comm_jobs_from_env() -> Option<u8> {
     std::env::var("TALLY_COMM_JOBS").ok()?.trim().parse::<u8>().ok().filter(|n| (1..=wire::MAX_RESERVE + 1).contains(n))
+}
+
+/// TALLY_LINK_GBITS, when it is a positive, finite rate; else 0 (unknown).
+pub fn link_gbits_from_env() -> f64 {
+    std::env::var("TALLY_LINK_GBITS").ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|g| g.is_finite() && *g > 0.0).unwrap_or(0.0)
 }
 
 /// A rank's default liveness time (ms): eight of the server's default heartbeats.

@@ -78,7 +78,7 @@ mod state;
 mod sweep;
 pub mod tcp_floor;
 pub mod watchdog;
-pub use config::{auto_window, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
+pub use config::{auto_window, link_gbits_from_env, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
 pub use error::ClientError;
 pub use join::MAX_SUBJOBS;
 pub use state::op_chunk_bytes;
@@ -152,7 +152,7 @@ impl Client {
             contexts: per_sub * join::MAX_SUBJOBS as u32 + sweep::SWEEP_CONTEXTS,
             wait_object: true,
         };
-        let want = rails::resolve_rails(cfg.rails, &provider, cfg.servers.len());
+        let want = rails::resolve_rails(cfg.rails, &provider, cfg.servers.len(), cfg.link_gbits, cfg.rail_gbits);
         let open = || Endpoint::open(&ecfg).map_err(|e| ClientError::Fabric(format!("{provider}: {e}")));
         let first = open()?;
         let rails = if !rails::wants_rail_threads(&provider, want) || first.needs_local_mr() {

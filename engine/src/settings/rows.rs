@@ -139,9 +139,16 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_RAILS",
         "0",
-        "auto: one per server but at least 4, at most 8, over tcp with 2+ servers on hosts of 8 or more cores, else 1",
+        "auto: over tcp with 2+ servers on hosts of 8 or more cores, as few as carry TALLY_LINK_GBITS (1 up to 4 Gbit/s, else 8 Gbit/s a rail, the plugin's 4), else one per server but at least 4, at most 8; else 1",
         &[Client, Tools],
         "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread)",
+    ),
+    var(
+        "TALLY_LINK_GBITS",
+        "",
+        "unknown (`tally bench cluster` sets its links' rate)",
+        &[Client, Plugin],
+        "the rate (Gbit/s) of a rank's share of its host's link: auto rails run no more threads than carry it, each a thread that wakes for every piece it carries",
     ),
     var(
         "TALLY_SPIN_POLLS",

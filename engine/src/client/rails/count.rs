@@ -13,18 +13,52 @@ pub const MAX_RAILS: usize = 8;
 /// Gbit/s, 0.73-0.87 of the bound on two rails, 0.97-1.01 on four).
 pub const AUTO_MIN_RAILS: usize = 4;
 
+/// Gbit/s each way a rail thread is given when the link's rate is known
+/// (`ClientConfig::rail_gbits`'s default). On nvidia-h200-x2, 4 + 4 emulated
+/// hosts, agg held 0.96-0.99 of the bound on two rails at 8 and 16 Gbit/s, as
+/// on four, at 10-20% less CPU per GB (0.93-1.06 s/GB against 1.20-1.33 at
+/// 16), and fell to 0.69-0.79 on two at 32; one rail thread at a whole core
+/// carried 12 Gbit/s (docs/measurements.md, "Rails that follow the link").
+pub const RAIL_GBITS: f64 = 8.0;
+
+/// [`RAIL_GBITS`] for the NCCL plugin's client: its rails carry NCCL's
+/// steps, each a burst of pieces over every server. Under `bench cluster
+/// --mode agg-plugin` two rails held 8 Gbit/s at 0.99 of the bound (2.8
+/// s/GB against four's 3.4-3.7) but 16 only at 0.82-0.98 against four's
+/// 0.97-0.99, and so did real NCCL (0.72-0.93 against 0.80-0.97).
+pub const NCCL_RAIL_GBITS: f64 = 4.0;
+
+/// Up to this rate (Gbit/s) a known link gets one rail: the caller's thread
+/// drives the endpoint, with no hop to a rail thread. At 8 Gbit/s one rail
+/// gave agg 0.95-0.96 of the bound (two: 0.99) and the plugin 0.72-0.83.
+pub const ONE_RAIL_GBITS: f64 = 4.0;
+
 /// How many rails a client of `servers` servers over `provider` runs when
-/// its configuration says 0 (auto): one per server but at least
-/// [`AUTO_MIN_RAILS`] (so one server's lcores spread over lanes), up to
-/// [`MAX_RAILS`], over tcp, with two servers or more, on a host with at
-/// least 8 cores; else one (no thread: one server's small operations keep
-/// the caller's thread, without a hop to a rail).
-pub fn auto_rails(provider: &str, servers: usize, cores: usize) -> usize {
-    if provider.starts_with("tcp") && servers >= 2 && cores >= 8 {
-        servers.clamp(AUTO_MIN_RAILS, MAX_RAILS)
-    } else {
-        1
+/// its configuration says 0 (auto), over tcp, with two servers or more, on
+/// a host with at least 8 cores (else one: no thread, one server's small
+/// operations keep the caller's thread, without a hop to a rail):
+/// - the link's rate unknown (`link_gbits` 0): one per server but at least
+///   [`AUTO_MIN_RAILS`] (so one server's lcores spread over lanes), up to
+///   [`MAX_RAILS`];
+/// - known: one up to [`ONE_RAIL_GBITS`], else no more than carry it at
+///   `rail_gbits` each (at least two), rounded up to a count that divides
+///   the servers or that they divide (every rail then carries as many
+///   servers or lanes), and never more than the above. Each rail is a
+///   thread that sleeps and wakes for the pieces it carries when adaptive:
+///   four where two carry the link cost a rank more CPU for the same bytes.
+pub fn auto_rails(provider: &str, servers: usize, cores: usize, link_gbits: f64, rail_gbits: f64) -> usize {
+    if !(provider.starts_with("tcp") && servers >= 2 && cores >= 8) {
+        return 1;
     }
+    let most = servers.clamp(AUTO_MIN_RAILS, MAX_RAILS);
+    if !(link_gbits.is_finite() && link_gbits > 0.0) {
+        return most;
+    }
+    if link_gbits <= ONE_RAIL_GBITS {
+        return 1;
+    }
+    let need = ((link_gbits / rail_gbits.max(0.1)).ceil() as usize).max(2);
+    (need..=most).find(|&r| r.is_multiple_of(servers) || servers.is_multiple_of(r)).unwrap_or(most)
 }
 
 /// Whether a client of `rails` rails over `provider` drives them from rail
@@ -49,11 +83,12 @@ pub fn shm_rail() -> bool {
 }
 
 /// The rails a client runs when it asked for `asked` (0: [`auto_rails`],
-/// with this thread's cores), at most [`MAX_RAILS`]. More rails than
-/// servers spread each server's lcores over several (see the module doc).
-pub fn resolve_rails(asked: usize, provider: &str, servers: usize) -> usize {
+/// with this thread's cores, the link's rate, 0 if unknown, and what a
+/// rail carries), at most [`MAX_RAILS`]. More rails than servers spread
+/// each server's lcores over several (see the module doc).
+pub fn resolve_rails(asked: usize, provider: &str, servers: usize, link_gbits: f64, rail_gbits: f64) -> usize {
     match asked {
-        0 => auto_rails(provider, servers, std::thread::available_parallelism().map_or(1, |n| n.get())),
+        0 => auto_rails(provider, servers, std::thread::available_parallelism().map_or(1, |n| n.get()), link_gbits, rail_gbits),
         n => n.clamp(1, MAX_RAILS),
     }
 }
@@ -73,7 +108,37 @@ pub fn lanes(rails: usize, servers: usize, si: usize) -> core::iter::StepBy<core
 
 #[cfg(test)]
 mod tests {
-    use super::lanes;
+    use super::{auto_rails, lanes};
+
+    #[test]
+    fn auto_rails_carry_a_known_link_with_as_few_threads_as_divide_the_servers() {
+        let t = "tcp;ofi_rxm";
+        let lib = super::RAIL_GBITS;
+        let nccl = super::NCCL_RAIL_GBITS;
+        // Unknown rate: a rail per server, 4 to 8.
+        assert_eq!(auto_rails(t, 4, 32, 0.0, lib), 4);
+        assert_eq!(auto_rails(t, 2, 32, f64::NAN, lib), 4);
+        assert_eq!(auto_rails(t, 12, 32, 0.0, lib), 8);
+        // Known: the caller's thread up to 4 Gbit/s, then what the link needs.
+        assert_eq!(auto_rails(t, 4, 32, 4.0, lib), 1);
+        assert_eq!(auto_rails(t, 4, 32, 8.0, lib), 2);
+        assert_eq!(auto_rails(t, 4, 32, 16.0, lib), 2);
+        assert_eq!(auto_rails(t, 4, 32, 25.0, lib), 4);
+        assert_eq!(auto_rails(t, 4, 32, 32.0, lib), 4);
+        assert_eq!(auto_rails(t, 4, 32, 400.0, lib), 4);
+        assert_eq!(auto_rails(t, 8, 32, 32.0, lib), 4);
+        assert_eq!(auto_rails(t, 3, 32, 16.0, lib), 3);
+        assert_eq!(auto_rails(t, 3, 32, 32.0, lib), 4);
+        // The plugin's rails carry less each.
+        assert_eq!(auto_rails(t, 4, 32, 4.0, nccl), 1);
+        assert_eq!(auto_rails(t, 4, 32, 8.0, nccl), 2);
+        assert_eq!(auto_rails(t, 4, 32, 16.0, nccl), 4);
+        assert_eq!(auto_rails(t, 8, 32, 16.0, nccl), 4);
+        // Never on one server, on shm or on a small host.
+        assert_eq!(auto_rails(t, 1, 32, 32.0, lib), 1);
+        assert_eq!(auto_rails("shm", 4, 32, 32.0, lib), 1);
+        assert_eq!(auto_rails(t, 4, 4, 32.0, lib), 1);
+    }
 
     fn all(rails: usize, servers: usize) -> Vec<Vec<usize>> {
         (0..servers).map(|si| lanes(rails, servers, si).collect()).collect()

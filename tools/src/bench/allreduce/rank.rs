@@ -112,10 +112,26 @@ pub(super) fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
     }
 }
 
-/// The rails an agg rank runs: --rails, else TALLY_RAILS, else auto.
+/// The rails a rank's client runs in `mode`: --rails, else TALLY_RAILS,
+/// else auto (with TALLY_LINK_GBITS, the link's rate, where set; agg-plugin
+/// counts on each of the plugin's rails carrying less, as the plugin does).
+pub(super) fn mode_rails(args: &AllreduceArgs, provider: &str, mode: &str) -> usize {
+    let env = ClientConfig::new(Vec::new(), 0, 0, 1);
+    let asked = args.rails.unwrap_or(env.rails);
+    let per_rail = if mode == "agg-plugin" { tally_engine::client::rails::NCCL_RAIL_GBITS } else { env.rail_gbits };
+    tally_engine::client::rails::resolve_rails(asked, provider, args.servers.len(), env.link_gbits, per_rail)
+}
+
+/// The most rails the rank's client runs in any of its modes: the block of
+/// cores it is given.
 pub(super) fn rails_of(args: &AllreduceArgs, provider: &str) -> usize {
-    let asked = args.rails.unwrap_or_else(|| ClientConfig::new(Vec::new(), 0, 0, 1).rails);
-    tally_engine::client::rails::resolve_rails(asked, provider, args.servers.len())
+    args.mode.mode.iter().map(|m| mode_rails(args, provider, m)).max().unwrap_or(1)
+}
+
+/// Each of the rank's modes with its rails, read once before the rank pins
+/// its thread to one core (which auto rails would then see).
+fn rails_by_mode(args: &AllreduceArgs, provider: &str) -> Vec<(String, usize)> {
+    args.mode.mode.iter().map(|m| (m.clone(), mode_rails(args, provider, m))).collect()
 }
 
 /// Warm-up all-reduces of `bytes` for an agg job of `streams` streams:
@@ -136,7 +152,9 @@ pub fn warmup_ops(asked: usize, streams: usize, bytes: usize, min_piece: usize) 
 /// One rank: join, then for every mode and size time and check.
 fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     let p = plan(args)?;
-    let rails = rails_of(args, &p.provider);
+    let by_mode = rails_by_mode(args, &p.provider);
+    let rails = by_mode.iter().map(|&(_, n)| n).max().unwrap_or(1);
+    let rails_in = |mode: &str| by_mode.iter().find(|(m, _)| m == mode).map_or(rails, |&(_, n)| n);
     let mut rail_cores = Vec::new();
     if let Some(rc) = &args.cores.cores {
         let cores = tally_engine::host::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
@@ -211,7 +229,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             // The plugin's client reads its rails from the environment; this
             // thread may be pinned to one core already, which auto would see.
             // Set before the plugin's first client, as NCCL's user would.
-            std::env::set_var("TALLY_RAILS", rails.to_string());
+            std::env::set_var("TALLY_RAILS", rails_in(mode).to_string());
             if !rail_cores.is_empty() {
                 std::env::set_var("TALLY_RAIL_CORES", rail_cores.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
             }
@@ -239,7 +257,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
             cfg.fabric_addr = args.fabric_addr.clone();
             cfg.timeout = Duration::from_secs(args.timeout.max(1));
             cfg.send_credits = args.send_credits;
-            cfg.rails = rails;
+            cfg.rails = rails_in(mode);
             cfg.rail_cores = rail_cores.clone();
             cfg.spin_polls = if busy { u32::MAX } else { tally_engine::dataplane::lcore::adaptive_spin() };
             cfg.rail_spin_polls = cfg.spin_polls;

@@ -299,7 +299,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     // `auto`: busy only where every poller (lcores, workers, their rails)
     // has a core beside what the kernel's TCP of every link needs.
     let top_rate = rates.iter().copied().fold(0.0, f64::max);
-    let pollers = placement::pollers(args.hosts, &server_lcores, worker_rails(args.hosts, worker_cores.as_deref()).0);
+    let pollers = placement::pollers(args.hosts, &server_lcores, worker_rails(args.hosts, worker_cores.as_deref(), top_rate).most());
     let poll = match args.poll.poll {
         crate::cli_args::PollMode::Auto => placement::auto_poll(pollers, args.hosts, top_rate, cores),
         other => other,

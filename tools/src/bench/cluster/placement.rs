@@ -42,21 +42,62 @@ pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>) -> (Vec<String>
     (lists, workers, text)
 }
 
-/// The rails each worker runs, and why: TALLY_RAILS, else auto (one per
-/// server, at least 4, over tcp on 8+ cores), but no more than fit the worker's block of
-/// the workers' cores with its own thread: every worker sees the whole host,
-/// and blocks that wrap put two busy pollers on one core (on 16 cores, 3
-/// workers of 1 + 3 threads on cores 6-15 stalled operations for 1.3 s).
-pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>) -> (usize, &'static str) {
+/// The rails each worker runs at links of `rate` Gbit/s: for agg and for
+/// agg-plugin (whose rails are counted on for less each,
+/// `client::rails::NCCL_RAIL_GBITS`), and why.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct WorkerRails {
+    pub agg: usize,
+    pub plugin: usize,
+    /// TALLY_RAILS (the user's, for both), "auto" (each mode's own, from
+    /// the links' rate: the ranks are given TALLY_LINK_GBITS), or auto but
+    /// fit to each worker's cores (then both are given that many).
+    pub why: &'static str,
+}
+
+impl WorkerRails {
+    /// The most rail threads a worker runs in any mode.
+    pub fn most(&self) -> usize {
+        self.agg.max(self.plugin)
+    }
+
+    /// The `--rails` a rank is given: none where each mode resolves its own.
+    pub fn forced(&self) -> Option<usize> {
+        (self.why != "auto").then_some(self.most())
+    }
+}
+
+/// [`WorkerRails`]: TALLY_RAILS, else auto (over tcp on 8+ cores, as few as
+/// carry the link, `client::rails::auto_rails`), but no more than fit the
+/// worker's block of the workers' cores with its own thread: every worker
+/// sees the whole host, and blocks that wrap put two busy pollers on one
+/// core (on 16 cores, 3 workers of 1 + 3 threads on cores 6-15 stalled
+/// operations for 1.3 s).
+pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>, rate: f64) -> WorkerRails {
+    use tally_engine::client::rails::{resolve_rails, NCCL_RAIL_GBITS, RAIL_GBITS};
     let asked = std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
-    let n = tally_engine::client::rails::resolve_rails(asked, "tcp", hosts as usize);
+    let link = link_gbits(rate);
+    let agg = resolve_rails(asked, "tcp", hosts as usize, link, RAIL_GBITS);
+    let plugin = resolve_rails(asked, "tcp", hosts as usize, link, NCCL_RAIL_GBITS);
     if asked != 0 {
-        return (n, "TALLY_RAILS");
+        return WorkerRails { agg, plugin, why: "TALLY_RAILS" };
     }
     let block = worker_cores.and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok()).map(|l| l.len() / hosts.max(1) as usize);
     match block {
-        Some(b) if n > 1 && b < n + 1 => ((b.saturating_sub(1)).max(1), "auto, fit to each worker's cores"),
-        _ => (n, "auto"),
+        Some(b) if agg.max(plugin) > 1 && b < agg.max(plugin) + 1 => {
+            let n = b.saturating_sub(1).max(1);
+            WorkerRails { agg: n, plugin: n, why: "auto, fit to each worker's cores" }
+        }
+        _ => WorkerRails { agg, plugin, why: "auto" },
+    }
+}
+
+/// The link rate the ranks are told (TALLY_LINK_GBITS): the caller's where
+/// set, else the links' own.
+pub(super) fn link_gbits(rate: f64) -> f64 {
+    match tally_engine::client::link_gbits_from_env() {
+        g if g > 0.0 => g,
+        _ => rate,
     }
 }
 
@@ -94,6 +135,16 @@ pub(super) fn auto_poll(pollers: usize, hosts: u32, top_rate_gbit: f64, cores: u
 mod tests {
     use super::*;
     use crate::cli_args::PollMode;
+
+    #[test]
+    fn auto_rails_are_left_to_each_mode_and_forced_only_when_asked_or_fit_to_cores() {
+        let auto = WorkerRails { agg: 2, plugin: 4, why: "auto" };
+        assert_eq!((auto.most(), auto.forced()), (4, None));
+        let fit = WorkerRails { agg: 2, plugin: 2, why: "auto, fit to each worker's cores" };
+        assert_eq!(fit.forced(), Some(2));
+        let asked = WorkerRails { agg: 3, plugin: 3, why: "TALLY_RAILS" };
+        assert_eq!(asked.forced(), Some(3));
+    }
 
     #[test]
     fn auto_counts_every_poller_and_the_kernels_tcp() {

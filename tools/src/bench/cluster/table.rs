@@ -212,8 +212,12 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         } as usize),
         args.send_credits.map_or_else(|| "1 (agg; agg-plugin: the plugin's own)".to_string(), |c| c.to_string()),
         {
-            let (n, why) = worker_rails(args.hosts, worker_cores);
-            format!("{n} ({why})")
+            let r = worker_rails(args.hosts, worker_cores, rate);
+            if r.agg == r.plugin {
+                format!("{} ({})", r.agg, r.why)
+            } else {
+                format!("{} for agg, {} for agg-plugin ({}: the links' rate, TALLY_LINK_GBITS)", r.agg, r.plugin, r.why)
+            }
         },
         method_line(&loops_at(args, rate), false),
         crate::bench::report::in_flight_note(args.agg_in_flight)

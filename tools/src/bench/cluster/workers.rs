@@ -6,7 +6,7 @@
 use super::args::{loops_at, ClusterArgs};
 use super::loop_cpu::{step_name, LoopTracker};
 use super::netns::{addr, Iproute, Testbed};
-use super::placement::worker_rails;
+use super::placement::{link_gbits, worker_rails};
 use super::shaping::chunk_for;
 use super::table::{ClusterOutcome, ClusterRow};
 use crate::bench::report::{format_row, Row, LOOP_LINES_ENV};
@@ -84,7 +84,12 @@ pub(super) fn run_rate(
         if let Some(wc) = worker_cores {
             c.args(["--cores", wc]);
         }
-        c.args(["--rails", &worker_rails(args.hosts, worker_cores).0.to_string()]);
+        // Each mode's client sizes its rails by the link's rate, unless
+        // the user's TALLY_RAILS or the workers' cores say how many.
+        if let Some(n) = worker_rails(args.hosts, worker_cores, rate).forced() {
+            c.args(["--rails", &n.to_string()]);
+        }
+        c.env("TALLY_LINK_GBITS", link_gbits(rate).to_string());
         c.args(["--poll", poll]);
         // agg-plugin: the plugin's own client reads its pacing from the
         // environment; where none was asked for, it keeps its default.
@@ -231,6 +236,7 @@ fn spawn_command(tools: &Iproute, args: &ClusterArgs, rate: f64, cmd: &str, serv
         .env("TALLY_CLUSTER_MASTER", addr('w', 0))
         .env("TALLY_CLUSTER_IFNAME", "eth0")
         .env("TALLY_CLUSTER_RATE_GBIT", rate.to_string())
+        .env("TALLY_LINK_GBITS", link_gbits(rate).to_string())
         .env("TALLY_SERVERS", servers.join(","))
         .env("TALLY_PROVIDER", "tcp")
         .env("TALLY_FABRIC_ADDR", addr('w', i))
