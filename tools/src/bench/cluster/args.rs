@@ -98,6 +98,13 @@ pub struct ClusterArgs {
     /// took 2-4 times the median (docs/measurements.md).
     #[arg(long, value_parser = parse_tcp_cc, default_value = "cubic")]
     pub tcp_cc: TcpCc,
+    /// Connections per worker-server pair in `--mode tcp`, the bytes split
+    /// evenly over them: one stream tops out below a fast link on one
+    /// machine (0.48-0.52 of 32 Gbit/s on nvidia-h200-x2), while agg runs
+    /// several per pair (an lcore's, per rail), so the kernel's own
+    /// ceiling needs as many.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub tcp_streams: u32,
     /// Receive packet steering on every veth of the emulated network: off,
     /// on (every CPU in the mask) or workers (the workers' cores, off the
     /// servers' busy-polling lcores; every CPU where they share). With it a
@@ -178,6 +185,7 @@ impl ClusterArgs {
             tcp_rto_min: RtoMin::Kernel,
             tcp_rcvbuf: RcvBuf::Kernel,
             tcp_cc: TcpCc::Named("cubic".into()),
+            tcp_streams: 1,
             rps: Rps::Off,
             loss: Vec::new(),
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },

@@ -1,6 +1,7 @@
 //! The kernel baseline (`--mode tcp`): plain TCP streams between the same
 //! namespaces, over the same shaped links, in the same run as agg and
-//! ring, timed as a loop and reported in the same row.
+//! ring, timed as a loop and reported in the same row; one connection per
+//! worker-server pair, or `--tcp-streams` with the bytes split over them.
 //!
 //! Why: CPU per GB all-reduced says what tally costs, but not how much of
 //! it is the kernel's TCP, which any transport over these links pays
@@ -107,7 +108,7 @@ fn stream_loop(bed: &mut Testbed, s: &Streams, bytes: usize, dtype: DataType) ->
         }
     }
     let rank0_cpu_s = over.ranks.as_ref().and_then(|r| r.cpu_s.first().copied()).unwrap_or(0.0);
-    let row = stream_row(bytes, iters, secs, args.hosts, dtype, rank0_cpu_s);
+    let row = stream_row(bytes, iters, secs, args.hosts, dtype, rank0_cpu_s, args.tcp_streams);
     Ok(ClusterRow::new(s.rate, args.hosts, row, &over))
 }
 
@@ -137,6 +138,7 @@ impl End<'_> {
         let mut c = tools.exec_in(ns, self.exe);
         c.args(["bench", "tcp-stream", if k < n { "--listen" } else { "--connect" }, &server]);
         c.args(["--bytes", &self.bytes.to_string(), "--iters", &self.iters.to_string()]);
+        c.args(["--streams", &self.args.tcp_streams.to_string()]);
         c.args(["--warmup", &self.args.loops.warmup.to_string(), "--timeout", &self.args.timeout.min(120).to_string()]);
         c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let name = end_name(k, n);
@@ -170,7 +172,7 @@ fn await_all(bed: &mut Testbed, first: usize, rx: &mpsc::Receiver<String>, what:
 /// The row of a loop of `iters` iterations of `bytes` each way over
 /// `secs`: no per-operation times (streams, not operations) and nothing to
 /// check but the byte counts, which the ends did.
-fn stream_row(bytes: usize, iters: usize, secs: f64, hosts: u32, dtype: DataType, cpu_s: f64) -> Row {
+fn stream_row(bytes: usize, iters: usize, secs: f64, hosts: u32, dtype: DataType, cpu_s: f64, streams: u32) -> Row {
     let t = secs / iters.max(1) as f64;
     let algbw = bytes as f64 / t / 1e9;
     let n = hosts as f64;
@@ -181,7 +183,11 @@ fn stream_row(bytes: usize, iters: usize, secs: f64, hosts: u32, dtype: DataType
         dtype: dtype.name().into(),
         op: "-".into(),
         time_us: t * 1e6,
-        method: "tcp streams, worker i <-> server i".into(),
+        method: if streams > 1 {
+            format!("tcp streams, worker i <-> server i, {streams} connections each")
+        } else {
+            "tcp streams, worker i <-> server i".into()
+        },
         iters,
         mean_us: t * 1e6,
         p50_us: 0.0,
@@ -202,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_stream_row_is_timed_as_a_loop() {
-        let r = stream_row(4_000_000, 10, 0.4, 4, DataType::Float32, 0.2);
+        let r = stream_row(4_000_000, 10, 0.4, 4, DataType::Float32, 0.2, 1);
         assert_eq!((r.mode.as_str(), r.count, r.iters), ("tcp", 1_000_000, 10));
         assert!((r.time_us - 40_000.0).abs() < 1e-6 && (r.algbw_gbps - 0.1).abs() < 1e-12, "{r:?}");
         assert!((r.busbw_gbps - 0.15).abs() < 1e-12, "{r:?}");

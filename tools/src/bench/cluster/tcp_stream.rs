@@ -4,10 +4,12 @@
 //!
 //! Why a process of its own: its CPU time, read from /proc as the ranks'
 //! and servers' are, is then the kernel's cost of the bytes and nothing
-//! else (blocking std::net calls, one thread sending and one receiving, no
-//! polling). One end listens and takes one connection, the other connects;
-//! both then send and receive `--bytes` per iteration at once, the bytes
-//! agg moves each way through a host's link per all-reduce.
+//! else (blocking std::net calls, one thread sending and one receiving per
+//! connection, no polling). One end listens and takes `--streams`
+//! connections (one by default), the other makes them; both then send and
+//! receive `--bytes` per iteration at once, split evenly over the
+//! connections: the bytes agg moves each way through a host's link per
+//! all-reduce.
 //!
 //! Its caller paces it over stdin and stdout, so that every stream of the
 //! run is timed over one interval: after the warm-up it prints `READY` and
@@ -35,6 +37,9 @@ pub struct TcpStreamArgs {
     /// Timed iterations.
     #[arg(long)]
     pub iters: u64,
+    /// Connections, the bytes split evenly over them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub streams: u32,
     /// Untimed iterations before them (TCP's window opens).
     #[arg(long, default_value_t = 0)]
     pub warmup: u64,
@@ -46,14 +51,17 @@ pub struct TcpStreamArgs {
 /// Runs one end, paced by its caller (the module doc).
 pub fn run(args: &TcpStreamArgs) -> Result<(), String> {
     let timeout = Duration::from_secs(args.timeout.max(1));
-    let stream = match (&args.listen, &args.connect) {
-        (Some(at), _) => accept_one(at)?,
-        (None, Some(to)) => connect(to, timeout)?,
+    let n = args.streams.max(1) as usize;
+    let streams = match (&args.listen, &args.connect) {
+        (Some(at), _) => accept(at, n)?,
+        (None, Some(to)) => (0..n).map(|_| connect(to, timeout)).collect::<Result<Vec<_>, _>>()?,
         (None, None) => return Err("--listen or --connect".into()),
     };
-    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    stream.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    exchange(&stream, args.bytes * args.warmup).map_err(|e| format!("warm-up: {e}"))?;
+    for s in &streams {
+        s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    }
+    exchange_all(&streams, args.bytes * args.warmup).map_err(|e| format!("warm-up: {e}"))?;
     let mut control = std::io::stdin().lock();
     say("READY")?;
     let mut line = String::new();
@@ -61,7 +69,7 @@ pub fn run(args: &TcpStreamArgs) -> Result<(), String> {
     if line.trim() != "GO" {
         return Err(format!("expected GO on stdin, got {:?}", line.trim()));
     }
-    exchange(&stream, args.bytes * args.iters)?;
+    exchange_all(&streams, args.bytes * args.iters)?;
     say("DONE")?;
     std::io::copy(&mut control, &mut std::io::sink()).map_err(|e| e.to_string())?;
     Ok(())
@@ -72,9 +80,26 @@ fn say(what: &str) -> Result<(), String> {
     writeln!(out, "{what}").and_then(|()| out.flush()).map_err(|e| e.to_string())
 }
 
-fn accept_one(at: &str) -> Result<TcpStream, String> {
+fn accept(at: &str, n: usize) -> Result<Vec<TcpStream>, String> {
     let listener = TcpListener::bind(at).map_err(|e| format!("cannot listen on {at}: {e}"))?;
-    listener.accept().map(|(s, _)| s).map_err(|e| format!("accept on {at}: {e}"))
+    (0..n).map(|_| listener.accept().map(|(s, _)| s).map_err(|e| format!("accept on {at}: {e}"))).collect()
+}
+
+/// [`exchange`] on every stream at once, `total` split evenly over them
+/// (the remainder on the first).
+fn exchange_all(streams: &[TcpStream], total: u64) -> Result<(), String> {
+    let n = streams.len().max(1) as u64;
+    std::thread::scope(|scope| {
+        let each: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let share = total / n + if i == 0 { total % n } else { 0 };
+                scope.spawn(move || exchange(s, share))
+            })
+            .collect();
+        each.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a stream's thread panicked".into()))).collect::<Result<(), String>>()
+    })
 }
 
 /// Connects to `to`, again while it is refused (the listener may not be up
@@ -149,6 +174,16 @@ mod tests {
         assert_eq!(exchange(&near, total), Ok(()));
         assert_eq!(far.join().unwrap(), Ok(()));
         assert_eq!(exchange(&near, 0), Ok(()), "nothing to move");
+        // Several connections share the bytes, every one of them moved.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let far = std::thread::spawn(move || {
+            let streams: Vec<TcpStream> = (0..3).map(|_| listener.accept().unwrap().0).collect();
+            exchange_all(&streams, total)
+        });
+        let near: Vec<TcpStream> = (0..3).map(|_| connect(&at, Duration::from_secs(5)).unwrap()).collect();
+        assert_eq!(exchange_all(&near, total), Ok(()));
+        assert_eq!(far.join().unwrap(), Ok(()));
         // A peer that closes early is named as such.
         let mut short: &[u8] = &[1, 2, 3];
         assert_eq!(receive(&mut short, 10), Err("the peer closed after 3 of 10 bytes".into()));
