@@ -125,6 +125,10 @@ const FREEZE_FOR: Duration = Duration::from_secs(8);
 const STALL_BOUND: Duration = Duration::from_millis(5500);
 /// Rounds the job runs on a server once it took it back.
 const USED_FOR: usize = 200;
+
+/// Rounds the loop runs after a draining server exited: every one's
+/// all-reduces checked, on the servers left.
+const AFTER_EXIT: usize = 50;
 const NS_RANKS: &str = "198.18.6.1";
 const NS_SERVERS: [&str; 3] = ["198.18.6.10", "198.18.6.11", "198.18.6.12"];
 
@@ -167,6 +171,10 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     let pace = match stop {
         Stop::KillRestart => Pace { rounds: 1000, sleep: Duration::ZERO },
         Stop::Freeze | Stop::LinkCut => Pace { rounds: 3000, sleep: Duration::from_millis(4) },
+        // Runs until the draining server has exited, then AFTER_EXIT more
+        // (`stop_at`): how long the drain takes is the machine's (61 ms to
+        // 1.1 s seen on CI's 2 cores), not what the test is about.
+        Stop::Term => Pace { rounds: 5000, sleep: Duration::ZERO },
         _ => Pace { rounds: ROUNDS, sleep: Duration::ZERO },
     };
     let rounds = pace.rounds;
@@ -208,7 +216,11 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
         }
         while !gray && exited.is_none() && t0.elapsed() < TIMEOUT {
             if let Some(st) = servers[1].child.try_wait().unwrap() {
-                exited = Some((st, Instant::now(), progress.load(Ordering::Relaxed)));
+                let round = progress.load(Ordering::Relaxed);
+                exited = Some((st, Instant::now(), round));
+                if stop == Stop::Term {
+                    stop_at.store(round + AFTER_EXIT, Ordering::Relaxed);
+                }
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -273,7 +285,8 @@ fn stop_under_the_plugin(p: &Plugin, provider: &str, stop: Stop) {
     );
     assert!(st.success(), "{st}:\n{log}");
     assert!(exit_at - killed_at < Duration::from_secs(15), "{log}");
-    assert!(exit_round + 50 < ROUNDS, "the server exited at round {exit_round} of {ROUNDS}");
+    let done = progress.load(Ordering::Relaxed);
+    assert!(done >= exit_round + AFTER_EXIT, "the loop stopped at round {done}, {AFTER_EXIT} after the exit at {exit_round} wanted");
     assert!(servers[1].log_contains("every rank moves off this server from operation"), "{log}");
     assert!(servers[1].log_contains("drained: no job left"), "{log}");
     let mut servers = servers.into_iter();

@@ -98,7 +98,7 @@ fn exchange_all(streams: &[TcpStream], total: u64) -> Result<(), String> {
                 scope.spawn(move || exchange(s, share))
             })
             .collect();
-        each.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a stream's thread panicked".into()))).collect::<Result<(), String>>()
+        each.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err("a stream's thread panicked".into())))
     })
 }
 
