@@ -291,8 +291,8 @@ pub const FEW_CORES_PIECE: usize = 32 << 10;
 ///
 /// Where the rank's link rate is known (TALLY_LINK_GBITS; `tally bench
 /// cluster` sets it for its workers), auto rails count on each of the
-/// plugin's carrying `client::rails::NCCL_RAIL_GBITS`: two at 8 Gbit/s, four
-/// from 16 (the library's client: two up to 16).
+/// plugin's carrying `client::rails::NCCL_RAIL_GBITS`: one up to 4 Gbit/s,
+/// two at 8, four from 16 (the library's client: one at 8, two at 16).
 ///
 /// On a host of fewer than [`FEW_CORES`] cores pieces are at most
 /// [`FEW_CORES_PIECE`]: there the CPU, not the count of messages, is what

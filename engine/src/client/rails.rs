@@ -74,8 +74,7 @@ mod rail_loop;
 mod stream_copy;
 use count::lanes;
 pub use count::{
-    auto_rails, calls_may_spin_forever, resolve_rails, shm_rail, wants_rail_threads, AUTO_MIN_RAILS, MAX_RAILS, NCCL_RAIL_GBITS,
-    ONE_RAIL_GBITS, RAIL_GBITS,
+    auto_rails, calls_may_spin_forever, resolve_rails, shm_rail, wants_rail_threads, AUTO_MIN_RAILS, MAX_RAILS, NCCL_RAIL_GBITS, RAIL_GBITS,
 };
 use queue::{ask, queue, Bell, Cmd, CopierShared, CopyLane, Event, Reply, Shared, RING, SWEEP_RING};
 use rail_loop::RailLoop;

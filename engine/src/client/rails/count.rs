@@ -13,25 +13,22 @@ pub const MAX_RAILS: usize = 8;
 /// Gbit/s, 0.73-0.87 of the bound on two rails, 0.97-1.01 on four).
 pub const AUTO_MIN_RAILS: usize = 4;
 
-/// Gbit/s each way a rail thread is given when the link's rate is known
+/// Gbit/s each way a rail is given when the link's rate is known
 /// (`ClientConfig::rail_gbits`'s default). On nvidia-h200-x2, 4 + 4 emulated
-/// hosts, agg held 0.96-0.99 of the bound on two rails at 8 and 16 Gbit/s, as
-/// on four, at 10-20% less CPU per GB (0.93-1.06 s/GB against 1.20-1.33 at
-/// 16), and fell to 0.69-0.79 on two at 32; one rail thread at a whole core
-/// carried 12 Gbit/s (docs/measurements.md, "Rails that follow the link").
+/// hosts, agg held 0.96-0.99 of the bound on two rails at 16 Gbit/s, as on
+/// four, at a quarter less CPU per GB (0.93-1.06 s/GB against 1.20-1.33), and
+/// fell to 0.69-0.79 on two at 32; at 8 Gbit/s one rail (the caller's thread)
+/// held 0.95-0.99 in 14 runs at 0.70-1.06 s/GB, two rails 1.14-1.46
+/// adaptive (docs/measurements.md, "Rails that follow the link").
 pub const RAIL_GBITS: f64 = 8.0;
 
 /// [`RAIL_GBITS`] for the NCCL plugin's client: its rails carry NCCL's
 /// steps, each a burst of pieces over every server. Under `bench cluster
 /// --mode agg-plugin` two rails held 8 Gbit/s at 0.99 of the bound (2.8
 /// s/GB against four's 3.4-3.7) but 16 only at 0.82-0.98 against four's
-/// 0.97-0.99, and so did real NCCL (0.72-0.93 against 0.80-0.97).
+/// 0.97-0.99, and so did real NCCL (0.72-0.93 against 0.80-0.97); one rail
+/// at 8 Gbit/s gave 0.72-0.99.
 pub const NCCL_RAIL_GBITS: f64 = 4.0;
-
-/// Up to this rate (Gbit/s) a known link gets one rail: the caller's thread
-/// drives the endpoint, with no hop to a rail thread. At 8 Gbit/s one rail
-/// gave agg 0.95-0.96 of the bound (two: 0.99) and the plugin 0.72-0.83.
-pub const ONE_RAIL_GBITS: f64 = 4.0;
 
 /// How many rails a client of `servers` servers over `provider` runs when
 /// its configuration says 0 (auto), over tcp, with two servers or more, on
@@ -40,12 +37,13 @@ pub const ONE_RAIL_GBITS: f64 = 4.0;
 /// - the link's rate unknown (`link_gbits` 0): one per server but at least
 ///   [`AUTO_MIN_RAILS`] (so one server's lcores spread over lanes), up to
 ///   [`MAX_RAILS`];
-/// - known: one up to [`ONE_RAIL_GBITS`], else no more than carry it at
-///   `rail_gbits` each (at least two), rounded up to a count that divides
-///   the servers or that they divide (every rail then carries as many
-///   servers or lanes), and never more than the above. Each rail is a
-///   thread that sleeps and wakes for the pieces it carries when adaptive:
-///   four where two carry the link cost a rank more CPU for the same bytes.
+/// - known: as many as carry it at `rail_gbits` each (one: the caller's
+///   thread drives the endpoint, no thread hop), rounded up to a count that
+///   divides the servers or that they divide (every rail then carries as
+///   many servers or lanes), and never more than the above. Each rail is a
+///   thread that sleeps and wakes for the pieces it carries when adaptive,
+///   and spins a core when busy: rails beyond what the link needs cost a
+///   rank CPU for the same bytes.
 pub fn auto_rails(provider: &str, servers: usize, cores: usize, link_gbits: f64, rail_gbits: f64) -> usize {
     if !(provider.starts_with("tcp") && servers >= 2 && cores >= 8) {
         return 1;
@@ -54,10 +52,7 @@ pub fn auto_rails(provider: &str, servers: usize, cores: usize, link_gbits: f64,
     if !(link_gbits.is_finite() && link_gbits > 0.0) {
         return most;
     }
-    if link_gbits <= ONE_RAIL_GBITS {
-        return 1;
-    }
-    let need = ((link_gbits / rail_gbits.max(0.1)).ceil() as usize).max(2);
+    let need = ((link_gbits / rail_gbits.max(0.1)).ceil() as usize).max(1);
     (need..=most).find(|&r| r.is_multiple_of(servers) || servers.is_multiple_of(r)).unwrap_or(most)
 }
 
@@ -119,9 +114,10 @@ mod tests {
         assert_eq!(auto_rails(t, 4, 32, 0.0, lib), 4);
         assert_eq!(auto_rails(t, 2, 32, f64::NAN, lib), 4);
         assert_eq!(auto_rails(t, 12, 32, 0.0, lib), 8);
-        // Known: the caller's thread up to 4 Gbit/s, then what the link needs.
+        // Known: the caller's thread up to 8 Gbit/s, then what the link needs.
         assert_eq!(auto_rails(t, 4, 32, 4.0, lib), 1);
-        assert_eq!(auto_rails(t, 4, 32, 8.0, lib), 2);
+        assert_eq!(auto_rails(t, 4, 32, 8.0, lib), 1);
+        assert_eq!(auto_rails(t, 4, 32, 10.0, lib), 2);
         assert_eq!(auto_rails(t, 4, 32, 16.0, lib), 2);
         assert_eq!(auto_rails(t, 4, 32, 25.0, lib), 4);
         assert_eq!(auto_rails(t, 4, 32, 32.0, lib), 4);

@@ -105,6 +105,13 @@ pub struct ClusterArgs {
     /// ceiling needs as many.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub tcp_streams: u32,
+    /// Where `--mode tcp` runs each server host's end: on the workers'
+    /// cores with the workers' ends (the default), or on that server's own
+    /// cores, beside its lcores (idle under adaptive polling), as the
+    /// servers' own TCP work runs under agg: the kernel's ceiling on the
+    /// cores a server has.
+    #[arg(long, value_enum, default_value_t = TcpEnds::Workers)]
+    pub tcp_server_ends: TcpEnds,
     /// Receive packet steering on every veth of the emulated network: off,
     /// on (every CPU in the mask) or workers (the workers' cores, off the
     /// servers' busy-polling lcores; every CPU where they share). With it a
@@ -186,6 +193,7 @@ impl ClusterArgs {
             tcp_rcvbuf: RcvBuf::Kernel,
             tcp_cc: TcpCc::Named("cubic".into()),
             tcp_streams: 1,
+            tcp_server_ends: TcpEnds::Workers,
             rps: Rps::Off,
             loss: Vec::new(),
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
@@ -196,6 +204,15 @@ impl ClusterArgs {
             workers_run: None,
         }
     }
+}
+
+/// Where `--mode tcp` runs the server hosts' stream ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcpEnds {
+    /// On the workers' cores, with the workers' ends.
+    Workers,
+    /// Each on its own server's cores.
+    Servers,
 }
 
 /// A setting of the emulated hosts that is on or off (`--tcp-autocork`).

@@ -456,7 +456,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             let running = Servers { addrs: &servers, pids: &server_pids };
             let host_before = HostCpu::now();
             run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
-            let streams = Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref() };
+            let streams = Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref(), server_cores: &server_lcores };
             run_tcp(&mut bed, &streams, &mut progress, &mut out)?;
             progress.finish();
             let lines = close_level(&bed, &mut out, (rate, level), before, host_before, "over all its loops and set-ups");

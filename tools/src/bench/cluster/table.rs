@@ -199,6 +199,14 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         provider_text(&args.provider)
     );
     println!("# placement: {placement}");
+    if args.mode.mode.iter().any(|m| m == "tcp") {
+        println!(
+            "# tcp rows: {} connection{} per worker-server pair, the server hosts' ends on {}",
+            args.tcp_streams,
+            if args.tcp_streams == 1 { "" } else { "s" },
+            if args.tcp_server_ends == super::args::TcpEnds::Servers { "each server's own cores" } else { "the workers' cores" }
+        );
+    }
     if let Some(l) = loss {
         println!("{l}");
     }

@@ -1,7 +1,9 @@
 //! The kernel baseline (`--mode tcp`): plain TCP streams between the same
 //! namespaces, over the same shaped links, in the same run as agg and
 //! ring, timed as a loop and reported in the same row; one connection per
-//! worker-server pair, or `--tcp-streams` with the bytes split over them.
+//! worker-server pair, or `--tcp-streams` with the bytes split over them;
+//! every end on the workers' cores, or with `--tcp-server-ends servers`
+//! each server host's end on its server's cores.
 //!
 //! Why: CPU per GB all-reduced says what tally costs, but not how much of
 //! it is the kernel's TCP, which any transport over these links pays
@@ -22,7 +24,7 @@
 //! when the last says `DONE`: the loop's time is that interval. The ends
 //! run on the workers' cores where the placement gives them, off the
 //! servers' lcores, which stay up (idle) meanwhile.
-use super::args::{loops_at, ClusterArgs};
+use super::args::{loops_at, ClusterArgs, TcpEnds};
 use super::loop_cpu::{step_name, LoopTracker};
 use super::netns::{addr, Iproute, Testbed};
 use super::table::{ClusterOutcome, ClusterRow};
@@ -50,6 +52,8 @@ pub(super) struct Streams<'a> {
     pub(super) ns: &'a dyn Fn(char, u32) -> String,
     /// The workers' cores, where the placement gives them.
     pub(super) cores: Option<&'a CoreList>,
+    /// Each server's cores (its lcores' list), for `--tcp-server-ends servers`.
+    pub(super) server_cores: &'a [String],
 }
 
 /// A `tcp` row for every size, where `--mode` asks for them.
@@ -79,7 +83,16 @@ fn stream_loop(bed: &mut Testbed, s: &Streams, bytes: usize, dtype: DataType) ->
     // Ends 0..n listen (server i), n..2n connect (worker i to server i).
     let names: Vec<String> = (0..2 * n).map(|k| (s.ns)(if k < n { 's' } else { 'w' }, (k % n) as u32)).collect();
     let end = End { args, exe: s.exe, bytes, iters };
-    spawn_on(bed, s.cores, 2 * n, |tools, k| end.spawn(tools, &names[k], k, tx.clone()))?;
+    if args.tcp_server_ends == TcpEnds::Servers {
+        // Each server's end on its own cores, the workers' on theirs.
+        for (k, name) in names[..n].iter().enumerate() {
+            let own = s.server_cores.get(k).and_then(|l| CoreList::parse(l).ok());
+            spawn_on(bed, own.as_ref(), 1, |tools, _| end.spawn(tools, name, k, tx.clone()))?;
+        }
+        spawn_on(bed, s.cores, n, |tools, i| end.spawn(tools, &names[n + i], n + i, tx.clone()))?;
+    } else {
+        spawn_on(bed, s.cores, 2 * n, |tools, k| end.spawn(tools, &names[k], k, tx.clone()))?;
+    }
     drop(tx);
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let pids: Vec<u32> = bed.children[first..].iter().map(Child::id).collect();
@@ -108,7 +121,10 @@ fn stream_loop(bed: &mut Testbed, s: &Streams, bytes: usize, dtype: DataType) ->
         }
     }
     let rank0_cpu_s = over.ranks.as_ref().and_then(|r| r.cpu_s.first().copied()).unwrap_or(0.0);
-    let row = stream_row(bytes, iters, secs, args.hosts, dtype, rank0_cpu_s, args.tcp_streams);
+    let mut row = stream_row(bytes, iters, secs, args.hosts, dtype, rank0_cpu_s, args.tcp_streams);
+    if args.tcp_server_ends == TcpEnds::Servers {
+        row.method.push_str(", each server's end on its server's cores");
+    }
     Ok(ClusterRow::new(s.rate, args.hosts, row, &over))
 }
 
