@@ -64,7 +64,8 @@ impl std::fmt::Display for PollMode {
 #[derive(Args, Debug, Clone, Default)]
 pub struct PollArg {
     /// Polling of the server lcores, ranks and endpoints this command starts:
-    /// auto (busy when every poller gets a core of its own, else adaptive),
+    /// auto (busy when every poller gets a core of its own, else adaptive;
+    /// `bench cluster`: adaptive, its hosts share this machine's cores),
     /// busy (each spins on its own core) or adaptive (spin, then sleep until traffic).
     #[arg(long, value_enum, default_value_t = PollMode::Auto)]
     pub poll: PollMode,

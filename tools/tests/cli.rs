@@ -103,7 +103,10 @@ fn shared_flags_read_the_same_and_old_names_still_parse() {
         let end = help[at + 2..].find("\n      --").map_or(help.len(), |e| at + 2 + e);
         // Layouts differ (one column or two); the words must not.
         let text = help[at..end].split_whitespace().collect::<Vec<_>>().join(" ");
-        assert!(text.contains("auto (busy when every poller gets a core of its own, else adaptive)"), "{cmd:?}: {text}");
+        assert!(
+            text.contains("auto (busy when every poller gets a core of its own, else adaptive; `bench cluster`: adaptive"),
+            "{cmd:?}: {text}"
+        );
         assert!(text.contains("[default: auto]"), "{cmd:?}: {text}");
         poll_help.push(text);
     }

@@ -298,18 +298,24 @@ pub fn link_gbits_from_env() -> f64 {
 /// A rank's default liveness time (ms): eight of the server's default heartbeats.
 pub const DEFAULT_LIVENESS_MS: u64 = 2000;
 
-/// A positive size from the environment (K/M/G suffixes), if set and valid.
 /// Empty turns a rail thread or the copier makes before it sleeps, unless
 /// TALLY_RAIL_SPIN_POLLS says otherwise. Four rails spinning 2,048 turns
 /// after each piece cost a CollNet rank under real NCCL 8.8-9.7 CPU s/GB
 /// (the NCCL Socket ring's: 2.0-4.3); with 128, 3.6-4.4 at 4 Gbit/s and 1.6-1.7
 /// against 2.3-2.6 at 16 Gbit/s, the link held alike (0.87-0.98 of the
 /// bound against 0.73-0.97, alternated twice; nvidia-h200, G=2 on one GPU,
-/// `tests/nccl/cluster_proof.sh`). A rail that sleeps is woken by its CQ's
-/// descriptor or the client's bell, so a short spin costs a wake-up, not
-/// the link.
-pub const RAIL_SPIN_POLLS: u32 = 128;
+/// `tests/nccl/cluster_proof.sh`). With 16 (what `tally bench` already gave
+/// the library's rails under adaptive polling), on nvidia-h200-x2 alternated
+/// twice: a CollNet rank under real NCCL (G=4, 16 Gbit/s) 1.96-2.03 CPU
+/// s/GB against 2.60-2.62 at 16 MiB, reaching 0.87-0.91 of the bound against
+/// 0.67-0.74, and 1.97-2.01 against 2.19-2.34 at 64 MiB (0.95-0.96 against
+/// 0.93-0.97); `bench cluster --mode agg-plugin` 1.73-1.89 against
+/// 2.33-2.71 at 16 Gbit/s and 2.36-2.44 against 2.81-2.94 at 8, the link
+/// held alike. A rail that sleeps is woken by its CQ's descriptor or the
+/// client's bell, so a short spin costs a wake-up, not the link.
+pub const RAIL_SPIN_POLLS: u32 = 16;
 
+/// A positive size from the environment (K/M/G suffixes), if set and valid.
 pub(super) fn env_size(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| crate::host::units::parse_size(&v).ok()).map(|v| v as usize).filter(|&v| v > 0)
 }

@@ -159,7 +159,7 @@ pub static ENV: &[EnvVar] = &[
     ),
     var(
         "TALLY_RAIL_SPIN_POLLS",
-        "128",
+        "16",
         "",
         &[Client, Plugin],
         "empty turns each rail thread and the copier make before they sleep until traffic or the client's bell",

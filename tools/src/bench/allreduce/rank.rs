@@ -125,7 +125,7 @@ pub(super) fn mode_rails(args: &AllreduceArgs, provider: &str, mode: &str) -> us
 /// The most rails the rank's client runs in any of its modes: the block of
 /// cores it is given.
 pub(super) fn rails_of(args: &AllreduceArgs, provider: &str) -> usize {
-    args.mode.mode.iter().map(|m| mode_rails(args, provider, m)).max().unwrap_or(1)
+    rails_by_mode(args, provider).into_iter().map(|(_, r)| r).max().unwrap_or(1)
 }
 
 /// Each of the rank's modes with its rails, read once before the rank pins

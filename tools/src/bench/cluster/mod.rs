@@ -4,9 +4,8 @@
 //! link to a bridge, shaped with tc tbf to rate R in both directions (egress
 //! on both ends of each veth). Addresses from 198.18.0.0/15 (the range set
 //! aside for benchmarking), provider tcp;ofi_rxm, polling as `--poll`
-//! says (`auto`: busy only where every poller, lcores, workers and their
-//! rails, has a core beside the kernel's TCP work: `placement::auto_poll`;
-//! nearly always adaptive, since every host shares this machine). Workers
+//! says (`auto`: adaptive, since every emulated host shares this machine's
+//! cores with every link's kernel TCP: `placement::auto_poll`). Workers
 //! run agg (through the servers) and ring all-reduce; the table gives
 //! algbw, busbw, the link-rate bound, the fraction of it reached and
 //! agg/ring. This is where reduction servers win: each worker sends and
@@ -296,17 +295,17 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     };
     build_network(&bed.tools, &sw, &hosts, &ns, &net)?;
 
-    // `auto`: busy only where every poller (lcores, workers, their rails)
-    // has a core beside what the kernel's TCP of every link needs.
+    // `auto`: adaptive (`placement::auto_poll` says why); the pollers are
+    // counted for the placement line.
     let top_rate = rates.iter().copied().fold(0.0, f64::max);
     let pollers = placement::pollers(args.hosts, &server_lcores, worker_rails(args.hosts, worker_cores.as_deref(), top_rate).most());
     let poll = match args.poll.poll {
-        crate::cli_args::PollMode::Auto => placement::auto_poll(pollers, args.hosts, top_rate, cores),
+        crate::cli_args::PollMode::Auto => placement::auto_poll(),
         other => other,
     }
     .as_str();
     let placement = if args.poll.poll == crate::cli_args::PollMode::Auto {
-        format!("{placement}; {poll} polling (auto: {pollers} pollers and the kernel's TCP at {top_rate} Gbit/s on {cores} cores)")
+        format!("{placement}; {poll} polling (auto: every emulated host shares these {cores} cores with the links' TCP; {pollers} pollers)")
     } else {
         format!("{placement}; {poll} polling")
     };
