@@ -254,6 +254,36 @@ pub const FEW_CORES: usize = 8;
 /// The largest piece over tcp on a host of fewer than [`FEW_CORES`] cores.
 pub const FEW_CORES_PIECE: usize = 32 << 10;
 
+/// How much of the rank's link the plugin keeps in flight over tcp at most,
+/// in milliseconds of it, where the link's rate is known (TALLY_LINK_GBITS).
+/// More only waits in queues: on the 2-core machine, 8 + 8 hosts at 0.25
+/// Gbit/s (`bench cluster --hosts 8 --rates 0.25 --sizes 16M --mode
+/// agg-plugin`), [`TCP_WINDOW`]'s 16 pieces of 32 KiB a stream put 8 MiB, a
+/// quarter of a second of the link, in flight per rank: the links' queues
+/// dropped 4,185-7,715 packets a run and the plugin reached 0.86-0.87 of the
+/// bound; a window of 4 (2 MiB) 541 packets and 0.89-0.91, alternated four
+/// times, the servers a tenth less CPU per byte. At 1 Gbit/s (4 + 4 hosts, 64
+/// MiB) 4 was too few: 0.74-0.80 against 0.83-0.88 with 16.
+pub const TCP_IN_FLIGHT_MS: f64 = 32.0;
+
+/// The least window [`tcp_window`] gives: the client library's auto window.
+pub const TCP_MIN_WINDOW: u32 = 4;
+
+/// The window over tcp: [`TCP_WINDOW`], or where the rank's link rate is
+/// known, as many pieces a server as hold [`TCP_IN_FLIGHT_MS`] of the link
+/// over `servers` servers, from [`TCP_MIN_WINDOW`] to [`TCP_WINDOW`]. (A
+/// server's lcores each take the window, so a server with two holds twice.)
+/// Every rank must ask the same window: it depends only on the rate, the
+/// servers and the piece, which every rank of a job shares.
+pub fn tcp_window(link_gbits: f64, servers: usize, piece: usize) -> u32 {
+    if !(link_gbits.is_finite() && link_gbits > 0.0) || servers == 0 || piece == 0 {
+        return TCP_WINDOW;
+    }
+    let link_bytes = link_gbits * 1e9 / 8.0 * TCP_IN_FLIGHT_MS / 1e3;
+    let w = (link_bytes / (servers * piece) as f64).round();
+    (w.min(TCP_WINDOW as f64) as u32).clamp(TCP_MIN_WINDOW, TCP_WINDOW)
+}
+
 /// The client's settings over tcp;ofi_rxm where the user set none.
 ///
 /// - Pieces of the eager limit the process runs with
@@ -281,7 +311,8 @@ pub const FEW_CORES_PIECE: usize = 32 << 10;
 ///   0.59-0.85 at 16 MiB, 0.83-0.94 against 0.71-0.89 at 64 MiB (with 32
 ///   KiB pieces).
 /// - [`TCP_WINDOW`]: with the auto window (4 pieces of 32 KiB) two servers
-///   held two of NCCL's 8 steps in flight.
+///   held two of NCCL's 8 steps in flight; fewer where the rank's link is
+///   slow enough that 16 would only queue ([`tcp_window`]).
 ///
 /// Real NCCL at 32 Gbit/s (`linerate.sh nccl-knobs`, alternated in one call
 /// each; docs/measurements.md): on 2 GPUs one credit and window 4 gave
@@ -310,7 +341,7 @@ fn tcp_defaults(cfg: &mut ClientConfig) {
         cfg.min_piece = cfg.chunk_bytes;
     }
     if std::env::var_os("TALLY_WINDOW").is_none() {
-        cfg.window = TCP_WINDOW;
+        cfg.window = tcp_window(cfg.link_gbits, cfg.servers.len(), cfg.chunk_bytes);
     }
     cfg.rail_gbits = tally_engine::client::rails::NCCL_RAIL_GBITS;
 }
@@ -429,6 +460,22 @@ impl CollComm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tcp_window_holds_no_more_than_its_share_of_a_known_link() {
+        // Unknown rate (no TALLY_LINK_GBITS): 16.
+        assert_eq!(tcp_window(0.0, 8, 32 << 10), TCP_WINDOW);
+        assert_eq!(tcp_window(f64::NAN, 8, 32 << 10), TCP_WINDOW);
+        // 8 servers at 0.25 Gbit/s, 32 KiB pieces: 1 MB of link is 4 a server.
+        assert_eq!(tcp_window(0.25, 8, 32 << 10), 4);
+        // 4 servers at 1 Gbit/s: 30, at most 16.
+        assert_eq!(tcp_window(1.0, 4, 32 << 10), 16);
+        // Slower still: never below the client library's 4.
+        assert_eq!(tcp_window(0.01, 64, 128 << 10), TCP_MIN_WINDOW);
+        // The device's rates keep 16.
+        assert_eq!(tcp_window(16.0, 4, 128 << 10), 16);
+        assert_eq!(tcp_window(0.5, 8, 32 << 10), 8);
+    }
 
     #[test]
     fn tally_servers_are_taken_in_order_and_a_repeat_is_refused() {

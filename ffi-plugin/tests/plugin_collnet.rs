@@ -302,7 +302,8 @@ fn collnet_allreduce_through_tally_servers() {
     // Over tcp the plugin's own pacing (ffi-plugin tcp_defaults), as its
     // join line says: pieces of the eager limit tally sets (128 KiB on
     // libfabric 1.17, 32 KiB from 1.18), at most 32 KiB on a host of fewer
-    // than 8 cores (FEW_CORES), a window of 16, sends unpaced.
+    // than 8 cores (FEW_CORES), a window of 16 (no TALLY_LINK_GBITS here to
+    // make it fewer: collnet::tcp_window), sends unpaced.
     let eager = if tally_engine::dataplane::fabric::library_version() >= (1, 18) { 32768 } else { 131072 };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let piece = if cores >= 8 { eager } else { eager.min(32768) };

@@ -83,7 +83,7 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_WINDOW",
         "auto",
-        "the plugin over tcp: 16",
+        "the plugin over tcp: 16, or fewer to keep 32 ms of a known link (TALLY_LINK_GBITS) in flight",
         &[Client, Plugin],
         "pieces in flight per server lcore (1 to 64), the same on every rank; auto: 4, or 2 where pieces of 512 KiB and up would put more than 1 MiB in flight",
     ),

@@ -13,10 +13,11 @@ say "round trip for the ratios below (4 KiB, cores 2,8, median of 20000): $(pyth
 for n in ${LAT_RANKS:-2 4 8}; do
     lc=2; [ "$n" -ge 8 ] && lc=2-3
     say ""
-    # Two cores per rank: its own and its rail thread's (shm drives its one
-    # endpoint from a rail thread); where the host has fewer, they wrap.
+    # Two cores per rank: its own, and its rail thread's where TALLY_SHM_RAIL=1
+    # puts shm's one endpoint on one (by default the caller's thread drives it
+    # and the second core idles); where the host has fewer, they wrap.
     last=$((8 + 2 * n - 1)); [ "$last" -ge "$C" ] && last=$((C - 1))
-    say "## $n ranks (pinned to cores 8-$last, a rank and its rail on two), server lcores $lc, busy, shm: back-to-back"
+    say "## $n ranks (pinned to cores 8-$last, two a rank), server lcores $lc, busy, shm: back-to-back"
     lat() { # FILE BENCH-ARGS...
         local f=$1; shift
         timeout 300 "$TALLY" bench allreduce --ranks "$n" --lcores "$lc" --cores "8-$last" --poll busy --provider shm \

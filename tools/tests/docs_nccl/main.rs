@@ -308,6 +308,10 @@ fn quoted_figures_hold() {
     assert!(plugin.contains("let most = if cores >= FEW_CORES { TCP_MAX_PIECE } else { FEW_CORES_PIECE };"));
     assert!(plugin.contains("pub const FEW_CORES: usize = 8;") && plugin.contains("pub const FEW_CORES_PIECE: usize = 32 << 10;"));
     assert!(md.contains("On a host of fewer than 8 cores the pieces are 32 KiB at most"), "the few-cores rule on the page");
+    // The window where the link's rate is known: what the page says.
+    assert!(plugin.contains("pub const TCP_IN_FLIGHT_MS: f64 = 32.0;") && plugin.contains("pub const TCP_MIN_WINDOW: u32 = 4;"));
+    assert!(plugin.contains("cfg.window = tcp_window(cfg.link_gbits, cfg.servers.len(), cfg.chunk_bytes);"));
+    assert!(md.contains("no more than 32 ms of it in flight"), "the link-bounded window on the page");
     assert!(plugin.contains("pub const TCP_MAX_PIECE: usize = 128 << 10;"));
     assert!(plugin.contains("cfg.min_piece = cfg.chunk_bytes;"), "whole pieces over tcp");
     let limit_1_17 = tally_engine::dataplane::fabric::defaults::PROVIDER_DEFAULTS;
