@@ -113,12 +113,13 @@ pub(super) fn pollers(hosts: u32, server_lcores: &[String], rails: usize) -> usi
 /// `--poll auto` in the emulated cluster: adaptive. Every emulated host
 /// shares this machine's cores with the kernel's TCP work of every link
 /// (softirq runs on whichever core the packet lands), so no poller's core
-/// is its own, and in every same-run comparison busy polling bought no link
-/// and cost CPU: on nvidia-h200-x2, 4 + 4 hosts, both 0.99 of the bound at 8
-/// Gbit/s (workers 1.03-1.07 s/GB adaptive against 3.16-3.28 with two busy
-/// rails) and at 16 (adaptive 40% less CPU), 0.72-0.87 either way at 32; on
-/// 64 cores 8 + 8 at 16 busy ran 64 of 64 cores and reached 0.35, the ring
-/// 0.63 (docs/measurements.md). `--poll busy` stays for who wants it.
+/// is its own, and busy polling bought no link in the later comparisons
+/// while it cost CPU: on nvidia-h200-x2, 4 + 4 hosts, both 0.99 of the bound
+/// at 8 Gbit/s (workers 1.03-1.07 s/GB adaptive against 3.16-3.28 with two
+/// busy rails) and at 16 (adaptive 40% less CPU), 0.72-0.87 either way at 32
+/// (one earlier machine gave busy 0.95 against 0.80-0.84 there); on 64 cores
+/// 8 + 8 at 16 busy ran 64 of 64 cores and reached 0.35, the ring 0.63
+/// (docs/measurements.md). `--poll busy` stays for who wants it.
 pub(super) fn auto_poll() -> crate::cli_args::PollMode {
     crate::cli_args::PollMode::Adaptive
 }
