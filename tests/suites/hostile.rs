@@ -235,6 +235,35 @@ fn a_token_holder_without_the_jobs_secret_cannot_act_on_it() {
     assert!(srv.stop().success());
 }
 
+/// A rank that asks another window than the rest of its job (as a rank
+/// given another TALLY_LINK_GBITS would, through the plugin's
+/// `collnet::tcp_window`) is refused by name, the field its job disagrees
+/// on; the job's own rank 1 completes it after, and a job beside it never
+/// notices.
+#[test]
+fn a_rank_asking_another_window_than_its_job_is_refused_and_nothing_else_breaks() {
+    let srv = server("tcp");
+    let progress = Arc::new(AtomicUsize::new(0));
+    let beside = job(&srv.addr, 0x3d_0001, 2, 200, [4; 32], progress.clone());
+    wait_rounds(&progress, 5);
+    let first = ranks_of(&srv.addr, 0x3d_0002, 2, 0..1, 3, [5; 32], Arc::default());
+    std::thread::sleep(Duration::from_millis(500));
+    let mut odd = rank_cfg(&srv.addr, 0x3d_0002, 1, 2, [5; 32]);
+    odd.window = 12;
+    // The join goes with the first all-reduce.
+    let (send, mut out) = (vec![1f32; 16 << 10], vec![0f32; 16 << 10]);
+    let joined = Client::connect(odd)
+        .and_then(|mut c| c.allreduce(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), DataType::Float32, ReduceOp::Sum));
+    let e = joined.err().map(|e| e.to_string()).expect("a rank asking window 12 beside its job's was taken");
+    assert!(e.contains("job mismatch") && e.contains("window"), "{e}");
+    let second = ranks_of(&srv.addr, 0x3d_0002, 2, 1..2, 3, [5; 32], Arc::default());
+    join_all(first);
+    join_all(second);
+    join_all(beside);
+    assert!(srv.log_contains("disagrees with the other ranks on window"), "{:?}", srv.log.lock().unwrap());
+    assert!(srv.stop().success());
+}
+
 /// Issue 55: a rejoin's backoff check (`ControlPlane::backed_off_towards`)
 /// looks at the server's own connections. A REJOIN without the job's secret
 /// gets no look at all; one for a job not running here (a restarted server)
