@@ -71,7 +71,7 @@ mod count;
 mod idle;
 mod queue;
 mod rail_loop;
-mod stream_copy;
+pub(super) mod stream_copy;
 use count::lanes;
 pub use count::{
     auto_rails, calls_may_spin_forever, resolve_rails, shm_rail, wants_rail_threads, AUTO_MIN_RAILS, MAX_RAILS, NCCL_RAIL_GBITS, RAIL_GBITS,

@@ -5,6 +5,7 @@
 //! rank has and a slower one lacks; a relay job's other-rank pieces and a
 //! redo job's results land in slots of the same kind.
 use super::error::ClientError;
+use super::rails::stream_copy;
 use super::rails::Rails;
 use crate::dataplane::fabric::MemoryHandle;
 
@@ -18,6 +19,9 @@ pub struct Stage {
     /// Slots per stream: twice the window.
     pub(in crate::client) slots: usize,
     pub(in crate::client) meta: Vec<Held>,
+    /// Copies out with streaming stores ([`stream_copy`], as the rails and
+    /// the copier do; `TALLY_STAGE_COPY=plain` turns it off).
+    stream: bool,
 }
 
 /// One stream's staging slots (registered where the provider wants local
@@ -70,7 +74,7 @@ impl Stage {
     /// Slots for `streams` streams; registered on `rails` if the provider
     /// wants local buffers registered.
     pub fn new(streams: usize, window: usize, piece: usize, rails: &mut Rails) -> Result<Stage, ClientError> {
-        let mut s = Stage { blocks: Vec::new(), piece, slots: 2 * window, meta: Vec::new() };
+        let mut s = Stage { blocks: Vec::new(), piece, slots: 2 * window, meta: Vec::new(), stream: stream_copy::wanted() };
         s.add(streams, rails)?;
         Ok(s)
     }
@@ -237,8 +241,9 @@ impl Stage {
     ) {
         if how == Landed::Staged {
             // SAFETY: the slot holds the whole result (its receive
-            // completed); `out` holds `len` bytes (this function's contract).
-            unsafe { std::ptr::copy_nonoverlapping(self.slot(st, seq), out, len) };
+            // completed); `out` holds `len` bytes and overlaps no slot (this
+            // function's contract).
+            unsafe { stream_copy::copy(self.slot(st, seq), out, len, self.stream) };
         }
         self.meta[st * self.slots + seq as usize % self.slots] = Held { valid: true, seq, len: len as u32, chunk: chunk as u32, op_index };
     }

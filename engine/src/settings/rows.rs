@@ -190,7 +190,7 @@ pub static ENV: &[EnvVar] = &[
         "stream",
         "",
         &[Client],
-        "how a rail copies a staged result (failover on) into the caller's buffer: `stream` (non-temporal stores on x86-64) or `plain`",
+        "how a rail, or with one endpoint the caller's thread, copies a staged result (failover on) into the caller's buffer: `stream` (non-temporal stores on x86-64) or `plain`",
     ),
     var(
         "TALLY_LIVENESS_MS",

@@ -1,7 +1,8 @@
 //! Copying a staged result into the caller's buffer with streaming stores.
 //!
-//! With failover on, results land in a staging slot and the copier or a
-//! rail thread copies them into the caller's buffer (`failover` says why).
+//! With failover on, results land in a staging slot and the copier, a rail
+//! thread or (with one endpoint, on the caller's thread) `Stage::land`
+//! copies them into the caller's buffer (`failover` says why).
 //! The slot was just written by the kernel's receive, so it is in a cache;
 //! the caller's buffer is not, and will not be read before the operation
 //! completes. Ordinary stores first read each destination line (a read for

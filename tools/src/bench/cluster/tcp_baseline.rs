@@ -21,9 +21,11 @@
 //! Every stream warms up (`--warmup` iterations: TCP's window opens) and
 //! says `READY`; this process then reads every end's CPU, the TCP counters
 //! and the machine's (`loop_cpu`), tells them all `GO`, and reads again
-//! when the last says `DONE`: the loop's time is that interval. The ends
-//! run on the workers' cores where the placement gives them, off the
-//! servers' lcores, which stay up (idle) meanwhile.
+//! when the last says `DONE`: the loop's time is that interval. The
+//! servers stay up (idle) meanwhile. The ends run on the workers' cores
+//! where the placement gives them, off the servers' lcores; with
+//! `--tcp-server-ends servers` each server host's end runs on its server's
+//! cores instead, where agg's server side runs.
 use super::args::{loops_at, ClusterArgs, TcpEnds};
 use super::loop_cpu::{step_name, LoopTracker};
 use super::netns::{addr, Iproute, Testbed};
