@@ -148,6 +148,15 @@ fn cluster_reports_every_ranks_cpu_and_the_kernels_tcp_beside_agg() {
         assert!(r["between_loops_s"].is_null(), "new processes, no loop before: {r}");
         assert!(num(r, "worker_cpu_s") > 0.0, "{r}");
     }
+    // Every worker with every server (`--tcp-peers all`), two connections
+    // a pair: each end's bytes split over four connections, every byte moved.
+    let mut run = tally();
+    run.args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--sizes", "1M", "--mode", "tcp", "--json"]);
+    let v = json_of(run.args(["--tcp-peers", "all", "--tcp-streams", "2", "--timeout", "120"]));
+    let r = &v["rows"][0];
+    assert_eq!((r["mode"].as_str(), r["bytes"].as_u64()), (Some("tcp"), Some(1 << 20)), "{v}");
+    assert!(r["method"].as_str().is_some_and(|m| m.contains("every worker <-> every server, 2 connections each")), "{r}");
+    assert!(num(r, "worker_cpu_s") > 0.0 && num(r, "algbw_GBps") > 0.0, "{r}");
 }
 
 #[test]

@@ -112,6 +112,13 @@ pub struct ClusterArgs {
     /// cores a server has.
     #[arg(long, value_enum, default_value_t = TcpEnds::Workers)]
     pub tcp_server_ends: TcpEnds,
+    /// Which servers a worker's streams go to in `--mode tcp`: its own
+    /// (worker i to server i, the default), or every server, a worker's
+    /// bytes split over them and a server's over every worker, as agg's
+    /// ranks and servers exchange theirs (`--tcp-streams` connections to
+    /// each): the kernel's cost over as many connections as agg opens.
+    #[arg(long, value_enum, default_value_t = TcpPeers::Own)]
+    pub tcp_peers: TcpPeers,
     /// Receive packet steering on every veth of the emulated network: off,
     /// on (every CPU in the mask) or workers (the workers' cores, off the
     /// servers' busy-polling lcores; every CPU where they share). With it a
@@ -194,6 +201,7 @@ impl ClusterArgs {
             tcp_cc: TcpCc::Named("cubic".into()),
             tcp_streams: 1,
             tcp_server_ends: TcpEnds::Workers,
+            tcp_peers: TcpPeers::Own,
             rps: Rps::Off,
             loss: Vec::new(),
             iproute: IprouteArg { iproute: std::env::var_os("TALLY_IPROUTE").map(PathBuf::from) },
@@ -213,6 +221,15 @@ pub enum TcpEnds {
     Workers,
     /// Each on its own server's cores.
     Servers,
+}
+
+/// Which servers `--mode tcp`'s worker ends exchange bytes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcpPeers {
+    /// Worker i with server i.
+    Own,
+    /// Every worker with every server.
+    All,
 }
 
 /// A setting of the emulated hosts that is on or off (`--tcp-autocork`).

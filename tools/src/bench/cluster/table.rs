@@ -201,7 +201,11 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
     println!("# placement: {placement}");
     if args.mode.mode.iter().any(|m| m == "tcp") {
         println!(
-            "# tcp rows: {} connection{} per worker-server pair, the server hosts' ends on {}",
+            "# tcp rows: {}, {} connection{} per worker-server pair, the server hosts' ends on {}",
+            match args.tcp_peers {
+                super::args::TcpPeers::Own => "worker i with server i",
+                super::args::TcpPeers::All => "every worker with every server",
+            },
             args.tcp_streams,
             if args.tcp_streams == 1 { "" } else { "s" },
             if args.tcp_server_ends == super::args::TcpEnds::Servers { "each server's own cores" } else { "the workers' cores" }
@@ -296,8 +300,9 @@ pub fn cpu_note() -> &'static str {
     "# wkr/srv cpu s/GB: CPU seconds (user + system, every thread, /proc/<pid>/stat) over the timed loop per GB all-reduced:\n\
      #   wkr = the median over the rank processes, each per GB of its buffer (size x iters; each rank's below); srv = every\n\
      #   server together, per GB of input they received (hosts x size x iters; \"-\" for ring, which does not use them).\n\
-     #   tcp rows: plain TCP streams, worker i <-> server i, each end sending and receiving the buffer's bytes per iteration\n\
-     #   (the bytes agg moves per link): wkr and srv are the stream processes', receive plus send, the kernel's own cost.\n\
+     #   tcp rows: plain TCP streams, worker i <-> server i (--tcp-peers all: every pair, the bytes split), each end sending\n\
+     #   and receiving the buffer's bytes per iteration (the bytes agg moves per link): wkr and srv are the stream\n\
+     #   processes', receive plus send, the kernel's own cost.\n\
      #   Cores per 100 Gbit/s = cpu s/GB x 12.5. With busy polling (placement line) srv is every lcore's whole time, as a\n\
      #   busy poller spins; --poll adaptive gives the work itself. host busy,wt: the machine's cores busy over the loop, and\n\
      #   the share of its time some task waited for a CPU (/proc/pressure/cpu): every emulated host shares this machine."

@@ -1,9 +1,12 @@
 //! The kernel baseline (`--mode tcp`): plain TCP streams between the same
 //! namespaces, over the same shaped links, in the same run as agg and
-//! ring, timed as a loop and reported in the same row; one connection per
-//! worker-server pair, or `--tcp-streams` with the bytes split over them;
-//! every end on the workers' cores, or with `--tcp-server-ends servers`
-//! each server host's end on its server's cores.
+//! ring, timed as a loop and reported in the same row; worker i with server
+//! i, or with `--tcp-peers all` every worker with every server (a worker's
+//! bytes split over the servers, a server's over the workers, as agg
+//! exchanges them); one connection per worker-server pair, or
+//! `--tcp-streams` with the bytes split over them; every end on the
+//! workers' cores, or with `--tcp-server-ends servers` each server host's
+//! end on its server's cores.
 //!
 //! Why: CPU per GB all-reduced says what tally costs, but not how much of
 //! it is the kernel's TCP, which any transport over these links pays
@@ -26,7 +29,7 @@
 //! where the placement gives them, off the servers' lcores; with
 //! `--tcp-server-ends servers` each server host's end runs on its server's
 //! cores instead, where agg's server side runs.
-use super::args::{loops_at, ClusterArgs, TcpEnds};
+use super::args::{loops_at, ClusterArgs, TcpEnds, TcpPeers};
 use super::loop_cpu::{step_name, LoopTracker};
 use super::netns::{addr, Iproute, Testbed};
 use super::table::{ClusterOutcome, ClusterRow};
@@ -68,7 +71,15 @@ pub(super) fn run_tcp(bed: &mut Testbed, s: &Streams, progress: &mut Progress, o
         progress.working_on(format!("{} Gbit/s tcp {size}", s.rate));
         // Whole elements, as the ranks cut the size, so that rows of a size line up.
         let asked = parse_size(size).map_err(|e| format!("--sizes {size}: {e}"))? as usize;
-        let bytes = asked / dtype.size() * dtype.size();
+        // With every pair exchanging, each end splits its bytes evenly over
+        // hosts x streams connections: whole shares, so both ends of each
+        // connection move the same.
+        let shares = match s.args.tcp_peers {
+            TcpPeers::Own => 1,
+            TcpPeers::All => s.args.hosts as usize * s.args.tcp_streams as usize,
+        };
+        let unit = dtype.size() * shares;
+        let bytes = asked / unit * unit;
         let row = stream_loop(bed, s, bytes, dtype)?;
         out.rows.push(row);
         progress.step();
@@ -123,7 +134,7 @@ fn stream_loop(bed: &mut Testbed, s: &Streams, bytes: usize, dtype: DataType) ->
         }
     }
     let rank0_cpu_s = over.ranks.as_ref().and_then(|r| r.cpu_s.first().copied()).unwrap_or(0.0);
-    let mut row = stream_row(bytes, iters, secs, args.hosts, dtype, rank0_cpu_s, args.tcp_streams);
+    let mut row = stream_row(bytes, iters, secs, args.hosts, dtype, rank0_cpu_s, args.tcp_streams, args.tcp_peers);
     if args.tcp_server_ends == TcpEnds::Servers {
         row.method.push_str(", each server's end on its server's cores");
     }
@@ -152,11 +163,17 @@ impl End<'_> {
     /// stdout lines go to `lines`.
     fn spawn(&self, tools: &Iproute, ns: &str, k: usize, lines: mpsc::Sender<String>) -> Result<Child, String> {
         let n = self.args.hosts as usize;
-        let server = format!("{}:{PORT}", addr('s', (k % n) as u32));
+        let server = |i: usize| format!("{}:{PORT}", addr('s', i as u32));
+        let (to, streams) = match (self.args.tcp_peers, k < n) {
+            (TcpPeers::Own, _) => (server(k % n), self.args.tcp_streams),
+            // A server's end takes every worker's connections.
+            (TcpPeers::All, true) => (server(k), self.args.tcp_streams * n as u32),
+            (TcpPeers::All, false) => ((0..n).map(server).collect::<Vec<_>>().join(","), self.args.tcp_streams),
+        };
         let mut c = tools.exec_in(ns, self.exe);
-        c.args(["bench", "tcp-stream", if k < n { "--listen" } else { "--connect" }, &server]);
+        c.args(["bench", "tcp-stream", if k < n { "--listen" } else { "--connect" }, &to]);
         c.args(["--bytes", &self.bytes.to_string(), "--iters", &self.iters.to_string()]);
-        c.args(["--streams", &self.args.tcp_streams.to_string()]);
+        c.args(["--streams", &streams.to_string()]);
         c.args(["--warmup", &self.args.loops.warmup.to_string(), "--timeout", &self.args.timeout.min(120).to_string()]);
         c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let name = end_name(k, n);
@@ -190,7 +207,8 @@ fn await_all(bed: &mut Testbed, first: usize, rx: &mpsc::Receiver<String>, what:
 /// The row of a loop of `iters` iterations of `bytes` each way over
 /// `secs`: no per-operation times (streams, not operations) and nothing to
 /// check but the byte counts, which the ends did.
-fn stream_row(bytes: usize, iters: usize, secs: f64, hosts: u32, dtype: DataType, cpu_s: f64, streams: u32) -> Row {
+#[allow(clippy::too_many_arguments)]
+fn stream_row(bytes: usize, iters: usize, secs: f64, hosts: u32, dtype: DataType, cpu_s: f64, streams: u32, peers: TcpPeers) -> Row {
     let t = secs / iters.max(1) as f64;
     let algbw = bytes as f64 / t / 1e9;
     let n = hosts as f64;
@@ -201,11 +219,14 @@ fn stream_row(bytes: usize, iters: usize, secs: f64, hosts: u32, dtype: DataType
         dtype: dtype.name().into(),
         op: "-".into(),
         time_us: t * 1e6,
-        method: if streams > 1 {
-            format!("tcp streams, worker i <-> server i, {streams} connections each")
-        } else {
-            "tcp streams, worker i <-> server i".into()
-        },
+        method: format!(
+            "tcp streams, {}{}",
+            match peers {
+                TcpPeers::Own => "worker i <-> server i",
+                TcpPeers::All => "every worker <-> every server",
+            },
+            if streams > 1 { format!(", {streams} connections each") } else { String::new() }
+        ),
         iters,
         mean_us: t * 1e6,
         p50_us: 0.0,
@@ -226,7 +247,7 @@ mod tests {
 
     #[test]
     fn a_stream_row_is_timed_as_a_loop() {
-        let r = stream_row(4_000_000, 10, 0.4, 4, DataType::Float32, 0.2, 1);
+        let r = stream_row(4_000_000, 10, 0.4, 4, DataType::Float32, 0.2, 1, TcpPeers::Own);
         assert_eq!((r.mode.as_str(), r.count, r.iters), ("tcp", 1_000_000, 10));
         assert!((r.time_us - 40_000.0).abs() < 1e-6 && (r.algbw_gbps - 0.1).abs() < 1e-12, "{r:?}");
         assert!((r.busbw_gbps - 0.15).abs() < 1e-12, "{r:?}");

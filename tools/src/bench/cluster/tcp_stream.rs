@@ -6,10 +6,11 @@
 //! and servers' are, is then the kernel's cost of the bytes and nothing
 //! else (blocking std::net calls, one thread sending and one receiving per
 //! connection, no polling). One end listens and takes `--streams`
-//! connections (one by default), the other makes them; both then send and
-//! receive `--bytes` per iteration at once, split evenly over the
-//! connections: the bytes agg moves each way through a host's link per
-//! all-reduce.
+//! connections (one by default), the other makes them (`--streams` to each
+//! address it is given: a worker's end with `--tcp-peers all` connects to
+//! every server's); both then send and receive `--bytes` per iteration at
+//! once, split evenly over their connections: the bytes agg moves each way
+//! through a host's link per all-reduce.
 //!
 //! Its caller paces it over stdin and stdout, so that every stream of the
 //! run is timed over one interval: after the warm-up it prints `READY` and
@@ -25,11 +26,12 @@ const CALL_BYTES: usize = 1 << 20;
 
 #[derive(Args, Debug, Clone)]
 pub struct TcpStreamArgs {
-    /// Listen on ADDR:PORT and take one connection.
+    /// Listen on ADDR:PORT and take `--streams` connections.
     #[arg(long, value_name = "ADDR:PORT", required_unless_present = "connect", conflicts_with = "connect")]
     pub listen: Option<String>,
-    /// Connect to ADDR:PORT (retried until --timeout while it is refused).
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// Connect to ADDR:PORT, or to each of a comma-separated list (retried
+    /// until --timeout while refused).
+    #[arg(long, value_name = "ADDR:PORT[,...]")]
     pub connect: Option<String>,
     /// Bytes each way per iteration.
     #[arg(long)]
@@ -37,8 +39,10 @@ pub struct TcpStreamArgs {
     /// Timed iterations.
     #[arg(long)]
     pub iters: u64,
-    /// Connections, the bytes split evenly over them.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Connections (to each address connected to), the bytes split evenly
+    /// over all (a listening server end with `--tcp-peers all` takes
+    /// `--tcp-streams` from each of up to 64 workers).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub streams: u32,
     /// Untimed iterations before them (TCP's window opens).
     #[arg(long, default_value_t = 0)]
@@ -54,7 +58,7 @@ pub fn run(args: &TcpStreamArgs) -> Result<(), String> {
     let n = args.streams.max(1) as usize;
     let streams = match (&args.listen, &args.connect) {
         (Some(at), _) => accept(at, n)?,
-        (None, Some(to)) => (0..n).map(|_| connect(to, timeout)).collect::<Result<Vec<_>, _>>()?,
+        (None, Some(to)) => to.split(',').flat_map(|a| (0..n).map(move |_| connect(a, timeout))).collect::<Result<Vec<_>, _>>()?,
         (None, None) => return Err("--listen or --connect".into()),
     };
     for s in &streams {
@@ -184,6 +188,14 @@ mod tests {
         let near: Vec<TcpStream> = (0..3).map(|_| connect(&at, Duration::from_secs(5)).unwrap()).collect();
         assert_eq!(exchange_all(&near, total), Ok(()));
         assert_eq!(far.join().unwrap(), Ok(()));
+        // One end connected to two listeners (a worker's end to every
+        // server's), the bytes split over both.
+        let (a, b) = (TcpListener::bind("127.0.0.1:0").unwrap(), TcpListener::bind("127.0.0.1:0").unwrap());
+        let to = format!("{},{}", a.local_addr().unwrap(), b.local_addr().unwrap());
+        let fars: Vec<_> = [a, b].into_iter().map(|l| std::thread::spawn(move || exchange(&l.accept().unwrap().0, total / 2))).collect();
+        let near: Vec<TcpStream> = to.split(',').map(|at| connect(at, Duration::from_secs(5)).unwrap()).collect();
+        assert_eq!(exchange_all(&near, total / 2 * 2), Ok(()));
+        assert!(fars.into_iter().all(|f| f.join().unwrap() == Ok(())));
         // A peer that closes early is named as such.
         let mut short: &[u8] = &[1, 2, 3];
         assert_eq!(receive(&mut short, 10), Err("the peer closed after 3 of 10 bytes".into()));
