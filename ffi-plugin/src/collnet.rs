@@ -280,8 +280,8 @@ pub fn tcp_window(link_gbits: f64, servers: usize, piece: usize) -> u32 {
         return TCP_WINDOW;
     }
     let link_bytes = link_gbits * 1e9 / 8.0 * TCP_IN_FLIGHT_MS / 1e3;
-    let w = (link_bytes / (servers * piece) as f64).round();
-    (w.min(TCP_WINDOW as f64) as u32).clamp(TCP_MIN_WINDOW, TCP_WINDOW)
+    // `as` saturates: a huge quotient is u32::MAX, then TCP_WINDOW.
+    ((link_bytes / (servers * piece) as f64).round() as u32).clamp(TCP_MIN_WINDOW, TCP_WINDOW)
 }
 
 /// The client's settings over tcp;ofi_rxm where the user set none.
