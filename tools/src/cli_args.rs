@@ -109,8 +109,9 @@ pub struct CoresArg {
     /// Cores this benchmark pins its own threads to, DPDK syntax (e.g. 2-9,12),
     /// taken in order and wrapping; a hosted server's lcores are --lcores.
     /// bench p2p: the two ends, or the hubs then the leaves (default: the
-    /// allowed cores). bench allreduce: rank i on the i-th (a rank with rails
-    /// takes a block: its own, then one per rail; default: the scheduler places ranks).
+    /// allowed cores). bench allreduce: each rank an equal share of the list,
+    /// in rank order, its own thread on the share's first core and its rails
+    /// on the next ones (default: the scheduler places ranks).
     #[arg(long, alias = "rank-cores", value_name = "CORES")]
     pub cores: Option<String>,
 }

@@ -36,6 +36,7 @@
 pub mod launch;
 pub mod launched;
 pub mod overlap;
+pub mod pinning;
 pub mod plan;
 pub mod rank;
 pub mod rank_watch;

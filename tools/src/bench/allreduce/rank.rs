@@ -3,6 +3,7 @@
 //! printing a `RESULT` row for each (see [`crate::bench::report`]).
 use super::launched::{self, RankSummary};
 use super::overlap;
+use super::pinning;
 use super::plan::{check_busy, parse_secret, plan, pollers_per_rank, ranks_per_process, resolve_poll, AllreduceArgs};
 use super::timing::{last_rank_times, mono_ns, OpTimes, GATHER_STAMPS};
 use super::verify::{check, fill};
@@ -159,13 +160,14 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
     if let Some(rc) = &args.cores.cores {
         let cores = tally_engine::host::cpuset::CoreList::parse(rc).map_err(|e| format!("--cores: {e}"))?;
         let cores = cores.as_slice();
-        // A block per rank: its own core, then its rails', then its
-        // copier's (TALLY_COPIER=1) where every rank's block still fits.
-        // Where it does not, the copier keeps the connecting thread's core
-        // (as unlisted rails do) and shares it with the rank: said, since
-        // two pollers on one core stall each other.
+        // The rank's own core, then its rails', then its copier's
+        // (TALLY_COPIER=1) where its share of the list still has room for
+        // one (`pinning`). Where it does not, the copier keeps the
+        // connecting thread's core (as unlisted rails do) and shares it
+        // with the rank: said, since two pollers on one core stall each other.
+        let share = cores.len() / (args.ranks as usize).max(1);
         let wants_copier = ClientConfig::new(Vec::new(), 0, 0, 1).runs_copier(rails);
-        let copier = wants_copier && (args.ranks as usize) * (rails + 2) <= cores.len();
+        let copier = wants_copier && rails + 2 <= share;
         if wants_copier && !copier && rank == 0 {
             eprintln!(
                 "warning: {} cores for {} ranks of 1 + {rails} rails + a copier: the copier shares each rank's core",
@@ -178,16 +180,16 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
         // own core (4 KiB agg p50 8 ms on a 16-core host).
         let threads = tally_engine::client::rails::wants_rail_threads(&p.provider, rails);
         let block = if threads { 1 + rails + copier as usize } else { 1 };
-        if block > 1 && (args.ranks as usize) * block > cores.len() && rank == 0 {
+        if pinning::shares_a_core(cores.len(), args.ranks as usize, block) && rank == 0 {
             eprintln!(
                 "warning: {} cores for {} ranks of {block} polling threads each (the rank's and its rails'): some share a core, and two pollers on one core take turns",
                 cores.len(),
                 args.ranks
             );
         }
-        let at = |k: usize| cores[(rank as usize * block + k) % cores.len()];
-        rail_cores = (1..block).map(at).collect();
-        let core = at(0);
+        let mine = pinning::thread_cores(cores, args.ranks as usize, rank as usize, block);
+        rail_cores = mine[1..].to_vec();
+        let core = mine[0];
         tally_engine::host::cpuset::pin_current_thread(core).map_err(|e| format!("rank {rank}: cannot pin to core {core}: {e}"))?;
     }
     let n = args.ranks;

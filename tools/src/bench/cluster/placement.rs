@@ -69,11 +69,16 @@ impl WorkerRails {
 
 /// [`WorkerRails`]: TALLY_RAILS, else auto (over tcp on 8+ cores, as few as
 /// carry the link, `client::rails::auto_rails`), but no more than fit the
-/// worker's block of the workers' cores with its own thread: every worker
-/// sees the whole host, and blocks that wrap put two busy pollers on one
-/// core (on 16 cores, 3 workers of 1 + 3 threads on cores 6-15 stalled
-/// operations for 1.3 s).
-pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>, rate: f64) -> WorkerRails {
+/// worker's share of the workers' cores (`bench::allreduce::pinning`): one
+/// rail a core, and under busy polling (`busy`) one core kept for the
+/// worker's own thread, which spins there; under adaptive polling it
+/// sleeps while its rails work, and shares a core with one. Every worker
+/// sees the whole host: shares that wrap put two busy pollers on one core
+/// (on 16 cores, 3 workers of 1 + 3 threads on cores 6-15 stalled
+/// operations for 1.3 s), while keeping a core for a sleeping thread left
+/// each 8 + 8 worker on x2 one rail on one of its two cores (agg 0.49-0.69
+/// of 16 Gbit/s against 0.73-0.95 on two rails, docs/measurements.md).
+pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>, rate: f64, busy: bool) -> WorkerRails {
     use tally_engine::client::rails::{resolve_rails, NCCL_RAIL_GBITS, RAIL_GBITS};
     let asked = std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
     let link = link_gbits(rate);
@@ -83,13 +88,17 @@ pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>, rate: f64) ->
         return WorkerRails { agg, plugin, why: "TALLY_RAILS" };
     }
     let block = worker_cores.and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok()).map(|l| l.len() / hosts.max(1) as usize);
-    match block {
-        Some(b) if agg.max(plugin) > 1 && b < agg.max(plugin) + 1 => {
-            let n = b.saturating_sub(1).max(1);
-            WorkerRails { agg: n, plugin: n, why: "auto, fit to each worker's cores" }
-        }
-        _ => WorkerRails { agg, plugin, why: "auto" },
+    match block.and_then(|b| fit_rails(agg.max(plugin), b, busy)) {
+        Some(n) => WorkerRails { agg: n, plugin: n, why: "auto, fit to each worker's cores" },
+        None => WorkerRails { agg, plugin, why: "auto" },
     }
+}
+
+/// The rails a worker of `share` cores runs when it would run `most`
+/// (`worker_rails` says why), or None where they fit as they are.
+fn fit_rails(most: usize, share: usize, busy: bool) -> Option<usize> {
+    let room = if busy { share.saturating_sub(1) } else { share };
+    (most > 1 && room < most).then_some(room.max(1))
 }
 
 /// The link rate the ranks are told (TALLY_LINK_GBITS): the caller's where
@@ -137,6 +146,22 @@ mod tests {
         assert_eq!(fit.forced(), Some(2));
         let asked = WorkerRails { agg: 3, plugin: 3, why: "TALLY_RAILS" };
         assert_eq!(asked.forced(), Some(3));
+    }
+
+    #[test]
+    fn rails_fit_a_workers_share_one_a_core_and_a_core_more_for_a_busy_workers_own_thread() {
+        // 8 + 8 on 32 cores: 2 cores a worker, 2 or 4 rails wanted.
+        assert_eq!(fit_rails(2, 2, false), None);
+        assert_eq!(fit_rails(4, 2, false), Some(2));
+        assert_eq!(fit_rails(2, 2, true), Some(1));
+        assert_eq!(fit_rails(4, 2, true), Some(1));
+        // 4 + 4 on 32 cores: 6 cores a worker hold 4 rails either way.
+        assert_eq!(fit_rails(4, 6, false), None);
+        assert_eq!(fit_rails(4, 6, true), None);
+        // One rail, or a share of one core: one rail.
+        assert_eq!(fit_rails(1, 1, true), None);
+        assert_eq!(fit_rails(4, 1, false), Some(1));
+        assert_eq!(fit_rails(4, 0, true), Some(1));
     }
 
     #[test]
