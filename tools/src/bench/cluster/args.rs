@@ -47,8 +47,9 @@ pub struct ClusterArgs {
     /// Default: 1 for agg; agg-plugin keeps the plugin's own (TALLY_SEND_CREDITS), as under NCCL.
     #[arg(long)]
     pub send_credits: Option<u32>,
-    /// Lcores per server (default: 2 where the host has 4 cores per host pair, else 1 where
-    /// it has 2, else every server's 2 lcores on cores 0-1).
+    /// Lcores per server (default: 4 where the host has 16 cores per host pair, or 8 and a
+    /// link above 16 Gbit/s; else 2 where it has 4, else 1 where it has 2, else every
+    /// server's 2 lcores on cores 0-1).
     #[arg(long)]
     pub server_lcores: Option<u32>,
     #[command(flatten)]

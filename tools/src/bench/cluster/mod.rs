@@ -277,7 +277,8 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let hosts: Vec<(char, u32)> = (0..args.hosts).flat_map(|i| [('s', i), ('w', i)]).collect();
     let ns = |k: char, i: u32| format!("{prefix}{k}{i}");
     let sw = format!("{prefix}sw");
-    let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores);
+    let top_rate = rates.iter().copied().fold(0.0, f64::max);
+    let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores, top_rate);
     let worker_list = worker_cores.as_ref().and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok());
     let rps_mask = match (args.rps.resolved(!args.loss.is_empty() && worker_list.is_some()), &worker_list) {
         (Rps::Off | Rps::Auto, _) => None,
@@ -297,7 +298,6 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
 
     // `auto`: adaptive (`placement::auto_poll` says why); the pollers are
     // counted for the placement line.
-    let top_rate = rates.iter().copied().fold(0.0, f64::max);
     let busy = args.poll.poll == crate::cli_args::PollMode::Busy;
     let pollers = placement::pollers(args.hosts, &server_lcores, worker_rails(args.hosts, worker_cores.as_deref(), top_rate, busy).most());
     let poll = match args.poll.poll {

@@ -1,9 +1,10 @@
 //! Where the servers' lcores and the workers run on this machine's cores,
 //! and how many rails each worker gets in its share.
 
-/// Where servers' lcores and workers go: (lcores per server, placement text,
-/// server i's core list, worker cores list or None).
-pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>) -> (Vec<String>, Option<String>, String) {
+/// Where servers' lcores and workers go when the fastest link is
+/// `top_rate` Gbit/s: (server i's core list, worker cores list or None,
+/// placement text).
+pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>, top_rate: f64) -> (Vec<String>, Option<String>, String) {
     let h = hosts as usize;
     let per = match want {
         Some(w) => w as usize,
@@ -11,6 +12,11 @@ pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>) -> (Vec<String>
         // (4 GB/s each way per server) no lcore's endpoint carries more
         // than 1 GB/s each way, and 12 cores a worker for its rails.
         None if cores >= 16 * h => 4,
+        // Above 16 Gbit/s, 4 lcores where the workers keep 4 cores each for
+        // their rails: on x2 (32 cores, 4 + 4) agg at 32 Gbit/s gave
+        // 0.89-0.92 of the bound on 4 lcores against 0.76-0.81 on 2; at 16,
+        // 2 hold the link at less CPU per byte (docs/sizing.md).
+        None if cores >= 8 * h && top_rate > 16.0 => 4,
         None if cores >= 4 * h => 2,
         None if cores >= 2 * h => 1,
         None => 0,
@@ -176,13 +182,20 @@ mod tests {
 
     #[test]
     fn placement_gives_servers_cores_of_their_own_when_it_can() {
-        let (l, w, _) = place(4, 16, None);
+        let (l, w, _) = place(4, 16, None, 32.0);
         assert_eq!(l, ["0-1", "2-3", "4-5", "6-7"]);
         assert_eq!(w.as_deref(), Some("8-15"));
-        let (l, w, _) = place(8, 16, None);
+        let (l, w, _) = place(8, 16, None, 16.0);
         assert_eq!(l[7], "7");
         assert_eq!(w.as_deref(), Some("8-15"));
-        let (l, w, t) = place(4, 2, None);
+        // 32 cores, 4 + 4: 4 lcores a server above 16 Gbit/s, else 2.
+        let (l, w, _) = place(4, 32, None, 32.0);
+        assert_eq!((l[3].as_str(), w.as_deref()), ("12-15", Some("16-31")));
+        let (l, w, _) = place(4, 32, None, 16.0);
+        assert_eq!((l[3].as_str(), w.as_deref()), ("6-7", Some("8-31")));
+        let (l, _, _) = place(8, 32, None, 32.0);
+        assert_eq!(l[7], "14-15");
+        let (l, w, t) = place(4, 2, None, 32.0);
         assert!(l.iter().all(|x| x == "0-1") && w.is_none() && t.starts_with("shared"), "{t}");
     }
 }
