@@ -37,13 +37,19 @@ pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>, top_rate: f64) 
     let lists: Vec<String> = (0..h).map(|i| if per == 1 { format!("{i}") } else { format!("{}-{}", per * i, per * i + per - 1) }).collect();
     let first_worker = per * h;
     let workers = if cores > first_worker { Some(format!("{first_worker}-{}", cores - 1)) } else { None };
+    // Each worker's share of the list (`bench::allreduce::pinning`).
+    let share = match (cores - first_worker) / h {
+        0 => "fewer than one each, taken in turn".to_string(),
+        1 => "one each".to_string(),
+        n => format!("{n} each"),
+    };
     let text = format!(
         "server i on {per} core{} of its own (cores 0-{}), {} lcore{} each; workers pinned to cores {}",
         if per == 1 { "" } else { "s" },
         first_worker - 1,
         per,
         if per == 1 { "" } else { "s" },
-        workers.as_deref().unwrap_or("(none left: scheduler)")
+        workers.as_deref().map_or("(none left: scheduler)".to_string(), |w| format!("{w} ({share})"))
     );
     (lists, workers, text)
 }
@@ -189,8 +195,9 @@ mod tests {
         assert_eq!(l[7], "7");
         assert_eq!(w.as_deref(), Some("8-15"));
         // 32 cores, 4 + 4: 4 lcores a server above 16 Gbit/s, else 2.
-        let (l, w, _) = place(4, 32, None, 32.0);
+        let (l, w, t) = place(4, 32, None, 32.0);
         assert_eq!((l[3].as_str(), w.as_deref()), ("12-15", Some("16-31")));
+        assert!(t.ends_with("workers pinned to cores 16-31 (4 each)"), "{t}");
         let (l, w, _) = place(4, 32, None, 16.0);
         assert_eq!((l[3].as_str(), w.as_deref()), ("6-7", Some("8-31")));
         let (l, _, _) = place(8, 32, None, 32.0);
