@@ -171,6 +171,12 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
+    /// Whether the ranks and lcores busy-poll (`--poll busy`; `auto` is
+    /// adaptive in the emulated cluster, `placement::auto_poll`).
+    pub fn busy_polling(&self) -> bool {
+        self.poll.poll == crate::cli_args::PollMode::Busy
+    }
+
     /// agg's send credits: `--send-credits`, else 1.
     pub fn agg_send_credits(&self) -> u32 {
         self.send_credits.unwrap_or(1)

@@ -298,8 +298,11 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
 
     // `auto`: adaptive (`placement::auto_poll` says why); the pollers are
     // counted for the placement line.
-    let busy = args.poll.poll == crate::cli_args::PollMode::Busy;
-    let pollers = placement::pollers(args.hosts, &server_lcores, worker_rails(args.hosts, worker_cores.as_deref(), top_rate, busy).most());
+    let pollers = placement::pollers(
+        args.hosts,
+        &server_lcores,
+        worker_rails(args.hosts, worker_cores.as_deref(), top_rate, args.busy_polling()).most(),
+    );
     let poll = match args.poll.poll {
         crate::cli_args::PollMode::Auto => placement::auto_poll(),
         other => other,

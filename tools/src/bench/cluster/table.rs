@@ -224,7 +224,7 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         } as usize),
         args.send_credits.map_or_else(|| "1 (agg; agg-plugin: the plugin's own)".to_string(), |c| c.to_string()),
         {
-            let r = worker_rails(args.hosts, worker_cores, rate, args.poll.poll == crate::cli_args::PollMode::Busy);
+            let r = worker_rails(args.hosts, worker_cores, rate, args.busy_polling());
             if r.agg == r.plugin {
                 format!("{} ({})", r.agg, r.why)
             } else {

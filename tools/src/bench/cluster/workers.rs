@@ -86,7 +86,7 @@ pub(super) fn run_rate(
         }
         // Each mode's client sizes its rails by the link's rate, unless
         // the user's TALLY_RAILS or the workers' cores say how many.
-        if let Some(n) = worker_rails(args.hosts, worker_cores, rate, poll == "busy").forced() {
+        if let Some(n) = worker_rails(args.hosts, worker_cores, rate, args.busy_polling()).forced() {
             c.args(["--rails", &n.to_string()]);
         }
         c.env("TALLY_LINK_GBITS", link_gbits(rate).to_string());
