@@ -344,6 +344,9 @@ fn tcp_defaults(cfg: &mut ClientConfig) {
         cfg.window = tcp_window(cfg.link_gbits, cfg.servers.len(), cfg.chunk_bytes);
     }
     cfg.rail_gbits = tally_engine::client::rails::NCCL_RAIL_GBITS;
+    if std::env::var_os("TALLY_CALLER_RAIL").is_none() {
+        cfg.caller_rail = true;
+    }
 }
 
 impl CollComm {

@@ -253,10 +253,11 @@ fn suite(p: &Plugin, provider: &str) {
     if provider == "tcp" {
         // NCCL 2.19-2.27's tables, 2 ranks over the same two servers.
         collnet_legacy::jobs(p, 2, &net_name);
-        // The plugin's clients with four rails (an endpoint and a thread
-        // each) over two servers of two lcores, as the default is on a
-        // many-core worker: each server on two lanes, each lcore a rail of
-        // its own. On 2 cores the default is one.
+        // The plugin's clients with four rails over two servers of two
+        // lcores, as the default is on a many-core worker: each server on
+        // two lanes, each lcore a rail of its own; rail 0 driven by the
+        // caller's thread (the plugin's default, TALLY_CALLER_RAIL), the
+        // others by a thread each. On 2 cores the default is one rail.
         // TALLY_PIECE_TIMES: each rank's client times its pieces and the
         // rails' copies of staged results, and the plugin logs them at close.
         std::env::set_var("TALLY_RAILS", "4");
@@ -269,14 +270,17 @@ fn suite(p: &Plugin, provider: &str) {
         assert!(logged("piece round trips (1 in 16 timed, "), "the plugin logs its clients' piece times at close");
         assert!(!logged("timed, 0 pieces"), "every client timed some pieces");
         assert!(!logged("; 0 staged results copied out"), "failover staged and the rails copied out");
-        // The same with the copier (TALLY_COPIER=1): it makes every copy.
+        assert!(logged(" by the caller's thread)"), "the caller's thread copied what rail 0 received");
+        // Every rail a thread (TALLY_CALLER_RAIL=0), and the copier
+        // (TALLY_COPIER=1): it makes every copy.
         std::env::set_var("TALLY_RAILS", "4");
         std::env::set_var("TALLY_PIECE_TIMES", "1");
         std::env::set_var("TALLY_COPIER", "1");
+        std::env::set_var("TALLY_CALLER_RAIL", "0");
         let t0 = Instant::now();
         run_job(p, 4, &net_name);
         eprintln!("{provider}: 4 ranks, 2 servers, 4 rails and the copier: {:?}", t0.elapsed());
-        for v in ["TALLY_COPIER", "TALLY_PIECE_TIMES", "TALLY_RAILS"] {
+        for v in ["TALLY_COPIER", "TALLY_PIECE_TIMES", "TALLY_RAILS", "TALLY_CALLER_RAIL"] {
             std::env::remove_var(v);
         }
         assert!(logged(" by the copier), "), "the plugin's clients ran the copier");

@@ -80,6 +80,8 @@ pub struct Shape {
     pub rails: Option<usize>,
     /// The copier copies staged results off the rails (`ClientConfig::copier`).
     pub copier: bool,
+    /// The caller's thread drives rail 0 (`ClientConfig::caller_rail`).
+    pub caller_rail: bool,
     /// The ranks' fabric address (`ClientConfig::fabric_addr`): where the
     /// servers sit in network namespaces (see `netns`).
     pub fabric_addr: Option<&'static str>,
@@ -128,6 +130,7 @@ pub fn loop_job(
                 cfg.rails = r;
             }
             cfg.copier = shape.copier;
+            cfg.caller_rail = shape.caller_rail;
             cfg.fabric_addr = shape.fabric_addr.map(String::from);
             if let Some((r, si, from)) = shape.drop_results {
                 if r == rank {

@@ -69,6 +69,8 @@ struct Job {
     /// `ClientConfig::rails` (0: the default) and `failover`.
     rails: usize,
     failover: bool,
+    /// Each rank's `ClientConfig::caller_rail` (its thread drives rail 0), by rank parity.
+    caller_rail: [bool; 2],
     /// Each rank's `ClientConfig::interleave` (stream sets in lcore-major
     /// order), by rank parity.
     interleave: [bool; 2],
@@ -100,6 +102,7 @@ impl Job {
             in_place: false,
             rails: 0,
             failover: true,
+            caller_rail: [false; 2],
             interleave: [false; 2],
             min_piece: [None; 2],
         }
@@ -144,6 +147,7 @@ fn run_ranks(addr: &str, provider: &str, job: &Job, seed: u64) -> Vec<Result<Vec
                 cfg.rails = job.rails;
             }
             cfg.failover = job.failover;
+            cfg.caller_rail = job.caller_rail[rank as usize % 2];
             cfg.interleave = job.interleave[rank as usize % 2];
             if let Some(p) = job.min_piece[rank as usize % 2] {
                 cfg.min_piece = p;
@@ -251,13 +255,26 @@ fn tcp_every_type_and_op_3_ranks() {
 /// by servers), three (one each), six (lanes: each lcore a rail of its own)
 /// and four (server 0 on two lanes, the others on one); in place and not,
 /// with failover's staging (results copied out by the rail threads) and
-/// without; eight types, odd sizes across chunk boundaries.
+/// without; eight types, odd sizes across chunk boundaries. Then the
+/// caller's rail (`TALLY_CALLER_RAIL`: the caller's thread drives rail 0,
+/// and copies the staged results received there itself) on every rank,
+/// and on every other one beside ranks whose rails are all threads.
 #[test]
 fn tcp_ranks_with_rails_every_element_right() {
     let srvs: Vec<_> = (0..3).map(|_| server("tcp")).collect();
     let addrs = srvs.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
     let s = seed();
-    for (id, (rails, in_place, failover)) in (700..).zip([(3, false, true), (2, true, true), (6, true, true), (4, false, false)]) {
+    let (all, alternate, none) = ([true; 2], [true, false], [false; 2]);
+    let jobs = [
+        (3, false, true, none),
+        (2, true, true, none),
+        (6, true, true, none),
+        (4, false, false, none),
+        (2, false, true, all),
+        (6, true, true, alternate),
+        (3, false, false, alternate),
+    ];
+    for (id, (rails, in_place, failover, caller_rail)) in (700..).zip(jobs) {
         // At most 8 (type, op) pairs: a client's sub-jobs.
         let ops = DataType::ALL
             .iter()
@@ -265,7 +282,7 @@ fn tcp_ranks_with_rails_every_element_right() {
             .enumerate()
             .map(|(i, dt)| (*dt, ReduceOp::ALL[i % ReduceOp::ALL.len()], [1, 1000, 65_537, 300_001][i % 4]))
             .collect();
-        let job = Job { rails, in_place, failover, ..Job::new(id, 3, 16 << 10, 2, ops) };
+        let job = Job { rails, in_place, failover, caller_rail, ..Job::new(id, 3, 16 << 10, 2, ops) };
         run_job(&addrs, "tcp", &job, s);
     }
     for srv in srvs {

@@ -53,6 +53,12 @@ fn kill_one_of_three(provider: &str, shape: Shape) {
 
 /// As [`kill_one_of_three`], with `n` ranks and `extra` server flags.
 fn kill_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) {
+    kill_server_of_three(provider, shape, n, extra, 1);
+}
+
+/// As [`kill_one_of_three_with`], killing server `victim` (the recovery's
+/// leader is then the first other one).
+fn kill_server_of_three(provider: &str, shape: Shape, n: u32, extra: &[&str], victim: usize) {
     const ROUNDS: usize = 300;
     const KILL_AT: usize = 60;
     let lcores: &[&str] = if shape.two_lcores { &["--lcores", "0-1"] } else { &[] };
@@ -64,7 +70,7 @@ fn kill_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) 
     wait_for_round(&progress, KILL_AT, &ranks);
     let killed_round = progress.load(Ordering::Relaxed);
     let killed = Instant::now();
-    sigkill(&mut servers[1]);
+    sigkill(&mut servers[victim]);
     let recovered = next_round_after(&progress, killed_round, killed);
     let res = results(ranks);
     let logs: String = servers.iter().map(|s| s.log.lock().unwrap().join("\n")).collect::<Vec<_>>().join("\n---\n");
@@ -81,10 +87,11 @@ fn kill_one_of_three_with(provider: &str, shape: Shape, n: u32, extra: &[&str]) 
         assert!(r.recoveries >= 1, "the rank did not recover: {r:?}");
     }
     assert!(recovered.is_some(), "no all-reduce completed after the kill");
-    let leader = &servers[0];
-    assert!(leader.log_contains("every rank reported losing servers 0x2"), "{logs}");
+    let survivors: Vec<&ServerProcess> = servers.iter().enumerate().filter(|&(i, _)| i != victim).map(|(_, s)| s).collect();
+    let lost = format!("every rank reported losing servers {:#x}", 1 << victim);
+    assert!(survivors[0].log_contains(&lost), "{logs}");
     assert!(progress.load(Ordering::Relaxed) == ROUNDS);
-    for s in [&servers[0], &servers[2]] {
+    for s in survivors {
         assert!(s.wait_log("job 0xf1: every rank finished", Duration::from_secs(5)), "{logs}");
         assert!(!s.log_contains(", relay (pieces"), "{logs}");
         if extra.contains(&"--stage-buffers") {
@@ -134,6 +141,15 @@ fn sigkill_one_of_three_servers_under_ranks_with_rails_tcp() {
     // the copier (the rails answer the recovery's cancels only once their
     // copies are back); the redo job's Hellos name each survivor's rail.
     kill_one_of_three("tcp", Shape { two_lcores: true, rails: Some(2), copier: true, ..Shape::default() });
+}
+
+#[test]
+fn sigkill_the_server_on_the_callers_rail_tcp() {
+    // Two rails, the first the caller's own (`ClientConfig::caller_rail`):
+    // servers 0 (killed) and 2 on the caller's endpoint, server 1 on the
+    // rail thread. The recovery cancels the lost server's flights on the
+    // caller's endpoint, whose staged results the caller copies out.
+    kill_server_of_three("tcp", Shape { two_lcores: true, rails: Some(2), caller_rail: true, ..Shape::default() }, 3, &[], 0);
 }
 
 #[test]
@@ -253,6 +269,16 @@ fn a_restarted_server_is_taken_back_by_ranks_with_rails() {
 }
 
 #[test]
+fn a_restarted_server_is_taken_back_on_the_callers_rail() {
+    // Two rails, the first the caller's own: server 0, killed and
+    // restarted, is on the caller's endpoint, which settles the lost
+    // streams' receives before the rejoin takes their places.
+    static STOP_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let shape = Shape { rails: Some(2), caller_rail: true, ..Shape::default() };
+    restarted_server_of_three_is_taken_back(0xf5, false, shape, 0, &STOP_AT);
+}
+
+#[test]
 fn a_rejoin_two_ranks_put_off_is_tried_again_and_the_rank_that_came_goes_on() {
     // Ranks 0 and 1 put off their first taking back of the restarted
     // server (as when their provider still holds an operation posted to it
@@ -274,25 +300,32 @@ fn a_rejoin_two_ranks_put_off_is_tried_again_and_the_rank_that_came_goes_on() {
 /// The ranks in mask `put_off` put off their first rejoin (see
 /// `ClientConfig::fault_rejoin_put_off`).
 fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>, put_off: u32, stop_at: &'static AtomicUsize) {
+    restarted_server_of_three_is_taken_back(job, storm, Shape { rails, put_off, ..Shape::default() }, 1, stop_at);
+}
+
+/// As [`restarted_server_is_taken_back`], with the ranks' `shape` (its
+/// rails, put-off and caller's rail) and server `victim` killed and
+/// restarted.
+fn restarted_server_of_three_is_taken_back(job: u64, storm: bool, shape: Shape, victim: usize, stop_at: &'static AtomicUsize) {
     let mut servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let progress = Arc::new(AtomicUsize::new(0));
     // The loop runs until the server is taken back and 200 rounds on it (a
     // fixed length once ended, on an idle fast host, within the 2 s the
     // storm holds the restarted server busy, before any rank could rejoin).
-    let shape = Shape { pace: Some(Duration::from_millis(4)), rails, stop_at: Some(stop_at), put_off, ..Shape::default() };
+    let shape = Shape { pace: Some(Duration::from_millis(4)), stop_at: Some(stop_at), ..shape };
     let ranks = loop_job("tcp", &addrs, job, 3, usize::MAX, progress.clone(), shape);
     wait_for_round(&progress, 40, &ranks);
-    sigkill(&mut servers[1]);
+    sigkill(&mut servers[victim]);
     let killed_round = progress.load(Ordering::Relaxed);
     assert!(next_round_after(&progress, killed_round + 20, Instant::now()).is_some(), "no progress after the kill");
     let t = Instant::now();
     let stormy = ["--max-handshakes-per-source", "1", "--handshake-timeout", "2", "--metrics", "127.0.0.1:0"];
-    servers[1] = server_on(&addrs[1], "tcp", if storm { &stormy } else { &[] });
-    let junk = storm.then(|| std::net::TcpStream::connect(&addrs[1]).expect("a silent connection"));
-    let back = servers[1].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
+    servers[victim] = server_on(&addrs[victim], "tcp", if storm { &stormy } else { &[] });
+    let junk = storm.then(|| std::net::TcpStream::connect(&addrs[victim]).expect("a silent connection"));
+    let back = servers[victim].wait_log("rejoined: every rank uses this server again from operation", Duration::from_secs(20));
     if storm {
-        let m = tally_e2e::scrape(&servers[1].metrics_addr());
+        let m = tally_e2e::scrape(&servers[victim].metrics_addr());
         let busy = tally_e2e::sum(&m, "tally_control_refusals_total", "reason=\"busy\"");
         eprintln!("REJOIN through a busy server: {busy} rejoin attempts told busy");
         assert!(busy > 0.0, "no rank was told busy: the silent connection did not hold the place");
@@ -307,7 +340,7 @@ fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>, p
         wait_for_round(&progress, rounds, &ranks);
     }
     let res = results(ranks);
-    let logs = servers[1].log.lock().unwrap().join("\n");
+    let logs = servers[victim].log.lock().unwrap().join("\n");
     eprintln!(
         "REJOIN: killed at round {killed_round}; restarted and taken back after {took:?} (at round {rejoin_round}, stopped at {rounds}); {res:?}"
     );
@@ -319,7 +352,7 @@ fn restarted_server_is_taken_back(job: u64, storm: bool, rails: Option<usize>, p
         assert_eq!((r.recoveries, r.rejoins), (1, 1), "{r:?}");
     }
     // It carried the rest of the loop with the others: the job ends cleanly there.
-    assert!(servers[1].wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
+    assert!(servers[victim].wait_log(&format!("job {job:#x}: every rank finished"), Duration::from_secs(5)), "{logs}");
 }
 
 /// Issue 55: a server of two killed and restarted [`CYCLES`] times under a
@@ -473,22 +506,24 @@ fn under_failover_every_result_goes_through_the_staging_area() {
 /// `TALLY_PIECE_TIMES` (`ClientConfig::piece_times`): a rank times one
 /// piece in 16 from its send to its result, and the copies of staged
 /// results by its copier thread (the default with rails), on its rails
-/// (`copier` off) or (one endpoint) on its own thread, and rail
-/// threads their turns' busy share; every result
+/// (`copier` off) or (one endpoint, or the caller's rail) on its own
+/// thread, and rail threads their turns' busy share; every result
 /// of a 64 KiB all-reduce is staged with failover on. With failover off
 /// nothing is copied, and unset the report is None. Every element is checked.
 #[test]
 fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
     let servers: Vec<ServerProcess> = (0..3).map(|_| server("tcp", &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-    // (job, failover, timed, rails, copier): one rail is one endpoint on
-    // the caller's thread, which copies; copier off: the rails copy.
-    for (job, failover, timed, rails, copier) in [
-        (0xf9u64, true, true, 3, true),
-        (0xfa, false, true, 3, true),
-        (0xfb, true, false, 3, true),
-        (0xfc, true, true, 1, true),
-        (0xfe, true, true, 3, false),
+    // (job, failover, timed, rails, copier, caller's rail): one rail is one
+    // endpoint on the caller's thread, which copies; copier off: the rails
+    // copy (and the caller, what its own rail received).
+    for (job, failover, timed, rails, copier, caller_rail) in [
+        (0xf9u64, true, true, 3, true, false),
+        (0xfa, false, true, 3, true, false),
+        (0xfb, true, false, 3, true, false),
+        (0xfc, true, true, 1, true, false),
+        (0xfe, true, true, 3, false, false),
+        (0xf4, true, true, 3, false, true),
     ] {
         let hs: Vec<_> = (0..2u32)
             .map(|rank| {
@@ -497,6 +532,7 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
                 cfg.failover = failover;
                 cfg.piece_times = timed;
                 cfg.copier = copier;
+                cfg.caller_rail = caller_rail;
                 std::thread::spawn(move || -> Result<_, String> {
                     let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
                     let input: Vec<f32> = (0..16384).map(|i| (i % 100) as f32 + rank as f32).collect();
@@ -535,6 +571,14 @@ fn piece_times_count_round_trips_and_the_copies_of_staged_results() {
                 // with 1024 of its results out with the copier).
                 let by_copier = (rails > 1 && copier).then_some(r.copies);
                 assert_eq!(r.by_copier, by_copier, "{rails} rails, copier {copier}: {r}");
+                // The caller's thread copies what its endpoint received:
+                // all with one rail, rail 0's share with the caller's rail
+                // (one server of three), none with rail threads only.
+                match (rails, caller_rail) {
+                    (1, _) => assert_eq!(r.by_caller, r.copies, "{r}"),
+                    (_, true) => assert!(r.by_caller > 0 && r.by_caller < r.copies, "the caller copies rail 0's results: {r}"),
+                    _ => assert_eq!(r.by_caller, 0, "{r}"),
+                }
             } else {
                 assert_eq!((r.copies, stats.staged, r.by_copier), (0, 0, None), "failover off copies nothing, and runs no copier: {r}");
             }

@@ -307,7 +307,13 @@ fn env_defaults_are_the_codes() {
     assert_eq!(c.send_credits as u64, number("TALLY_SEND_CREDITS"));
     assert_eq!(c.min_piece, size("TALLY_MIN_PIECE"));
     assert_eq!(MIN_SPREAD_PIECE, size("TALLY_MIN_PIECE"));
-    for (name, on) in [("TALLY_FAILOVER", c.failover), ("TALLY_RELAY", c.relay), ("TALLY_SPLIT", c.split), ("TALLY_COPIER", c.copier)] {
+    for (name, on) in [
+        ("TALLY_FAILOVER", c.failover),
+        ("TALLY_RELAY", c.relay),
+        ("TALLY_SPLIT", c.split),
+        ("TALLY_COPIER", c.copier),
+        ("TALLY_CALLER_RAIL", c.caller_rail),
+    ] {
         assert_eq!(number(name), on as u64, "{name}");
     }
     assert_eq!(c.rails as u64, number("TALLY_RAILS"));
@@ -330,6 +336,7 @@ fn env_defaults_are_the_codes() {
         "TALLY_RELAY",
         "TALLY_SPLIT",
         "TALLY_COPIER",
+        "TALLY_CALLER_RAIL",
         "TALLY_RAILS",
         "TALLY_LIVENESS_MS",
         "TALLY_PROVIDER_WATCHDOG_S",

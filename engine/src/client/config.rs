@@ -156,6 +156,10 @@ pub struct ClientConfig {
     /// the copier (empty: they keep the affinity of the thread that
     /// connects). From TALLY_RAIL_CORES.
     pub rail_cores: Vec<usize>,
+    /// With rails, the caller's thread drives the first rail's endpoint
+    /// itself, between its other work, and only the others get a thread
+    /// each (`rails`'s module doc says why). From TALLY_CALLER_RAIL (`1`).
+    pub caller_rail: bool,
     /// With rail threads and failover on, one more thread copies staged
     /// results into the caller's buffers, off the rails' path (see
     /// [`rails`]'s `copier`). Default off (the rails copy): on the device
@@ -274,6 +278,7 @@ impl ClientConfig {
                 .ok()
                 .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
                 .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
+            caller_rail: std::env::var("TALLY_CALLER_RAIL").is_ok_and(|v| v.trim() == "1"),
             copier: std::env::var("TALLY_COPIER").is_ok_and(|v| v.trim() == "1"),
             liveness: Duration::from_millis(
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),

@@ -164,16 +164,17 @@ impl Client {
             }
             let copier = cfg.runs_copier(eps.len());
             let sweep_base = per_sub * join::MAX_SUBJOBS as u32;
-            Rails::threaded(
-                eps,
-                cfg.rail_spin_polls,
-                cfg.sleep_ms,
-                &cfg.rail_cores,
-                ecfg.contexts as usize,
+            let threads = rails::RailThreads {
+                spin_polls: cfg.rail_spin_polls,
+                sleep_ms: cfg.sleep_ms,
+                cores: &cfg.rail_cores,
+                contexts: ecfg.contexts as usize,
                 sweep_base,
-                cfg.piece_times,
+                timed: cfg.piece_times,
                 copier,
-            )
+                caller_rail: cfg.caller_rail,
+            };
+            Rails::threaded(eps, &threads)
         }
         .map_err(|e| ClientError::Fabric(e.to_string()))?
         .serve(cfg.servers.len());
@@ -184,7 +185,12 @@ impl Client {
                 format!("server i's lcores spread over rails i, i + {0}, ... (lcore k on its lane k mod lanes)", cfg.servers.len())
             };
             let copier = if rails.has_copier() { ", and a copier thread for staged results" } else { "" };
-            log::info!("rank {}: {} rails (an endpoint and a thread each){copier}, {how}", cfg.rank, rails.count());
+            let each = if rails.callers_rail() {
+                "an endpoint each, rail 0 driven by the caller's thread, the others by a thread each"
+            } else {
+                "an endpoint and a thread each"
+            };
+            log::info!("rank {}: {} rails ({each}){copier}, {how}", cfg.rank, rails.count());
         }
         crate::dataplane::lcore::precise_naps();
         let tcp_peers = Arc::new(tcp_floor::TcpPeers::default());

@@ -237,6 +237,7 @@ impl PieceTimes {
             p99: self.quantile(0.99),
             copies: copies.0,
             copy_mean: mean(copies.0, copies.1),
+            by_caller: self.caller_copies,
             by_copier,
             rail_busy,
             slowest_by_server: self.slowest_by_server.map(Duration::from_nanos),
@@ -279,6 +280,8 @@ pub struct PieceReport {
     /// Staged results copied into the caller's buffer, and their mean copy.
     pub copies: u64,
     pub copy_mean: Duration,
+    /// Of those, the caller's thread's (one endpoint, or the caller's rail).
+    pub by_caller: u64,
     /// Of those, the copier's (None: the client runs no copier).
     pub by_copier: Option<u64>,
     /// Rail threads: the mean and the busiest rail's share of their turns'
@@ -309,6 +312,9 @@ impl fmt::Display for PieceReport {
         )?;
         if let Some(n) = self.by_copier {
             write!(f, " ({n} by the copier)")?;
+        }
+        if self.by_caller > 0 && self.by_caller < self.copies {
+            write!(f, " ({} by the caller's thread)", self.by_caller)?;
         }
         write!(f, ", {:.2} us each", us(self.copy_mean))?;
         for (what, spells) in

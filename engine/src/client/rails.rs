@@ -32,6 +32,28 @@
 //! few cores) and for providers that want buffers registered (EFA): a
 //! registration belongs to one domain, and every rail is its own domain.
 //!
+//! With the *caller's rail* (`ClientConfig::caller_rail`, TALLY_CALLER_RAIL;
+//! the NCCL plugin's default) the caller's thread drives rail 0's endpoint
+//! itself, as with one rail, and only rails 1.. get a thread: its polls
+//! read that CQ before the others' rings, its waits sleep on that CQ's
+//! descriptor and the bell together, and it copies the staged results
+//! received there ([`Rails::copies_results`] is per rail). Why: with every
+//! rail a thread, a caller that sleeps between completions is woken for
+//! nearly every piece (nvidia-h200-x2, 4 + 4 hosts at 16 Gbit/s, two rails:
+//! the ranks' own threads switched out about 16,000 times a second each),
+//! and each rail's empty turns and sleeps come on top; the caller's own
+//! endpoint turns those waits into work. On that host agg's workers spent
+//! 10-20% less CPU per GB at 16 Gbit/s (0.75-0.91 s/GB against 0.84-1.04)
+//! and reached more of 32 (0.87-0.98 against 0.78-0.99); the plugin reached
+//! 0.70-0.99 of 32 Gbit/s against 0.56-0.79, and real NCCL held CollNet at
+//! 0.99 with about one core of the machine fewer busy. It is not the library
+//! client's default: at 16 Gbit/s it cost agg some rate (0.90-0.98 against
+//! 0.95-0.99), and where a worker's thread is already the bottleneck (8 + 8
+//! hosts, two cores a worker) it carries rail 0 and the client's own work
+//! on one core and lost a fifth of it (0.70-0.71 against 0.85-0.89); NCCL's
+//! proxy thread polls without sleeping anyway
+//! ([measurements](docs/measurements.md), "The caller's rail").
+//!
 //! shm's calls take spinlocks in memory shared with other processes, and a
 //! peer killed while holding one leaves the caller spinning inside the call
 //! for ever (libfabric 1.17 to today's; a rank once spun for 45 minutes).
@@ -61,10 +83,8 @@ use crate::dataplane::fabric::call_watch::CallWatch;
 use crate::dataplane::fabric::{
     Completion, CompletionError, Endpoint, EndpointName, FabricError, MemoryHandle, PeerAddr, PendingSends, PollError, PostError,
 };
-use crossbeam_queue::ArrayQueue;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 mod copier;
 mod count;
@@ -72,38 +92,40 @@ mod idle;
 mod queue;
 mod rail_loop;
 pub(super) mod stream_copy;
+mod threads;
 use count::lanes;
 pub use count::{
     auto_rails, calls_may_spin_forever, resolve_rails, shm_rail, wants_rail_threads, AUTO_MIN_RAILS, MAX_RAILS, NCCL_RAIL_GBITS, RAIL_GBITS,
 };
-use queue::{ask, queue, Bell, Cmd, CopierShared, CopyLane, Event, Reply, Shared, RING, SWEEP_RING};
-use rail_loop::RailLoop;
-
-/// Says so when rail `r`, given no core of its own, would share the one core
-/// the connecting thread is pinned to (its threads inherit that mask): two
-/// pollers on one core take turns, and every hand-over between the caller
-/// and its rail waits for one.
-fn warn_if_one_core(r: usize) {
-    if let Ok(cores) = crate::host::cpuset::allowed() {
-        if let [only] = cores.as_slice() {
-            log::warn!(
-                "rail {r} has no core of its own (TALLY_RAIL_CORES) and shares core {only}, the one this thread is pinned to, with the caller: small all-reduces wait for the two to take turns"
-            );
-        }
-    }
-}
-
-struct Rail {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
-}
+use queue::{ask, queue, Bell, Cmd, Event, Reply, Shared};
+pub use threads::RailThreads;
+use threads::{Rail, Threads};
 
 enum Mode {
     /// One endpoint, driven by the caller's thread.
     Direct(Endpoint),
-    /// One endpoint per rail, each driven by its own thread, and maybe the
-    /// copier's thread.
-    Threaded { rails: Vec<Rail>, owner: Arc<Bell>, held: Option<Event>, next: usize, copier: Option<(Arc<CopierShared>, JoinHandle<()>)> },
+    /// One endpoint per rail, each driven by its own thread (the first by
+    /// the caller's thread where `own` holds it: the caller's rail), and
+    /// maybe the copier's thread.
+    Threaded { own: Option<Endpoint>, rails: Threads, owner: Arc<Bell>, held: Option<Event>, next: usize },
+}
+
+/// Who drives rail `r` in threaded mode: the caller (its own endpoint) or a
+/// rail thread (through its rings).
+enum Driver<'a> {
+    Own(&'a mut Endpoint),
+    Thread(&'a Shared),
+}
+
+/// Rail `r`'s driver: with the caller's rail, rail 0 is the caller's own
+/// and rail `r` the thread `r - 1`.
+#[inline]
+fn driver<'a>(own: &'a mut Option<Endpoint>, rails: &'a [Rail], r: usize) -> Driver<'a> {
+    match own {
+        Some(ep) if r == 0 => Driver::Own(ep),
+        Some(_) => Driver::Thread(&rails[r - 1].shared),
+        None => Driver::Thread(&rails[r].shared),
+    }
 }
 
 /// The client's endpoints: one driven by the caller, or one per rail thread.
@@ -154,97 +176,26 @@ impl Rails {
         }
     }
 
-    /// One thread per endpoint, each pinned to the matching core of `cores`
-    /// where given. Needs providers that want no local registrations.
-    /// With `copier`, one more thread copies staged results out for every
-    /// rail (see `copier`), pinned to the core after the rails' in `cores`
-    /// where there is one.
-    /// `timed`: each rail times its copies of staged results
-    /// ([`Rails::copy_times`]) and its turns ([`Rails::busy_shares`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn threaded(
-        eps: Vec<Endpoint>,
-        spin_polls: u32,
-        sleep_ms: u32,
-        cores: &[usize],
-        contexts: usize,
-        sweep_base: u32,
-        timed: bool,
-        copier: bool,
-    ) -> Result<Rails, FabricError> {
-        let os_error = |call: &'static str| move |e: std::io::Error| FabricError { call, code: e.raw_os_error().unwrap_or(libc::EIO) };
-        let owner = Arc::new(Bell::new().map_err(os_error("eventfd"))?);
-        let copier_sh = if copier { Some(Arc::new(CopierShared::new().map_err(os_error("eventfd"))?)) } else { None };
-        let rail_count = eps.len();
-        // Built up rail by rail: on an error, dropping it stops and joins
-        // the threads already started.
-        let mut made = Rails {
+    /// One endpoint per rail, a thread each but the caller's rail, as
+    /// `threads` says ([`RailThreads`]). Needs providers that want no local
+    /// registrations.
+    pub fn threaded(eps: Vec<Endpoint>, threads: &RailThreads) -> Result<Rails, FabricError> {
+        let provider = eps.first().map_or_else(String::new, |e| e.provider().to_string());
+        let in_order_sends = eps.iter().any(|e| e.in_order_sends());
+        let watches = eps.iter().map(|e| e.call_watch()).collect();
+        let s = threads::start(eps, threads)?;
+        Ok(Rails {
             servers: 1,
-            names: Vec::with_capacity(eps.len()),
-            provider: eps.first().map_or_else(String::new, |e| e.provider().to_string()),
+            names: s.names,
+            provider,
             needs_local_mr: false,
-            in_order_sends: eps.iter().any(|e| e.in_order_sends()),
+            in_order_sends,
             // Inject copies at the call; a queued send may be posted later.
             inject_size: 0,
-            watches: eps.iter().map(|e| e.call_watch()).collect(),
-            caller_stall: None,
-            mode: Mode::Threaded { rails: Vec::with_capacity(eps.len()), owner: owner.clone(), held: None, next: 0, copier: None },
-        };
-        for (i, ep) in eps.into_iter().enumerate() {
-            made.names.push(ep.name()?);
-            let shared = Arc::new(Shared {
-                cmds: ArrayQueue::new(RING),
-                events: ArrayQueue::new(RING),
-                sweep: ArrayQueue::new(SWEEP_RING),
-                replies: ArrayQueue::new(4),
-                bell: Bell::new().map_err(os_error("eventfd"))?,
-                owner: owner.clone(),
-                stop: AtomicBool::new(false),
-                abandoned: AtomicBool::new(false),
-                copies: AtomicU64::new(0),
-                copy_ns: AtomicU64::new(0),
-                turn_ns: AtomicU64::new(0),
-                busy_ns: AtomicU64::new(0),
-                copy: copier_sh.clone().map(CopyLane::new),
-            });
-            let sh = shared.clone();
-            let core = cores.get(i).copied();
-            if core.is_none() {
-                warn_if_one_core(i);
-            }
-            let thread = std::thread::Builder::new()
-                .name(format!("tally-rail{i}"))
-                .spawn(move || {
-                    if let Some(c) = core {
-                        if let Err(e) = crate::host::cpuset::pin_current_thread(c) {
-                            log::warn!("rail {i}: cannot pin to core {c}: {e}");
-                        }
-                    }
-                    RailLoop::new(i, ep, sh, (spin_polls, sleep_ms), contexts, sweep_base, timed).run()
-                })
-                .map_err(os_error("spawning a rail thread"))?;
-            if let Mode::Threaded { rails, .. } = &mut made.mode {
-                rails.push(Rail { shared, thread: Some(thread) });
-            }
-        }
-        if let (Some(sh), Mode::Threaded { rails, copier, .. }) = (copier_sh, &mut made.mode) {
-            let served: Vec<Arc<Shared>> = rails.iter().map(|r| r.shared.clone()).collect();
-            let core = cores.get(rail_count).copied();
-            let job = copier::Copier::new(served, sh.clone(), spin_polls, sleep_ms, timed);
-            let thread = std::thread::Builder::new()
-                .name("tally-copier".into())
-                .spawn(move || {
-                    if let Some(c) = core {
-                        if let Err(e) = crate::host::cpuset::pin_current_thread(c) {
-                            log::warn!("copier: cannot pin to core {c}: {e}");
-                        }
-                    }
-                    job.run()
-                })
-                .map_err(os_error("spawning the copier thread"))?;
-            *copier = Some((sh, thread));
-        }
-        Ok(made)
+            watches,
+            caller_stall: s.own.as_ref().and_then(|_| crate::host::fault::stall_at("TALLY_FAULT_RAIL_STALL", 0)),
+            mode: Mode::Threaded { own: s.own, rails: s.threads, owner: s.owner, held: None, next: 0 },
+        })
     }
 
     /// Staged results the rail threads and the copier copied out, and the
@@ -252,8 +203,9 @@ impl Rails {
     pub fn copy_times(&self) -> (u64, u64) {
         match &self.mode {
             Mode::Direct(_) => (0, 0),
-            Mode::Threaded { rails, copier, .. } => {
-                let own = copier.as_ref().map_or((0, 0), |(c, _)| (c.copies.load(Ordering::Relaxed), c.copy_ns.load(Ordering::Relaxed)));
+            Mode::Threaded { rails, .. } => {
+                let own =
+                    rails.copier.as_ref().map_or((0, 0), |(c, _)| (c.copies.load(Ordering::Relaxed), c.copy_ns.load(Ordering::Relaxed)));
                 rails
                     .iter()
                     .fold(own, |(n, ns), r| (n + r.shared.copies.load(Ordering::Relaxed), ns + r.shared.copy_ns.load(Ordering::Relaxed)))
@@ -263,15 +215,15 @@ impl Rails {
 
     /// Whether a copier thread copies the staged results out (see `copier`).
     pub fn has_copier(&self) -> bool {
-        matches!(&self.mode, Mode::Threaded { copier: Some(_), .. })
+        matches!(&self.mode, Mode::Threaded { rails, .. } if rails.copier.is_some())
     }
 
     /// Staged results the copier copied out (counted only where timed, as
     /// [`Rails::copy_times`]); None without a copier.
     pub fn copier_copies(&self) -> Option<u64> {
         match &self.mode {
-            Mode::Threaded { copier: Some((c, _)), .. } => Some(c.copies.load(Ordering::Relaxed)),
-            _ => None,
+            Mode::Threaded { rails, .. } => rails.copier.as_ref().map(|(c, _)| c.copies.load(Ordering::Relaxed)),
+            Mode::Direct(_) => None,
         }
     }
 
@@ -297,6 +249,12 @@ impl Rails {
         &self.watches
     }
 
+    /// Whether the caller's thread drives rail 0 itself beside rail threads
+    /// (the caller's rail).
+    pub fn callers_rail(&self) -> bool {
+        matches!(self.mode, Mode::Threaded { own: Some(_), .. })
+    }
+
     /// Whether rail threads drive the endpoints (else the caller's thread does).
     pub fn has_threads(&self) -> bool {
         matches!(self.mode, Mode::Threaded { .. })
@@ -306,13 +264,15 @@ impl Rails {
     /// watchdog's report). From now on operations for it fail at once, the
     /// cancels skip it, and dropping the rails leaves its thread behind
     /// rather than wait for it (see the module's doc).
+    /// The caller's rail has no thread to give up: a call stuck there holds
+    /// the caller itself, and the watchdog's report is all there is.
     pub fn abandon(&mut self, r: usize) {
-        if let Mode::Threaded { rails, .. } = &mut self.mode {
-            if let Some(rail) = rails.get(r) {
-                if !rail.shared.abandoned.swap(true, Ordering::SeqCst) {
+        if let Mode::Threaded { own, rails, .. } = &mut self.mode {
+            if let Driver::Thread(rail) = driver(own, rails, r) {
+                if !rail.abandoned.swap(true, Ordering::SeqCst) {
                     log::error!("rail {r} is abandoned: its thread is stuck inside a provider call");
                 }
-                rail.shared.stop.store(true, Ordering::SeqCst);
+                rail.stop.store(true, Ordering::SeqCst);
             }
         }
     }
@@ -365,9 +325,12 @@ impl Rails {
     pub fn insert_peer(&mut self, r: usize, name: &EndpointName) -> Result<PeerAddr, FabricError> {
         match &mut self.mode {
             Mode::Direct(ep) => ep.insert_peer(name),
-            Mode::Threaded { rails, .. } => match ask(&rails[r].shared, Cmd::InsertPeer(Box::new(name.clone())))? {
-                Reply::Peer(r) => r,
-                _ => Err(FabricError { call: "rail: fi_av_insert", code: libc::EPROTO }),
+            Mode::Threaded { own, rails, .. } => match driver(own, rails, r) {
+                Driver::Own(ep) => ep.insert_peer(name),
+                Driver::Thread(sh) => match ask(sh, Cmd::InsertPeer(Box::new(name.clone())))? {
+                    Reply::Peer(r) => r,
+                    _ => Err(FabricError { call: "rail: fi_av_insert", code: libc::EPROTO }),
+                },
             },
         }
     }
@@ -414,14 +377,23 @@ impl Rails {
             Mode::Direct(ep) if self.caller_stall.is_some_and(|t| std::time::Instant::now() >= t) => Self::stall_caller(ep),
             // SAFETY: the caller's promise, passed on.
             Mode::Direct(ep) => unsafe { ep.send(buf, len, mh, dest, tag, ctx) },
-            Mode::Threaded { rails, .. } => queue(&rails[r].shared, Cmd::Send { buf, len, dest, tag, ctx }),
+            Mode::Threaded { own, rails, .. } => match driver(own, rails, r) {
+                Driver::Own(ep) if self.caller_stall.is_some_and(|t| std::time::Instant::now() >= t) => Self::stall_caller(ep),
+                // SAFETY: the caller's promise, passed on.
+                Driver::Own(ep) => unsafe { ep.send(buf, len, mh, dest, tag, ctx) },
+                Driver::Thread(sh) => queue(sh, Cmd::Send { buf, len, dest, tag, ctx }),
+            },
         }
     }
 
-    /// Whether a [`Rails::recv`] with `copy_to` copies the result itself (rail
-    /// threads) or leaves the copy to the caller (one endpoint on the caller's thread).
-    pub fn copies_results(&self) -> bool {
-        matches!(self.mode, Mode::Threaded { .. })
+    /// Whether a [`Rails::recv`] on rail `r` with `copy_to` copies the result
+    /// itself (a rail thread) or leaves the copy to the caller (an endpoint
+    /// the caller's thread drives: one rail, or the caller's rail).
+    pub fn copies_results(&self, r: usize) -> bool {
+        match &self.mode {
+            Mode::Direct(_) => false,
+            Mode::Threaded { own, .. } => own.is_none() || r > 0,
+        }
     }
 
     /// Posts a tagged receive on rail `r`. With `copy_to`, a rail thread
@@ -446,11 +418,15 @@ impl Rails {
         ctx: u32,
         copy_to: Option<*mut u8>,
     ) -> Result<(), PostError> {
-        match (&mut self.mode, copy_to) {
+        match &mut self.mode {
             // SAFETY: the caller's promise, passed on.
-            (Mode::Direct(ep), _) => unsafe { ep.recv(buf, len, mh, src, tag, ignore, ctx) },
-            (Mode::Threaded { rails, .. }, None) => queue(&rails[r].shared, Cmd::Recv { buf, len, src, tag, ignore, ctx }),
-            (Mode::Threaded { rails, .. }, Some(to)) => queue(&rails[r].shared, Cmd::RecvCopy { buf, len, src, tag, ctx, to }),
+            Mode::Direct(ep) => unsafe { ep.recv(buf, len, mh, src, tag, ignore, ctx) },
+            Mode::Threaded { own, rails, .. } => match (driver(own, rails, r), copy_to) {
+                // SAFETY: the caller's promise, passed on.
+                (Driver::Own(ep), _) => unsafe { ep.recv(buf, len, mh, src, tag, ignore, ctx) },
+                (Driver::Thread(sh), None) => queue(sh, Cmd::Recv { buf, len, src, tag, ignore, ctx }),
+                (Driver::Thread(sh), Some(to)) => queue(sh, Cmd::RecvCopy { buf, len, src, tag, ctx, to }),
+            },
         }
     }
 
@@ -465,7 +441,10 @@ impl Rails {
     pub fn peek_unexpected(&mut self, r: usize, ctx: u32) -> Result<(), PostError> {
         match &mut self.mode {
             Mode::Direct(ep) => ep.peek_unexpected(ctx),
-            Mode::Threaded { rails, .. } => queue(&rails[r].shared, Cmd::Peek { ctx }),
+            Mode::Threaded { own, rails, .. } => match driver(own, rails, r) {
+                Driver::Own(ep) => ep.peek_unexpected(ctx),
+                Driver::Thread(sh) => queue(sh, Cmd::Peek { ctx }),
+            },
         }
     }
 
@@ -474,17 +453,20 @@ impl Rails {
     pub fn discard_unexpected(&mut self, r: usize, tag: u64, ctx: u32) -> Result<(), PostError> {
         match &mut self.mode {
             Mode::Direct(ep) => ep.discard_unexpected(tag, ctx),
-            Mode::Threaded { rails, .. } => queue(&rails[r].shared, Cmd::Discard { tag, ctx }),
+            Mode::Threaded { own, rails, .. } => match driver(own, rails, r) {
+                Driver::Own(ep) => ep.discard_unexpected(tag, ctx),
+                Driver::Thread(sh) => queue(sh, Cmd::Discard { tag, ctx }),
+            },
         }
     }
 
     /// The next completion of the sweep's peeks and discards on rail `r`
-    /// (rail threads hold them apart, see `Shared::sweep`); None with one
+    /// (rail threads hold them apart, see `Shared::sweep`); None for an
     /// endpoint on the caller's thread, whose [`Rails::poll`] returns them.
     pub fn take_sweep_event(&mut self, r: usize) -> Option<Result<Completion, Box<CompletionError>>> {
         match &mut self.mode {
             Mode::Direct(_) => None,
-            Mode::Threaded { rails, .. } => match rails.get(r)?.shared.sweep.pop()? {
+            Mode::Threaded { own, rails, .. } => match rails.get(if own.is_some() { r.checked_sub(1)? } else { r })?.shared.sweep.pop()? {
                 Event::Done(c) => Some(Ok(c)),
                 Event::Failed(e) => Some(Err(e)),
                 Event::Broken(e) => Some(Err(Box::new(CompletionError::refused(u32::MAX, e.code, &e.to_string())))),
@@ -511,9 +493,9 @@ impl Rails {
     #[allow(clippy::result_large_err)]
     #[inline]
     pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize, PollError> {
-        let (rails, held, next) = match &mut self.mode {
+        let (own, rails, held, next) = match &mut self.mode {
             Mode::Direct(ep) => return ep.poll(out),
-            Mode::Threaded { rails, held, next, .. } => (rails, held, next),
+            Mode::Threaded { own, rails, held, next, .. } => (own, rails, held, next),
         };
         let mut n = 0;
         if let Some(e) = held.take() {
@@ -524,6 +506,22 @@ impl Rails {
                 }
                 Event::Failed(e) => return Err(PollError::Completion(*e)),
                 Event::Broken(e) => return Err(PollError::Fabric(e)),
+            }
+        }
+        // The caller's rail first: polling it is what moves its bytes (its
+        // sweep's completions come with the rest, told by their contexts).
+        if let Some(ep) = own {
+            match ep.poll(&mut out[n..]) {
+                Ok(k) => n += k,
+                Err(e) if n == 0 => return Err(e),
+                Err(PollError::Completion(e)) => {
+                    *held = Some(Event::Failed(Box::new(e)));
+                    return Ok(n);
+                }
+                Err(PollError::Fabric(e)) => {
+                    *held = Some(Event::Broken(e));
+                    return Ok(n);
+                }
             }
         }
         // Round robin over the rails, so that none is starved by a busy one.
@@ -576,18 +574,25 @@ impl Rails {
     pub fn wait(&mut self, timeout_ms: i32) -> Result<(), FabricError> {
         match &mut self.mode {
             Mode::Direct(ep) => ep.wait(timeout_ms),
-            Mode::Threaded { rails, owner, held, .. } => {
+            Mode::Threaded { own, rails, owner, held, .. } => {
                 owner.sleeping.store(true, Ordering::SeqCst);
+                let mut slept = Ok(());
                 // Checked after the flag is up: a rail that queued before it
                 // saw the flag down, one that queues after it rings.
                 if held.is_none() && rails.iter().all(|r| r.shared.events.is_empty()) {
-                    let mut pfd = libc::pollfd { fd: owner.fd, events: libc::POLLIN, revents: 0 };
-                    // SAFETY: one valid pollfd on our eventfd.
-                    unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+                    match own {
+                        // The caller's rail: its CQ's traffic or the bell.
+                        Some(ep) => slept = ep.wait_also(Some(owner.fd), timeout_ms),
+                        None => {
+                            let mut pfd = libc::pollfd { fd: owner.fd, events: libc::POLLIN, revents: 0 };
+                            // SAFETY: one valid pollfd on our eventfd.
+                            unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+                        }
+                    }
                 }
                 owner.sleeping.store(false, Ordering::SeqCst);
                 owner.drain();
-                Ok(())
+                slept
             }
         }
     }
@@ -599,12 +604,15 @@ impl Rails {
     pub fn cancel(&mut self, r: usize, ctx: u32) {
         match &mut self.mode {
             Mode::Direct(ep) => ep.cancel(ctx),
-            Mode::Threaded { rails, .. } if rails[r].shared.abandoned.load(Ordering::Relaxed) => {}
-            Mode::Threaded { rails, .. } => {
-                if let Err(e) = ask(&rails[r].shared, Cmd::Cancel(ctx)) {
-                    log::warn!("rail {r}: {e}");
+            Mode::Threaded { own, rails, .. } => match driver(own, rails, r) {
+                Driver::Own(ep) => ep.cancel(ctx),
+                Driver::Thread(sh) if sh.abandoned.load(Ordering::Relaxed) => {}
+                Driver::Thread(sh) => {
+                    if let Err(e) = ask(sh, Cmd::Cancel(ctx)) {
+                        log::warn!("rail {r}: {e}");
+                    }
                 }
-            }
+            },
         }
     }
 
@@ -613,7 +621,10 @@ impl Rails {
     pub fn cancel_all(&mut self) {
         match &mut self.mode {
             Mode::Direct(ep) => ep.cancel_all(),
-            Mode::Threaded { rails, held, .. } => {
+            Mode::Threaded { own, rails, held, .. } => {
+                if let Some(ep) = own {
+                    ep.cancel_all();
+                }
                 for r in rails.iter().filter(|r| !r.shared.abandoned.load(Ordering::Relaxed)) {
                     if let Err(e) = ask(&r.shared, Cmd::CancelAll) {
                         log::warn!("rail: {e}");
@@ -640,45 +651,20 @@ impl Rails {
         let on_the_way = |held: bool| u32::from(held && sends != PendingSends::Ignore);
         match &mut self.mode {
             Mode::Direct(ep) => ep.settle(ctxs, sends),
-            Mode::Threaded { rails, .. } if rails[r].shared.abandoned.load(Ordering::Relaxed) => u32::MAX,
-            Mode::Threaded { rails, held, .. } => match ask(&rails[r].shared, Cmd::Settle(ctxs, sends)) {
-                Ok(Reply::Count(n)) => n + on_the_way(held.is_some()),
-                Ok(_) => u32::MAX,
-                Err(e) => {
-                    log::warn!("rail {r}: {e}");
-                    u32::MAX
+            Mode::Threaded { own, rails, held, .. } => {
+                let held = held.is_some();
+                match driver(own, rails, r) {
+                    Driver::Own(ep) => ep.settle(ctxs, sends) + on_the_way(held),
+                    Driver::Thread(sh) if sh.abandoned.load(Ordering::Relaxed) => u32::MAX,
+                    Driver::Thread(sh) => match ask(sh, Cmd::Settle(ctxs, sends)) {
+                        Ok(Reply::Count(n)) => n + on_the_way(held),
+                        Ok(_) => u32::MAX,
+                        Err(e) => {
+                            log::warn!("rail {r}: {e}");
+                            u32::MAX
+                        }
+                    },
                 }
-            },
-        }
-    }
-}
-
-impl Drop for Rails {
-    fn drop(&mut self) {
-        if let Mode::Threaded { rails, copier, .. } = &mut self.mode {
-            for r in rails.iter() {
-                r.shared.stop.store(true, Ordering::SeqCst);
-                r.shared.bell.sleeping.store(true, Ordering::SeqCst);
-                r.shared.bell.ring();
-            }
-            for r in rails.iter_mut() {
-                if let Some(t) = r.thread.take() {
-                    if r.shared.abandoned.load(Ordering::SeqCst) {
-                        // Stuck in the provider: joining would hang the
-                        // owner too. The thread keeps its Arc of `shared`.
-                        drop(t);
-                    } else {
-                        let _ = t.join();
-                    }
-                }
-            }
-            // After the rails: a rail waits for the copier's jobs to come
-            // back before it answers a cancel.
-            if let Some((sh, t)) = copier.take() {
-                sh.stop.store(true, Ordering::SeqCst);
-                sh.bell.sleeping.store(true, Ordering::SeqCst);
-                sh.bell.ring();
-                let _ = t.join();
             }
         }
     }

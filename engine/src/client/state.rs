@@ -422,13 +422,14 @@ impl Op {
         self.next.get(st).is_some_and(|&n| n < self.chunks)
     }
 
-    /// Whether a rail thread copies this operation's staged results into
-    /// its output as they arrive (`copy_to` of [`Rails::recv`]). Not in place:
+    /// Whether the thread of rail `rail` copies this operation's staged
+    /// results received there into its output as they arrive (`copy_to` of
+    /// [`Rails::recv`]). Not an endpoint the caller drives, and not in place:
     /// there the output is the input, which must stay intact until the main
     /// thread has seen the result (a recovery may send the input again for
     /// a result the rank has not seen), so [`Op::land`] copies it then.
-    pub(super) fn rail_copies(&self, rails: &Rails) -> bool {
-        rails.copies_results() && !std::ptr::eq(self.send, self.recv.cast_const())
+    pub(super) fn rail_copies(&self, rails: &Rails, rail: usize) -> bool {
+        rails.copies_results(rail) && !std::ptr::eq(self.send, self.recv.cast_const())
     }
 
     /// Chunk `chunk`'s result, staged in `stage`'s slot of (`st`, `seq`):

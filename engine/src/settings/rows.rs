@@ -141,7 +141,7 @@ pub static ENV: &[EnvVar] = &[
         "0",
         "auto: over tcp with 2+ servers on hosts of 8 or more cores, as few as carry TALLY_LINK_GBITS (8 Gbit/s a rail, the plugin's 4; one is the caller's thread), else one per server but at least 4, at most 8; else 1",
         &[Client, Tools],
-        "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread)",
+        "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread; with TALLY_CALLER_RAIL=1 rail 0 is the caller's too)",
     ),
     var(
         "TALLY_LINK_GBITS",
@@ -177,6 +177,13 @@ pub static ENV: &[EnvVar] = &[
         "the connecting thread's affinity",
         &[Client],
         "cores to pin the rail threads to, one each, in order, then the copier (core list, `8-12`)",
+    ),
+    var(
+        "TALLY_CALLER_RAIL",
+        "0",
+        "the plugin: 1",
+        &[Client, Plugin],
+        "1: with rails, the caller's thread (NCCL's proxy thread, through the plugin) drives the first rail's endpoint itself and only the others get a thread each: one hand-over between threads fewer per piece on that rail; 0: a thread for every rail",
     ),
     var(
         "TALLY_COPIER",
@@ -269,7 +276,7 @@ pub static ENV: &[EnvVar] = &[
         "",
         "off",
         &[Client, Tests],
-        "fault injection, `RAIL@SECONDS`: that client rail thread (rail 0: also the caller's thread where it drives its one endpoint) blocks for good, as inside a provider call",
+        "fault injection, `RAIL@SECONDS`: that client rail thread (rail 0: also the caller's thread where it drives the endpoint, one rail's or the caller's rail's) blocks for good, as inside a provider call",
     ),
     dev(
         "TALLY_PIECE_TIMES",

@@ -428,7 +428,8 @@ impl Failover {
                     // The result is here; only the send's completion was missing.
                     // (Never a relayed piece: relay jobs have one server.)
                     if let Some(stage) = fo.stage.as_mut() {
-                        op.land(stage, st, f.seq, f.chunk, Landed::of(op.rail_copies(&c.rails)));
+                        let rail = c.subs[sub].streams[st].rail;
+                        op.land(stage, st, f.seq, f.chunk, Landed::of(op.rail_copies(&c.rails, rail)));
                     }
                     c.ops[pos].done += 1;
                     items.push(Item { op_index: index, chunk: f.chunk, st, seq: f.seq, len, op: 0, off, holder: None, done: false });

@@ -286,6 +286,7 @@ impl Progress {
         self.pump_due = true;
         let st = fi / window;
         let stream = &mut s.streams[st];
+        let rail = stream.rail;
         while stream.head_seq != stream.next_seq && s.flights[st * window + stream.head_slot as usize].op == 0 {
             stream.head_seq = stream.head_seq.wrapping_add(1);
             stream.head_slot = (stream.head_slot + 1) % window as u32;
@@ -294,7 +295,7 @@ impl Progress {
             if let Some(stage) = fo.staging_mut(sub) {
                 // One search for the operation serves both.
                 let times = c.cfg.piece_times.then_some(&mut self.times);
-                staged::complete(stage, &c.ops[pos], &c.rails, times, st, seq, chunk);
+                staged::complete(stage, &c.ops[pos], &c.rails, rail, times, st, seq, chunk);
                 self.staged += 1;
             }
             c.ops[pos].done += 1;

@@ -29,7 +29,7 @@ pub(super) fn recv(
 ) -> Result<(), PostError> {
     // Where the result goes once whole: a rail copies it there, else `complete` does.
     // SAFETY: off + len <= bytes, inside the caller's buffer.
-    let copy_to = op.rail_copies(rails).then(|| unsafe { op.recv.add(off) });
+    let copy_to = op.rail_copies(rails, stream.rail).then(|| unsafe { op.recv.add(off) });
     // SAFETY: the staging slot of (stream, seq) holds a whole piece
     // and is the target of this receive only (slots cycle over twice
     // the window, see `Stage`); it lives as long as the sub-job. The
@@ -38,11 +38,22 @@ pub(super) fn recv(
     unsafe { rails.recv(stream.rail, stage.slot(st, seq), len, stage.mh(st), Some(stream.addr), (tag, 0), ctx, copy_to) }
 }
 
-/// A completed flight's staged result: copied out where a rail did not
-/// copy it already, and kept in its slot (timed into `times` where given).
+/// A completed flight's staged result (received on rail `rail`): copied
+/// out where that rail's thread did not copy it already, and kept in its
+/// slot (timed into `times` where given).
 #[inline]
-pub(super) fn complete(stage: &mut Stage, op: &Op, rails: &Rails, times: Option<&mut PieceTimes>, st: usize, seq: u32, chunk: usize) {
-    let how = Landed::of(op.rail_copies(rails));
+#[allow(clippy::too_many_arguments)]
+pub(super) fn complete(
+    stage: &mut Stage,
+    op: &Op,
+    rails: &Rails,
+    rail: usize,
+    times: Option<&mut PieceTimes>,
+    st: usize,
+    seq: u32,
+    chunk: usize,
+) {
+    let how = Landed::of(op.rail_copies(rails, rail));
     let began = (times.is_some() && how == Landed::Staged).then(Instant::now);
     op.land(stage, st, seq, chunk, how);
     if let (Some(t), Some(times)) = (began, times) {

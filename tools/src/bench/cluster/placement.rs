@@ -73,6 +73,14 @@ impl WorkerRails {
         self.agg.max(self.plugin)
     }
 
+    /// The most threads a worker runs in any mode: its own, and one per
+    /// rail but the one its own thread drives (one rail; with the caller's
+    /// rail, `TALLY_CALLER_RAIL`, on for agg or agg-plugin, rail 0).
+    pub fn most_threads(&self, agg_caller_rail: bool, plugin_caller_rail: bool) -> usize {
+        let threads = |rails: usize, caller_rail: bool| if rails > 1 { 1 + rails - usize::from(caller_rail) } else { 1 };
+        threads(self.agg, agg_caller_rail).max(threads(self.plugin, plugin_caller_rail))
+    }
+
     /// The `--rails` a rank is given: none where each mode resolves its own.
     pub fn forced(&self) -> Option<usize> {
         (self.why != "auto").then_some(self.most())
@@ -123,12 +131,10 @@ pub(super) fn link_gbits(rate: f64) -> f64 {
 }
 
 /// The pollers the emulated cluster runs on this machine: every server's
-/// lcores, and per worker its own thread and its rail threads (one rail has
-/// none over tcp: the worker's thread drives it).
-pub(super) fn pollers(hosts: u32, server_lcores: &[String], rails: usize) -> usize {
+/// lcores, and per worker its `threads` (`WorkerRails::most_threads`).
+pub(super) fn pollers(hosts: u32, server_lcores: &[String], threads: usize) -> usize {
     let lcores: usize = server_lcores.iter().map(|l| tally_engine::host::cpuset::CoreList::parse(l).map_or(1, |c| c.len())).sum();
-    let per_worker = 1 + if rails > 1 { rails } else { 0 };
-    lcores + hosts as usize * per_worker
+    lcores + hosts as usize * threads
 }
 
 /// `--poll auto` in the emulated cluster: adaptive. Every emulated host
@@ -180,9 +186,14 @@ mod tests {
     fn pollers_count_every_lcore_and_each_workers_thread_and_rails() {
         // x2: 4 + 4 hosts, 2 lcores a server, 4 rails a worker.
         let lists: Vec<String> = ["0-1", "2-3", "4-5", "6-7"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(pollers(4, &lists, 4), 8 + 4 * 5);
+        let four = WorkerRails { agg: 2, plugin: 4, why: "auto" };
+        assert_eq!(pollers(4, &lists, four.most_threads(false, false)), 8 + 4 * 5);
+        // The plugin's caller's rail: rail 0 on the worker's own thread.
+        assert_eq!(four.most_threads(false, true), 4);
+        assert_eq!(four.most_threads(true, true), 4);
         // One rail: the worker's own thread drives it.
-        assert_eq!(pollers(4, &lists, 1), 8 + 4);
+        let one = WorkerRails { agg: 1, plugin: 1, why: "auto" };
+        assert_eq!(pollers(4, &lists, one.most_threads(false, true)), 8 + 4);
         assert_eq!(auto_poll(), PollMode::Adaptive);
     }
 
