@@ -320,10 +320,13 @@ pub fn tcp_window(link_gbits: f64, servers: usize, piece: usize) -> u32 {
 /// 0.90-0.99; on 4 GPUs the figures above. At 4-16 Gbit/s every setting
 /// gave 0.96-1.00.
 ///
-/// Where the rank's link rate is known (TALLY_LINK_GBITS; `tally bench
-/// cluster` sets it for its workers), auto rails count on each of the
-/// plugin's carrying `client::rails::NCCL_RAIL_GBITS`: one up to 4 Gbit/s,
-/// two at 8, four from 16 (the library's client: one at 8, two at 16).
+/// The caller's rail is on unless TALLY_CALLER_RAIL says otherwise: NCCL's
+/// proxy thread drives rail 0 itself (`client::rails`). Where the rank's
+/// link rate is known (TALLY_LINK_GBITS; `tally bench cluster` sets it for
+/// its workers), auto rails count on each carrying
+/// `client::rails::plugin_rail_gbits`: with the caller's rail as the
+/// library's client does (one up to 8 Gbit/s, two at 16, four at 32),
+/// without it `NCCL_RAIL_GBITS` (one up to 4, two at 8, four from 16).
 ///
 /// On a host of fewer than [`FEW_CORES`] cores pieces are at most
 /// [`FEW_CORES_PIECE`]: there the CPU, not the count of messages, is what
@@ -343,10 +346,8 @@ fn tcp_defaults(cfg: &mut ClientConfig) {
     if std::env::var_os("TALLY_WINDOW").is_none() {
         cfg.window = tcp_window(cfg.link_gbits, cfg.servers.len(), cfg.chunk_bytes);
     }
-    cfg.rail_gbits = tally_engine::client::rails::NCCL_RAIL_GBITS;
-    if std::env::var_os("TALLY_CALLER_RAIL").is_none() {
-        cfg.caller_rail = true;
-    }
+    cfg.caller_rail = tally_engine::client::caller_rail_from_env(true);
+    cfg.rail_gbits = tally_engine::client::rails::plugin_rail_gbits(cfg.caller_rail);
 }
 
 impl CollComm {
@@ -478,6 +479,24 @@ mod tests {
         // The device's rates keep 16.
         assert_eq!(tcp_window(16.0, 4, 128 << 10), 16);
         assert_eq!(tcp_window(0.5, 8, 32 << 10), 8);
+    }
+
+    #[test]
+    fn the_plugin_drives_rail_0_on_the_callers_thread_unless_told_not_to() {
+        use tally_engine::client::rails::{NCCL_RAIL_GBITS, RAIL_GBITS};
+        // Only this test sets TALLY_CALLER_RAIL in this binary.
+        std::env::remove_var("TALLY_CALLER_RAIL");
+        let mut cfg = ClientConfig::new(vec![], 1, 0, 2);
+        assert!(!cfg.caller_rail, "the library's client runs a thread a rail");
+        tcp_defaults(&mut cfg);
+        assert!(cfg.caller_rail);
+        assert_eq!(cfg.rail_gbits, RAIL_GBITS, "with the caller's rail a rail counts as the library's");
+        std::env::set_var("TALLY_CALLER_RAIL", "0");
+        let mut cfg = ClientConfig::new(vec![], 1, 0, 2);
+        tcp_defaults(&mut cfg);
+        std::env::remove_var("TALLY_CALLER_RAIL");
+        assert!(!cfg.caller_rail);
+        assert_eq!(cfg.rail_gbits, NCCL_RAIL_GBITS);
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub struct ClientConfig {
     pub link_gbits: f64,
     /// What auto rails count on each rail to carry (Gbit/s each way) where
     /// `link_gbits` is known: [`super::rails::RAIL_GBITS`], the NCCL plugin's
-    /// [`super::rails::NCCL_RAIL_GBITS`].
+    /// [`super::rails::plugin_rail_gbits`].
     pub rail_gbits: f64,
     /// Cores to pin the rail threads to, one each in order, then one for
     /// the copier (empty: they keep the affinity of the thread that
@@ -278,7 +278,7 @@ impl ClientConfig {
                 .ok()
                 .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
                 .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
-            caller_rail: std::env::var("TALLY_CALLER_RAIL").is_ok_and(|v| v.trim() == "1"),
+            caller_rail: caller_rail_from_env(false),
             copier: std::env::var("TALLY_COPIER").is_ok_and(|v| v.trim() == "1"),
             liveness: Duration::from_millis(
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
@@ -293,6 +293,12 @@ impl ClientConfig {
 /// TALLY_COMM_JOBS, when it is a number of jobs from 1 to 8.
 pub fn comm_jobs_from_env() -> Option<u8> {
     std::env::var("TALLY_COMM_JOBS").ok()?.trim().parse::<u8>().ok().filter(|n| (1..=wire::MAX_RESERVE + 1).contains(n))
+}
+
+/// TALLY_CALLER_RAIL (`1`: on, anything else: off), or `default` where it
+/// is unset: the library's client's is off, the NCCL plugin's on.
+pub fn caller_rail_from_env(default: bool) -> bool {
+    std::env::var("TALLY_CALLER_RAIL").map_or(default, |v| v.trim() == "1")
 }
 
 /// TALLY_LINK_GBITS, when it is a positive, finite rate; else 0 (unknown).

@@ -78,7 +78,9 @@ mod state;
 mod sweep;
 pub mod tcp_floor;
 pub mod watchdog;
-pub use config::{auto_window, link_gbits_from_env, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE};
+pub use config::{
+    auto_window, caller_rail_from_env, link_gbits_from_env, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE,
+};
 pub use error::ClientError;
 pub use join::MAX_SUBJOBS;
 pub use state::op_chunk_bytes;

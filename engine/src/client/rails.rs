@@ -95,7 +95,8 @@ pub(super) mod stream_copy;
 mod threads;
 use count::lanes;
 pub use count::{
-    auto_rails, calls_may_spin_forever, resolve_rails, shm_rail, wants_rail_threads, AUTO_MIN_RAILS, MAX_RAILS, NCCL_RAIL_GBITS, RAIL_GBITS,
+    auto_rails, calls_may_spin_forever, plugin_rail_gbits, resolve_rails, shm_rail, wants_rail_threads, AUTO_MIN_RAILS, MAX_RAILS,
+    NCCL_RAIL_GBITS, RAIL_GBITS,
 };
 use queue::{ask, queue, Bell, Cmd, Event, Reply, Shared};
 pub use threads::RailThreads;

@@ -115,11 +115,12 @@ pub(super) fn run_rank(args: &AllreduceArgs) -> Result<(), String> {
 
 /// The rails a rank's client runs in `mode`: --rails, else TALLY_RAILS,
 /// else auto (with TALLY_LINK_GBITS, the link's rate, where set; agg-plugin
-/// counts on each of the plugin's rails carrying less, as the plugin does).
+/// counts on each of the plugin's rails carrying what the plugin does).
 pub(super) fn mode_rails(args: &AllreduceArgs, provider: &str, mode: &str) -> usize {
+    use tally_engine::client::{caller_rail_from_env, rails::plugin_rail_gbits};
     let env = ClientConfig::new(Vec::new(), 0, 0, 1);
     let asked = args.rails.unwrap_or(env.rails);
-    let per_rail = if mode == "agg-plugin" { tally_engine::client::rails::NCCL_RAIL_GBITS } else { env.rail_gbits };
+    let per_rail = if mode == "agg-plugin" { plugin_rail_gbits(caller_rail_from_env(true)) } else { env.rail_gbits };
     tally_engine::client::rails::resolve_rails(asked, provider, args.servers.len(), env.link_gbits, per_rail)
 }
 

@@ -299,7 +299,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     // `auto`: adaptive (`placement::auto_poll` says why); the pollers are
     // counted for the placement line.
     // The caller's rail: the library's client off unless asked, the plugin's on (TALLY_CALLER_RAIL).
-    let caller_rail = |default: bool| std::env::var("TALLY_CALLER_RAIL").map_or(default, |v| v.trim() == "1");
+    use tally_engine::client::caller_rail_from_env as caller_rail;
     let threads = worker_rails(args.hosts, worker_cores.as_deref(), top_rate, args.busy_polling())
         .most_threads(caller_rail(false), caller_rail(true));
     let pollers = placement::pollers(args.hosts, &server_lcores, threads);

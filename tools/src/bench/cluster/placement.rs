@@ -55,8 +55,8 @@ pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>, top_rate: f64) 
 }
 
 /// The rails each worker runs at links of `rate` Gbit/s: for agg and for
-/// agg-plugin (whose rails are counted on for less each,
-/// `client::rails::NCCL_RAIL_GBITS`), and why.
+/// agg-plugin (whose rails are counted on as the plugin counts on them,
+/// `client::rails::plugin_rail_gbits`), and why.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct WorkerRails {
     pub agg: usize,
@@ -99,11 +99,11 @@ impl WorkerRails {
 /// each 8 + 8 worker on x2 one rail on one of its two cores (agg 0.49-0.69
 /// of 16 Gbit/s against 0.73-0.95 on two rails, docs/measurements.md).
 pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>, rate: f64, busy: bool) -> WorkerRails {
-    use tally_engine::client::rails::{resolve_rails, NCCL_RAIL_GBITS, RAIL_GBITS};
+    use tally_engine::client::{caller_rail_from_env, rails::plugin_rail_gbits, rails::resolve_rails, rails::RAIL_GBITS};
     let asked = std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
     let link = link_gbits(rate);
     let agg = resolve_rails(asked, "tcp", hosts as usize, link, RAIL_GBITS);
-    let plugin = resolve_rails(asked, "tcp", hosts as usize, link, NCCL_RAIL_GBITS);
+    let plugin = resolve_rails(asked, "tcp", hosts as usize, link, plugin_rail_gbits(caller_rail_from_env(true)));
     if asked != 0 {
         return WorkerRails { agg, plugin, why: "TALLY_RAILS" };
     }
