@@ -324,9 +324,9 @@ pub fn tcp_window(link_gbits: f64, servers: usize, piece: usize) -> u32 {
 /// proxy thread drives rail 0 itself (`client::rails`). Where the rank's
 /// link rate is known (TALLY_LINK_GBITS; `tally bench cluster` sets it for
 /// its workers), auto rails count on each carrying
-/// `client::rails::plugin_rail_gbits`: with the caller's rail as the
-/// library's client does (one up to 8 Gbit/s, two at 16, four at 32),
-/// without it `NCCL_RAIL_GBITS` (one up to 4, two at 8, four from 16).
+/// `client::rails::plugin_rail_gbits`: with the caller's rail one up to 4
+/// Gbit/s, two at 8 and 16, four at 32; without it one up to 4, two at 8,
+/// four from 16.
 ///
 /// On a host of fewer than [`FEW_CORES`] cores pieces are at most
 /// [`FEW_CORES_PIECE`]: there the CPU, not the count of messages, is what
@@ -347,7 +347,7 @@ fn tcp_defaults(cfg: &mut ClientConfig) {
         cfg.window = tcp_window(cfg.link_gbits, cfg.servers.len(), cfg.chunk_bytes);
     }
     cfg.caller_rail = tally_engine::client::caller_rail_from_env(true);
-    cfg.rail_gbits = tally_engine::client::rails::plugin_rail_gbits(cfg.caller_rail);
+    cfg.rail_gbits = tally_engine::client::rails::plugin_rail_gbits(cfg.caller_rail, cfg.link_gbits);
 }
 
 impl CollComm {
@@ -490,7 +490,11 @@ mod tests {
         assert!(!cfg.caller_rail, "the library's client runs a thread a rail");
         tcp_defaults(&mut cfg);
         assert!(cfg.caller_rail);
-        assert_eq!(cfg.rail_gbits, RAIL_GBITS, "with the caller's rail a rail counts as the library's");
+        // Link rate unknown (TALLY_LINK_GBITS unset): NCCL_RAIL_GBITS; known, see `plugin_rail_gbits`.
+        assert_eq!(cfg.rail_gbits, NCCL_RAIL_GBITS);
+        cfg.link_gbits = 16.0;
+        tcp_defaults(&mut cfg);
+        assert_eq!(cfg.rail_gbits, RAIL_GBITS, "above 8 Gbit/s with the caller's rail a rail counts as the library's");
         std::env::set_var("TALLY_CALLER_RAIL", "0");
         let mut cfg = ClientConfig::new(vec![], 1, 0, 2);
         tcp_defaults(&mut cfg);

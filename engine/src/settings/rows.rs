@@ -139,7 +139,7 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_RAILS",
         "0",
-        "auto: over tcp with 2+ servers on hosts of 8 or more cores, as few as carry TALLY_LINK_GBITS (8 Gbit/s a rail; the plugin's 4 with TALLY_CALLER_RAIL=0; one is the caller's thread), else one per server but at least 4, at most 8; else 1",
+        "auto: over tcp with 2+ servers on hosts of 8 or more cores, as few as carry TALLY_LINK_GBITS (8 Gbit/s a rail; the plugin's 4 up to 8 Gbit/s, and at any rate with TALLY_CALLER_RAIL=0; one is the caller's thread), else one per server but at least 4, at most 8; else 1",
         &[Client, Tools],
         "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread; with TALLY_CALLER_RAIL=1 rail 0 is the caller's too)",
     ),

@@ -31,19 +31,21 @@ pub const RAIL_GBITS: f64 = 8.0;
 /// the caller's rail the plugin counts on [`RAIL_GBITS`] ([`plugin_rail_gbits`]).
 pub const NCCL_RAIL_GBITS: f64 = 4.0;
 
-/// What the NCCL plugin's client counts on each rail carrying, with the
-/// caller's rail (`ClientConfig::caller_rail`, the plugin's default) or
-/// without. With it NCCL's proxy thread drives rail 0 in the polls it makes
-/// anyway, and half the rails held the link: on nvidia-h200-x2 (4 + 4
-/// emulated hosts, `bench cluster --mode agg-plugin`, two rounds) one rail
-/// held 8 Gbit/s at 0.99 of the bound for 1.03-1.05 worker CPU s/GB against
-/// two rails' 1.49-1.57 (8 + 8: 0.98 at 1.05 against 0.97 at 1.74), two
-/// held 16 at 0.97-0.99 for 0.98-1.06 against four's 0.99 at 1.47-1.56;
-/// real NCCL (CollNet, one rank a GPU) 0.99-1.00 either way at 2.02 against
-/// 2.31-2.34 s/GB at 8, 1.40-1.48 against 1.59-1.67 at 16. At 32 Gbit/s it
-/// still wants four (two: 0.47-0.53 of the bound, real NCCL 0.85-0.97).
-pub fn plugin_rail_gbits(caller_rail: bool) -> f64 {
-    if caller_rail {
+/// What the NCCL plugin's client counts on each rail carrying on a link of
+/// `link_gbits`, with the caller's rail (`ClientConfig::caller_rail`, the
+/// plugin's default) or without. With it NCCL's proxy thread drives rail 0
+/// in the polls it makes anyway, and above 8 Gbit/s half the rails held the
+/// link: on nvidia-h200-x2 (4 + 4 emulated hosts, `bench cluster --mode
+/// agg-plugin`, alternated) two rails held 16 Gbit/s at 0.99 of the bound for
+/// 0.94-1.00 worker CPU s/GB against four's 0.98-0.99 at 1.37-1.57, and real
+/// NCCL (CollNet, one rank a GPU) at 0.99-1.00 for 1.37-1.48 rank s/GB
+/// against 1.59-1.67; 32 Gbit/s still wants four (two: 0.47-0.53 of the
+/// bound, real NCCL 0.85-0.97). At 8 Gbit/s one rail (the proxy's thread
+/// alone) held 4 + 4 hosts at 0.99 but 8 + 8 (two cores a worker) at
+/// 0.87-0.98 against two rails' 0.97-0.99, so up to 8 the plugin keeps
+/// [`NCCL_RAIL_GBITS`].
+pub fn plugin_rail_gbits(caller_rail: bool, link_gbits: f64) -> f64 {
+    if caller_rail && link_gbits > RAIL_GBITS {
         RAIL_GBITS
     } else {
         NCCL_RAIL_GBITS
@@ -147,8 +149,9 @@ mod tests {
         assert_eq!(auto_rails(t, 3, 32, 32.0, lib), 4);
         // The plugin's rails carry less each without the caller's rail,
         // as much as the library's with it.
-        assert_eq!(super::plugin_rail_gbits(false), nccl);
-        assert_eq!(super::plugin_rail_gbits(true), lib);
+        let plugin = |caller_rail, link| auto_rails(t, 4, 32, link, super::plugin_rail_gbits(caller_rail, link));
+        assert_eq!([4.0, 8.0, 12.5, 16.0, 32.0].map(|g| plugin(true, g)), [1, 2, 2, 2, 4]);
+        assert_eq!([4.0, 8.0, 12.5, 16.0, 32.0].map(|g| plugin(false, g)), [1, 2, 4, 4, 4]);
         assert_eq!(auto_rails(t, 4, 32, 4.0, nccl), 1);
         assert_eq!(auto_rails(t, 4, 32, 8.0, nccl), 2);
         assert_eq!(auto_rails(t, 4, 32, 16.0, nccl), 4);

@@ -41,7 +41,7 @@
 //! of two or more servers on hosts of 8 or more cores (as the thread that connects sees them), as
 //! few rails as carry the rank's link where `ClientConfig::link_gbits` (`TALLY_LINK_GBITS`) gives
 //! it (`rails::auto_rails`: `RAIL_GBITS` each, 1 at 8 Gbit/s, 2 at 16 and 4 at
-//! 32; the plugin's `plugin_rail_gbits`: the same with the caller's rail, its default, else 2 at 8 and 4 from 16), else one rail per server but at least 4
+//! 32; the plugin's `plugin_rail_gbits`: with the caller's rail, its default, 2 at 8 and 16 and 4 at 32, else 2 at 8 and 4 from 16), else one rail per server but at least 4
 //! (`AUTO_MIN_RAILS`: two servers get two lanes each) and at most 8; else 1, which is no thread: the caller's thread drives one endpoint (EFA, whose registrations
 //! belong to one domain; one server; small hosts; the 2-core CI). A job on one server gets one rail
 //! unless `TALLY_RAILS` asks for more, which keeps its small operations on the caller's thread. shm's

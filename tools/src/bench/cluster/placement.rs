@@ -103,7 +103,7 @@ pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>, rate: f64, bu
     let asked = std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
     let link = link_gbits(rate);
     let agg = resolve_rails(asked, "tcp", hosts as usize, link, RAIL_GBITS);
-    let plugin = resolve_rails(asked, "tcp", hosts as usize, link, plugin_rail_gbits(caller_rail_from_env(true)));
+    let plugin = resolve_rails(asked, "tcp", hosts as usize, link, plugin_rail_gbits(caller_rail_from_env(true), link));
     if asked != 0 {
         return WorkerRails { agg, plugin, why: "TALLY_RAILS" };
     }
