@@ -48,10 +48,11 @@
 //! 0.70-0.99 of 32 Gbit/s against 0.56-0.79, and real NCCL held CollNet at
 //! 0.99 with about one core of the machine fewer busy. It is not the library
 //! client's default: at 16 Gbit/s it cost agg some rate (0.90-0.98 against
-//! 0.95-0.99), and where a worker's thread is already the bottleneck (8 + 8
-//! hosts, two cores a worker) it carries rail 0 and the client's own work
-//! on one core and lost a fifth of it (0.70-0.71 against 0.85-0.89); NCCL's
-//! proxy thread polls without sleeping anyway
+//! 0.95-0.99), and on 8 + 8 hosts (two cores a worker) it lost a fifth of
+//! it (0.70-0.71 against 0.85-0.89; that the caller's thread, carrying rail
+//! 0 and the client's own work on one core, is what runs out there is a
+//! guess: no per-thread figure was taken); NCCL's proxy thread polls
+//! without sleeping anyway
 //! ([measurements](docs/measurements.md), "The caller's rail").
 //!
 //! shm's calls take spinlocks in memory shared with other processes, and a

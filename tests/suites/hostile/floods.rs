@@ -96,14 +96,23 @@ fn a_flood_of_messages_for_no_receive_is_discarded_and_memory_comes_back() {
 /// none stalled by a discarded result.
 #[test]
 fn a_flood_of_messages_for_no_receive_at_a_rank_is_discarded_and_its_job_goes_on() {
-    flood_a_rank(1);
+    flood_a_rank(1, false);
 }
 
 /// The same with the rank's endpoints on rail threads (two rails): the
 /// sweep's completions come back apart from the data's.
 #[test]
 fn a_flood_of_messages_for_no_receive_at_a_rank_with_rails_is_discarded_and_its_job_goes_on() {
-    flood_a_rank(2);
+    flood_a_rank(2, false);
+}
+
+/// The same on the caller's rail (`TALLY_CALLER_RAIL`, the plugin's
+/// default): the flooded endpoint is rail 0, driven by the rank's own
+/// thread, whose sweep completions come back with the data's while rail 1's
+/// thread keeps its own apart.
+#[test]
+fn a_flood_of_messages_for_no_receive_on_the_callers_rail_is_discarded_and_its_job_goes_on() {
+    flood_a_rank(2, true);
 }
 
 /// Sends `n` messages of `len` junk bytes from `ep` to `at`, message `i`
@@ -139,8 +148,9 @@ fn send_junk(
     buf
 }
 
-/// Rank 0 of a two-rank job on `rails` rails is flooded on its first one.
-fn flood_a_rank(rails: usize) {
+/// Rank 0 of a two-rank job on `rails` rails (rail 0 the caller's own with
+/// `caller_rail`) is flooded on its first one.
+fn flood_a_rank(rails: usize, caller_rail: bool) {
     use std::sync::mpsc;
     use tally_engine::dataplane::fabric::{Endpoint, EndpointConfig, Hints};
     let srv = server("tcp");
@@ -153,7 +163,7 @@ fn flood_a_rank(rails: usize) {
     // both ranks run the same all-reduces.
     let ranks: Vec<_> = (0..2u32)
         .map(|rank| {
-            let cfg = ClientConfig { rails, ..rank_cfg(&srv.addr, 0xf1a0, rank, 2, secret) };
+            let cfg = ClientConfig { rails, caller_rail, ..rank_cfg(&srv.addr, 0xf1a0, rank, 2, secret) };
             let (name_tx, flood_sent) = (name_tx.clone(), flood_sent.clone());
             std::thread::spawn(move || -> Result<(u64, usize), String> {
                 let mut c = Client::connect(cfg).map_err(|e| e.to_string())?;
@@ -204,7 +214,7 @@ fn flood_a_rank(rails: usize) {
     let done: Vec<_> = ranks.into_iter().map(|r| r.join().unwrap().expect("every round of both ranks")).collect();
     let (discarded, rounds) = done[0];
     eprintln!(
-        "HOSTILE rank flood ({rails} rail(s)): {n} messages of {} KiB for no receive: rank 0 discarded {discarded} over {rounds} all-reduces, 0 wrong",
+        "HOSTILE rank flood ({rails} rail(s), caller's rail {caller_rail}): {n} messages of {} KiB for no receive: rank 0 discarded {discarded} over {rounds} all-reduces, 0 wrong",
         len >> 10
     );
     assert_eq!(discarded, n, "rank 0 discards the flood, and nothing else");
