@@ -320,8 +320,8 @@ pub fn tcp_window(link_gbits: f64, servers: usize, piece: usize) -> u32 {
 /// 0.90-0.99; on 4 GPUs the figures above. At 4-16 Gbit/s every setting
 /// gave 0.96-1.00.
 ///
-/// The caller's rail is on unless TALLY_CALLER_RAIL says otherwise: NCCL's
-/// proxy thread drives rail 0 itself (`client::rails`). Where the rank's
+/// The caller's rail is on unless TALLY_CALLER_RAIL=0, as for the library's
+/// client: NCCL's proxy thread drives rail 0 itself (`client::rails`). Where the rank's
 /// link rate is known (TALLY_LINK_GBITS; `tally bench cluster` sets it for
 /// its workers), auto rails count on each carrying
 /// `client::rails::plugin_rail_gbits`: with the caller's rail one up to 4
@@ -346,7 +346,6 @@ fn tcp_defaults(cfg: &mut ClientConfig) {
     if std::env::var_os("TALLY_WINDOW").is_none() {
         cfg.window = tcp_window(cfg.link_gbits, cfg.servers.len(), cfg.chunk_bytes);
     }
-    cfg.caller_rail = tally_engine::client::caller_rail_from_env(true);
     cfg.rail_gbits = tally_engine::client::rails::plugin_rail_gbits(cfg.caller_rail, cfg.link_gbits);
 }
 
@@ -487,7 +486,7 @@ mod tests {
         // Only this test sets TALLY_CALLER_RAIL in this binary.
         std::env::remove_var("TALLY_CALLER_RAIL");
         let mut cfg = ClientConfig::new(vec![], 1, 0, 2);
-        assert!(!cfg.caller_rail, "the library's client runs a thread a rail");
+        assert!(cfg.caller_rail, "the library's client drives rail 0 on the caller's thread too");
         tcp_defaults(&mut cfg);
         assert!(cfg.caller_rail);
         // Link rate unknown (TALLY_LINK_GBITS unset): NCCL_RAIL_GBITS; known, see `plugin_rail_gbits`.

@@ -1,8 +1,9 @@
 //! A rank between all-reduces costs next to no CPU: its rail threads and
 //! copier sleep once they are quiet (`client::rails::idle`), on the client's
 //! bell alone when nothing is in flight, over tcp;ofi_rxm and over shm
-//! (which, as efa, gives a rail no descriptor to sleep on). The only test of
-//! its binary: it reads the whole process's CPU time.
+//! (which, as efa, gives a rail no descriptor to sleep on); with rail 0 on
+//! the caller's thread (the default) and with a thread for every rail. The
+//! only test of its binary: it reads the whole process's CPU time.
 use std::time::{Duration, Instant};
 use tally_e2e::{client, join_all, ServerProcess};
 use tally_engine::client::Client;
@@ -22,7 +23,7 @@ fn cpu_seconds() -> f64 {
 
 #[test]
 fn ranks_between_all_reduces_use_next_to_no_cpu() {
-    for provider in ["tcp", "shm"] {
+    for (provider, caller_rail) in [("tcp", true), ("tcp", false), ("shm", true)] {
         let args = |core| ["--lcores", core, "--provider", provider, "--poll", "adaptive", "--slab-size", "16M"];
         let servers = [ServerProcess::start(&args("0")), ServerProcess::start(&args("1"))];
         let n = 2;
@@ -31,8 +32,10 @@ fn ranks_between_all_reduces_use_next_to_no_cpu() {
             .map(|rank| {
                 let mut cfg = client(provider, &servers[0].addr, 0x1d1e, rank, n);
                 cfg.servers.push(servers[1].addr.clone());
-                // Two rail threads per rank, spinning as long as by default before a sleep.
+                // Two rails per rank (rail 0 the caller's thread's, or a
+                // thread each), spinning as long as by default before a sleep.
                 cfg.rails = 2;
+                cfg.caller_rail = caller_rail;
                 cfg.spin_polls = 2048;
                 cfg.rail_spin_polls = 2048;
                 let ranks = ranks.clone();
@@ -66,7 +69,10 @@ fn ranks_between_all_reduces_use_next_to_no_cpu() {
         let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64() / n as f64;
         ranks.wait();
         join_all(hs);
-        eprintln!("IDLE {provider}: a rank (2 rails) between all-reduces used {:.2}% of a core over {idle_for:?}", share * 100.0);
-        assert!(share < 0.05, "{provider}: {:.1}% of a core per idle rank", share * 100.0);
+        eprintln!(
+            "IDLE {provider}: a rank (2 rails, caller's rail {caller_rail}) between all-reduces used {:.2}% of a core over {idle_for:?}",
+            share * 100.0
+        );
+        assert!(share < 0.05, "{provider} (caller's rail {caller_rail}): {:.1}% of a core per idle rank", share * 100.0);
     }
 }

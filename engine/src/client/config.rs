@@ -79,7 +79,7 @@ pub struct ClientConfig {
     /// an idle client costs system calls. Default 1.
     pub sleep_ms: u32,
     /// Sends in flight per server (0: as many as the windows allow).
-    /// Default from TALLY_SEND_CREDITS.
+    /// Default from TALLY_SEND_CREDITS, else 0.
     pub send_credits: u32,
     /// Smallest piece an all-reduce is cut into to spread it over streams
     /// (see [`op_chunk_bytes`]). Must be the same on every rank. Default
@@ -158,7 +158,8 @@ pub struct ClientConfig {
     pub rail_cores: Vec<usize>,
     /// With rails, the caller's thread drives the first rail's endpoint
     /// itself, between its other work, and only the others get a thread
-    /// each (`rails`'s module doc says why). From TALLY_CALLER_RAIL (`1`).
+    /// each (`rails`'s module doc says why). Default on; TALLY_CALLER_RAIL=0
+    /// gives every rail a thread.
     pub caller_rail: bool,
     /// With rail threads and failover on, one more thread copies staged
     /// results into the caller's buffers, off the rails' path (see
@@ -262,7 +263,7 @@ impl ClientConfig {
             spin_polls: std::env::var("TALLY_SPIN_POLLS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(2048),
             rail_spin_polls: std::env::var("TALLY_RAIL_SPIN_POLLS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(RAIL_SPIN_POLLS),
             sleep_ms: 1,
-            send_credits: std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            send_credits: send_credits_from_env(),
             min_piece: env_size("TALLY_MIN_PIECE").unwrap_or(MIN_SPREAD_PIECE),
             reserve: comm_jobs_from_env().map_or(0, |n| n - 1),
             interleave: std::env::var("TALLY_INTERLEAVE").is_ok_and(|v| v.trim() == "1"),
@@ -278,7 +279,7 @@ impl ClientConfig {
                 .ok()
                 .and_then(|v| crate::host::cpuset::CoreList::parse(&v).ok())
                 .map_or_else(Vec::new, |l| l.as_slice().to_vec()),
-            caller_rail: caller_rail_from_env(false),
+            caller_rail: caller_rail_from_env(),
             copier: std::env::var("TALLY_COPIER").is_ok_and(|v| v.trim() == "1"),
             liveness: Duration::from_millis(
                 std::env::var("TALLY_LIVENESS_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_LIVENESS_MS),
@@ -295,10 +296,16 @@ pub fn comm_jobs_from_env() -> Option<u8> {
     std::env::var("TALLY_COMM_JOBS").ok()?.trim().parse::<u8>().ok().filter(|n| (1..=wire::MAX_RESERVE + 1).contains(n))
 }
 
-/// TALLY_CALLER_RAIL (`1`: on, anything else: off), or `default` where it
-/// is unset: the library's client's is off, the NCCL plugin's on.
-pub fn caller_rail_from_env(default: bool) -> bool {
-    std::env::var("TALLY_CALLER_RAIL").map_or(default, |v| v.trim() == "1")
+/// TALLY_CALLER_RAIL: on where it is unset or `1`, off for anything else
+/// (`0`). The library's client and the NCCL plugin alike (`rails`'s module
+/// doc says why).
+pub fn caller_rail_from_env() -> bool {
+    std::env::var("TALLY_CALLER_RAIL").map_or(true, |v| v.trim() == "1")
+}
+
+/// TALLY_SEND_CREDITS, else 0 (as many sends as the windows allow).
+pub fn send_credits_from_env() -> u32 {
+    std::env::var("TALLY_SEND_CREDITS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// TALLY_LINK_GBITS, when it is a positive, finite rate; else 0 (unknown).

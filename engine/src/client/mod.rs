@@ -79,7 +79,8 @@ mod sweep;
 pub mod tcp_floor;
 pub mod watchdog;
 pub use config::{
-    auto_window, caller_rail_from_env, link_gbits_from_env, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE, MIN_SPREAD_PIECE,
+    auto_window, caller_rail_from_env, link_gbits_from_env, send_credits_from_env, ClientConfig, DEFAULT_LIVENESS_MS, MAX_MIN_PIECE,
+    MIN_SPREAD_PIECE,
 };
 pub use error::ClientError;
 pub use join::MAX_SUBJOBS;

@@ -32,9 +32,9 @@
 //! few cores) and for providers that want buffers registered (EFA): a
 //! registration belongs to one domain, and every rail is its own domain.
 //!
-//! With the *caller's rail* (`ClientConfig::caller_rail`, TALLY_CALLER_RAIL;
-//! the NCCL plugin's default) the caller's thread drives rail 0's endpoint
-//! itself, as with one rail, and only rails 1.. get a thread: its polls
+//! With the *caller's rail* (`ClientConfig::caller_rail`, the default;
+//! TALLY_CALLER_RAIL=0 turns it off) the caller's thread drives rail 0's
+//! endpoint itself, as with one rail, and only rails 1.. get a thread: its polls
 //! read that CQ before the others' rings, its waits sleep on that CQ's
 //! descriptor and the bell together, and it copies the staged results
 //! received there ([`Rails::copies_results`] is per rail). Why: with every
@@ -46,14 +46,23 @@
 //! 10-20% less CPU per GB at 16 Gbit/s (0.75-0.91 s/GB against 0.84-1.04)
 //! and reached more of 32 (0.87-0.98 against 0.78-0.99); the plugin reached
 //! 0.70-0.99 of 32 Gbit/s against 0.56-0.79, and real NCCL held CollNet at
-//! 0.99 with about one core of the machine fewer busy. It is not the library
-//! client's default: at 16 Gbit/s it cost agg some rate (0.90-0.98 against
-//! 0.95-0.99), and on 8 + 8 hosts (two cores a worker) it lost a fifth of
-//! it (0.70-0.71 against 0.85-0.89; that the caller's thread, carrying rail
-//! 0 and the client's own work on one core, is what runs out there is a
-//! guess: no per-thread figure was taken); NCCL's proxy thread polls
-//! without sleeping anyway
-//! ([measurements](docs/measurements.md), "The caller's rail").
+//! 0.99 with about one core of the machine fewer busy. The library's client
+//! first kept a thread for every rail, because agg lost a fifth of the link
+//! with it on 8 + 8 hosts (0.70 against 0.85); that loss was `tally bench
+//! cluster`'s one send credit per server, which no client ran by default
+//! (its `send_credits` is 0): each server's next piece waited for the last
+//! one's send to complete, and through the caller's loop that wait was long
+//! (the slowest pieces' round trips 8.3-8.8 ms on rail 1 against 4.6-5.0 on
+//! rail 0, neither thread past 72% of a core). With the client's own credits
+//! the caller's rail held 8 + 8 (0.90-0.98) and brought the workers' CPU on
+//! 4 + 4 hosts at 16 Gbit/s to about the ring's (run by run 0.90-1.14 of it,
+//! against 0.98-1.28 with a thread a rail, at the same rate), so it is every
+//! client's default. A caller that
+//! starts an all-reduce and then does other work moves rail 0 only when it
+//! tests or waits, as a one-rail client always did; TALLY_CALLER_RAIL=0
+//! keeps every rail moving on its own thread
+//! ([measurements](docs/measurements.md), "The caller's rail", "The
+//! caller's rail for every client").
 //!
 //! shm's calls take spinlocks in memory shared with other processes, and a
 //! peer killed while holding one leaves the caller spinning inside the call

@@ -139,9 +139,9 @@ pub static ENV: &[EnvVar] = &[
     var(
         "TALLY_RAILS",
         "0",
-        "auto: over tcp with 2+ servers on hosts of 8 or more cores, as few as carry TALLY_LINK_GBITS (8 Gbit/s a rail; the plugin's 4 up to 8 Gbit/s, and at any rate with TALLY_CALLER_RAIL=0; one is the caller's thread), else one per server but at least 4, at most 8; else 1",
+        "auto: over tcp with 2+ servers on hosts of 8 or more cores, as few as carry TALLY_LINK_GBITS (8 Gbit/s a rail; the plugin's 4 up to 8 Gbit/s, and at any rate with TALLY_CALLER_RAIL=0; rail 0 is the caller's thread), else one per server but at least 4, at most 8; else 1",
         &[Client, Tools],
-        "endpoints a client moves its bytes through, each on a thread of its own (1: one, on the caller's thread; with TALLY_CALLER_RAIL=1 rail 0 is the caller's too)",
+        "endpoints a client moves its bytes through, each on a thread of its own but rail 0, which the caller's thread drives (TALLY_CALLER_RAIL; 1: one, on the caller's thread)",
     ),
     var(
         "TALLY_LINK_GBITS",
@@ -180,10 +180,10 @@ pub static ENV: &[EnvVar] = &[
     ),
     var(
         "TALLY_CALLER_RAIL",
-        "0",
-        "the plugin: 1",
+        "1",
+        "",
         &[Client, Plugin],
-        "1: with rails, the caller's thread (NCCL's proxy thread, through the plugin) drives the first rail's endpoint itself and only the others get a thread each: one hand-over between threads fewer per piece on that rail; 0: a thread for every rail",
+        "1: with rails, the caller's thread (NCCL's proxy thread, through the plugin) drives the first rail's endpoint itself, while it waits, and only the others get a thread each: one hand-over between threads fewer per piece on that rail; 0: a thread for every rail (rail 0 then moves while the caller is away)",
     ),
     var(
         "TALLY_COPIER",

@@ -120,7 +120,7 @@ pub(super) fn mode_rails(args: &AllreduceArgs, provider: &str, mode: &str) -> us
     use tally_engine::client::{caller_rail_from_env, rails::plugin_rail_gbits};
     let env = ClientConfig::new(Vec::new(), 0, 0, 1);
     let asked = args.rails.unwrap_or(env.rails);
-    let per_rail = if mode == "agg-plugin" { plugin_rail_gbits(caller_rail_from_env(true), env.link_gbits) } else { env.rail_gbits };
+    let per_rail = if mode == "agg-plugin" { plugin_rail_gbits(caller_rail_from_env(), env.link_gbits) } else { env.rail_gbits };
     tally_engine::client::rails::resolve_rails(asked, provider, args.servers.len(), env.link_gbits, per_rail)
 }
 

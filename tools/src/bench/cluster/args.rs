@@ -44,7 +44,8 @@ pub struct ClusterArgs {
     #[arg(long, default_value_t = 1)]
     pub agg_in_flight: usize,
     /// Sends in flight per server per worker (pacing for TCP-like links; 0: window-bound).
-    /// Default: 1 for agg; agg-plugin keeps the plugin's own (TALLY_SEND_CREDITS), as under NCCL.
+    /// Default: the client library's own for both modes (TALLY_SEND_CREDITS, else 0), as a
+    /// user's ranks and NCCL's would run.
     #[arg(long)]
     pub send_credits: Option<u32>,
     /// Lcores per server (default: 4 where the host has 16 cores per host pair, or 8 and a
@@ -177,9 +178,14 @@ impl ClusterArgs {
         self.poll.poll == crate::cli_args::PollMode::Busy
     }
 
-    /// agg's send credits: `--send-credits`, else 1.
+    /// agg's send credits: `--send-credits`, else the library's
+    /// (TALLY_SEND_CREDITS, else 0). Until 2026-11-30 this was 1, which
+    /// no user's client ran: on 8 + 8 hosts at 16 Gbit/s it held each
+    /// server's next piece until the last one's send completed, and with
+    /// the caller's rail that wait lost a fifth of the link
+    /// (docs/measurements.md, "The caller's rail for every client").
     pub fn agg_send_credits(&self) -> u32 {
-        self.send_credits.unwrap_or(1)
+        self.send_credits.unwrap_or_else(tally_engine::client::send_credits_from_env)
     }
 
     /// The defaults `tally demo` uses.

@@ -298,10 +298,9 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
 
     // `auto`: adaptive (`placement::auto_poll` says why); the pollers are
     // counted for the placement line.
-    // The caller's rail: the library's client off unless asked, the plugin's on (TALLY_CALLER_RAIL).
-    use tally_engine::client::caller_rail_from_env as caller_rail;
+    // The caller's rail: on for both modes unless TALLY_CALLER_RAIL=0.
     let threads = worker_rails(args.hosts, worker_cores.as_deref(), top_rate, args.busy_polling())
-        .most_threads(caller_rail(false), caller_rail(true));
+        .most_threads(tally_engine::client::caller_rail_from_env());
     let pollers = placement::pollers(args.hosts, &server_lcores, threads);
     let poll = match args.poll.poll {
         crate::cli_args::PollMode::Auto => placement::auto_poll(),

@@ -75,10 +75,10 @@ impl WorkerRails {
 
     /// The most threads a worker runs in any mode: its own, and one per
     /// rail but the one its own thread drives (one rail; with the caller's
-    /// rail, `TALLY_CALLER_RAIL`, on for agg or agg-plugin, rail 0).
-    pub fn most_threads(&self, agg_caller_rail: bool, plugin_caller_rail: bool) -> usize {
-        let threads = |rails: usize, caller_rail: bool| if rails > 1 { 1 + rails - usize::from(caller_rail) } else { 1 };
-        threads(self.agg, agg_caller_rail).max(threads(self.plugin, plugin_caller_rail))
+    /// rail, on unless `TALLY_CALLER_RAIL=0`, rail 0).
+    pub fn most_threads(&self, caller_rail: bool) -> usize {
+        let threads = |rails: usize| if rails > 1 { 1 + rails - usize::from(caller_rail) } else { 1 };
+        threads(self.agg).max(threads(self.plugin))
     }
 
     /// The `--rails` a rank is given: none where each mode resolves its own.
@@ -103,7 +103,7 @@ pub(super) fn worker_rails(hosts: u32, worker_cores: Option<&str>, rate: f64, bu
     let asked = std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
     let link = link_gbits(rate);
     let agg = resolve_rails(asked, "tcp", hosts as usize, link, RAIL_GBITS);
-    let plugin = resolve_rails(asked, "tcp", hosts as usize, link, plugin_rail_gbits(caller_rail_from_env(true), link));
+    let plugin = resolve_rails(asked, "tcp", hosts as usize, link, plugin_rail_gbits(caller_rail_from_env(), link));
     if asked != 0 {
         return WorkerRails { agg, plugin, why: "TALLY_RAILS" };
     }
@@ -187,13 +187,12 @@ mod tests {
         // x2: 4 + 4 hosts, 2 lcores a server, 4 rails a worker.
         let lists: Vec<String> = ["0-1", "2-3", "4-5", "6-7"].iter().map(|s| s.to_string()).collect();
         let four = WorkerRails { agg: 2, plugin: 4, why: "auto" };
-        assert_eq!(pollers(4, &lists, four.most_threads(false, false)), 8 + 4 * 5);
-        // The plugin's caller's rail: rail 0 on the worker's own thread.
-        assert_eq!(four.most_threads(false, true), 4);
-        assert_eq!(four.most_threads(true, true), 4);
+        assert_eq!(pollers(4, &lists, four.most_threads(false)), 8 + 4 * 5);
+        // The caller's rail: rail 0 on the worker's own thread.
+        assert_eq!(four.most_threads(true), 4);
         // One rail: the worker's own thread drives it.
         let one = WorkerRails { agg: 1, plugin: 1, why: "auto" };
-        assert_eq!(pollers(4, &lists, one.most_threads(false, true)), 8 + 4);
+        assert_eq!(pollers(4, &lists, one.most_threads(true)), 8 + 4);
         assert_eq!(auto_poll(), PollMode::Adaptive);
     }
 

@@ -222,7 +222,8 @@ pub fn print_header(args: &ClusterArgs, rate: f64, placement: &str, worker_cores
         } else {
             tally_engine::host::units::parse_size(&args.chunk).unwrap_or(0)
         } as usize),
-        args.send_credits.map_or_else(|| "1 (agg; agg-plugin: the plugin's own)".to_string(), |c| c.to_string()),
+        args.send_credits
+            .map_or_else(|| format!("{} (the library's; agg-plugin: the plugin's)", args.agg_send_credits()), |c| c.to_string()),
         {
             let r = worker_rails(args.hosts, worker_cores, rate, args.busy_polling());
             if r.agg == r.plugin {
