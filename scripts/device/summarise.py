@@ -203,11 +203,13 @@ def configs_rounds(out, *configs):
 
 def _host(h):
     """The machine's CPU over a loop (bench cluster's host_cpu, timing.py's
-    host): cores busy, and the share of the time some task waited for one."""
+    host): cores busy (of them in softirqs, where the tool reports it), and
+    the share of the time some task waited for one."""
     if not h or "busy_cores" not in h:
         return ""
     wait = f" wait {h['cpu_wait'] * 100:.0f}%" if h.get("cpu_wait") is not None else ""
-    return f"  busy {h['busy_cores']:.1f}/{h['cores']}{wait}"
+    sirq = f" (softirq {h['softirq_cores']:.1f})" if h.get("softirq_cores") is not None else ""
+    return f"  busy {h['busy_cores']:.1f}/{h['cores']}{sirq}{wait}"
 
 
 def cpu16(path, hosts, poll, lcores):

@@ -129,6 +129,11 @@ fn cluster_reports_every_ranks_cpu_and_the_kernels_tcp_beside_agg() {
         let frac = num(r, "fraction");
         assert!(frac > 0.0 && frac < 1.5, "fraction {frac} of the link bound: {r}");
         assert!((num(r, "bound_GBps") - 1.0 / 8.0).abs() < 1e-9, "agg's bound, R, for both: {r}");
+        // The machine's cores over the loop, of them in softirqs (the links'
+        // kernel path, their shapers included).
+        let host = &r["host_cpu"];
+        let (busy, softirq) = (num(host, "busy_cores"), num(host, "softirq_cores"));
+        assert!(busy > 0.0 && (0.0..=busy + 1e-9).contains(&softirq), "{host}");
     }
     // Between loops: none before a rate's first loop; before the second,
     // a share of a core per rank and their mean.
