@@ -305,8 +305,9 @@ pub fn cpu_note() -> &'static str {
      #   and receiving the buffer's bytes per iteration (the bytes agg moves per link): wkr and srv are the stream\n\
      #   processes', receive plus send, the kernel's own cost.\n\
      #   Cores per 100 Gbit/s = cpu s/GB x 12.5. With busy polling (placement line) srv is every lcore's whole time, as a\n\
-     #   busy poller spins; --poll adaptive gives the work itself. At a full link wkr and srv also hold the shaper's work:\n\
-     #   tbf runs its queue again from softirqs on the sending cores (the host line's softirq; docs/profiling.md).\n\
+     #   busy poller spins; --poll adaptive gives the work itself. At a full link wkr and srv can also hold the shaper's\n\
+     #   work: tbf runs its queue again from softirqs on the sending cores, which a kernel that counts time by ticks charges\n\
+     #   to the thread they interrupt (the host line's softirq; docs/profiling.md).\n\
      #   host busy,wt: the machine's cores busy over the loop, and the share of its time some task waited for a CPU\n\
      #   (/proc/pressure/cpu): every emulated host shares this machine."
 }
