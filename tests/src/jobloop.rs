@@ -75,6 +75,9 @@ pub struct Shape {
     /// Fault injection: the ranks in this mask put off their first taking
     /// back of a lost server (see `ClientConfig::fault_rejoin_put_off`).
     pub put_off: u32,
+    /// Fault injection: the ranks in this mask hear of sub-job 0's recovery
+    /// only after a later sub-job's verdict (see `ClientConfig::fault_late_news`).
+    pub late_news: u32,
     /// Rails per rank (`ClientConfig::rails`); None: the default (one on
     /// this 2-core machine).
     pub rails: Option<usize>,
@@ -138,6 +141,7 @@ pub fn loop_job(
                 }
             }
             cfg.fault_rejoin_put_off = shape.put_off & (1 << rank) != 0;
+            cfg.fault_late_news = shape.late_news & (1 << rank) != 0;
             let progress = progress.clone();
             std::thread::spawn(move || {
                 let mut kept: Vec<(usize, Vec<f32>)> = Vec::new();

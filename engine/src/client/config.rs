@@ -120,6 +120,12 @@ pub struct ClientConfig {
     /// server before the loss were still with the provider (it lets that
     /// rejoin go after waiting for it, and tries again). False in real use.
     pub fault_rejoin_put_off: bool,
+    /// Fault injection, for tests of failover with several sub-jobs: this
+    /// rank reads nothing on sub-job 0's control connections until it has
+    /// heard a later sub-job's verdict, as though the leader's word of
+    /// sub-job 0's recovery were still on its way when the later one's
+    /// came (they come on different connections). False in real use.
+    pub fault_late_news: bool,
     /// A two-rank job on one server asks it to relay its pieces of at most
     /// [`wire::RELAY_MAX`] bytes (each rank gets the other's piece and
     /// reduces the two itself: one hop through the server for the last
@@ -270,6 +276,7 @@ impl ClientConfig {
             failover: std::env::var("TALLY_FAILOVER").map_or(true, |v| v != "0"),
             fault_drop_results: None,
             fault_rejoin_put_off: false,
+            fault_late_news: false,
             relay: std::env::var("TALLY_RELAY").map_or(true, |v| v != "0"),
             split: std::env::var("TALLY_SPLIT").map_or(true, |v| v != "0"),
             rails: std::env::var("TALLY_RAILS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0),

@@ -190,7 +190,14 @@ pub(crate) struct Granted {
 
 /// An Accept's grant, or why not.
 pub(super) fn read_answer(s: &mut TcpStream) -> Result<Granted, Answer> {
-    let io = |e: std::io::Error| Answer::Io(e.to_string());
+    // The read timeout (`await_answer`'s) running out reads as EAGAIN:
+    // say what it means instead.
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            Answer::Io("no answer to the Hello in time (a server answers once every rank of the job has joined)".into())
+        }
+        _ => Answer::Io(e.to_string()),
+    };
     let mut hdr = [0u8; 8];
     s.read_exact(&mut hdr).map_err(io)?;
     let h: wire::Header = wire::read(&hdr).map_err(|e| Answer::Io(e.to_string()))?;

@@ -123,6 +123,8 @@ pub struct Client {
     /// cleanly, so it must not say Bye (the servers then fail the job for
     /// the other ranks at once instead of counting this one as done).
     failed: bool,
+    /// `ClientConfig::fault_late_news`: a later sub-job's verdict was heard.
+    late_news_heard: bool,
 }
 
 // SAFETY: the raw buffer pointers in queued operations belong to the caller,
@@ -229,6 +231,7 @@ impl Client {
             next_op: 1,
             registrations: Vec::new(),
             failed: false,
+            late_news_heard: false,
         })
     }
 
@@ -490,6 +493,9 @@ impl Client {
             if self.failover.poll_rejoins(&mut self.core, sub)? {
                 self.progress.pump_due = true;
             }
+            if sub == 0 && self.core.cfg.fault_late_news && !self.late_news_heard {
+                continue;
+            }
             for si in 0..self.core.subs[sub].controls.len() {
                 while let Some(msg) = control::read(&mut self.core, sub, si, self.failover.on(sub))? {
                     let now = Instant::now();
@@ -505,7 +511,11 @@ impl Client {
                         Control::SwitchAt(k) => self.on_switch(sub, si, k)?,
                         Control::Gone(why) => self.failover.lose(&mut self.core, sub, 1u64 << si, &why)?,
                         Control::Failover(dead) => self.failover.lose(&mut self.core, sub, dead, "the recovery's leader says so")?,
-                        Control::Recover { dead, switch_op, reports } => self.failover.hear_verdict(sub, (dead, switch_op, reports)),
+                        Control::Recover { dead, switch_op, reports } => {
+                            self.failover.hear_verdict(sub, (dead, switch_op, reports));
+                            self.lose_before(sub, dead)?;
+                            self.late_news_heard |= sub > 0;
+                        }
                     }
                 }
                 // Liveness, only for jobs that can fail over (see [`liveness`]).
@@ -524,6 +534,29 @@ impl Client {
                 self.recover(sub, verdict)?;
             } else if self.failover.recovering(sub) {
                 break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A verdict of sub-job `sub` lost the servers in `dead`: every earlier
+    /// sub-job that can fail over and still counts on one of them loses it
+    /// too, before this rank takes the verdict. Verdicts are taken in
+    /// sub-job order (`check_controls`), but only for recoveries a rank
+    /// knows of: a rank that took a later sub-job's verdict while the
+    /// leader's word of an earlier one's was still on its way (the two come
+    /// on different connections) waited in the later one's redo join for
+    /// ranks that waited in the earlier one for its report, until both
+    /// timed out (seen once in CI: two sub-jobs, one rank a round ahead
+    /// when a server was killed). The servers are the same processes for
+    /// every sub-job; one that only ended the later job costs the earlier
+    /// one a recovery it did not need, never a wrong result.
+    fn lose_before(&mut self, sub: usize, dead: u64) -> Result<(), ClientError> {
+        let job = self.core.subs[sub].job_id;
+        for earlier in 0..sub {
+            let unseen = dead & !self.failover.lost(earlier);
+            if unseen != 0 && self.failover.on(earlier) {
+                self.failover.lose(&mut self.core, earlier, unseen, &format!("lost in job {job:#x}'s recovery"))?;
             }
         }
         Ok(())

@@ -44,7 +44,14 @@
 //!    that noticed nothing report too, and once every rank reported the
 //!    same set it sends every rank every report and the switch operation K,
 //!    the largest boundary (`Recover`). A loss noticed before that (the
-//!    leader itself, say) grows the set and everyone reports again.
+//!    leader itself, say) grows the set and everyone reports again. With
+//!    several sub-jobs each rank takes their Recovers in sub-job order (a
+//!    redo job's join is collective), and a Recover of a later sub-job
+//!    loses its servers in the earlier ones first (`Client::lose_before`):
+//!    the leader's word of an earlier sub-job's recovery may still be on
+//!    its way, on another connection, and a rank that took the later
+//!    verdict first waited in its redo join for ranks that waited for its
+//!    report in the earlier one.
 //! 3. **Agree**, each rank on its own and identically from the same
 //!    reports. Operations from K on are cut over the survivors only (a new
 //!    stream set, as after a drain). The lost work is every chunk of an
@@ -221,6 +228,11 @@ impl Failover {
     /// Whether this rank lost server `si` of sub-job `sub`.
     pub(super) fn has_lost(&self, sub: usize, si: usize) -> bool {
         self.jobs[sub].dead & (1u64 << si) != 0
+    }
+
+    /// The servers this rank lost in sub-job `sub` (bit i: the i-th server).
+    pub(super) fn lost(&self, sub: usize) -> u64 {
+        self.jobs[sub].dead
     }
 
     /// Whether a receive of a recovery's redo jobs will take a message
