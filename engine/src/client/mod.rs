@@ -541,16 +541,9 @@ impl Client {
 
     /// A verdict of sub-job `sub` lost the servers in `dead`: every earlier
     /// sub-job that can fail over and still counts on one of them loses it
-    /// too, before this rank takes the verdict. Verdicts are taken in
-    /// sub-job order (`check_controls`), but only for recoveries a rank
-    /// knows of: a rank that took a later sub-job's verdict while the
-    /// leader's word of an earlier one's was still on its way (the two come
-    /// on different connections) waited in the later one's redo join for
-    /// ranks that waited in the earlier one for its report, until both
-    /// timed out (seen once in CI: two sub-jobs, one rank a round ahead
-    /// when a server was killed). The servers are the same processes for
-    /// every sub-job; one that only ended the later job costs the earlier
-    /// one a recovery it did not need, never a wrong result.
+    /// too, before this rank takes the verdict (why: `failover`'s module
+    /// doc, step 2). A server that ended only the later job costs the
+    /// earlier one a recovery it did not need, never a wrong result.
     fn lose_before(&mut self, sub: usize, dead: u64) -> Result<(), ClientError> {
         let job = self.core.subs[sub].job_id;
         for earlier in 0..sub {
