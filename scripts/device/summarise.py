@@ -223,7 +223,9 @@ def cpu(path):
     for r in load(path, "rows"):
         w, s = r.get("worker_cpu_s_per_gb"), r.get("server_cpu_s_per_gb")
         f = lambda x: "-" if x is None else f"{x:.3f} s/GB ({x * 12.5:.1f} cores per 100 Gbit/s)"
-        print(f"{r['link_gbit']:>5} {r['mode']:>5} {r['bytes']>>20}Mi fraction {r['fraction']:.2f}  worker {f(w)}  servers {f(s)}")
+        sq = [r.get(k) for k in ("worker_cores_softirq_s_per_gb", "server_cores_softirq_s_per_gb")]
+        sirq = "" if sq[0] is None else "  softirqs on their cores " + " / ".join("-" if x is None else f"{x:.3f}" for x in sq)
+        print(f"{r['link_gbit']:>5} {r['mode']:>5} {r['bytes']>>20}Mi fraction {r['fraction']:.2f}  worker {f(w)}  servers {f(s)}{sirq}")
 
 
 def _stamp(line):

@@ -19,7 +19,7 @@
 //! a row's `loop_wall_s` holds the result's check and that lag, and the
 //! ranks' CPU over it may differ from worker 0's own `cpu_s` (its
 //! getrusage over the loop alone) by the check and a clock tick or two.
-use super::host_cpu::{HostCpu, HostLoad};
+use super::host_cpu::{CoreSets, HostCpu, HostLoad};
 use super::proc_cpu::CpuMark;
 use super::tcp_loss::NetLoss;
 use serde::Serialize;
@@ -29,6 +29,9 @@ use serde::Serialize;
 pub(super) struct LoopTracker {
     server_pids: Vec<u32>,
     rank_pids: Vec<u32>,
+    /// The workers' and the servers' cores, where they are apart: their
+    /// softirq time over each loop.
+    sets: Option<CoreSets>,
     started: Option<Started>,
     /// The ranks at the last result, where the next gap begins.
     last_result: Option<CpuMark>,
@@ -81,8 +84,8 @@ pub(super) fn step_name(mode: &str, bytes: usize) -> String {
 }
 
 impl LoopTracker {
-    pub(super) fn new(server_pids: Vec<u32>, rank_pids: Vec<u32>) -> LoopTracker {
-        LoopTracker { server_pids, rank_pids, started: None, last_result: None }
+    pub(super) fn new(server_pids: Vec<u32>, rank_pids: Vec<u32>, sets: Option<CoreSets>) -> LoopTracker {
+        LoopTracker { server_pids, rank_pids, sets, started: None, last_result: None }
     }
 
     /// One process in each host's namespace, for its TCP counters.
@@ -99,7 +102,7 @@ impl LoopTracker {
             servers: CpuMark::now(&self.server_pids),
             ranks,
             loss: NetLoss::of(&self.host_pids()),
-            host: HostCpu::now(),
+            host: HostCpu::now_on(self.sets.as_ref()),
             between,
         });
     }
@@ -113,7 +116,7 @@ impl LoopTracker {
         self.last_result = Some(ranks.clone());
         let Some(s) = self.started.take() else { return OverLoop::default() };
         let loss = s.loss.and_then(|then| Some(NetLoss::of(&self.host_pids())?.since(then)));
-        let host = HostLoad::over(s.host);
+        let host = HostLoad::over(s.host, self.sets.as_ref());
         if s.step != step {
             return OverLoop { loss, host, ..OverLoop::default() };
         }
@@ -242,7 +245,7 @@ mod tests {
     #[test]
     fn a_tracker_reads_ranks_over_loops_and_between_them() {
         let me = std::process::id();
-        let mut t = LoopTracker::new(vec![me], vec![me, me]);
+        let mut t = LoopTracker::new(vec![me], vec![me, me], None);
         // A result with no loop announced: no figures, but the gap starts.
         let o = t.finish(&step_name("agg", 4096));
         assert!(o.ranks.is_none() && o.server_cpu_s.is_none() && o.between.is_none());
@@ -251,9 +254,25 @@ mod tests {
         assert_eq!(o.ranks.as_ref().map(|r| r.cpu_s.len()), Some(2), "{o:?}");
         assert!(o.server_cpu_s.is_some_and(|s| s >= 0.0), "{o:?}");
         assert!(o.between.as_ref().is_some_and(|b| b.cpu_s.len() == 2 && b.wall_s >= 0.0), "{o:?}");
+        assert!(o.host.is_some_and(|h| h.workers_softirq_s.is_none()), "no sets, no softirq per side: {o:?}");
         // A result that is not the loop announced: no process's CPU.
         t.start(&step_name("ring", 4096));
         let o = t.finish(&step_name("agg", 4096));
         assert!(o.ranks.is_none() && o.server_cpu_s.is_none() && o.between.is_none(), "{o:?}");
+    }
+
+    #[test]
+    fn a_tracker_with_core_sets_reads_each_sides_softirqs_over_the_loop() {
+        let me = std::process::id();
+        let sets = CoreSets { workers: vec![0], servers: vec![1] };
+        let mut t = LoopTracker::new(vec![me], vec![me], Some(sets));
+        t.start(&step_name("agg", 4096));
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let host = t.finish(&step_name("agg", 4096)).host.expect("/proc/stat");
+        let (w, s) = (host.workers_softirq_s, host.servers_softirq_s);
+        assert!(w.is_some_and(|w| w >= 0.0), "{host:?}");
+        // CPU 1 is read where the machine has it (this one has 2 cores or more).
+        let two = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+        assert!(!two || s.is_some_and(|s| s >= 0.0), "{host:?}");
     }
 }

@@ -193,7 +193,7 @@ pub mod workers;
 use crate::logfile;
 use crate::progress::Progress;
 use args::{cores_mask, cpu_mask, ClusterArgs, Rps};
-use host_cpu::{HostCpu, HostLoad, RateLoad};
+use host_cpu::{CoreSets, HostCpu, HostLoad, RateLoad};
 use loss::{apply_level, level_drops, Dropper, LossLevel};
 use netns::{addr, build_network, sweep_stale, unavailable, HostNet, Iproute, Testbed};
 use placement::{place, worker_rails};
@@ -280,6 +280,16 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
     let top_rate = rates.iter().copied().fold(0.0, f64::max);
     let (server_lcores, worker_cores, placement) = place(args.hosts, cores, args.server_lcores, top_rate);
     let worker_list = worker_cores.as_ref().and_then(|w| tally_engine::host::cpuset::CoreList::parse(w).ok());
+    // Where the workers are pinned the servers have cores of their own: each
+    // set's softirq time is read over every loop.
+    let sets = worker_list.as_ref().map(|w| CoreSets {
+        workers: w.as_slice().to_vec(),
+        servers: server_lcores
+            .iter()
+            .filter_map(|l| tally_engine::host::cpuset::CoreList::parse(l).ok())
+            .flat_map(|l| l.as_slice().to_vec())
+            .collect(),
+    });
     let rps_mask = match (args.rps.resolved(!args.loss.is_empty() && worker_list.is_some()), &worker_list) {
         (Rps::Off | Rps::Auto, _) => None,
         (Rps::Workers, Some(list)) => Some(cores_mask(list.as_slice())),
@@ -394,7 +404,7 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
                        before,
                        host_before: Option<HostCpu>,
                        what: &str| {
-        let host = HostLoad::over(host_before);
+        let host = HostLoad::over(host_before, None);
         let mut links = loss_over(bed, rate, before);
         if let (Some(d), Some(l)) = (&dropper, level) {
             links.loss = Some(RuleDrops {
@@ -455,10 +465,11 @@ pub fn launch(args: &ClusterArgs) -> Result<ClusterOutcome, String> {
             set_level(&bed, level)?;
             let before = loss_before(&bed);
             let first = out.rows.len();
-            let running = Servers { addrs: &servers, pids: &server_pids };
+            let running = Servers { addrs: &servers, pids: &server_pids, sets: sets.as_ref() };
             let host_before = HostCpu::now();
             run_rate(&mut bed, args, rate, &running, worker_cores.as_deref(), poll, &exe, &ns, &mut progress, &mut out)?;
-            let streams = Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref(), server_cores: &server_lcores };
+            let streams =
+                Streams { args, rate, exe: &exe, ns: &ns, cores: worker_list.as_ref(), server_cores: &server_lcores, sets: sets.as_ref() };
             run_tcp(&mut bed, &streams, &mut progress, &mut out)?;
             progress.finish();
             let lines = close_level(&bed, &mut out, (rate, level), before, host_before, "over all its loops and set-ups");

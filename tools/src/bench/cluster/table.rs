@@ -37,6 +37,17 @@ pub struct ClusterRow {
     /// server_cpu_s per GB of input the servers together received
     /// (hosts x bytes x iters); None for the ring, which sends them nothing.
     pub server_cpu_s_per_gb: Option<f64>,
+    /// Softirq seconds on the workers' cores over the loop per GB the
+    /// workers together all-reduced (hosts x bytes x iters), and on the
+    /// servers' cores per GB of their input (None for the ring): the
+    /// kernel's network path there and, at a full link, its shaper. Where
+    /// the kernel counts time by ticks, what landed while a rank or an
+    /// lcore ran is inside its wkr or srv. Absent where the placement
+    /// shares cores between them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_cores_softirq_s_per_gb: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cores_softirq_s_per_gb: Option<f64>,
     /// Every rank process's CPU over the loop and between loops (`loop_cpu`).
     #[serde(flatten)]
     pub ranks: RankCpu,
@@ -85,6 +96,8 @@ impl ClusterRow {
             server_cpu_s: over.server_cpu_s,
             worker_cpu_s_per_gb: worker_cpu_s.and_then(|s| per_gb(s, gb)),
             server_cpu_s_per_gb: over.server_cpu_s.and_then(|s| per_gb(s, served)),
+            worker_cores_softirq_s_per_gb: over.host.and_then(|h| per_gb(h.workers_softirq_s?, n * gb)),
+            server_cores_softirq_s_per_gb: over.host.and_then(|h| per_gb(h.servers_softirq_s?, served)),
             ranks: RankCpu::new(over.ranks.as_ref(), over.between.as_ref(), gb),
             tcp_retrans: loss.map(|l| l.retrans),
             tcp_timeouts: loss.map(|l| l.timeouts),
@@ -307,7 +320,8 @@ pub fn cpu_note() -> &'static str {
      #   Cores per 100 Gbit/s = cpu s/GB x 12.5. With busy polling (placement line) srv is every lcore's whole time, as a\n\
      #   busy poller spins; --poll adaptive gives the work itself. At a full link wkr and srv can also hold the shaper's\n\
      #   work: tbf runs its queue again from softirqs on the sending cores, which a kernel that counts time by ticks charges\n\
-     #   to the thread they interrupt (the host line's softirq; docs/profiling.md).\n\
+     #   to the thread they interrupt (the host line's softirq, and each side's below where they have cores apart;\n\
+     #   docs/profiling.md).\n\
      #   host busy,wt: the machine's cores busy over the loop, and the share of its time some task waited for a CPU\n\
      #   (/proc/pressure/cpu): every emulated host shares this machine."
 }
@@ -321,6 +335,31 @@ pub fn rank_cpu_lines(rows: &[ClusterRow]) -> Vec<String> {
             .to_string(),
     ];
     lines.extend(rows.iter().map(|r| format!("#   {} {}: {}", r.row.mode, format_size(r.row.bytes as u64), r.ranks.text(row_gb(&r.row)))));
+    lines.extend(softirq_lines(rows));
+    lines
+}
+
+/// Where the workers and the servers have cores apart: the softirq time on
+/// each set per GB, a row each; nothing where no row has it.
+fn softirq_lines(rows: &[ClusterRow]) -> Vec<String> {
+    if rows.iter().all(|r| r.worker_cores_softirq_s_per_gb.is_none()) {
+        return Vec::new();
+    }
+    let fig = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
+    let mut lines = vec![
+        "# softirqs on the workers' cores and on the servers' over the loop, s/GB as wkr and srv count GB (the kernel's network"
+            .to_string(),
+        "#   path and, at a full link, the shaper's queue; mostly inside wkr and srv where the kernel counts time by ticks):".to_string(),
+    ];
+    lines.extend(rows.iter().map(|r| {
+        format!(
+            "#   {} {}: workers' cores {}, servers' {}",
+            r.row.mode,
+            format_size(r.row.bytes as u64),
+            fig(r.worker_cores_softirq_s_per_gb),
+            fig(r.server_cores_softirq_s_per_gb)
+        )
+    }));
     lines
 }
 
@@ -377,5 +416,39 @@ mod tests {
         };
         assert_eq!(out.agg_over_ring(&r), None);
         assert_eq!(out.agg_over_ring(&ClusterRow::new(1.0, 4, row("agg", 0.1), &over)), Some(1.0));
+    }
+
+    #[test]
+    fn softirq_on_each_side_is_per_gb_as_wkr_and_srv_and_said_only_where_read() {
+        let mut row: Row = serde_json::from_str(
+            r#"{"mode":"agg","bytes":16000000,"count":4000000,"dtype":"f32","op":"sum","time_us":1.0,"algbw_GBps":1.0,"busbw_GBps":1.5,"wrong":0}"#,
+        )
+        .expect("a row");
+        row.iters = 20;
+        // 0.32 GB per worker, 4 hosts: 1.28 GB all-reduced and 1.28 GB into the servers.
+        let host = HostLoad {
+            busy_cores: 8.0,
+            softirq_cores: 2.0,
+            cores: 16,
+            cpu_wait: None,
+            workers_softirq_s: Some(0.32),
+            servers_softirq_s: Some(0.128),
+        };
+        let over = OverLoop { host: Some(host), ..OverLoop::default() };
+        let r = ClusterRow::new(16.0, 4, row.clone(), &over);
+        let near = |x: Option<f64>, want: f64| x.is_some_and(|x| (x - want).abs() < 1e-9);
+        assert!(near(r.worker_cores_softirq_s_per_gb, 0.25) && near(r.server_cores_softirq_s_per_gb, 0.1), "{r:?}");
+        assert_eq!(softirq_lines(std::slice::from_ref(&r))[2], "#   agg 15.26 MiB: workers' cores 0.250, servers' 0.100");
+        let json = serde_json::to_value(&r).expect("json");
+        assert!(json["worker_cores_softirq_s_per_gb"].is_number() && json["host_cpu"]["workers_softirq_s"].is_number(), "{json}");
+        // The ring uses no servers; a shared placement reads no sets.
+        row.mode = "ring".into();
+        let ring = ClusterRow::new(16.0, 4, row.clone(), &over);
+        assert!(near(ring.worker_cores_softirq_s_per_gb, 0.25) && ring.server_cores_softirq_s_per_gb.is_none(), "{ring:?}");
+        let shared = HostLoad { workers_softirq_s: None, servers_softirq_s: None, ..host };
+        let r = ClusterRow::new(16.0, 4, row, &OverLoop { host: Some(shared), ..OverLoop::default() });
+        assert!(r.worker_cores_softirq_s_per_gb.is_none() && softirq_lines(std::slice::from_ref(&r)).is_empty(), "{r:?}");
+        let json = serde_json::to_value(&r).expect("json");
+        assert!(json.get("worker_cores_softirq_s_per_gb").is_none() && json["host_cpu"].get("workers_softirq_s").is_none(), "{json}");
     }
 }

@@ -30,6 +30,7 @@
 //! `--tcp-server-ends servers` each server host's end runs on its server's
 //! cores instead, where agg's server side runs.
 use super::args::{loops_at, ClusterArgs, TcpEnds, TcpPeers};
+use super::host_cpu::CoreSets;
 use super::loop_cpu::{step_name, LoopTracker};
 use super::netns::{addr, Iproute, Testbed};
 use super::table::{ClusterOutcome, ClusterRow};
@@ -59,6 +60,9 @@ pub(super) struct Streams<'a> {
     pub(super) cores: Option<&'a CoreList>,
     /// Each server's cores (its lcores' list), for `--tcp-server-ends servers`.
     pub(super) server_cores: &'a [String],
+    /// The workers' and the servers' cores where apart: with the server
+    /// hosts' ends on the servers' cores, each set's softirq time.
+    pub(super) sets: Option<&'a CoreSets>,
 }
 
 /// A `tcp` row for every size, where `--mode` asks for them.
@@ -109,7 +113,8 @@ fn stream_loop(bed: &mut Testbed, s: &Streams, bytes: usize, dtype: DataType) ->
     drop(tx);
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let pids: Vec<u32> = bed.children[first..].iter().map(Child::id).collect();
-    let mut tracker = LoopTracker::new(pids[..n].to_vec(), pids[n..].to_vec());
+    let sets = s.sets.filter(|_| args.tcp_server_ends == TcpEnds::Servers).cloned();
+    let mut tracker = LoopTracker::new(pids[..n].to_vec(), pids[n..].to_vec(), sets);
     await_all(bed, first, &rx, "READY", deadline)?;
     let step = step_name("tcp", bytes);
     tracker.start(&step);

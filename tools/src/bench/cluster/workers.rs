@@ -4,6 +4,7 @@
 //! timed loop and between loops, every wait bounded, and the TCP counters
 //! and the machine's CPU over each loop (`loop_cpu`).
 use super::args::{loops_at, ClusterArgs};
+use super::host_cpu::CoreSets;
 use super::loop_cpu::{step_name, LoopTracker};
 use super::netns::{addr, Iproute, Testbed};
 use super::placement::{link_gbits, worker_rails};
@@ -23,6 +24,8 @@ use tally_engine::host::cpuset::{restrict_current_thread, CoreList};
 pub(super) struct Servers<'a> {
     pub(super) addrs: &'a [String],
     pub(super) pids: &'a [u32],
+    /// Their cores and the workers', where the placement keeps them apart.
+    pub(super) sets: Option<&'a CoreSets>,
 }
 
 /// The all-reduce modes of `--mode`: those the ranks run (not the kernel
@@ -125,7 +128,7 @@ pub(super) fn run_rate(
     let mut got = 0;
     // The servers and ranks, one process in each host's namespace.
     let rank_pids = bed.children[first_child..].iter().map(|c| c.id()).collect();
-    let mut tracker = LoopTracker::new(servers.pids.to_vec(), rank_pids);
+    let mut tracker = LoopTracker::new(servers.pids.to_vec(), rank_pids, servers.sets.cloned());
     while got < steps.len() {
         let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(l) => l,
