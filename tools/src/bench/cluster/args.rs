@@ -48,9 +48,9 @@ pub struct ClusterArgs {
     /// user's ranks and NCCL's would run.
     #[arg(long)]
     pub send_credits: Option<u32>,
-    /// Lcores per server (default: 4 where the host has 16 cores per host pair, or 8 and a
-    /// link above 16 Gbit/s; else 2 where it has 4, else 1 where it has 2, else every
-    /// server's 2 lcores on cores 0-1).
+    /// Lcores per server (default: 1 where no link is above 8 Gbit/s and the host has 2
+    /// cores per host pair; else 4 where it has 16, or 8 and a link above 16 Gbit/s; else 2
+    /// where it has 4, else 1 where it has 2, else every server's 2 lcores on cores 0-1).
     #[arg(long)]
     pub server_lcores: Option<u32>,
     #[command(flatten)]

@@ -8,6 +8,13 @@ pub(super) fn place(hosts: u32, cores: usize, want: Option<u32>, top_rate: f64) 
     let h = hosts as usize;
     let per = match want {
         Some(w) => w as usize,
+        // At 8 Gbit/s and below one lcore a server holds the link for less
+        // CPU per byte than more: every lcore beyond what the link needs
+        // wakes for less work each (nvidia-h200, 4 + 4 at 8 Gbit/s, three
+        // rounds: 0.99 of the bound either way, agg's servers 0.48-0.67
+        // s/GB of input against 0.58-0.65, agg-plugin's 0.74-0.87 against
+        // 0.88-1.09; docs/sizing.md). One takes about 16 Gbit/s at its edge.
+        None if top_rate <= 8.0 && cores >= 2 * h => 1,
         // 64 cores for 4 + 4 hosts: 4 lcores a server, so that at 32 Gbit/s
         // (4 GB/s each way per server) no lcore's endpoint carries more
         // than 1 GB/s each way, and 12 cores a worker for its rails.
@@ -212,6 +219,15 @@ mod tests {
         assert_eq!((l[3].as_str(), w.as_deref()), ("6-7", Some("8-31")));
         let (l, _, _) = place(8, 32, None, 32.0);
         assert_eq!(l[7], "14-15");
+        // At 8 Gbit/s and below one lcore a server, wherever the cores allow.
+        let (l, w, t) = place(4, 16, None, 8.0);
+        assert_eq!(l, ["0", "1", "2", "3"]);
+        assert_eq!(w.as_deref(), Some("4-15"));
+        assert!(t.ends_with("workers pinned to cores 4-15 (3 each)"), "{t}");
+        let (l, _, _) = place(4, 64, None, 4.0);
+        assert_eq!(l[3], "3");
+        let (l, _, _) = place(4, 16, Some(2), 8.0);
+        assert_eq!(l[3], "6-7", "--server-lcores wins");
         let (l, w, t) = place(4, 2, None, 32.0);
         assert!(l.iter().all(|x| x == "0-1") && w.is_none() && t.starts_with("shared"), "{t}");
     }
