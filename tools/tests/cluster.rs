@@ -98,6 +98,28 @@ fn cluster_bench_verifies_every_element_plots_logs_and_cleans_up() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The ranks' CPU over a rate's last loop is read before any rank exits:
+/// worker 0 waits for the bench's word after each RESULT row, and the others
+/// wait for worker 0 in the barrier after it. Made certain to matter with a
+/// lag before the bench reads (once a rank exited after the last loop its CPU
+/// could not be read, and the row said `loop -`; about one run in ten).
+#[test]
+fn a_rates_last_loop_is_read_before_the_ranks_exit() {
+    if let Err(why) = netns_ok() {
+        eprintln!("skipped the emulated cluster: {why}");
+        return;
+    }
+    let mut run = tally();
+    run.env("TALLY_BENCH_READ_LAG_MS", "500");
+    run.args(["bench", "cluster", "--hosts", "2", "--rates", "1", "--sizes", "1M", "--mode", "agg", "--min-time", "200", "--json"]);
+    let v = json_of(run.args(["--timeout", "120"]));
+    let row = &v["rows"].as_array().expect("rows")[0];
+    let ranks = row["rank_cpu_s"].as_array().unwrap_or_else(|| panic!("the last loop's ranks unread: {row}"));
+    assert_eq!(ranks.len(), 2, "{row}");
+    assert!(ranks.iter().all(|s| s.as_f64().is_some_and(|s| s > 0.0)), "{row}");
+    assert_eq!(row["wrong"], 0, "{row}");
+}
+
 /// Every rank process's CPU over each timed loop and between loops, and
 /// the kernel baseline (`--mode tcp`: plain TCP streams over the same
 /// links, worker i <-> server i) in the same run, each a row.

@@ -290,7 +290,14 @@ pub static ENV: &[EnvVar] = &[
         "",
         "off",
         &[Tools],
-        "1: rank 0 of `tally bench allreduce` prints a `LOOP` line before each timed loop (set by `tally bench cluster`)",
+        "1: rank 0 of `tally bench allreduce` prints a `LOOP` line before each timed loop and, after each `RESULT` row, waits for a line on its standard input, the reader's word that it read every rank's CPU over the loop (the end of the input lets it go on) (set by `tally bench cluster`)",
+    ),
+    dev(
+        "TALLY_BENCH_READ_LAG_MS",
+        "",
+        "0",
+        &[Tools],
+        "tests only: `tally bench cluster` waits this long after each `RESULT` row before it reads the ranks' CPU over the loop (`tools/tests/cluster.rs` makes a rank that exits early certain to be gone)",
     ),
     dev(
         "TALLY_EXEC_WRAPPER",

@@ -406,6 +406,7 @@ fn run_one(args: &AllreduceArgs, rank: u32) -> Result<(), String> {
                 };
                 if !args.launched {
                     println!("RESULT {}", serde_json::to_string(&row).unwrap());
+                    await_reader(loop_lines);
                 } else if !args.json.json {
                     println!("{}", format_row(&row));
                 }
@@ -442,6 +443,18 @@ fn loop_lines_wanted() -> bool {
 fn announce_loop(enabled: bool, mode: &str, bytes: usize) {
     if enabled {
         println!("LOOP {mode} {bytes}");
+    }
+}
+
+/// Waits, when `enabled`, for the line with which the reader of the
+/// `LOOP` and `RESULT` lines (`tally bench cluster`) says it has read the
+/// loop's end: every rank's CPU from /proc. Until then this rank stays out
+/// of the barrier that follows, so that no rank exits after the last loop
+/// before it was read (an exited rank's CPU can no longer be read). The end
+/// of the input (a reader gone) lets it go on.
+fn await_reader(enabled: bool) {
+    if enabled {
+        let _ = std::io::stdin().read_line(&mut String::new());
     }
 }
 

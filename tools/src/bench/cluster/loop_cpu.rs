@@ -19,6 +19,10 @@
 //! a row's `loop_wall_s` holds the result's check and that lag, and the
 //! ranks' CPU over it may differ from worker 0's own `cpu_s` (its
 //! getrusage over the loop alone) by the check and a clock tick or two.
+//! Worker 0 waits after each `RESULT` row until this process has read the
+//! loop's end and says so on its standard input (`workers::run_rate`), and
+//! the other ranks wait for worker 0 in the barrier that follows: so no rank
+//! exits after a rate's last loop before its CPU over it was read.
 use super::host_cpu::{CoreSets, HostCpu, HostLoad};
 use super::proc_cpu::CpuMark;
 use super::tcp_loss::NetLoss;

@@ -13,7 +13,7 @@ use super::table::{ClusterOutcome, ClusterRow};
 use crate::bench::report::{format_row, Row, LOOP_LINES_ENV};
 use crate::logfile;
 use crate::progress::Progress;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
@@ -99,7 +99,9 @@ pub(super) fn run_rate(
         if let Some(credits) = args.send_credits {
             c.env("TALLY_SEND_CREDITS", credits.to_string());
         }
-        c.env("TALLY_LOG", log_level).stdin(Stdio::null()).stderr(Stdio::piped());
+        // Worker 0 waits after each RESULT row for this process's word that
+        // it read the loop's end (`loop_cpu`), on its standard input.
+        c.env("TALLY_LOG", log_level).stdin(if i == 0 { Stdio::piped() } else { Stdio::null() }).stderr(Stdio::piped());
         c.stdout(if i == 0 { Stdio::piped() } else { Stdio::null() });
         if i == 0 {
             // LOOP lines: the servers' and ranks' CPU time is read over each timed loop.
@@ -141,7 +143,15 @@ pub(super) fn run_rate(
         }
         let Some(j) = line.strip_prefix("RESULT ") else { continue };
         let row: Row = serde_json::from_str(j).map_err(|e| e.to_string())?;
+        if let Some(lag) = read_lag() {
+            std::thread::sleep(lag);
+        }
         let over = tracker.finish(&step_name(&row.mode, row.bytes));
+        // Worker 0 waits for this before the barrier after its loop: no rank
+        // exits before its CPU over the last loop was read.
+        if let Some(i) = bed.children[first_child].stdin.as_mut() {
+            let _ = writeln!(i, "READ").and_then(|()| i.flush());
+        }
         log::debug!("cluster {rate} Gbit/s: {}", format_row(&row));
         out.rows.push(ClusterRow::new(rate, args.hosts, row, &over));
         got += 1;
@@ -161,6 +171,13 @@ pub(super) fn run_rate(
         return Err(format!("link rate {rate} Gbit/s: {} ({got} of {} results)", failed.join("; "), steps.len()));
     }
     Ok(())
+}
+
+/// TALLY_BENCH_READ_LAG_MS (tests only): how long to wait after each
+/// RESULT row before reading the loop's end, so that a rank that exits
+/// without waiting for the word to go on is certain to be gone by then.
+fn read_lag() -> Option<Duration> {
+    std::env::var("TALLY_BENCH_READ_LAG_MS").ok()?.parse().ok().map(Duration::from_millis)
 }
 
 /// `--workers-run`: the caller's command in every worker namespace, with the
